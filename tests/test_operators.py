@@ -1,0 +1,161 @@
+"""attngeo.operators: every kernel and (β, α) against the dense reference and the closed forms."""
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.test_util import check_grads
+
+from attngeo import operators as op
+
+B, N, H, D = 2, 33, 3, 8
+PARAMS = [op.ATTN, op.DMTN, op.ATAP, op.DMAP, (0.3, 0.7), (0.81, 0.05),
+          (np.array([0.0, 0.5, 1.0], np.float32), np.array([1.0, 0.2, 0.0], np.float32))]
+IMPLS = ["einsum", "xla", "blockwise"]
+
+
+def qkv(seed=0, n=N, d=D):
+  ks = jax.random.split(jax.random.PRNGKey(seed), 3)
+  return [jax.random.normal(kk, (B, n, H, d)) for kk in ks]
+
+
+def dense_out(q, k, v, beta, alpha, causal=False, mask=None):
+  p = op.markov_matrix(q, k, beta=beta, alpha=alpha, causal=causal, mask=mask)
+  return jnp.einsum("bhij,bjhe->bihe", p, v)
+
+
+@pytest.mark.parametrize("beta,alpha", PARAMS)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("impl", IMPLS)
+def test_kernels_match_dense_reference(beta, alpha, causal, impl):
+  q, k, v = qkv()
+  out = op.transport(q, k, v, beta=beta, alpha=alpha, causal=causal, implementation=impl, block_size=16)
+  np.testing.assert_allclose(out, dense_out(q, k, v, beta, alpha, causal), atol=3e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_explicit_mask(impl):
+  q, k, v = qkv(1)
+  mask = jax.random.bernoulli(jax.random.PRNGKey(5), 0.6, (B, 1, N, N)) | jnp.eye(N, dtype=bool)
+  out = op.transport(q, k, v, beta=0.4, alpha=0.6, mask=mask, implementation=impl, block_size=16)
+  np.testing.assert_allclose(out, dense_out(q, k, v, 0.4, 0.6, mask=mask), atol=3e-6)
+
+
+def test_attn_corner_is_standard_attention():
+  q, k, v = qkv(2)
+  for causal in (False, True):
+    ref = jax.nn.dot_product_attention(q, k, v, is_causal=causal)
+    for impl in IMPLS:
+      out = op.transport(q, k, v, beta=1.0, alpha=1.0, causal=causal, implementation=impl, block_size=16)
+      np.testing.assert_allclose(out, ref, atol=1e-6)
+
+
+def _closed_form(q, k, name):
+  s = 1 / math.sqrt(q.shape[-1])
+  qf, kf = jnp.transpose(q, (0, 2, 1, 3)), jnp.transpose(k, (0, 2, 1, 3))   # [b,h,n,d]
+  m, n_ = (qf + kf) / math.sqrt(2), (qf - kf) / math.sqrt(2)
+  dot = lambda x, y: jnp.einsum("bhid,bhjd->bhij", x, y)
+  if name == "ATTN":
+    lg = s * dot(qf, kf)
+  elif name == "DMTN":
+    lg = s * (0.5 * dot(m, m) + 0.5 * (dot(qf, kf) - dot(kf, qf)))
+  elif name == "ATAP":
+    dq = qf[:, :, :, None] - qf[:, :, None]
+    dk = kf[:, :, :, None] - kf[:, :, None]
+    lg = -0.5 * s * jnp.sum(dq * dk, -1)
+  else:  # DMAP: Gaussian kernel on m
+    lg = -0.25 * s * jnp.sum((m[:, :, :, None] - m[:, :, None]) ** 2, -1)
+  return jax.nn.softmax(lg, -1)
+
+
+@pytest.mark.parametrize("name", ["ATTN", "DMTN", "ATAP", "DMAP"])
+def test_corner_closed_forms(name):
+  q, k, _ = qkv(3)
+  p = op.markov_matrix(q, k, beta=op.corner(name)[0], alpha=op.corner(name)[1])
+  np.testing.assert_allclose(p, _closed_form(q, k, name), atol=2e-6)
+
+
+def test_logit_split_is_symmetric_plus_antisymmetric():
+  q, k, _ = qkv(4)
+  lg = op.logits(q, k, beta=0.3, alpha=0.6)
+  np.testing.assert_allclose(lg.sym, jnp.swapaxes(lg.sym, -1, -2), atol=1e-5)
+  np.testing.assert_allclose(lg.skew, -jnp.swapaxes(lg.skew, -1, -2), atol=1e-5)
+  np.testing.assert_allclose(lg.full, lg.sym + lg.skew, atol=1e-5)
+
+
+def test_dmap_depends_on_w_plus_only():
+  """Moving along the flat gauge direction n = (q − k)/√2 leaves DMAP unchanged."""
+  q, k, v = qkv(5)
+  shift = jax.random.normal(jax.random.PRNGKey(9), q.shape)
+  a = op.transport(q, k, v, beta=0.0, alpha=0.0)
+  b = op.transport(q + shift, k - shift, v, beta=0.0, alpha=0.0)
+  np.testing.assert_allclose(a, b, atol=2e-5)
+
+
+def test_static_and_traced_coefficients_agree():
+  q, k, v = qkv(6)
+  for beta, alpha in [op.DMAP, op.ATTN, op.DMTN, op.ATAP]:
+    static = op.transport(q, k, v, beta=beta, alpha=alpha)
+    traced = jax.jit(lambda b_, a_: op.transport(q, k, v, beta=b_, alpha=a_))(beta, alpha)
+    np.testing.assert_allclose(static, traced, atol=2e-6)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("beta,alpha", [(0.3, 0.4), op.DMAP])
+def test_gradients_match_dense(impl, beta, alpha):
+  q, k, v = qkv(7, n=20)
+  f = lambda fn: (lambda q, k, v: jnp.sum(jnp.sin(fn(q, k, v))))
+  fused = f(lambda q, k, v: op.transport(q, k, v, beta=beta, alpha=alpha, causal=True, implementation=impl, block_size=8))
+  dense = f(lambda q, k, v: dense_out(q, k, v, beta, alpha, causal=True))
+  for a, b in zip(jax.grad(fused, (0, 1, 2))(q, k, v), jax.grad(dense, (0, 1, 2))(q, k, v)):
+    np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4)
+
+
+def test_gradient_of_blockwise_against_finite_differences():
+  q, k, v = [x.astype(jnp.float64) for x in qkv(8, n=12, d=4)] if jax.config.jax_enable_x64 else qkv(8, n=12, d=4)
+  fn = lambda q, k, v: op.transport(q, k, v, beta=0.5, alpha=0.5, causal=True, implementation="blockwise", block_size=4)
+  check_grads(fn, (q, k, v), order=1, modes=["rev"], atol=5e-2, rtol=5e-2, eps=1e-2)
+
+
+def test_learnable_coefficients_have_gradients():
+  q, k, v = qkv(9)
+  loss = lambda b_, a_: jnp.sum(op.transport(q, k, v, beta=b_, alpha=a_) ** 2)
+  gb, ga = jax.grad(loss, (0, 1))(jnp.full((H,), 0.5), jnp.full((H,), 0.5))
+  assert gb.shape == (H,) and ga.shape == (H,)
+  assert float(jnp.abs(gb).sum()) > 0 and float(jnp.abs(ga).sum()) > 0
+
+
+def test_bf16_inputs_accumulate_in_float32():
+  q, k, v = qkv(10)
+  out = op.transport(q.astype(jnp.bfloat16), k.astype(jnp.bfloat16), v.astype(jnp.bfloat16), beta=0.0, alpha=1.0)
+  assert out.dtype == jnp.bfloat16
+  np.testing.assert_allclose(out.astype(jnp.float32), dense_out(q, k, v, 0.0, 1.0), atol=0.1)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(beta=1.5), "beta must lie in"),
+    (dict(alpha=-0.1), "alpha must lie in"),
+    (dict(beta=np.ones(5, np.float32)), "per-head"),
+    (dict(implementation="magic"), "implementation must be one of"),
+    (dict(mask=np.ones((2, 3, 33, 33), np.float32)), "mask must be boolean"),
+    (dict(mask=np.ones((2, 3, 4, 4), bool)), "does not broadcast"),
+])
+def test_bad_arguments(kwargs, match):
+  q, k, v = qkv()
+  with pytest.raises((ValueError, TypeError), match=match):
+    op.transport(q, k, v, **kwargs)
+
+
+def test_bad_shapes_and_values():
+  q, k, v = qkv()
+  with pytest.raises(ValueError, match="q must have rank 4"):
+    op.transport(q[0], k, v)
+  with pytest.raises(ValueError, match="same shape"):
+    op.transport(q, k[:, :5], v)
+  with pytest.raises(ValueError, match="v must be"):
+    op.transport(q, k, v[:, :5])
+  with pytest.raises(ValueError, match="q must be finite"):
+    op.transport(q.at[0, 0, 0, 0].set(jnp.nan), k, v)
+  with pytest.raises(ValueError, match="operator must be one of"):
+    op.corner("softmax")
