@@ -1,0 +1,44 @@
+"""`attngeo` command line: one sub-command per job; each has its own `--help`.
+
+    attngeo swissroll [--full] [...]     the Swiss-roll scan (Table 1, Figures 1–2)
+    attngeo bench [...]                  operator kernel benchmark
+    attngeo heat [...]                   heat flow on a sampled Swiss roll (Figure 1)
+    attngeo probe CHECKPOINT [...]       per-layer geometry of a trained model
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS = {
+    "swissroll": ("experiments.swissroll", "the Swiss-roll scan: Table 1, Figures 1-2"),
+    "bench": ("experiments.bench_operators", "forward+backward time and memory of every operator and kernel"),
+    "bench-geometry": ("experiments.bench_geometry", "dense vs matrix-free Gamma_2 time and memory"),
+    "bench-train": ("experiments.bench_train", "GPT training step time per operator"),
+    "heat": ("experiments.heat_swissroll", "heat flow of a Gaussian Markov walk on a Swiss roll (Figure 1)"),
+    "curvature": ("experiments.curvature", "Bakry-Emery estimators against the sphere and torus"),
+    "probe": ("experiments.probe", "per-layer Markov/Bakry-Emery/connection diagnostics of a checkpoint"),
+}
+
+
+def usage() -> str:
+  lines = ["usage: attngeo COMMAND [--help] [options]", "", "commands:"]
+  lines += [f"  {name:<15} {desc}" for name, (_, desc) in COMMANDS.items()]
+  return "\n".join(lines)
+
+
+def main(argv=None):
+  argv = sys.argv[1:] if argv is None else argv
+  if not argv or argv[0] in ("-h", "--help"):
+    print(usage())
+    return 0
+  if argv[0] not in COMMANDS:
+    print(f"attngeo: unknown command {argv[0]!r}\n\n{usage()}", file=sys.stderr)
+    return 2
+  module = importlib.import_module(COMMANDS[argv[0]][0])
+  module.main(argv[1:])
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

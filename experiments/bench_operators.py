@@ -1,0 +1,121 @@
+"""Forward+backward time and peak memory of every operator under every attention kernel.
+
+    python -m experiments.bench_operators [--seqs 256,1024,4096] [--batch 8] [--heads 8]
+                                          [--head-dim 64] [--repeats 3] [--long 16384] [--out DIR]
+
+For each (seq, operator, implementation) it prints the median wall time of a jitted
+`grad(sum(transport(q, k, v)))` over `--repeats` runs, the compiled program's peak memory
+(XLA's memory analysis: arguments + outputs + temporaries), and the ratio to the fastest
+standard-attention (ATTN) path at that sequence length. `--long N` adds the blockwise path at
+batch 1, seq N, where a materialised P alone would need b·h·N²·4 bytes. Writes bench_operators.{md,json}.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+from tqdm import tqdm
+
+from attngeo import operators as op
+
+
+def _compile(fn, *args):
+  return jax.jit(fn).lower(*args).compile()
+
+
+def peak_bytes(compiled) -> int | None:
+  m = compiled.memory_analysis()
+  if m is None:
+    return None
+  return int(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes)
+
+
+def measure(name, impl, b, n, h, d, repeats, block_size=512):
+  beta, alpha = op.corner(name)
+  ks = jax.random.split(jax.random.PRNGKey(0), 3)
+  q, k, v = [jax.random.normal(kk, (b, n, h, d), jnp.float32) for kk in ks]
+
+  def loss(q, k, v):
+    return jnp.sum(op.transport(q, k, v, beta=beta, alpha=alpha, implementation=impl, block_size=block_size))
+
+  compiled = _compile(jax.grad(loss, (0, 1, 2)), q, k, v)
+  jax.block_until_ready(compiled(q, k, v))
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(compiled(q, k, v))
+    times.append(time.perf_counter() - t0)
+  return statistics.median(times), peak_bytes(compiled)
+
+
+def available_impls():
+  impls = ["einsum", "xla", "blockwise"]
+  if jax.default_backend() == "gpu":
+    impls.insert(2, "cudnn")
+  return impls
+
+
+def run(seqs, batch, heads, head_dim, repeats, long_seq):
+  rows = []
+  configs = [(n, name, impl) for n in seqs for name in op.CORNERS for impl in available_impls()]
+  for n, name, impl in tqdm(configs, desc="bench_operators"):
+    try:
+      t, mem = measure(name, impl, batch, n, heads, head_dim, repeats)
+    except Exception as e:  # a kernel that rejects the shape (e.g. cuDNN limits) is reported, not fatal
+      t, mem = float("nan"), None
+      tqdm.write(f"{name}/{impl}/{n}: {type(e).__name__}: {str(e)[:120]}")
+    rows.append(dict(seq=n, batch=batch, operator=name, implementation=impl, seconds=t, peak_bytes=mem))
+  for n in seqs:
+    attn = [r["seconds"] for r in rows if r["seq"] == n and r["operator"] == "ATTN" and r["seconds"] == r["seconds"]]
+    for r in rows:
+      if r["seq"] == n:
+        r["ratio_to_best_attn"] = r["seconds"] / min(attn)
+  if long_seq:
+    t, mem = measure("DMTN", "blockwise", 1, long_seq, heads, head_dim, 1, block_size=1024)
+    rows.append(dict(seq=long_seq, batch=1, operator="DMTN", implementation="blockwise", seconds=t, peak_bytes=mem,
+                     ratio_to_best_attn=float("nan"), dense_p_bytes=heads * long_seq * long_seq * 4))
+  return rows
+
+
+def to_markdown(rows) -> str:
+  lines = ["| seq | batch | operator | implementation | fwd+bwd ms | × best ATTN | peak MiB |",
+           "|---:|---:|---|---|---:|---:|---:|"]
+  for r in rows:
+    mem = "n/a" if r["peak_bytes"] is None else f"{r['peak_bytes'] / 2**20:.0f}"
+    lines.append(f"| {r['seq']} | {r['batch']} | {r['operator']} | {r['implementation']} | {1e3 * r['seconds']:.1f} "
+                 f"| {r['ratio_to_best_attn']:.2f} | {mem} |")
+  return "\n".join(lines)
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--seqs", default="256,1024,4096")
+  ap.add_argument("--batch", type=int, default=8)
+  ap.add_argument("--heads", type=int, default=8)
+  ap.add_argument("--head-dim", type=int, default=64)
+  ap.add_argument("--repeats", type=int, default=3)
+  ap.add_argument("--long", type=int, default=16384, help="blockwise long-sequence row (0 to skip)")
+  ap.add_argument("--out", default="runs/bench")
+  a = ap.parse_args(argv)
+  print(f"backend={jax.default_backend()} devices={jax.device_count()}")
+  rows = run([int(s) for s in a.seqs.split(",")], a.batch, a.heads, a.head_dim, a.repeats, a.long)
+  md = to_markdown(rows)
+  print(md)
+  if a.long:
+    r = rows[-1]
+    print(f"\nblockwise seq={r['seq']}: peak {r['peak_bytes'] / 2**30:.2f} GiB "
+          f"(a materialised P alone: {r['dense_p_bytes'] / 2**30:.1f} GiB)")
+  os.makedirs(a.out, exist_ok=True)
+  with open(os.path.join(a.out, "bench_operators.md"), "w") as f:
+    f.write(md + "\n")
+  with open(os.path.join(a.out, "bench_operators.json"), "w") as f:
+    json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+  main()
