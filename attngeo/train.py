@@ -214,11 +214,16 @@ def write_config(workdir: str, **configs):
               f, indent=1, default=str)
 
 
+def _sync(model, graphdef, state):
+  """Write the train state's weights back into the (eager) `model`."""
+  nnx.update(model, nnx.state(nnx.merge(graphdef, state["train"])[0]))
+
+
 def init_state(model, cfg: TrainConfig, mesh: Mesh):
   """(graphdef, state, shardings): the train-state pytree placed on `mesh` by the logical rules."""
   optimizer = nnx.Optimizer(model, make_optimizer(cfg), wrt=nnx.Param)
   graphdef, train_state = nnx.split((model, optimizer))
-  ema = nnx.state(model, nnx.Param) if cfg.ema else None
+  ema = jax.tree.map(jnp.copy, nnx.state(model, nnx.Param)) if cfg.ema else None  # own buffers: donated
   state = {"train": train_state, "ema": ema, "rng": jax.random.key_data(jax.random.PRNGKey(cfg.seed)),
            "step": jnp.int32(0)}
   shardings = {"train": state_shardings(train_state, mesh), "ema": state_shardings(ema, mesh) if ema else None,
@@ -236,7 +241,7 @@ def load_model(model, workdir: str, cfg: TrainConfig, step: int | None = None, u
     raise FileNotFoundError(f"no checkpoint in {os.path.join(workdir, 'ckpt')}")
   state, _ = restore(mngr, step, state, shardings)
   mngr.close()
-  nnx.update(model, nnx.state(nnx.merge(graphdef, state["train"])[0]))
+  _sync(model, graphdef, state)
   if use_ema and state["ema"] is not None:
     nnx.update(model, state["ema"])
   return model
@@ -280,7 +285,7 @@ def train(model, loss_fn: Callable, data: Iterator, cfg: TrainConfig, *, flops_p
       if flops_per_step and peak:
         row["mfu"] = flops_per_step / dt / (peak * jax.device_count())
       if hooks:
-        nnx.update(model, state["train"])
+        _sync(model, graphdef, state)
         for hook in hooks:
           row.update(hook(done, model) or {})
       history.append(row)
@@ -294,6 +299,5 @@ def train(model, loss_fn: Callable, data: Iterator, cfg: TrainConfig, *, flops_p
   if mngr:
     mngr.wait_until_finished()
     mngr.close()
-  model_opt = nnx.merge(graphdef, state["train"])
-  nnx.update(model, nnx.state(model_opt[0]))
+  _sync(model, graphdef, state)
   return TrainResult(model=model, ema=state["ema"], history=history, step=int(state["step"]))

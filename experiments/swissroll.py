@@ -47,7 +47,7 @@ class SwissRollConfig:
   depth: int = 2
   heads: int = 2
   mlp_ratio: float = 2.0
-  steps: int = 500
+  steps: int = 1500
   batch_size: int = 8
   lr: float = 3e-3
   warmup: int = 50

@@ -1,0 +1,119 @@
+"""attngeo.nn: every model trains under every corner; grafting swaps only the operator; adaLN-Zero."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from attngeo import nn, operators
+
+CORNERS = ["ATTN", "DMTN", "ATAP", "DMAP"]
+
+
+def overfit(model, loss, steps=40, lr=1e-2):
+  opt = nnx.Optimizer(model, optax.adam(lr), wrt=nnx.Param)
+
+  @nnx.jit
+  def step(model, opt):
+    l, g = nnx.value_and_grad(loss)(model)
+    opt.update(model, g)
+    return l
+
+  first = float(loss(model))
+  for _ in range(steps):
+    last = float(step(model, opt))
+  return first, last
+
+
+@pytest.mark.parametrize("op", CORNERS)
+def test_tiny_gpt_overfits(op):
+  tok = jax.random.randint(jax.random.PRNGKey(0), (4, 17), 0, 32)
+  model = nn.GPT(nn.GPTConfig(depth=1, vocab_size=32, head_dim=8, width=32, operator=op), rngs=nnx.Rngs(0))
+  loss = lambda m: optax.softmax_cross_entropy_with_integer_labels(m(tok[:, :-1]), tok[:, 1:]).mean()
+  first, last = overfit(model, loss)
+  assert last < 0.3 * first, (first, last)
+
+
+@pytest.mark.parametrize("op", CORNERS)
+def test_tiny_dit_overfits(op):
+  ks = jax.random.split(jax.random.PRNGKey(1), 3)
+  x1 = jax.random.normal(ks[0], (4, 8, 8, 3))
+  x0 = jax.random.normal(ks[1], x1.shape)
+  t = jax.random.uniform(ks[2], (4,))
+  y = jnp.array([0, 1, 2, 3])
+  cfg = nn.DiTConfig(image_size=8, patch=2, channels=3, width=32, depth=2, num_heads=2, num_classes=4, operator=op)
+  model = nn.DiT(cfg, rngs=nnx.Rngs(0))
+  xt = (1 - t)[:, None, None, None] * x0 + t[:, None, None, None] * x1
+  loss = lambda m: jnp.mean((m(xt, t, y) - (x1 - x0)) ** 2)    # fixed noise and times: pure regression
+  first, last = overfit(model, loss, steps=60)
+  assert last < 0.5 * first, (first, last)
+
+
+def test_adaln_zero_block_is_identity_at_init():
+  blk = nn.Block(nn.BlockConfig(width=16, num_heads=2, operator="DMTN"), cond_dim=8, rngs=nnx.Rngs(0))
+  x = jax.random.normal(jax.random.PRNGKey(0), (2, 5, 16))
+  c = jax.random.normal(jax.random.PRNGKey(1), (2, 8))
+  np.testing.assert_array_equal(blk(x, c), x)
+
+
+def test_dit_xl2_shape_is_expressible():
+  cfg = nn.DiTConfig.preset("XL/2")
+  assert (cfg.depth, cfg.width, cfg.num_heads, cfg.patch) == (28, 1152, 16, 2)
+  shapes = nnx.eval_shape(lambda: nn.DiT(cfg, rngs=nnx.Rngs(0)))
+  n_params = sum(int(np.prod(v.value.shape)) for _, v in nnx.to_flat_state(nnx.state(shapes, nnx.Param)))
+  assert 640e6 < n_params < 700e6   # DiT-XL/2 has 675M parameters
+
+
+def test_graft_changes_only_the_operator():
+  x = jax.random.normal(jax.random.PRNGKey(2), (2, 24, 3))
+  t = jnp.array([0.3, 0.9])
+  model = nn.PointFlow(nn.PointFlowConfig(width=16, num_heads=2, depth=2), rngs=nnx.Rngs(0))
+  # Open the adaLN gates and read-out so the attention operator shows in the output.
+  for path, v in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+    if "ada_b" in path or path[-1] == "w":
+      v.value = jax.random.normal(jax.random.PRNGKey(len(path)), v.value.shape) * 0.5
+  params = jax.tree.map(np.asarray, nnx.state(model, nnx.Param))
+  base = model(x, t)
+  outs = {}
+  for op in CORNERS:
+    nn.graft(model, op)
+    outs[op] = model(x, t)
+    jax.tree.map(np.testing.assert_array_equal, params, jax.tree.map(np.asarray, nnx.state(model, nnx.Param)))
+  np.testing.assert_allclose(outs["ATTN"], base, atol=1e-6)
+  for op in ("DMTN", "ATAP", "DMAP"):
+    assert float(jnp.abs(outs[op] - base).max()) > 1e-3
+
+
+def test_attention_matches_operator_transport_per_head():
+  """Attention = Σ_h W_O^h transport(q^h, k^h, v^h) with its own projections (learnable β, α per head)."""
+  att = nn.Attention(16, 2, 8, operator="DMTN", learnable_operator=True, use_rope=True, qk_norm=True,
+                     rngs=nnx.Rngs(0))
+  att.beta.value = jnp.array([0.2, 0.9])
+  x = jax.random.normal(jax.random.PRNGKey(3), (1, 10, 16))
+  q, k, v = att.qkv(x)
+  p = operators.markov_matrix(q, k, beta=jnp.array([0.2, 0.9]), alpha=jnp.array([1.0, 1.0]))
+  ref = jnp.einsum("bhij,bjhe,hed->bid", p, v, att.wo.value)
+  np.testing.assert_allclose(att(x), ref, atol=1e-5)
+
+
+def test_capture_returns_qk_per_layer():
+  model = nn.GPT(nn.GPTConfig(depth=3, vocab_size=16, head_dim=8, width=16), rngs=nnx.Rngs(0))
+  tok = jnp.zeros((2, 7), jnp.int32)
+  out, qks = nn.capture_qk(model, lambda: model(tok))
+  assert out.shape == (2, 7, 16) and len(qks) == 3 and qks[0][0].shape == (2, 7, 2, 8)
+  assert not any(m.capture for m in nn.attention_modules(model))
+
+
+@pytest.mark.parametrize("make,match", [
+    (lambda: nn.GPT(nn.GPTConfig(depth=1, head_dim=24, width=32), rngs=nnx.Rngs(0)), "does not divide width"),
+    (lambda: nn.Block(nn.BlockConfig(width=30, num_heads=4), rngs=nnx.Rngs(0)), "does not divide width"),
+    (lambda: nn.PointFlow(nn.PointFlowConfig(operator="SOFTMAX"), rngs=nnx.Rngs(0)), "operator must be one of"),
+    (lambda: nn.PointFlow(nn.PointFlowConfig(operator=(2.0, 0.0)), rngs=nnx.Rngs(0)), "beta must lie in"),
+    (lambda: nn.PointFlow(nn.PointFlowConfig(order="sideways"), rngs=nnx.Rngs(0)), "order must be one of"),
+    (lambda: nn.DiT(nn.DiTConfig(image_size=9, patch=2), rngs=nnx.Rngs(0)), "does not divide image_size"),
+    (lambda: nn.DiTConfig.preset("XXL/1"), "preset must be one of"),
+])
+def test_bad_configs_fail_fast(make, match):
+  with pytest.raises(ValueError, match=match):
+    make()

@@ -1,0 +1,63 @@
+"""A tiny GPT training run used by the sharding, multi-process and resume tests (run as a script).
+
+    python tests/tiny_run.py --workdir DIR [--mesh 2,2,2] [--steps 12] [--ckpt-every 0]
+                             [--coordinator HOST:PORT --num-processes 2 --process-id I] [--sleep 0]
+
+Prints one JSON line per step: {"step": s, "loss": l}; the last line holds parameter shardings.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--workdir", default=None)
+ap.add_argument("--mesh", default="1,1,1")
+ap.add_argument("--steps", type=int, default=12)
+ap.add_argument("--ckpt-every", type=int, default=0)
+ap.add_argument("--sleep", type=float, default=0.0)
+ap.add_argument("--operator", default="DMTN")
+ap.add_argument("--coordinator", default=None)
+ap.add_argument("--num-processes", type=int, default=1)
+ap.add_argument("--process-id", type=int, default=0)
+a = ap.parse_args()
+
+import jax  # noqa: E402
+
+if a.coordinator:
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  jax.distributed.initialize(a.coordinator, a.num_processes, a.process_id)
+
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from attngeo import data, nn, train  # noqa: E402
+
+rng = np.random.default_rng(0)
+records = [{"tokens": rng.integers(0, 64, 17).astype(np.int32)} for _ in range(64)]
+it = data.loader(records, 8, seed=1)
+model = nn.GPT(nn.GPTConfig(depth=2, vocab_size=64, seq_len=16, head_dim=8, width=32, operator=a.operator),
+               rngs=nnx.Rngs(0))
+
+
+def loss_fn(m, batch, rng_):
+  import optax
+  tok = batch["tokens"]
+  logits = m(tok[:, :-1])
+  return optax.softmax_cross_entropy_with_integer_labels(logits, tok[:, 1:]).mean(), {}
+
+
+def slow(step, _):
+  time.sleep(a.sleep)
+
+
+cfg = train.TrainConfig(steps=a.steps, batch_size=8, lr=1e-2, warmup=2, mesh=tuple(int(x) for x in a.mesh.split(",")),
+                        workdir=a.workdir, ckpt_every=a.ckpt_every, log_every=1, progress=False)
+res = train.train(model, loss_fn, it, cfg, hooks=(slow,) if a.sleep else ())
+for row in res.history:
+  print(json.dumps({"step": row["step"], "loss": row["loss"]}), flush=True)
+wq = nn.attention_modules(res.model)[0].wq.value
+print(json.dumps({"wq_spec": str(wq.sharding.spec), "devices": jax.device_count(), "processes": jax.process_count()}))
+sys.stdout.flush()
+os._exit(0) if a.coordinator else None
