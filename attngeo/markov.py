@@ -150,22 +150,32 @@ def spectral_gap(p) -> jax.Array:
   return 1.0 - jnp.abs(spectrum(p, 2)[..., 1])
 
 
-def diffusion_coordinates(p, k: int, t: float = 1.0, pi=None):
-  """Coifman–Lafon diffusion map `Ψ_t(i) = (λ_1^t ψ_1(i), …, λ_k^t ψ_k(i))`.
+def eigenbasis(p, k: int | None = None, pi=None):
+  """Leading eigenpairs of the reversibilised P: (λ [..., k] descending, ψ [..., n, k]).
 
   With `Π = diag(π)`, `A = Π^{1/2} P Π^{-1/2}` is symmetric when P is reversible; its eigenpairs
-  `A u = λ u` give right eigenvectors `ψ = Π^{-1/2} u` of P. For a non-reversible P the symmetric
-  part of A (the additive reversibilisation `(P + P*)/2`) is used. The trivial pair (λ₀ = 1,
-  ψ₀ = 1) is dropped. Returns (coords [..., n, k], eigenvalues [..., k]).
+  `A u = λ u` give right eigenvectors `ψ = Π^{-1/2} u` of P, orthonormal in L²(π). For a
+  non-reversible P the symmetric part of A (the additive reversibilisation `(P + P*)/2`) is used.
+  ψ₀ is constant with λ₀ = 1.
   """
   _checks.check_stochastic("P", p)
   pi = _pi(p, pi)
   sq = jnp.sqrt(jnp.maximum(pi, _TINY))
   a = sq[..., :, None] * p / sq[..., None, :]
-  a = 0.5 * (a + jnp.swapaxes(a, -1, -2))
-  lam, u = jnp.linalg.eigh(a)
-  lam, u = lam[..., ::-1][..., 1:k + 1], u[..., ::-1][..., 1:k + 1]
-  psi = u / sq[..., :, None]
+  lam, u = jnp.linalg.eigh(0.5 * (a + jnp.swapaxes(a, -1, -2)))
+  lam, u = lam[..., ::-1], u[..., ::-1]
+  if k is not None:
+    lam, u = lam[..., :k], u[..., :k]
+  return lam, u / sq[..., :, None]
+
+
+def diffusion_coordinates(p, k: int, t: float = 1.0, pi=None):
+  """Coifman–Lafon diffusion map `Ψ_t(i) = (λ_1^t ψ_1(i), …, λ_k^t ψ_k(i))` (see `eigenbasis`).
+
+  The trivial pair (λ₀ = 1, ψ₀ = 1) is dropped. Returns (coords [..., n, k], eigenvalues [..., k]).
+  """
+  lam, psi = eigenbasis(p, k + 1, pi)
+  lam, psi = lam[..., 1:], psi[..., 1:]
   return jnp.sign(lam)[..., None, :] * jnp.abs(lam)[..., None, :] ** t * psi, lam
 
 

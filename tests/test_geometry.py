@@ -1,0 +1,175 @@
+"""attngeo.geometry: Γ, Γ₂ against the sphere's closed forms, dense vs matrix-free, graph curvature."""
+import itertools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.test_util import check_grads
+
+from attngeo import data, geometry as geo, operators as op
+
+A = np.array([0.3, -0.5, 0.81]) / np.linalg.norm([0.3, -0.5, 0.81])
+
+
+def gamma_reference(p, f, g, tau):
+  """Γ(f, g)_i = (1/2τ) Σ_j P_ij (f_j − f_i)(g_j − g_i), in float64, term by term."""
+  p, f, g = (np.asarray(v, np.float64) for v in (p, f, g))
+  df = f[..., None, :, :] - f[..., :, None, :]
+  dg = g[..., None, :, :] - g[..., :, None, :]
+  return np.einsum("...ij,...ijm->...im", p, df * dg) / (2 * tau)
+
+
+def gamma2_reference(p, f, tau):
+  """Γ₂(f) = ½ L Γ(f) − Γ(f, Lf) from the definition, in float64."""
+  p64 = np.asarray(p, np.float64)
+  lap = lambda h: (p64 @ h - h) / tau
+  f = np.asarray(f, np.float64)
+  return 0.5 * lap(gamma_reference(p64, f, f, tau)) - gamma_reference(p64, f, lap(f), tau)
+
+
+@pytest.fixture(scope="module")
+def sphere4000():
+  return jnp.asarray(data.sphere(4000, seed=0))
+
+
+@pytest.mark.parametrize("radius,eps", [(1.0, 0.1), (2.0, 0.4)])
+def test_sphere_gamma_and_gamma2(radius, eps):
+  """S²(r), f = a·x: Γ(f) = 1 − f²/r², Γ₂(f) = 1/r² + f²/r⁴ (N = 4000, α = 1, τ = ε/4)."""
+  x = jnp.asarray(data.sphere(4000, seed=0, radius=radius))
+  f = x @ A
+  p = geo.gaussian_markov(x, eps)
+  g = geo.gamma(p, f[:, None], tau=eps / 4)[:, 0]
+  g2 = geo.gamma2(p, f[:, None], tau=eps / 4)[:, 0]
+  g_true, g2_true = 1 - f**2 / radius**2, 1 / radius**2 + f**2 / radius**4
+  assert float(jnp.median(jnp.abs(g - g_true) / g_true)) < 0.10
+  assert abs(float(g2.mean() / g2_true.mean()) - 1) < 0.10
+
+
+def test_laplacian_of_coordinate_on_sphere(sphere4000):
+  """Δ x₃ = −2 x₃ on S²: the fitted slope approaches −2 (DESIGN: −1.98 at ε = 0.05, N = 4000)."""
+  f = sphere4000[:, 2:]
+  lf = geo.generator(geo.gaussian_markov(sphere4000, 0.05), f, tau=0.05 / 4)
+  slope = float(jnp.sum(lf * f) / jnp.sum(f * f))
+  assert -2.05 < slope < -1.9
+
+
+def test_spectral_gamma2_is_pointwise_accurate(sphere4000):
+  f = sphere4000 @ A
+  p = geo.gaussian_markov(sphere4000, 0.05)
+  plain = geo.gamma2(p, f[:, None], tau=0.05 / 4)[:, 0]
+  spec = geo.gamma2(geo.spectral(p, 16, 0.05 / 4), f[:, None])[:, 0]
+  err = lambda g2: float(jnp.median(jnp.abs(g2 - (1 + f**2)) / (1 + f**2)))
+  assert err(spec) < 0.10 < err(plain)
+
+
+def test_spectral_ricci_on_sphere_and_flat_torus(sphere4000):
+  ric = geo.ricci(geo.spectral(geo.gaussian_markov(sphere4000, 0.05), 16, 0.05 / 4), sphere4000, 2)
+  assert abs(float(ric.mean_ricci.mean()) - 1.0) < 0.2
+  torus = jnp.asarray(data.flat_torus(4000, seed=0))
+  ric_t = geo.ricci(geo.spectral(geo.gaussian_markov(torus, 0.05), 21, 0.05 / 4), torus, 2)
+  assert abs(float(ric_t.mean_ricci.mean())) < 0.1
+  # the co-metric of an embedded manifold is the tangent projector: trace = dimension
+  np.testing.assert_allclose(np.median(np.trace(ric.cometric, axis1=1, axis2=2)), 2.0, rtol=0.1)
+
+
+def test_dense_gamma_matches_term_by_term_reference():
+  x = jnp.asarray(np.random.default_rng(0).standard_normal((60, 3)), jnp.float32)
+  p = geo.gaussian_markov(x, 1.0, alpha_norm=0.5)
+  f = jnp.stack([x[:, 0], jnp.sin(x[:, 1])], -1)
+  g = jnp.stack([x[:, 2], x[:, 0] * x[:, 1]], -1)
+  np.testing.assert_allclose(geo.gamma(p, f, g, tau=0.3), gamma_reference(p, f, g, 0.3), rtol=2e-4, atol=2e-5)
+  np.testing.assert_allclose(geo.gamma2(p, f, tau=0.3), gamma2_reference(p, f, 0.3), rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("alpha_norm", [0.0, 0.5, 1.0])
+def test_matrix_free_gaussian_matches_dense(alpha_norm):
+  x = jnp.asarray(data.sphere(300, seed=1))
+  f = jnp.stack([x[:, 0], x[:, 1] * x[:, 2]], -1)
+  dense = geo.gaussian_markov(x, 0.1, alpha_norm=alpha_norm)
+  free = geo.gaussian(x, 0.1, alpha_norm=alpha_norm, block_size=64)
+  np.testing.assert_allclose(geo.gamma(free, f), geo.gamma(dense, f, tau=0.025), rtol=1e-3, atol=1e-3)
+  np.testing.assert_allclose(geo.gamma2(free, f), geo.gamma2(dense, f, tau=0.025), rtol=1e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("name", ["ATTN", "DMTN", "ATAP", "DMAP"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_matrix_free_attention_matches_dense(name, causal):
+  ks = jax.random.split(jax.random.PRNGKey(0), 3)
+  q, k = jax.random.normal(ks[0], (2, 40, 2, 8)), jax.random.normal(ks[1], (2, 40, 2, 8))
+  f = jax.random.normal(ks[2], (2, 2, 40, 3))
+  beta, alpha = op.corner(name)
+  p = op.markov_matrix(q, k, beta=beta, alpha=alpha, causal=causal)
+  for impl in ("einsum", "blockwise"):
+    free = geo.attention(q, k, beta=beta, alpha=alpha, causal=causal, tau=0.5, implementation=impl, block_size=16)
+    np.testing.assert_allclose(geo.gamma(free, f), geo.gamma(p, f, tau=0.5), atol=2e-5, rtol=1e-4)
+    np.testing.assert_allclose(geo.gamma2(free, f), geo.gamma2(p, f, tau=0.5), atol=2e-4, rtol=1e-3)
+  np.testing.assert_allclose(geo.gamma(p, f, tau=0.5), gamma_reference(p, f, f, 0.5), atol=2e-5, rtol=1e-4)
+
+
+def test_gamma2_is_differentiable():
+  x = jnp.asarray(data.sphere(40, seed=2))
+  fn = lambda x: jnp.sum(geo.gamma2(geo.gaussian(x, 0.5, block_size=16), x[:, :2]))
+  check_grads(fn, (x,), order=1, modes=["rev"], atol=5e-2, rtol=5e-2, eps=1e-3)
+  q = jax.random.normal(jax.random.PRNGKey(1), (1, 12, 1, 4))
+  fq = lambda q: jnp.sum(geo.gamma(geo.attention(q, q * 0.5, beta=0.0, alpha=1.0), q[:, :, :, :2].transpose(0, 2, 1, 3)))
+  check_grads(fq, (q,), order=1, modes=["rev"], atol=5e-2, rtol=5e-2, eps=1e-3)
+
+
+def _walk(adj):
+  adj = np.asarray(adj, np.float64)
+  return jnp.asarray(adj / adj.sum(1, keepdims=True), jnp.float32)
+
+
+@pytest.mark.parametrize("n", [3, 5, 8])
+def test_curvature_of_complete_graph(n):
+  """K_n: unnormalised-Laplacian curvature 1 + n/2 (Cushing–Liu–Peyerimhoff), /D = n − 1 for the walk."""
+  k = geo.graph_curvature(_walk(np.ones((n, n)) - np.eye(n)))
+  np.testing.assert_allclose(k, (1 + n / 2) / (n - 1), rtol=1e-6)
+
+
+@pytest.mark.parametrize("n", [5, 6, 9])
+def test_curvature_of_cycle_is_zero(n):
+  cyc = np.roll(np.eye(n), 1, 1) + np.roll(np.eye(n), -1, 1)
+  np.testing.assert_allclose(geo.graph_curvature(_walk(cyc)), 0.0, atol=1e-6)
+
+
+@pytest.mark.parametrize("d", [2, 3, 4])
+def test_curvature_of_hypercube(d):
+  """Q_d: unnormalised curvature 2 (Klartag–Kozma–Ralli–Tetali), so 2/d for the simple random walk."""
+  verts = list(itertools.product([0, 1], repeat=d))
+  adj = [[sum(a != b for a, b in zip(u, v)) == 1 for v in verts] for u in verts]
+  np.testing.assert_allclose(geo.graph_curvature(_walk(adj)), 2 / d, rtol=1e-6)
+
+
+def test_finite_dimension_lowers_curvature_and_family_bound_is_above():
+  p = _walk(np.ones((6, 6)) - np.eye(6))
+  assert np.all(geo.graph_curvature(p, dimension=2) < geo.graph_curvature(p))
+  f = jax.random.normal(jax.random.PRNGKey(0), (6, 4))
+  assert np.all(np.asarray(geo.family_curvature(p, f)) >= geo.graph_curvature(p) - 1e-4)
+
+
+def test_bandwidth_estimates_intrinsic_dimension():
+  eps, dim = geo.bandwidth(data.sphere(2000, seed=0))
+  assert 1.6 < dim < 2.5 and eps > 0
+  eps, dim = geo.bandwidth(data.flat_torus(2000, seed=0))
+  assert 1.6 < dim < 2.5   # the max-slope rule overshoots a little on the torus
+
+
+def test_bad_inputs():
+  p = jnp.full((4, 4), 0.25)
+  with pytest.raises(ValueError, match="row-stochastic"):
+    geo.gamma(p * 2, jnp.ones((4, 1)))
+  with pytest.raises(ValueError, match=r"\[..., n, m\]"):
+    geo.gamma(p, jnp.ones(4))
+  with pytest.raises(ValueError, match="g must have"):
+    geo.gamma(p, jnp.ones((4, 1)), jnp.ones((4, 2)))
+  with pytest.raises(ValueError, match="f must be finite"):
+    geo.gamma(p, jnp.full((4, 1), jnp.nan))
+  with pytest.raises(ValueError, match="eps must be positive"):
+    geo.gaussian_markov(jnp.ones((4, 2)), 0.0)
+  with pytest.raises(ValueError, match="tau must be positive"):
+    geo.gamma(p, jnp.ones((4, 1)), tau=-1.0)
+  with pytest.raises(ValueError, match="x must have rank 2"):
+    geo.gaussian(jnp.ones((4,)), 1.0)
