@@ -136,7 +136,9 @@ def gaussian_markov(x, eps: float, *, alpha_norm: float = 1.0, k: int | None = N
     keep = lk >= kth
     keep = keep | keep.T
     lk = jnp.where(keep, lk, -jnp.inf)
-  lq = jax.nn.logsumexp(lk, -1)
+  # log q_j as a column reduction (lk is symmetric): XLA:CPU fuses a row reduction broadcast
+  # along columns into the softmax with an O(n³) access pattern.
+  lq = jax.nn.logsumexp(lk, 0)
   return jax.nn.softmax(lk - alpha_norm * lq[None, :], -1)
 
 
