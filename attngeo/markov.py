@@ -179,6 +179,16 @@ def diffusion_coordinates(p, k: int, t: float = 1.0, pi=None):
   return jnp.sign(lam)[..., None, :] * jnp.abs(lam)[..., None, :] ** t * psi, lam
 
 
+def propagate(p, mu, t: int) -> jax.Array:
+  """Law of the walk after t steps, `μ P^t`, for an initial law μ `[..., n]` (heat from a point: μ = δ_i)."""
+  _checks.check_stochastic("P", p)
+  if int(t) != t or t < 0:
+    raise ValueError(f"t must be a non-negative integer; got {t}")
+  if mu.shape[-1] != p.shape[-1]:
+    raise ValueError(f"mu must be [..., n] with n = {p.shape[-1]}; got {mu.shape}")
+  return jax.lax.fori_loop(0, int(t), lambda _, m: jnp.einsum("...i,...ij->...j", m, p), mu)
+
+
 def heat(p, f, t, *, tau: float | None = None) -> jax.Array:
   """Heat flow of values `f` [..., n, m] under P.
 

@@ -142,15 +142,10 @@ def heat_figure(cfg: SwissRollConfig, cloud: np.ndarray, path: str) -> dict:
     _, qks = nn.capture_qk(model, lambda: model(x, jnp.ones((1,))))
     q, k = qks[-1]
     beta, alpha = nn.attention_modules(model)[-1].coefficients()
-    w = np.asarray(operators.markov_matrix(q, k, beta=beta, alpha=alpha)[0].mean(0), np.float64)
-    w = w / w.sum(1, keepdims=True)
-    pi = np.asarray(markov.stationary(jnp.asarray(w, jnp.float32)).pi)
-    delta = np.zeros(len(pts))
-    delta[source] = 1.0
-    panels = []
-    for t in (1, 4, 16):
-      delta_t = delta @ np.linalg.matrix_power(w, t)
-      panels.append((f"t = {t}", delta_t))
+    w = operators.markov_matrix(q, k, beta=beta, alpha=alpha)[0].mean(0)      # head-averaged walk
+    pi = np.asarray(markov.stationary(w).pi)
+    delta = jnp.zeros(len(pts)).at[source].set(1.0)
+    panels = [(f"t = {t}", np.asarray(markov.propagate(w, delta, t))) for t in (1, 4, 16)]
     panels.append(("equilibrium π", pi))
     rows.append((op, panels))
     out[op] = {"pi_max_over_min": float(pi.max() / max(pi.min(), 1e-30))}

@@ -148,3 +148,12 @@ def test_skew_share_argument_errors():
     markov.skew_share()
   with pytest.raises(ValueError, match="tau must be positive"):
     markov.heat(p, jnp.ones((4, 1)), 1.0, tau=0.0)
+
+
+def test_propagate_is_the_adjoint_of_heat():
+  p = jax.nn.softmax(jax.random.normal(jax.random.PRNGKey(5), (6, 6)), -1)
+  mu = jnp.zeros(6).at[2].set(1.0)
+  f = jax.random.normal(jax.random.PRNGKey(6), (6, 1))
+  np.testing.assert_allclose(markov.propagate(p, mu, 4) @ f, (mu @ markov.heat(p, f, 4)), atol=1e-5)
+  with pytest.raises(ValueError, match="non-negative integer"):
+    markov.propagate(p, mu, 1.5)
