@@ -247,6 +247,37 @@ def load_model(model, workdir: str, cfg: TrainConfig, step: int | None = None, u
   return model
 
 
+def model_config_dict(model) -> dict | None:
+  """`{"class": "GPTConfig", **fields}` of a model built from a config dataclass (`model.cfg`)."""
+  cfg = getattr(model, "cfg", None)
+  return None if cfg is None else {"class": type(cfg).__name__, **dataclasses.asdict(cfg)}
+
+
+def load_run(workdir: str, step: int | None = None):
+  """Rebuild the model of a run folder from its config.json and load checkpoint `step` (default latest).
+
+  Returns (model, train config, model config).
+  """
+  from attngeo import nn  # the trainer does not depend on the model zoo otherwise
+  path = os.path.join(workdir, "config.json")
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"{workdir} is not a run folder: no config.json")
+  with open(path) as f:
+    saved = json.load(f)
+  if not saved.get("model"):
+    raise ValueError(f"{path} records no model config; runs written by attngeo.train record one")
+  fields = dict(saved["model"])
+  cls_name = fields.pop("class")
+  model_cls, cfg_cls = getattr(nn, cls_name.removesuffix("Config"), None), getattr(nn, cls_name, None)
+  if model_cls is None or cfg_cls is None:
+    raise ValueError(f"unknown model config class {cls_name!r} in {path}")
+  mcfg = cfg_cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+  tfields = {k: tuple(v) if isinstance(v, list) else v for k, v in saved["train"].items()}
+  tcfg = TrainConfig(**tfields)
+  model = load_model(model_cls(mcfg, rngs=nnx.Rngs(0)), workdir, tcfg, step)
+  return model, tcfg, mcfg
+
+
 def train(model, loss_fn: Callable, data: Iterator, cfg: TrainConfig, *, flops_per_step: float | None = None,
           hooks: tuple[Callable, ...] = (), desc: str = "train") -> TrainResult:
   """Train `model` in place for `cfg.steps` steps, resuming from `cfg.workdir` if it has checkpoints.
@@ -263,7 +294,7 @@ def train(model, loss_fn: Callable, data: Iterator, cfg: TrainConfig, *, flops_p
 
   mngr = None
   if cfg.workdir:
-    write_config(cfg.workdir, train=cfg)
+    write_config(cfg.workdir, train=cfg, model=model_config_dict(model))
     mngr = checkpoint_manager(cfg.workdir, cfg)
     if mngr.latest_step() is not None:
       state, data_state = restore(mngr, mngr.latest_step(), state, shardings)

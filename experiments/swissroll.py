@@ -11,6 +11,8 @@ condition it reports
   (standardised coordinates), samples drawn with Heun's method from noise sets;
 * `e^{H̄}`, `ε_rev`, `ρ_skew` — of the trained model's attention operators evaluated on data point
   sets at t = 1, averaged over layers, heads and sets (per layer in results.json);
+* `curvature` — the Bakry–Émery bound of each layer's head-averaged walk over the top-3 principal
+  coordinates of m = (q + k)/√2 (median over points; `attngeo.probe`), averaged over layers;
 
 and writes table1.{md,csv}, results.json, samples.png (Figure 2), heat.png (Figure 1, heat flow
 under the learned DMAP walk vs ATTN's and the equilibrium π) and config.json to `--out`.
@@ -155,17 +157,18 @@ def heat_figure(cfg: SwissRollConfig, cloud: np.ndarray, path: str) -> dict:
 
 
 def write_tables(rows: list[dict], out: str, spacing: float) -> str:
-  cols = ["operator", "order", "d_nn", "eff_neighbours", "eps_rev", "rho_skew", "final_loss"]
+  cols = ["operator", "order", "d_nn", "eff_neighbours", "eps_rev", "rho_skew", "curvature", "final_loss"]
   with open(os.path.join(out, "table1.csv"), "w", newline="") as f:
     w = csv.writer(f)
     w.writerow(cols)
     for r in rows:
       w.writerow([r[c] for c in cols])
   order_name = {"ffn_first": "FFN → MHSA", "attn_first": "MHSA → FFN"}
-  lines = ["| Operator | Order | d_NN | e^H̄ | ε_rev | ρ_skew | final loss |", "|---|---|---:|---:|---:|---:|---:|"]
+  lines = ["| Operator | Order | d_NN | e^H̄ | ε_rev | ρ_skew | curvature | final loss |",
+           "|---|---|---:|---:|---:|---:|---:|---:|"]
   for r in rows:
     lines.append(f"| {r['operator']} | {order_name[r['order']]} | {r['d_nn']:.4f} | {r['eff_neighbours']:.2f} "
-                 f"| {r['eps_rev']:.3g} | {r['rho_skew']:.3g} | {r['final_loss']:.3f} |")
+                 f"| {r['eps_rev']:.3g} | {r['rho_skew']:.3g} | {r['curvature']:.3g} | {r['final_loss']:.3f} |")
   lines.append(f"\nTraining-set median nearest-neighbour spacing: {spacing:.4f} (standardised coordinates).")
   md = "\n".join(lines)
   with open(os.path.join(out, "table1.md"), "w") as f:
