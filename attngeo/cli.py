@@ -35,6 +35,8 @@ def main(argv=None):
   if argv[0] not in COMMANDS:
     print(f"attngeo: unknown command {argv[0]!r}\n\n{usage()}", file=sys.stderr)
     return 2
+  from attngeo import train
+  train.initialize_distributed()
   module = importlib.import_module(COMMANDS[argv[0]][0])
   module.main(argv[1:])
   return 0

@@ -60,7 +60,25 @@ class TrainConfig:
   progress: bool = True
 
 
-# ----------------------------------------------------------------------------- mesh & sharding
+# ----------------------------------------------------------------------------- processes, mesh & sharding
+
+def initialize_distributed() -> bool:
+  """Start multi-process JAX from the environment, before any backend is touched.
+
+  `JAX_COORDINATOR_ADDRESS`, `JAX_NUM_PROCESSES`, `JAX_PROCESS_ID` (GPU clusters via
+  `tpu/launch_gpu.sh`, localhost tests; CPU collectives use gloo), or automatic detection on a
+  Cloud TPU pod slice (several `TPU_WORKER_HOSTNAMES`). Returns whether it initialised.
+  """
+  addr = os.environ.get("JAX_COORDINATOR_ADDRESS")
+  if addr:
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(addr, int(os.environ["JAX_NUM_PROCESSES"]), int(os.environ["JAX_PROCESS_ID"]))
+    return True
+  if len([h for h in os.environ.get("TPU_WORKER_HOSTNAMES", "").split(",") if h]) > 1:
+    jax.distributed.initialize()
+    return True
+  return False
+
 
 def make_mesh(shape=(1, 1, 1), devices=None) -> Mesh:
   """A (data, fsdp, tensor) mesh over all devices; the product of `shape` must equal their count."""

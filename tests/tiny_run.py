@@ -25,9 +25,11 @@ a = ap.parse_args()
 
 import jax  # noqa: E402
 
-if a.coordinator:
-  jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  jax.distributed.initialize(a.coordinator, a.num_processes, a.process_id)
+if a.coordinator:  # the same environment contract as tpu/launch_gpu.sh
+  os.environ.update(JAX_COORDINATOR_ADDRESS=a.coordinator, JAX_NUM_PROCESSES=str(a.num_processes),
+                    JAX_PROCESS_ID=str(a.process_id))
+  from attngeo import train as _train
+  assert _train.initialize_distributed()
 
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
