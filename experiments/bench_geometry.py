@@ -10,8 +10,6 @@ Dense rows are skipped where P alone exceeds `--dense-limit-gib`.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import time
 
@@ -20,6 +18,7 @@ import jax.numpy as jnp
 from tqdm import tqdm
 
 from attngeo import data, geometry as geo
+from experiments import report
 from experiments.bench_operators import peak_bytes
 
 
@@ -69,13 +68,7 @@ def main(argv=None):
     t = "skipped (P alone: %.0f MiB)" % (r["peak_bytes"] / 2**20) if r["seconds"] is None else f"{r['seconds']:.3f}"
     mem = "" if r["seconds"] is None else f"{r['peak_bytes'] / 2**20:.0f}"
     lines.append(f"| {r['n']} | {r['method']} | {t} | {mem} |")
-  md = "\n".join(lines)
-  print(md)
-  os.makedirs(a.out, exist_ok=True)
-  with open(os.path.join(a.out, "bench_geometry.md"), "w") as fh:
-    fh.write(md + "\n")
-  with open(os.path.join(a.out, "bench_geometry.json"), "w") as fh:
-    json.dump(rows, fh, indent=1)
+  report.write(a.out, "bench_geometry", "\n".join(lines), rows)
 
 
 if __name__ == "__main__":

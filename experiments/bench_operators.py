@@ -12,8 +12,6 @@ batch 1, seq N, where a materialised P alone would need b·h·N²·4 bytes. Writ
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import time
 
@@ -22,6 +20,7 @@ import jax.numpy as jnp
 from tqdm import tqdm
 
 from attngeo import operators as op
+from experiments import report
 
 
 def _compile(fn, *args):
@@ -35,10 +34,10 @@ def peak_bytes(compiled) -> int | None:
   return int(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes)
 
 
-def measure(name, impl, b, n, h, d, repeats, block_size=512):
+def measure(name, impl, b, n, h, d, repeats, block_size=512, dtype="float32"):
   beta, alpha = op.corner(name)
   ks = jax.random.split(jax.random.PRNGKey(0), 3)
-  q, k, v = [jax.random.normal(kk, (b, n, h, d), jnp.float32) for kk in ks]
+  q, k, v = [jax.random.normal(kk, (b, n, h, d), jnp.dtype(dtype)) for kk in ks]
 
   def loss(q, k, v):
     return jnp.sum(op.transport(q, k, v, beta=beta, alpha=alpha, implementation=impl, block_size=block_size))
@@ -60,12 +59,12 @@ def available_impls():
   return impls
 
 
-def run(seqs, batch, heads, head_dim, repeats, long_seq):
+def run(seqs, batch, heads, head_dim, repeats, long_seq, dtype="float32"):
   rows = []
   configs = [(n, name, impl) for n in seqs for name in op.CORNERS for impl in available_impls()]
   for n, name, impl in tqdm(configs, desc="bench_operators"):
     try:
-      t, mem = measure(name, impl, batch, n, heads, head_dim, repeats)
+      t, mem = measure(name, impl, batch, n, heads, head_dim, repeats, dtype=dtype)
     except Exception as e:  # a kernel that rejects the shape (e.g. cuDNN limits) is reported, not fatal
       t, mem = float("nan"), None
       tqdm.write(f"{name}/{impl}/{n}: {type(e).__name__}: {str(e)[:120]}")
@@ -76,7 +75,7 @@ def run(seqs, batch, heads, head_dim, repeats, long_seq):
       if r["seq"] == n:
         r["ratio_to_best_attn"] = r["seconds"] / min(attn)
   if long_seq:
-    t, mem = measure("DMTN", "blockwise", 1, long_seq, heads, head_dim, 1, block_size=1024)
+    t, mem = measure("DMTN", "blockwise", 1, long_seq, heads, head_dim, 1, block_size=1024, dtype=dtype)
     rows.append(dict(seq=long_seq, batch=1, operator="DMTN", implementation="blockwise", seconds=t, peak_bytes=mem,
                      ratio_to_best_attn=float("nan"), dense_p_bytes=heads * long_seq * long_seq * 4))
   return rows
@@ -100,21 +99,17 @@ def main(argv=None):
   ap.add_argument("--head-dim", type=int, default=64)
   ap.add_argument("--repeats", type=int, default=3)
   ap.add_argument("--long", type=int, default=16384, help="blockwise long-sequence row (0 to skip)")
+  ap.add_argument("--dtype", default="float32", help="float32 or bfloat16 inputs (accumulation is float32)")
   ap.add_argument("--out", default="runs/bench")
   a = ap.parse_args(argv)
-  print(f"backend={jax.default_backend()} devices={jax.device_count()}")
-  rows = run([int(s) for s in a.seqs.split(",")], a.batch, a.heads, a.head_dim, a.repeats, a.long)
+  print(f"backend={jax.default_backend()} devices={jax.device_count()} dtype={a.dtype}")
+  rows = run([int(s) for s in a.seqs.split(",")], a.batch, a.heads, a.head_dim, a.repeats, a.long, a.dtype)
   md = to_markdown(rows)
-  print(md)
   if a.long:
     r = rows[-1]
-    print(f"\nblockwise seq={r['seq']}: peak {r['peak_bytes'] / 2**30:.2f} GiB "
-          f"(a materialised P alone: {r['dense_p_bytes'] / 2**30:.1f} GiB)")
-  os.makedirs(a.out, exist_ok=True)
-  with open(os.path.join(a.out, "bench_operators.md"), "w") as f:
-    f.write(md + "\n")
-  with open(os.path.join(a.out, "bench_operators.json"), "w") as f:
-    json.dump(rows, f, indent=1)
+    md += (f"\n\nblockwise seq={r['seq']}: peak {r['peak_bytes'] / 2**30:.2f} GiB "
+           f"(a materialised P alone: {r['dense_p_bytes'] / 2**30:.1f} GiB)")
+  report.write(a.out, "bench_operators", md, rows)
 
 
 if __name__ == "__main__":

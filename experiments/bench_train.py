@@ -11,8 +11,6 @@ per sequence, the usual decoder count; augmented heads are not credited).
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import time
 
@@ -23,6 +21,7 @@ import optax
 from flax import nnx
 
 from attngeo import nn, operators, train
+from experiments import report
 
 
 def loss_fn(m, batch, rng):
@@ -80,13 +79,7 @@ def main(argv=None):
   for r in rows:
     mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
     lines.append(f"| {r['operator']} | {1e3 * r['seconds']:.1f} | {r['tokens_per_s']:.0f} | {r['ratio_to_attn']:.2f} | {mfu} |")
-  md = "\n".join(lines)
-  print(md)
-  os.makedirs(a.out, exist_ok=True)
-  with open(os.path.join(a.out, "bench_train.md"), "w") as f:
-    f.write(md + "\n")
-  with open(os.path.join(a.out, "bench_train.json"), "w") as f:
-    json.dump(dict(config=vars(a), rows=rows), f, indent=1)
+  report.write(a.out, "bench_train", "\n".join(lines), dict(config=vars(a), rows=rows))
 
 
 if __name__ == "__main__":

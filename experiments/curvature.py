@@ -13,14 +13,13 @@ naive (dense nested Γ) vs spectral. Truths: sphere S²(r), f = a·x: Γ = 1 −
 from __future__ import annotations
 
 import argparse
-import json
-import os
 
 import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
 from attngeo import data, geometry as geo
+from experiments import report
 
 A = np.array([0.3, -0.5, 0.81]) / np.linalg.norm([0.3, -0.5, 0.81])
 MANIFOLDS = {
@@ -74,13 +73,7 @@ def main(argv=None):
   a = ap.parse_args(argv)
   jobs = [(m, int(n)) for m in a.manifolds.split(",") for n in a.sizes.split(",")]
   rows = [evaluate(m, n) for m, n in tqdm(jobs, desc="curvature")]
-  md = to_markdown(rows)
-  print(md)
-  os.makedirs(a.out, exist_ok=True)
-  with open(os.path.join(a.out, "curvature.md"), "w") as fh:
-    fh.write(md + "\n")
-  with open(os.path.join(a.out, "curvature.json"), "w") as fh:
-    json.dump(rows, fh, indent=1)
+  report.write(a.out, "curvature", to_markdown(rows), rows)
 
 
 if __name__ == "__main__":

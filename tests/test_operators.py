@@ -12,7 +12,7 @@ from attngeo import operators as op
 B, N, H, D = 2, 33, 3, 8
 PARAMS = [op.ATTN, op.DMTN, op.ATAP, op.DMAP, (0.3, 0.7), (0.81, 0.05),
           (np.array([0.0, 0.5, 1.0], np.float32), np.array([1.0, 0.2, 0.0], np.float32))]
-IMPLS = ["einsum", "xla", "blockwise"]
+IMPLS = ["einsum", "xla", "blockwise"] + (["cudnn"] if jax.default_backend() == "gpu" else [])
 
 
 def qkv(seed=0, n=N, d=D):

@@ -9,22 +9,10 @@ import optax
 import pytest
 from flax import nnx
 
+from helpers import Batches
+
 from attngeo import nn, probe, train
 from experiments import probe as probe_cli
-
-
-class Batches:
-  def __init__(self, batch):
-    self.batch = batch
-
-  def __next__(self):
-    return self.batch
-
-  def get_state(self):
-    return {}
-
-  def set_state(self, state):
-    pass
 
 
 def gpt_loss(m, b, r):

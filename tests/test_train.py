@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from helpers import Batches
+
 from attngeo import config as config_lib, data, nn, train
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "tiny_run.py")
@@ -92,22 +94,6 @@ def test_killed_run_resumes_exactly(tmp_path, single_device):
       row = json.loads(line)
       logged[row["step"]] = row["loss"]          # the resumed run overwrites the killed one's tail
   np.testing.assert_allclose([logged[s] for s in range(1, 13)], reference, rtol=1e-6)
-
-
-class Batches:
-  """A fixed batch forever, with the iterator-state protocol."""
-
-  def __init__(self, batch):
-    self.batch = batch
-
-  def __next__(self):
-    return self.batch
-
-  def get_state(self):
-    return {}
-
-  def set_state(self, state):
-    pass
 
 
 def test_checkpoint_from_another_model_shape_fails_clearly(tmp_path):
