@@ -78,8 +78,8 @@ class Attention(nnx.Module):
       for name in ("bq", "bk", "bv"):
         setattr(self, name, _param(rngs, (num_heads, head_dim), ("heads", "kv"), zero=True))
     if qk_norm:
-      self.q_norm = nnx.RMSNorm(head_dim, rngs=rngs)
-      self.k_norm = nnx.RMSNorm(head_dim, rngs=rngs)
+      self.q_norm = nnx.RMSNorm(head_dim, dtype=dtype, rngs=rngs)
+      self.k_norm = nnx.RMSNorm(head_dim, dtype=dtype, rngs=rngs)
     self.learnable_operator = learnable_operator
     self.set_operator(operator)
 

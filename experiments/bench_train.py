@@ -67,7 +67,7 @@ def main(argv=None):
   a = ap.parse_args(argv)
   peak = train.device_peak_flops()
   print(f"backend={jax.default_backend()} device={jax.devices()[0].device_kind} "
-        f"implementation={operators.default_implementation() if a.implementation == 'auto' else a.implementation}")
+        f"implementation={operators.default_implementation(a.seq) if a.implementation == 'auto' else a.implementation}")
   rows = []
   for op in ("ATTN", "DMAP", "DMTN", "ATAP"):
     t, flops = step_time(op, a)

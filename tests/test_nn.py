@@ -57,6 +57,32 @@ def test_adaln_zero_block_is_identity_at_init():
   np.testing.assert_array_equal(blk(x, c), x)
 
 
+def test_dit_blocks_are_identity_on_the_residual_stream_at_init():
+  cfg = nn.DiTConfig(image_size=8, patch=2, channels=3, width=32, depth=3, num_heads=2, num_classes=4, operator="ATAP")
+  model = nn.DiT(cfg, rngs=nnx.Rngs(0))
+  x = jax.random.normal(jax.random.PRNGKey(0), (2, 8, 8, 3))
+  t, y = jnp.array([0.2, 0.7]), jnp.array([1, 4])
+  h0 = model.patchify(x) @ model.patch_w.value + model.patch_b.value + model.pos.value[None]
+  cond = model.t_embed(t) + model.y_embed.value[y]
+  h = h0
+  for blk in model.blocks:
+    h = blk(h, cond)
+  np.testing.assert_array_equal(h, h0)
+  np.testing.assert_array_equal(model(x, t, y), jnp.zeros_like(x))   # zero-initialised read-out
+
+
+def test_bf16_compute_keeps_float32_master_weights():
+  tok = jax.random.randint(jax.random.PRNGKey(0), (4, 17), 0, 32)
+  model = nn.GPT(nn.GPTConfig(depth=1, vocab_size=32, head_dim=8, width=32, operator="DMTN", dtype="bfloat16"),
+                 rngs=nnx.Rngs(0))
+  loss = lambda m: optax.softmax_cross_entropy_with_integer_labels(m(tok[:, :-1]), tok[:, 1:]).mean()
+  first, last = overfit(model, loss)
+  assert last < 0.5 * first
+  assert model.blocks[0].attn.wq.value.dtype == jnp.float32
+  q, _, _ = model.blocks[0].attn.qkv(jnp.zeros((1, 3, 32)))
+  assert q.dtype == jnp.bfloat16
+
+
 def test_dit_xl2_shape_is_expressible():
   cfg = nn.DiTConfig.preset("XL/2")
   assert (cfg.depth, cfg.width, cfg.num_heads, cfg.patch) == (28, 1152, 16, 2)

@@ -159,3 +159,9 @@ def test_bad_shapes_and_values():
     op.transport(q.at[0, 0, 0, 0].set(jnp.nan), k, v)
   with pytest.raises(ValueError, match="operator must be one of"):
     op.corner("softmax")
+
+
+def test_default_kernel_follows_the_benchmark_on_cpu():
+  if jax.default_backend() != "cpu":
+    pytest.skip("CPU rule")
+  assert op.default_implementation(256) == "einsum" and op.default_implementation(1024) == "blockwise"
