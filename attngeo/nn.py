@@ -95,16 +95,16 @@ class Attention(nnx.Module):
   def coefficients(self):
     """(β, α): floats, or per-head arrays [h] clipped to [0, 1] when learnable."""
     if self.learnable_operator:
-      return jnp.clip(self.beta.value, 0.0, 1.0), jnp.clip(self.alpha.value, 0.0, 1.0)
+      return jnp.clip(self.beta[...], 0.0, 1.0), jnp.clip(self.alpha[...], 0.0, 1.0)
     return self.beta, self.alpha
 
   def qkv(self, x):
     """Projections (with biases, QK-norm and rotary applied): three [b, n, h, k] arrays."""
     x = x.astype(self.dtype)
-    proj = lambda w: jnp.einsum("bnd,dhk->bnhk", x, w.value.astype(self.dtype))
+    proj = lambda w: jnp.einsum("bnd,dhk->bnhk", x, w[...].astype(self.dtype))
     q, k, v = proj(self.wq), proj(self.wk), proj(self.wv)
     if self.qkv_bias:
-      q, k, v = q + self.bq.value.astype(self.dtype), k + self.bk.value.astype(self.dtype), v + self.bv.value.astype(self.dtype)
+      q, k, v = q + self.bq[...].astype(self.dtype), k + self.bk[...].astype(self.dtype), v + self.bv[...].astype(self.dtype)
     if self.qk_norm:
       q, k = self.q_norm(q), self.k_norm(k)
     if self.use_rope:
@@ -119,7 +119,7 @@ class Attention(nnx.Module):
     beta, alpha = self.coefficients()
     y = operators.transport(q, k, v, beta=beta, alpha=alpha, causal=self.causal, mask=mask,
                             implementation=self.implementation)
-    return jnp.einsum("bnhk,hkd->bnd", y, self.wo.value.astype(self.dtype))
+    return jnp.einsum("bnhk,hkd->bnd", y, self.wo[...].astype(self.dtype))
 
 
 class Mlp(nnx.Module):
@@ -137,8 +137,8 @@ class Mlp(nnx.Module):
 
   def __call__(self, x):
     x = x.astype(self.dtype)
-    h = self.fn(x @ self.w1.value.astype(self.dtype) + self.b1.value.astype(self.dtype))
-    return h @ self.w2.value.astype(self.dtype) + self.b2.value.astype(self.dtype)
+    h = self.fn(x @ self.w1[...].astype(self.dtype) + self.b1[...].astype(self.dtype))
+    return h @ self.w2[...].astype(self.dtype) + self.b2[...].astype(self.dtype)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,7 +196,7 @@ class Block(nnx.Module):
 
   def __call__(self, x, cond=None, mask=None):
     if self.adaln:
-      mod = jax.nn.silu(cond) @ self.ada_w.value + self.ada_b.value       # [b, 6d]
+      mod = jax.nn.silu(cond) @ self.ada_w[...] + self.ada_b[...]       # [b, 6d]
       t1, s1, g1, t2, s2, g2 = (m[:, None, :] for m in jnp.split(mod, 6, -1))
     subs = {"attn": (self.norm_attn, lambda h: self.attn(h, mask=mask)), "mlp": (self.norm_mlp, self.mlp)}
     names = ("attn", "mlp") if self.order == "attn_first" else ("mlp", "attn")
@@ -234,7 +234,7 @@ def capture_qk(model, fn):
     qks = []
     for m in mods:
       st = nnx.pop(m, nnx.Intermediate)
-      qks.append(st["qk"].value[0] if hasattr(st["qk"], "value") else st["qk"][0])
+      qks.append(st["qk"].get_value()[0])
   finally:
     for m in mods:
       m.capture = False
@@ -272,8 +272,8 @@ class TimestepEmbedder(nnx.Module):
     self.b2 = _param(rngs, (width,), ("embed",), zero=True)
 
   def __call__(self, t):
-    h = jax.nn.silu(timestep_embedding(t, self.freq_dim) @ self.w1.value + self.b1.value)
-    return h @ self.w2.value + self.b2.value
+    h = jax.nn.silu(timestep_embedding(t, self.freq_dim) @ self.w1[...] + self.b1[...])
+    return h @ self.w2[...] + self.b2[...]
 
 
 class FinalLayer(nnx.Module):
@@ -287,9 +287,9 @@ class FinalLayer(nnx.Module):
     self.b = _param(rngs, (out,), (None,), zero=True)
 
   def __call__(self, x, cond):
-    t, s = jnp.split(jax.nn.silu(cond) @ self.ada_w.value + self.ada_b.value, 2, -1)
+    t, s = jnp.split(jax.nn.silu(cond) @ self.ada_w[...] + self.ada_b[...], 2, -1)
     h = self.norm(x) * (1 + s[:, None]) + t[:, None]
-    return h.astype(jnp.float32) @ self.w.value + self.b.value
+    return h.astype(jnp.float32) @ self.w[...] + self.b[...]
 
 
 # ----------------------------------------------------------------------------- GPT
@@ -333,10 +333,10 @@ class GPT(nnx.Module):
     self.unembed = _param(rngs, (bc.width, cfg.vocab_size), ("embed", "vocab"), std=0.001)
 
   def __call__(self, tokens):
-    x = self.embed.value[tokens]
+    x = self.embed[...][tokens]
     for blk in self.blocks:
       x = blk(x)
-    return self.norm(x).astype(jnp.float32) @ self.unembed.value
+    return self.norm(x).astype(jnp.float32) @ self.unembed[...]
 
 
 # ----------------------------------------------------------------------------- DiT
@@ -407,8 +407,8 @@ class DiT(nnx.Module):
     return z.reshape(b, g, g, p, p, c).transpose(0, 1, 3, 2, 4, 5).reshape(b, g * p, g * p, c)
 
   def __call__(self, x, t, y):
-    h = self.patchify(x) @ self.patch_w.value + self.patch_b.value + self.pos.value[None]
-    cond = self.t_embed(t) + self.y_embed.value[y]
+    h = self.patchify(x) @ self.patch_w[...] + self.patch_b[...] + self.pos[...][None]
+    cond = self.t_embed(t) + self.y_embed[...][y]
     for blk in self.blocks:
       h = blk(h, cond)
     return self.unpatchify(self.final(h, cond))
@@ -451,7 +451,7 @@ class PointFlow(nnx.Module):
   def __call__(self, x, t):
     if x.ndim != 3 or x.shape[-1] != self.cfg.dim:
       raise ValueError(f"x must be [b, n, {self.cfg.dim}]; got {x.shape}")
-    h = x @ self.in_w.value + self.in_b.value
+    h = x @ self.in_w[...] + self.in_b[...]
     cond = self.t_embed(t)
     for blk in self.blocks:
       h = blk(h, cond)

@@ -85,7 +85,7 @@ def model_report(model, run, sample: int = 0) -> list[dict]:
     p, stats = _dense(q, k, *m.coefficients(), m.causal)
     ph = p[sample]                                                           # [h, n, n]
     w = connection.walk(ph)
-    t = connection.head_transports(m.wv.value, m.wo.value)
+    t = connection.head_transports(m.wv[...], m.wo[...])
     head_defect, _ = connection.isometry_defect(t)
     row = {key: v.tolist() for key, v in stats.items()}
     row.update(spectral_gap=float(markov.spectral_gap(w)), walk_eps_rev=float(markov.reversibility(w)),

@@ -48,7 +48,7 @@ def step_time(op, a):
     state, m = step(state, batch)
     jax.block_until_ready(m["loss"])
     times.append(time.perf_counter() - t0)
-  n_params = sum(int(np.prod(v.value.shape)) for _, v in nnx.to_flat_state(nnx.state(model, nnx.Param)))
+  n_params = sum(int(np.prod(v.get_value().shape)) for _, v in nnx.to_flat_state(nnx.state(model, nnx.Param)))
   flops = a.batch * (6 * n_params * a.seq + 12 * a.depth * a.seq**2 * cfg.model_width)
   return statistics.median(times), flops
 

@@ -23,7 +23,7 @@ def test_attention_output_is_the_connection_walk():
   x = jax.random.normal(jax.random.PRNGKey(1), (1, 6, 8))
   q, k, _ = att.qkv(x)
   p = op.markov_matrix(q, k, beta=0.0, alpha=1.0)[0]
-  t = conn.head_transports(att.wv.value, att.wo.value)
+  t = conn.head_transports(att.wv[...], att.wo[...])
   tij = conn.edge_transports(p, t)
   y = p.shape[0] * jnp.einsum("ij,ijde,je->id", conn.walk(p), tij, x[0])
   np.testing.assert_allclose(y, att(x)[0], atol=1e-5)

@@ -62,8 +62,8 @@ def test_dit_blocks_are_identity_on_the_residual_stream_at_init():
   model = nn.DiT(cfg, rngs=nnx.Rngs(0))
   x = jax.random.normal(jax.random.PRNGKey(0), (2, 8, 8, 3))
   t, y = jnp.array([0.2, 0.7]), jnp.array([1, 4])
-  h0 = model.patchify(x) @ model.patch_w.value + model.patch_b.value + model.pos.value[None]
-  cond = model.t_embed(t) + model.y_embed.value[y]
+  h0 = model.patchify(x) @ model.patch_w[...] + model.patch_b[...] + model.pos[...][None]
+  cond = model.t_embed(t) + model.y_embed[...][y]
   h = h0
   for blk in model.blocks:
     h = blk(h, cond)
@@ -78,7 +78,7 @@ def test_bf16_compute_keeps_float32_master_weights():
   loss = lambda m: optax.softmax_cross_entropy_with_integer_labels(m(tok[:, :-1]), tok[:, 1:]).mean()
   first, last = overfit(model, loss)
   assert last < 0.5 * first
-  assert model.blocks[0].attn.wq.value.dtype == jnp.float32
+  assert model.blocks[0].attn.wq[...].dtype == jnp.float32
   q, _, _ = model.blocks[0].attn.qkv(jnp.zeros((1, 3, 32)))
   assert q.dtype == jnp.bfloat16
 
@@ -87,7 +87,7 @@ def test_dit_xl2_shape_is_expressible():
   cfg = nn.DiTConfig.preset("XL/2")
   assert (cfg.depth, cfg.width, cfg.num_heads, cfg.patch) == (28, 1152, 16, 2)
   shapes = nnx.eval_shape(lambda: nn.DiT(cfg, rngs=nnx.Rngs(0)))
-  n_params = sum(int(np.prod(v.value.shape)) for _, v in nnx.to_flat_state(nnx.state(shapes, nnx.Param)))
+  n_params = sum(int(np.prod(v.get_value().shape)) for _, v in nnx.to_flat_state(nnx.state(shapes, nnx.Param)))
   assert 640e6 < n_params < 700e6   # DiT-XL/2 has 675M parameters
 
 
@@ -98,7 +98,7 @@ def test_graft_changes_only_the_operator():
   # Open the adaLN gates and read-out so the attention operator shows in the output.
   for path, v in nnx.to_flat_state(nnx.state(model, nnx.Param)):
     if "ada_b" in path or path[-1] == "w":
-      v.value = jax.random.normal(jax.random.PRNGKey(len(path)), v.value.shape) * 0.5
+      v[...] = jax.random.normal(jax.random.PRNGKey(len(path)), v[...].shape) * 0.5
   params = jax.tree.map(np.asarray, nnx.state(model, nnx.Param))
   base = model(x, t)
   outs = {}
@@ -115,11 +115,11 @@ def test_attention_matches_operator_transport_per_head():
   """Attention = Σ_h W_O^h transport(q^h, k^h, v^h) with its own projections (learnable β, α per head)."""
   att = nn.Attention(16, 2, 8, operator="DMTN", learnable_operator=True, use_rope=True, qk_norm=True,
                      rngs=nnx.Rngs(0))
-  att.beta.value = jnp.array([0.2, 0.9])
+  att.beta[...] = jnp.array([0.2, 0.9])
   x = jax.random.normal(jax.random.PRNGKey(3), (1, 10, 16))
   q, k, v = att.qkv(x)
   p = operators.markov_matrix(q, k, beta=jnp.array([0.2, 0.9]), alpha=jnp.array([1.0, 1.0]))
-  ref = jnp.einsum("bhij,bjhe,hed->bid", p, v, att.wo.value)
+  ref = jnp.einsum("bhij,bjhe,hed->bid", p, v, att.wo[...])
   np.testing.assert_allclose(att(x), ref, atol=1e-5)
 
 

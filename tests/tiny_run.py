@@ -59,7 +59,7 @@ cfg = train.TrainConfig(steps=a.steps, batch_size=8, lr=1e-2, warmup=2, mesh=tup
 res = train.train(model, loss_fn, it, cfg, hooks=(slow,) if a.sleep else ())
 for row in res.history:
   print(json.dumps({"step": row["step"], "loss": row["loss"]}), flush=True)
-wq = nn.attention_modules(res.model)[0].wq.value
+wq = nn.attention_modules(res.model)[0].wq[...]
 print(json.dumps({"wq_spec": str(wq.sharding.spec), "devices": jax.device_count(), "processes": jax.process_count()}))
 sys.stdout.flush()
 os._exit(0) if a.coordinator else None
