@@ -226,19 +226,17 @@ def graft(model, operator):
 
 def capture_qk(model, fn):
   """Run `fn()` with every Attention sowing its q, k; returns (fn's result, [(q, k)] per layer)."""
+  paths = [path for path, m in nnx.iter_modules(model) if isinstance(m, Attention)]
   mods = attention_modules(model)
   for m in mods:
     m.capture = True
   try:
-    out = fn()
-    qks = []
-    for m in mods:
-      st = nnx.pop(m, nnx.Intermediate)
-      qks.append(st["qk"].get_value()[0])
+    out, inter = nnx.capture(lambda _: fn(), nnx.Intermediate)(model)
   finally:
     for m in mods:
       m.capture = False
-  return out, qks
+  sown = dict(nnx.to_flat_state(inter))
+  return out, [sown[path + ("qk",)].get_value()[0] for path in paths]
 
 
 # ----------------------------------------------------------------------------- embeddings

@@ -173,7 +173,7 @@ def make_step(graphdef, loss_fn, ema_decay: float):
     if state["ema"] is not None:
       params = nnx.state(model, nnx.Param)
       new["ema"] = jax.tree.map(lambda e, p: ema_decay * e + (1 - ema_decay) * p, state["ema"], params)
-    return new, dict(metrics, loss=loss, grad_norm=optax.global_norm(grads))
+    return new, dict(metrics, loss=loss, grad_norm=optax.tree.norm(grads))
 
   return step
 
@@ -315,7 +315,11 @@ def train(model, loss_fn: Callable, data: Iterator, cfg: TrainConfig, *, flops_p
     write_config(cfg.workdir, train=cfg, model=model_config_dict(model))
     mngr = checkpoint_manager(cfg.workdir, cfg)
     if mngr.latest_step() is not None:
-      state, data_state = restore(mngr, mngr.latest_step(), state, shardings)
+      try:
+        state, data_state = restore(mngr, mngr.latest_step(), state, shardings)
+      except ValueError:
+        mngr.close()
+        raise
       data.set_state(data_state)
   start = int(state["step"])
   history, metrics_path = [], cfg.workdir and os.path.join(cfg.workdir, "metrics.jsonl")

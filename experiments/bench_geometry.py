@@ -10,8 +10,6 @@ Dense rows are skipped where P alone exceeds `--dense-limit-gib`.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +17,7 @@ from tqdm import tqdm
 
 from attngeo import data, geometry as geo
 from experiments import report
-from experiments.bench_operators import peak_bytes
+from experiments.bench_operators import timed
 
 
 def gamma2_dense(x, f, eps):
@@ -28,17 +26,6 @@ def gamma2_dense(x, f, eps):
 
 def gamma2_free(x, f, eps, block_size):
   return geo.gamma2(geo.gaussian(x, eps, block_size=block_size), f)
-
-
-def measure(fn, args, repeats):
-  compiled = jax.jit(fn).lower(*args).compile()
-  jax.block_until_ready(compiled(*args))
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(compiled(*args))
-    times.append(time.perf_counter() - t0)
-  return statistics.median(times), peak_bytes(compiled)
 
 
 def main(argv=None):
@@ -56,10 +43,10 @@ def main(argv=None):
     x = jnp.asarray(data.sphere(n, seed=0))
     f = jnp.concatenate([x, jnp.sin(3 * x), x[:, :2] * x[:, 1:]], -1)[:, :a.functions]
     reps = a.repeats if n <= 16384 else 1
-    t, mem = measure(lambda x, f: gamma2_free(x, f, a.eps, a.block_size), (x, f), reps)
+    t, mem = timed(lambda x, f: gamma2_free(x, f, a.eps, a.block_size), (x, f), reps)
     rows.append(dict(n=n, method="matrix-free", seconds=t, peak_bytes=mem))
     if n * n * 4 <= a.dense_limit_gib * 2**30:
-      t, mem = measure(lambda x, f: gamma2_dense(x, f, a.eps), (x, f), reps)
+      t, mem = timed(lambda x, f: gamma2_dense(x, f, a.eps), (x, f), reps)
       rows.append(dict(n=n, method="dense", seconds=t, peak_bytes=mem))
     else:
       rows.append(dict(n=n, method="dense", seconds=None, peak_bytes=n * n * 4, skipped="P alone exceeds the limit"))

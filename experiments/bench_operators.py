@@ -23,8 +23,16 @@ from attngeo import operators as op
 from experiments import report
 
 
-def _compile(fn, *args):
-  return jax.jit(fn).lower(*args).compile()
+def timed(fn, args, repeats: int):
+  """Median wall time of jitted `fn(*args)` over `repeats` runs after a warm-up, and its peak bytes."""
+  compiled = jax.jit(fn).lower(*args).compile()
+  jax.block_until_ready(compiled(*args))
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(compiled(*args))
+    times.append(time.perf_counter() - t0)
+  return statistics.median(times), peak_bytes(compiled)
 
 
 def peak_bytes(compiled) -> int | None:
@@ -42,14 +50,7 @@ def measure(name, impl, b, n, h, d, repeats, block_size=512, dtype="float32"):
   def loss(q, k, v):
     return jnp.sum(op.transport(q, k, v, beta=beta, alpha=alpha, implementation=impl, block_size=block_size))
 
-  compiled = _compile(jax.grad(loss, (0, 1, 2)), q, k, v)
-  jax.block_until_ready(compiled(q, k, v))
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(compiled(q, k, v))
-    times.append(time.perf_counter() - t0)
-  return statistics.median(times), peak_bytes(compiled)
+  return timed(jax.grad(loss, (0, 1, 2)), (q, k, v), repeats)
 
 
 def available_impls():
