@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from attngeo import operators
+from attngeo import _checks, operators
 
 ORDERS = ("attn_first", "ffn_first")
 
@@ -331,6 +331,10 @@ class GPT(nnx.Module):
     self.unembed = _param(rngs, (bc.width, cfg.vocab_size), ("embed", "vocab"), std=0.001)
 
   def __call__(self, tokens):
+    if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
+      raise ValueError(f"tokens must be an integer array [b, n]; got {tokens.dtype} {tokens.shape}")
+    if _checks.is_concrete(tokens) and tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= self.cfg.vocab_size):
+      raise ValueError(f"tokens must lie in [0, {self.cfg.vocab_size}); got [{int(tokens.min())}, {int(tokens.max())}]")
     x = self.embed[...][tokens]
     for blk in self.blocks:
       x = blk(x)

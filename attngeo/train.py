@@ -333,6 +333,9 @@ def train(model, loss_fn: Callable, data: Iterator, cfg: TrainConfig, *, flops_p
     done = step + 1
     if done % cfg.log_every == 0 or done == cfg.steps:
       metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+      if not np.isfinite(metrics["loss"]):
+        raise FloatingPointError(f"loss is {metrics['loss']} at step {done}; the last checkpoint in "
+                                 f"{cfg.workdir} holds the state before it (lower the learning rate?)")
       dt = (time.perf_counter() - t0) / (done - start)
       row = dict(step=done, **metrics, step_s=dt, samples_per_s=cfg.batch_size / dt)
       if flops_per_step and peak:

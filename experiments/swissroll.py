@@ -49,6 +49,7 @@ class SwissRollConfig:
   depth: int = 2
   heads: int = 2
   mlp_ratio: float = 2.0
+  learnable_operator: bool = False     # train per-head (β, α), starting from each named corner
   steps: int = 1500
   batch_size: int = 8
   lr: float = 3e-3
@@ -83,7 +84,7 @@ def median_spacing(reference: np.ndarray) -> float:
 
 def build_model(cfg: SwissRollConfig, op: str, order: str, seed: int) -> nn.PointFlow:
   pcfg = nn.PointFlowConfig(width=cfg.width, depth=cfg.depth, num_heads=cfg.heads, mlp_ratio=cfg.mlp_ratio,
-                            order=order, operator=op)
+                            order=order, operator=op, learnable_operator=cfg.learnable_operator)
   return nn.PointFlow(pcfg, rngs=nnx.Rngs(seed))
 
 

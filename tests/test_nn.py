@@ -143,3 +143,11 @@ def test_capture_returns_qk_per_layer():
 def test_bad_configs_fail_fast(make, match):
   with pytest.raises(ValueError, match=match):
     make()
+
+
+def test_gpt_rejects_tokens_outside_the_vocabulary():
+  model = nn.GPT(nn.GPTConfig(depth=1, vocab_size=16, head_dim=8, width=16), rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match=r"tokens must lie in \[0, 16\)"):
+    model(jnp.array([[1, 16]]))
+  with pytest.raises(ValueError, match="integer array"):
+    model(jnp.ones((1, 2)))

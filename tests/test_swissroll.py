@@ -59,3 +59,11 @@ def test_cli_help_and_overrides(capsys):
   args = swissroll.parser().parse_args(["--operators", "DMAP,ATTN", "--steps", "7"])
   cfg = swissroll.config_lib.from_arguments(args, swissroll.SwissRollConfig)
   assert cfg.operators == ("DMAP", "ATTN") and cfg.steps == 7
+
+
+def test_learnable_operator_scan_trains_per_head_coefficients(tmp_path):
+  cfg = swissroll.SwissRollConfig(operators=("DMTN",), orders=("attn_first",), steps=20, num_sets=16, set_size=32,
+                                  sample_sets=1, sample_steps=4, probe_sets=1, heat_points=64, ckpt_every=0,
+                                  learnable_operator=True, out=str(tmp_path), progress=False)
+  row = swissroll.run(cfg)["conditions"][0]
+  assert np.isfinite(row["d_nn"]) and len(row["per_layer"][0]["eps_rev"]) == cfg.heads

@@ -160,3 +160,11 @@ def test_grain_loader_state_roundtrip():
   it2 = data.loader(records, 3, seed=0)
   it2.set_state(state)
   assert [next(it2)["x"].tolist() for _ in range(4)] == a
+
+
+def test_non_finite_loss_stops_the_run_with_a_clear_error():
+  model = nn.PointFlow(nn.PointFlowConfig(width=16, num_heads=2, depth=1), rngs=nnx.Rngs(0))
+  loss = lambda m, b, r: (jnp.sum(m(b["points"], jnp.ones((2,)))) * jnp.nan, {})
+  pts = {"points": np.ones((2, 4, 3), np.float32)}
+  with pytest.raises(FloatingPointError, match="loss is nan at step 1"):
+    train.train(model, loss, Batches(pts), train.TrainConfig(steps=3, batch_size=2, log_every=1, progress=False))
