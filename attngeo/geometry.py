@@ -102,17 +102,21 @@ def _gaussian_logits(x, eps):
   return -(sq[:, None] + sq[None, :] - 2 * x @ x.T) / eps
 
 
-def _log_degree(x, eps, chunk: int):
-  """`log q_i = log Σ_j exp(−‖x_i − x_j‖²/ε)` [n], in query chunks (O(chunk·n) memory, checkpointed)."""
+def _log_degree(x, eps, chunk: int, key_bias=None):
+  """`log Σ_j exp(−‖x_i − x_j‖²/ε + b_j)` [n] (b = `key_bias` or 0), in query chunks.
+
+  O(chunk·n) memory; checkpointed so its gradient keeps that bound.
+  """
   n = x.shape[0]
   pad = -n % chunk
   xp = jnp.pad(x, ((0, pad), (0, 0)))
   sq = jnp.sum(x * x, -1)
+  b = jnp.zeros((n,), x.dtype) if key_bias is None else key_bias
 
   @jax.checkpoint
   def rows(xc):
     d2 = jnp.sum(xc * xc, -1)[:, None] + sq[None, :] - 2 * xc @ x.T
-    return jax.nn.logsumexp(-d2 / eps, -1)
+    return jax.nn.logsumexp(-d2 / eps + b[None, :], -1)
   return jax.lax.map(rows, xp.reshape(-1, chunk, x.shape[1])).reshape(-1)[:n]
 
 
@@ -152,6 +156,11 @@ def gaussian(x, eps: float, *, alpha_norm: float = 1.0, implementation: str | No
   """
   _checks.check_positive("eps", eps)
   x = _centred(jnp.asarray(x, jnp.float32))
+  return _from_apply(_gaussian_apply(x, eps, alpha_norm, block_size, implementation), laplacian_time_scale(eps))
+
+
+def _gaussian_apply(x, eps, alpha_norm, block_size, implementation="blockwise"):
+  """`f -> P_α f` for centred x: one attention call (see `gaussian`)."""
   n = x.shape[0]
   lq = _log_degree(x, eps, min(block_size, n))
   bias = (-jnp.sum(x * x, -1) / eps - alpha_norm * lq)[None, :, None]       # [1, n, 1]
@@ -161,7 +170,42 @@ def gaussian(x, eps: float, *, alpha_norm: float = 1.0, implementation: str | No
     v = f.astype(jnp.float32)[None, :, None, :]
     return operators.attention(xq, xq, v, bias=bias, scale=2.0 / eps, implementation=implementation,
                                block_size=block_size)[0, :, 0, :]
-  return _from_apply(apply, laplacian_time_scale(eps))
+  return apply
+
+
+def _spectral_operator(pi, lam, psi, tau) -> MarkovOperator:
+  """Generator `Σ_c μ_c ⟨·, ψ_c⟩_π ψ_c` and projection on span(ψ), `μ = (λ − 1)/τ`."""
+  mu = (lam - 1.0) / tau
+  coeffs = lambda h: jnp.einsum("...nc,...n,...nm->...cm", psi, pi, h)
+  return MarkovOperator(lambda f: jnp.einsum("...nc,...c,...cm->...nm", psi, mu, coeffs(f)),
+                        lambda h: jnp.einsum("...nc,...cm->...nm", psi, coeffs(h)))
+
+
+def gaussian_spectral(x, eps: float, k: int, *, alpha_norm: float = 1.0, oversample: int = 8, iters: int = 100,
+                      seed: int = 0, block_size: int = 1024) -> MarkovOperator:
+  """`spectral(gaussian_markov(x, eps, alpha_norm), k, ε/4)` without materialising P (large n).
+
+  `K^α` is symmetric, so P is reversible with `π_i ∝ d_i = Σ_j K^α_ij` and `A = Π^{1/2} P Π^{-1/2}`
+  is symmetric with spectrum in [0, 1]. Subspace iteration on A (block of k + `oversample` vectors,
+  one matrix-free application of P per step, QR each step) and a final Rayleigh–Ritz give the k
+  leading eigenpairs; `ψ = Π^{-1/2} u`. Error falls like `(λ_{k+oversample}/λ_k)^iters`.
+  """
+  _checks.check_positive("eps", eps)
+  x = _centred(jnp.asarray(x, jnp.float32))
+  n = x.shape[0]
+  chunk = min(block_size, n)
+  apply = _gaussian_apply(x, eps, alpha_norm, block_size)
+  lq = _log_degree(x, eps, chunk)
+  log_d = -alpha_norm * lq + _log_degree(x, eps, chunk, key_bias=-alpha_norm * lq)
+  pi = jax.nn.softmax(log_d)
+  sq = jnp.sqrt(pi)[:, None]
+  a_apply = lambda v: sq * apply(v / sq)
+  v0 = jnp.linalg.qr(jax.random.normal(jax.random.PRNGKey(seed), (n, k + oversample)))[0]
+  v = jax.lax.fori_loop(0, iters, lambda _, v: jnp.linalg.qr(a_apply(v))[0], v0)
+  h = v.T @ a_apply(v)
+  lam, w = jnp.linalg.eigh(0.5 * (h + h.T))
+  lam, w = lam[::-1][:k], w[:, ::-1][:, :k]
+  return _spectral_operator(pi, lam, (v @ w) / sq, laplacian_time_scale(eps))
 
 
 def spectral(p, k: int, tau: float = 1.0) -> MarkovOperator:
@@ -178,10 +222,7 @@ def spectral(p, k: int, tau: float = 1.0) -> MarkovOperator:
     raise ValueError(f"k must be at least 2 eigenfunctions; got {k}")
   pi = markov.stationary(p).pi
   lam, psi = markov.eigenbasis(p, k, pi)
-  mu = (lam - 1.0) / tau
-  coeffs = lambda h: jnp.einsum("...nc,...n,...nm->...cm", psi, pi, h)
-  return MarkovOperator(lambda f: jnp.einsum("...nc,...c,...cm->...nm", psi, mu, coeffs(f)),
-                        lambda h: jnp.einsum("...nc,...cm->...nm", psi, coeffs(h)))
+  return _spectral_operator(pi, lam, psi, tau)
 
 
 def _as_operator(p, tau) -> MarkovOperator:

@@ -30,7 +30,7 @@ def test_bench_train(tmp_path):
 
 
 def test_curvature_table(tmp_path):
-  curvature.main(["--sizes", "400", "--manifolds", "sphere r=1", "--out", str(tmp_path)])
+  curvature.main(["--sizes", "400", "--manifolds", "sphere r=1", "--large", "600:0.1", "--out", str(tmp_path)])
   row = json.loads((tmp_path / "curvature.json").read_text())[0]
   assert row["n"] == 400 and row["ricci_true"] == 1.0
 

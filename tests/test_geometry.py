@@ -173,3 +173,11 @@ def test_bad_inputs():
     geo.gamma(p, jnp.ones((4, 1)), tau=-1.0)
   with pytest.raises(ValueError, match="x must have rank 2"):
     geo.gaussian(jnp.ones((4,)), 1.0)
+
+
+def test_matrix_free_spectral_matches_dense_spectral():
+  x = jnp.asarray(data.sphere(800, seed=3))
+  f = (x @ A)[:, None]
+  dense = geo.gamma2(geo.spectral(geo.gaussian_markov(x, 0.1), 9, 0.025), f)
+  free = geo.gamma2(geo.gaussian_spectral(x, 0.1, 9, block_size=256), f)
+  np.testing.assert_allclose(free, dense, rtol=2e-2, atol=2e-2)
