@@ -67,3 +67,16 @@ def test_learnable_operator_scan_trains_per_head_coefficients(tmp_path):
                                   learnable_operator=True, out=str(tmp_path), progress=False)
   row = swissroll.run(cfg)["conditions"][0]
   assert np.isfinite(row["d_nn"]) and len(row["per_layer"][0]["eps_rev"]) == cfg.heads
+
+
+@pytest.mark.slow
+def test_quick_default_scan_meets_the_acceptance_criteria(tmp_path):
+  """The README's main job (≈ 7 min on 2 cores): every condition generates the roll, exact-A is reversible."""
+  import dataclasses
+  res = swissroll.run(dataclasses.replace(swissroll.SwissRollConfig(), out=str(tmp_path), progress=False))
+  d_nn = [r["d_nn"] for r in res["conditions"]]
+  assert max(d_nn) < 2 * min(d_nn) and max(d_nn) < 3 * res["median_spacing"]
+  for r in res["conditions"]:
+    if r["operator"] in ("DMAP", "ATAP"):
+      assert r["eps_rev"] < 1e-3 and r["rho_skew"] < 1e-6
+  assert res["wall_seconds"] < 600
