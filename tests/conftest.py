@@ -1,4 +1,5 @@
 import os
 
-# Tests run on the CPU with float32 defaults; sharding tests spawn their own 8-device processes.
+# Tests run on the CPU unless JAX_PLATFORMS says otherwise (experiments/gpu_check.sh sets cuda);
+# sharding tests spawn their own 8-device processes.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
