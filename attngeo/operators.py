@@ -178,9 +178,12 @@ def _pad_last(x, width):
 
 def _sdpa_jax(q, k, v, bias, mask, causal, scale, implementation):
   """`jax.nn.dot_product_attention`; value heads padded to the augmented width it requires."""
-  dv = v.shape[-1]
+  dv, out_dtype = v.shape[-1], v.dtype
   if implementation == "cudnn":
-    # cuDNN takes no per-key bias cheaply: fold it into one more column, pad widths to 8.
+    # cuDNN's fused kernel runs in bf16/fp16 (float32 inputs are computed in bf16, accumulating in
+    # float32) and takes no per-key bias cheaply: fold it into one more column, pad widths to 8.
+    if q.dtype == jnp.float32:
+      q, k, v = q.astype(jnp.bfloat16), k.astype(jnp.bfloat16), v.astype(jnp.bfloat16)
     if bias is not None:
       ones = jnp.ones(q.shape[:-1] + (1,), q.dtype)
       q = jnp.concatenate([q, ones], -1)
@@ -195,7 +198,7 @@ def _sdpa_jax(q, k, v, bias, mask, causal, scale, implementation):
   b4 = None if bias is None else jnp.transpose(bias, (0, 2, 1))[:, :, None, :].astype(jnp.float32)
   out = jax.nn.dot_product_attention(q, k, vv, bias=b4, mask=mask, scale=scale, is_causal=causal,
                                      implementation=implementation)
-  return out[..., :dv]
+  return out[..., :dv].astype(out_dtype)
 
 
 # ---- blockwise (flash-style) attention with a recomputing backward: O(n) memory.
