@@ -16,6 +16,7 @@ import os
 import grain
 import numpy as np
 import tensorflow_datasets as tfds
+from absl import logging as absl_logging
 
 CLOUDS = ("swiss_roll", "sphere", "torus")
 
@@ -94,8 +95,14 @@ class PointSets(tfds.core.GeneratorBasedBuilder):
 
 def point_sets(data_dir: str, **kwargs):
   """Build (once) and open `PointSets(**kwargs)` as a random-access tfds data source, plus the cloud."""
-  builder = PointSets(data_dir=data_dir, **kwargs)
-  builder.download_and_prepare(file_format="array_record")
+  tfds.disable_progress_bar()
+  verbosity = absl_logging.get_verbosity()
+  absl_logging.set_verbosity(absl_logging.ERROR)   # tfds logs every custom config at WARNING
+  try:
+    builder = PointSets(data_dir=data_dir, **kwargs)
+    builder.download_and_prepare(file_format="array_record")
+  finally:
+    absl_logging.set_verbosity(verbosity)
   return builder.as_data_source(split="train"), builder.cloud_points
 
 
