@@ -123,16 +123,20 @@ def row_js_divergence(w1, w2, eps: float = 1e-30) -> jax.Array:
 
 def spectral_distance(w1, w2, k: int = 16) -> jax.Array:
   """ℓ² distance between the k largest eigenvalue moduli of two walks (CPU eigensolver)."""
-  a = jnp.abs(markov.spectrum(w1, k))
-  b = jnp.abs(markov.spectrum(w2, k))
-  return jnp.linalg.norm(a - b, axis=-1)
+  return jnp.linalg.norm(_moduli(w1, k) - _moduli(w2, k), axis=-1)
 
 
-def stability(walks: list) -> list[dict[str, float]]:
-  """Per consecutive layer pair: relative Frobenius change, row JS divergence, spectral distance."""
+def _moduli(w, k):
+  return jnp.abs(markov.spectrum(w, k))
+
+
+def stability(walks: list, k: int = 16) -> list[dict[str, float]]:
+  """Per consecutive layer pair: relative Frobenius change, row JS divergence, spectral distance
+  (each walk's spectrum computed once)."""
+  moduli = [_moduli(w, k) for w in walks]
   out = []
-  for w1, w2 in zip(walks[:-1], walks[1:]):
+  for (w1, w2), (m1, m2) in zip(zip(walks[:-1], walks[1:]), zip(moduli[:-1], moduli[1:])):
     out.append(dict(relative_change=float(jnp.mean(relative_change(w1, w2))),
                     js_divergence=float(jnp.mean(row_js_divergence(w1, w2))),
-                    spectral_distance=float(jnp.mean(spectral_distance(w1, w2)))))
+                    spectral_distance=float(jnp.mean(jnp.linalg.norm(m1 - m2, axis=-1)))))
   return out

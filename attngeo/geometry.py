@@ -156,13 +156,12 @@ def gaussian(x, eps: float, *, alpha_norm: float = 1.0, implementation: str | No
   """
   _checks.check_positive("eps", eps)
   x = _centred(jnp.asarray(x, jnp.float32))
-  return _from_apply(_gaussian_apply(x, eps, alpha_norm, block_size, implementation), laplacian_time_scale(eps))
+  lq = _log_degree(x, eps, min(block_size, x.shape[0]))
+  return _from_apply(_gaussian_apply(x, eps, alpha_norm, lq, block_size, implementation), laplacian_time_scale(eps))
 
 
-def _gaussian_apply(x, eps, alpha_norm, block_size, implementation="blockwise"):
-  """`f -> P_α f` for centred x: one attention call (see `gaussian`)."""
-  n = x.shape[0]
-  lq = _log_degree(x, eps, min(block_size, n))
+def _gaussian_apply(x, eps, alpha_norm, lq, block_size, implementation="blockwise"):
+  """`f -> P_α f` for centred x with kernel log-degrees lq: one attention call (see `gaussian`)."""
   bias = (-jnp.sum(x * x, -1) / eps - alpha_norm * lq)[None, :, None]       # [1, n, 1]
   xq = x[None, :, None, :]
 
@@ -194,8 +193,8 @@ def gaussian_spectral(x, eps: float, k: int, *, alpha_norm: float = 1.0, oversam
   x = _centred(jnp.asarray(x, jnp.float32))
   n = x.shape[0]
   chunk = min(block_size, n)
-  apply = _gaussian_apply(x, eps, alpha_norm, block_size)
   lq = _log_degree(x, eps, chunk)
+  apply = _gaussian_apply(x, eps, alpha_norm, lq, block_size)
   log_d = -alpha_norm * lq + _log_degree(x, eps, chunk, key_bias=-alpha_norm * lq)
   pi = jax.nn.softmax(log_d)
   sq = jnp.sqrt(pi)[:, None]

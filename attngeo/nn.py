@@ -226,8 +226,8 @@ def graft(model, operator):
 
 def capture_qk(model, fn):
   """Run `fn()` with every Attention sowing its q, k; returns (fn's result, [(q, k)] per layer)."""
-  paths = [path for path, m in nnx.iter_modules(model) if isinstance(m, Attention)]
-  mods = attention_modules(model)
+  found = [(path, m) for path, m in nnx.iter_modules(model) if isinstance(m, Attention)]
+  paths, mods = [path for path, _ in found], [m for _, m in found]
   for m in mods:
     m.capture = True
   try:

@@ -413,7 +413,11 @@ def markov_matrix(q, k, *, beta=1.0, alpha=1.0, causal: bool = False, mask=None,
 
   Materialises n² entries per head: for tests and small-n diagnostics only.
   """
-  full = logits(q, k, beta=beta, alpha=alpha, scale=scale).full
+  return rownorm(logits(q, k, beta=beta, alpha=alpha, scale=scale).full, causal=causal, mask=mask)
+
+
+def rownorm(full, *, causal: bool = False, mask=None):
+  """`P = rownorm(exp(L) ⊙ mask)` from dense logits L `[b, h, n, n]` (e.g. `logits(...).full`)."""
   b, h, n, _ = full.shape
   mask = _check_mask(mask, b, h, n, n)
   return jax.nn.softmax(_apply_masks(full, mask, causal), axis=-1)

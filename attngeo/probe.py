@@ -41,8 +41,8 @@ def _curvature(w, m):
 
 @functools.partial(jax.jit, static_argnames="causal")
 def _stats(q, k, beta, alpha, causal):
-  p = operators.markov_matrix(q, k, beta=beta, alpha=alpha, causal=causal)
   lg = operators.logits(q, k, beta=beta, alpha=alpha).full
+  p = operators.rownorm(lg, causal=causal)
   m = ((q + k) / jnp.sqrt(2.0)).reshape(q.shape[0], q.shape[1], -1)
   return p, {"eff_neighbours": markov.effective_neighbours(p).mean(0),
              "eps_rev": markov.reversibility(p).mean(0),

@@ -50,11 +50,19 @@ def main(argv=None):
       rows.append(dict(n=n, method="dense", seconds=t, peak_bytes=mem))
     else:
       rows.append(dict(n=n, method="dense", seconds=None, peak_bytes=n * n * 4, skipped="P alone exceeds the limit"))
-  lines = ["| N | method | Γ₂ time (s) | peak MiB |", "|---:|---|---:|---:|"]
+  dense = {r["n"]: r for r in rows if r["method"] == "dense" and r["seconds"] is not None}
   for r in rows:
-    t = "skipped (P alone: %.0f MiB)" % (r["peak_bytes"] / 2**20) if r["seconds"] is None else f"{r['seconds']:.3f}"
-    mem = "" if r["seconds"] is None else f"{r['peak_bytes'] / 2**20:.0f}"
-    lines.append(f"| {r['n']} | {r['method']} | {t} | {mem} |")
+    d = dense.get(r["n"])
+    r["time_vs_dense"] = r["seconds"] / d["seconds"] if d and r["seconds"] else None
+    r["memory_vs_dense"] = r["peak_bytes"] / d["peak_bytes"] if d and r["seconds"] else None
+  lines = ["| N | method | Γ₂ time (s) | × dense time | peak MiB | × dense memory |", "|---:|---|---:|---:|---:|---:|"]
+  ratio = lambda x: "—" if x is None else f"{x:.2f}"
+  for r in rows:
+    if r["seconds"] is None:
+      lines.append(f"| {r['n']} | {r['method']} | skipped (P alone: {r['peak_bytes'] / 2**20:.0f} MiB) | — | — | — |")
+    else:
+      lines.append(f"| {r['n']} | {r['method']} | {r['seconds']:.3f} | {ratio(r['time_vs_dense'])} "
+                   f"| {r['peak_bytes'] / 2**20:.0f} | {ratio(r['memory_vs_dense'])} |")
   report.write(a.out, "bench_geometry", "\n".join(lines), rows)
 
 

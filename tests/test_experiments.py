@@ -20,6 +20,7 @@ def test_bench_geometry(tmp_path):
   bench_geometry.main(["--sizes", "128", "--repeats", "1", "--block-size", "64", "--out", str(tmp_path)])
   rows = json.loads((tmp_path / "bench_geometry.json").read_text())
   assert {r["method"] for r in rows} == {"dense", "matrix-free"}
+  assert next(r for r in rows if r["method"] == "dense")["time_vs_dense"] == 1.0
 
 
 def test_bench_train(tmp_path):

@@ -12,11 +12,11 @@ def test_interpolant_endpoints():
   np.testing.assert_allclose(flow.interpolate(x0, x1, jnp.array([0.0, 1.0])), [[0, 0, 0], [1, 1, 1]])
 
 
-def test_exact_velocity_has_the_conditional_variance_as_loss_floor():
-  """For a single data point x1 the optimal field is (x1 − x)/(1 − t); plugging the true u gives 0."""
-  x1 = jnp.ones((64, 4))
+def test_loss_of_the_zero_field_is_the_target_second_moment():
+  """v = 0 gives E(x1 − x0)² per coordinate = x1² + E x0² = 1 + 1 for x1 = 1, x0 ~ N(0, 1)."""
+  x1 = jnp.ones((4096, 4))
   zero = flow.loss(lambda x, t: jnp.zeros_like(x), x1, jax.random.PRNGKey(0))
-  np.testing.assert_allclose(zero, 2.0, rtol=0.1)   # E‖x1 − x0‖²/dim = 1 + 1
+  np.testing.assert_allclose(zero, 2.0, rtol=0.03)
 
 
 @pytest.mark.parametrize("solver,tol", [("euler", 2e-2), ("heun", 1e-4)])

@@ -122,8 +122,14 @@ def test_bad_mesh_and_optimizer():
 
 
 def test_logical_rules_skip_indivisible_dimensions():
-  mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1, 1), train.MESH_AXES)
-  assert train.logical_to_spec(("embed", "heads"), (6, 3), mesh) == jax.sharding.PartitionSpec(None, None)
+  """embed→fsdp (2 divides 6), heads→tensor (2 does not divide 3), and no mesh axis used twice."""
+  import types
+  mesh = types.SimpleNamespace(shape={"data": 1, "fsdp": 2, "tensor": 2})
+  spec = jax.sharding.PartitionSpec
+  assert train.logical_to_spec(("embed", "heads"), (6, 3), mesh) == spec("fsdp", None)
+  assert train.logical_to_spec(("embed", "mlp"), (6, 4), mesh) == spec("fsdp", "tensor")
+  assert train.logical_to_spec(("embed", "embed"), (6, 6), mesh) == spec("fsdp", None)
+  assert train.logical_to_spec(("kv", "cond"), (4, 4), mesh) == spec(None, None)
 
 
 def test_ema_and_muon_run():
