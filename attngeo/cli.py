@@ -11,13 +11,13 @@ import importlib
 import sys
 
 COMMANDS = {
-    "swissroll": ("experiments.swissroll", "the Swiss-roll scan: Table 1, Figures 1-2"),
-    "bench": ("experiments.bench_operators", "forward+backward time and memory of every operator and kernel"),
-    "bench-geometry": ("experiments.bench_geometry", "dense vs matrix-free Gamma_2 time and memory"),
-    "bench-train": ("experiments.bench_train", "GPT training step time per operator"),
-    "heat": ("experiments.heat_swissroll", "heat flow of a Gaussian Markov walk on a Swiss roll (Figure 1)"),
-    "curvature": ("experiments.curvature", "Bakry-Emery estimators against the sphere and torus"),
-    "probe": ("experiments.probe", "per-layer Markov/Bakry-Emery/connection diagnostics of a checkpoint"),
+    "swissroll": ("attngeo.experiments.swissroll", "the Swiss-roll scan: Table 1, Figures 1-2"),
+    "bench": ("attngeo.experiments.bench_operators", "forward+backward time and memory of every operator and kernel"),
+    "bench-geometry": ("attngeo.experiments.bench_geometry", "dense vs matrix-free Gamma_2 time and memory"),
+    "bench-train": ("attngeo.experiments.bench_train", "GPT training step time per operator"),
+    "heat": ("attngeo.experiments.heat_swissroll", "heat flow of a Gaussian Markov walk on a Swiss roll (Figure 1)"),
+    "curvature": ("attngeo.experiments.curvature", "Bakry-Emery estimators against the sphere and torus"),
+    "probe": ("attngeo.experiments.probe", "per-layer Markov/Bakry-Emery/connection diagnostics of a checkpoint"),
 }
 
 
@@ -35,8 +35,8 @@ def main(argv=None):
   if argv[0] not in COMMANDS:
     print(f"attngeo: unknown command {argv[0]!r}\n\n{usage()}", file=sys.stderr)
     return 2
-  from attngeo import train
-  train.initialize_distributed()
+  from attngeo import sharding
+  sharding.initialize_distributed()
   module = importlib.import_module(COMMANDS[argv[0]][0])
   module.main(argv[1:])
   return 0

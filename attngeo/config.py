@@ -4,7 +4,9 @@
     cfg = from_arguments(parser.parse_args(), MyConfig, base=MyConfig())
 
 Types follow the field annotations: bool fields take `true/false`, tuples/lists take
-comma-separated values (`--mesh 2,2,2`), `X | None` accepts `none`.
+comma-separated values (`--mesh 2,2,2`), `X | None` accepts `none`. A field that is itself a
+dataclass (a nested config) gets dotted flags: `--model.block.width 128`. `from_dict` rebuilds
+a (nested) config from its `dataclasses.asdict` form, e.g. a run's config.json.
 """
 from __future__ import annotations
 
@@ -34,19 +36,66 @@ def _parse(tp):
   return str
 
 
-def add_arguments(parser: argparse.ArgumentParser, cls, prefix: str = "") -> None:
-  """One `--{prefix}{field}` flag per dataclass field (default: keep the config's value)."""
+def _type_name(tp) -> str:
+  return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _default(f):
+  if f.default is not dataclasses.MISSING:
+    return f.default
+  if f.default_factory is not dataclasses.MISSING:
+    return f.default_factory()
+  return None
+
+
+def add_arguments(parser: argparse.ArgumentParser, cls, prefix: str = "", help: dict | None = None) -> None:
+  """One `--{prefix}{field}` flag per dataclass field (nested dataclasses: `--{field}.{sub}`).
+
+  `help` maps field names to a description shown before the type and default.
+  """
   hints = typing.get_type_hints(cls)
   for f in dataclasses.fields(cls):
+    tp = hints[f.name]
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+      add_arguments(parser, tp, prefix=f"{prefix}{f.name}.", help=help)
+      continue
     flag = "--" + (prefix + f.name).replace("_", "-")
-    default = f.default if f.default is not dataclasses.MISSING else None
-    parser.add_argument(flag, dest=prefix + f.name, type=_parse(hints[f.name]), default=None,
-                        help=f"{cls.__name__}.{f.name} (default: {default})")
+    text = (help or {}).get(prefix + f.name, "")
+    parser.add_argument(flag, dest=prefix + f.name, type=_parse(tp), default=None, metavar=_type_name(tp).upper(),
+                        help=f"{text + ' ' if text else ''}(default: {_default(f)})")
 
 
 def from_arguments(args: argparse.Namespace, cls, base=None, prefix: str = ""):
-  """`base` (or `cls()`) with every flag given on the command line applied."""
+  """`base` (or `cls()`) with every flag given on the command line applied (nested configs too)."""
   base = cls() if base is None else base
-  given = {f.name: getattr(args, prefix + f.name) for f in dataclasses.fields(cls)
-           if getattr(args, prefix + f.name, None) is not None}
+  hints = typing.get_type_hints(cls)
+  given = {}
+  for f in dataclasses.fields(cls):
+    tp = hints[f.name]
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+      given[f.name] = from_arguments(args, tp, getattr(base, f.name), prefix=f"{prefix}{f.name}.")
+    elif getattr(args, prefix + f.name, None) is not None:
+      given[f.name] = getattr(args, prefix + f.name)
   return dataclasses.replace(base, **given)
+
+
+def from_dict(cls, fields: dict):
+  """`cls(**fields)` with nested dataclass fields rebuilt and JSON lists turned back into tuples.
+
+  Unknown keys are an error naming them (a config written by another version).
+  """
+  hints = typing.get_type_hints(cls)
+  names = {f.name for f in dataclasses.fields(cls)}
+  unknown = sorted(set(fields) - names)
+  if unknown:
+    raise ValueError(f"{cls.__name__} has no field(s) {unknown}")
+  out = {}
+  for name, value in fields.items():
+    tp = hints[name]
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp) and isinstance(value, dict):
+      out[name] = from_dict(tp, value)
+    elif isinstance(value, list):
+      out[name] = tuple(value)
+    else:
+      out[name] = value
+  return cls(**out)

@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attngeo import _checks, markov, operators
+from attngeo import _checks, kernels, markov, operators
 
 
 def _identity(h):
@@ -167,7 +167,7 @@ def _gaussian_apply(x, eps, alpha_norm, lq, block_size, implementation="blockwis
 
   def apply(f):
     v = f.astype(jnp.float32)[None, :, None, :]
-    return operators.attention(xq, xq, v, bias=bias, scale=2.0 / eps, implementation=implementation,
+    return kernels.attention(xq, xq, v, bias=bias, scale=2.0 / eps, implementation=implementation,
                                block_size=block_size)[0, :, 0, :]
   return apply
 

@@ -21,14 +21,12 @@ attention on augmented heads plus a per-key bias (`c = (1 − β)/4`, `c' = (1 +
     L_ij ≡ s·[q_i, k_i] · [c q_j + (c' + α/2) k_j, (c' − α/2) q_j + c k_j] − s·(1 − α)/2 · g_j.
 
 DMAP needs only `m_i · ½ m_j − ¼ s‖m_j‖²` (head dim d), ATTN is plain attention, the general
-member needs 2·d. `transport` runs that single attention through an interchangeable kernel:
-`"einsum"` (XLA einsum + softmax; fastest on CPU), `"xla"` / `"cudnn"` (`jax.nn.dot_product_attention`),
-or `"blockwise"` (flash-style pure JAX with O(n) memory and a recomputing backward).
+member needs 2·d. `transport` runs that single attention through an interchangeable kernel of `attngeo.kernels`
+(`"einsum"`, `"xla"`, `"cudnn"`, `"blockwise"`).
 `logits` and `markov_matrix` are the dense reference, written from the formula above.
 """
 from __future__ import annotations
 
-import functools
 import math
 from typing import NamedTuple
 
@@ -36,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attngeo import _checks
+from attngeo import _checks, kernels
 
 # Named corners (β, α) of the operator square.
 ATTN = (1.0, 1.0)
@@ -44,9 +42,6 @@ DMTN = (0.0, 1.0)
 ATAP = (1.0, 0.0)
 DMAP = (0.0, 0.0)
 CORNERS = {"ATTN": ATTN, "DMTN": DMTN, "ATAP": ATAP, "DMAP": DMAP}
-IMPLEMENTATIONS = ("einsum", "xla", "cudnn", "blockwise")
-
-_NEG = -1e30  # finite "minus infinity": fully masked rows stay NaN-free.
 
 
 def corner(name: str) -> tuple[float, float]:
@@ -55,18 +50,6 @@ def corner(name: str) -> tuple[float, float]:
     return CORNERS[name.upper()]
   except (KeyError, AttributeError):
     raise ValueError(f"operator must be one of {sorted(CORNERS)}; got {name!r}") from None
-
-
-def default_implementation(seq_len: int | None = None) -> str:
-  """Fastest kernel per backend (see `attngeo bench`): cuDNN flash on GPU, XLA's fused SDPA on TPU;
-  on CPU the einsum path below 512 keys and the blockwise path from 512 on (1.6× faster than
-  einsum at 1024 keys, 3× at 4096, and O(n) memory)."""
-  backend = jax.default_backend()
-  if backend in ("gpu", "cuda"):
-    return "cudnn"
-  if backend == "tpu":
-    return "xla"
-  return "blockwise" if seq_len is not None and seq_len >= 512 else "einsum"
 
 
 # ----------------------------------------------------------------------------- validation
@@ -150,203 +133,6 @@ def augment(q, k, *, beta, alpha, scale: float) -> Augmented:
   return Augmented(qa, ka, bias)
 
 
-# ----------------------------------------------------------------------------- kernels
-
-def _einsum_sdpa(q, k, v, bias, mask, causal, scale):
-  s = jnp.einsum("bthd,bshd->bhts", q, k, preferred_element_type=jnp.float32) * scale
-  if bias is not None:
-    s = s + jnp.transpose(bias, (0, 2, 1))[:, :, None, :]
-  s = _apply_masks(s, mask, causal)
-  p = jax.nn.softmax(s, axis=-1)
-  return jnp.einsum("bhts,bshe->bthe", p.astype(v.dtype), v, preferred_element_type=jnp.float32).astype(v.dtype)
-
-
-def _apply_masks(s, mask, causal, q_offset=0, k_offset=0):
-  if causal:
-    t, n = s.shape[-2], s.shape[-1]
-    qi = q_offset + jnp.arange(t)[:, None]
-    kj = k_offset + jnp.arange(n)[None, :]
-    s = jnp.where(kj <= qi, s, _NEG)
-  if mask is not None:
-    s = jnp.where(mask, s, _NEG)
-  return s
-
-
-def _pad_last(x, width):
-  return x if x.shape[-1] == width else jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, width - x.shape[-1])])
-
-
-def _sdpa_jax(q, k, v, bias, mask, causal, scale, implementation):
-  """`jax.nn.dot_product_attention`; value heads padded to the augmented width it requires."""
-  dv, out_dtype = v.shape[-1], v.dtype
-  if implementation == "cudnn":
-    # cuDNN's fused kernel runs in bf16/fp16 (float32 inputs are computed in bf16, accumulating in
-    # float32) and takes no per-key bias cheaply: fold it into one more column, pad widths to 8.
-    if q.dtype == jnp.float32:
-      q, k, v = q.astype(jnp.bfloat16), k.astype(jnp.bfloat16), v.astype(jnp.bfloat16)
-    if bias is not None:
-      ones = jnp.ones(q.shape[:-1] + (1,), q.dtype)
-      q = jnp.concatenate([q, ones], -1)
-      k = jnp.concatenate([k, (bias / scale)[..., None].astype(k.dtype)], -1)
-      bias = None
-    width = -(-max(q.shape[-1], dv) // 8) * 8
-    q, k = _pad_last(q, width), _pad_last(k, width)
-  width = q.shape[-1]
-  vv = _pad_last(v, width) if dv < width else v
-  if dv > width:
-    q, k = _pad_last(q, dv), _pad_last(k, dv)
-  b4 = None if bias is None else jnp.transpose(bias, (0, 2, 1))[:, :, None, :].astype(jnp.float32)
-  out = jax.nn.dot_product_attention(q, k, vv, bias=b4, mask=mask, scale=scale, is_causal=causal,
-                                     implementation=implementation)
-  return out[..., :dv].astype(out_dtype)
-
-
-# ---- blockwise (flash-style) attention with a recomputing backward: O(n) memory.
-
-def _blocks(x, size):
-  """[b, h, n, ...] -> [n/size, b, h, size, ...]."""
-  b, h, n = x.shape[:3]
-  return jnp.moveaxis(x.reshape((b, h, n // size, size) + x.shape[3:]), 2, 0)
-
-
-def _unblocks(x):
-  nb, b, h, size = x.shape[:4]
-  return jnp.moveaxis(x, 0, 2).reshape((b, h, nb * size) + x.shape[4:])
-
-
-def _block_logits(qb, kb, biasb, maskb, causal, scale, iq, ik, bq, bk):
-  s = jnp.einsum("bhqd,bhkd->bhqk", qb, kb, preferred_element_type=jnp.float32) * scale
-  s = s + biasb[:, :, None, :]
-  return _apply_masks(s, maskb, causal, iq * bq, ik * bk)
-
-
-def _mask_block(mask, iq, ik, bq, bk):
-  if mask is None:
-    return None
-  sq = bq if mask.shape[2] > 1 else 1
-  sk = bk if mask.shape[3] > 1 else 1
-  return jax.lax.dynamic_slice(mask, (0, 0, iq * sq if sq > 1 else 0, ik * sk if sk > 1 else 0),
-                               mask.shape[:2] + (sq, sk))
-
-
-def _flash_fwd_impl(q, k, v, bias, mask, causal, scale, bq, bk):
-  """q [b,h,T,d], k [b,h,S,d], v [b,h,S,e], bias [b,h,S] f32 -> out [b,h,T,e], lse [b,h,T]."""
-  kblocks, vblocks, biasblocks = _blocks(k, bk), _blocks(v, bk), _blocks(bias, bk)
-  nk = kblocks.shape[0]
-
-  def per_query_block(args):
-    iq, qb = args
-    b, h = qb.shape[:2]
-    init = (jnp.zeros((b, h, bq, v.shape[-1]), jnp.float32),
-            jnp.full((b, h, bq), _NEG, jnp.float32), jnp.zeros((b, h, bq), jnp.float32))
-
-    def step(carry, ik):
-      o, mx, l = carry
-      s = _block_logits(qb, kblocks[ik], biasblocks[ik], _mask_block(mask, iq, ik, bq, bk), causal, scale, iq, ik, bq, bk)
-      mx_new = jnp.maximum(mx, s.max(-1))
-      p = jnp.exp(s - mx_new[..., None])
-      corr = jnp.exp(mx - mx_new)
-      o = o * corr[..., None] + jnp.einsum("bhqk,bhke->bhqe", p.astype(v.dtype), vblocks[ik],
-                                           preferred_element_type=jnp.float32)
-      return (o, mx_new, l * corr + p.sum(-1)), None
-
-    (o, mx, l), _ = jax.lax.scan(step, init, jnp.arange(nk))
-    return (o / l[..., None]).astype(v.dtype), mx + jnp.log(l)
-
-  nq = q.shape[2] // bq
-  out, lse = jax.lax.map(per_query_block, (jnp.arange(nq), _blocks(q, bq)))
-  return _unblocks(out), _unblocks(lse)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
-def _flash(q, k, v, bias, mask, causal, scale, bq, bk):
-  return _flash_fwd_impl(q, k, v, bias, mask, causal, scale, bq, bk)[0]
-
-
-def _flash_fwd(q, k, v, bias, mask, causal, scale, bq, bk):
-  out, lse = _flash_fwd_impl(q, k, v, bias, mask, causal, scale, bq, bk)
-  return out, (q, k, v, bias, mask, out, lse)
-
-
-def _flash_bwd(causal, scale, bq, bk, res, dout):
-  """Recompute each block of P from the saved log-normaliser; never holds more than a block."""
-  q, k, v, bias, mask, out, lse = res
-  delta = jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), -1)          # [b,h,T]
-  qbs, dobs, lses, deltas = _blocks(q, bq), _blocks(dout, bq), _blocks(lse, bq), _blocks(delta, bq)
-  nq = qbs.shape[0]
-
-  def per_key_block(dq_acc, args):
-    ik, kb, vb, biasb = args
-
-    def step(carry, iq):
-      dk, dv, dbias = carry
-      qb, dob = qbs[iq], dobs[iq]
-      s = _block_logits(qb, kb, biasb, _mask_block(mask, iq, ik, bq, bk), causal, scale, iq, ik, bq, bk)
-      p = jnp.exp(s - lses[iq][..., None])
-      dv = dv + jnp.einsum("bhqk,bhqe->bhke", p, dob.astype(jnp.float32))
-      dp = jnp.einsum("bhqe,bhke->bhqk", dob.astype(jnp.float32), vb.astype(jnp.float32))
-      ds = p * (dp - deltas[iq][..., None])
-      dq_blk = jnp.einsum("bhqk,bhkd->bhqd", ds, kb.astype(jnp.float32)) * scale
-      dk = dk + jnp.einsum("bhqk,bhqd->bhkd", ds, qb.astype(jnp.float32)) * scale
-      return (dk, dv, dbias + ds.sum(2)), dq_blk
-
-    b, h = kb.shape[:2]
-    init = (jnp.zeros(kb.shape, jnp.float32), jnp.zeros(vb.shape, jnp.float32), jnp.zeros((b, h, bk), jnp.float32))
-    (dk, dv, dbias), dq_blocks = jax.lax.scan(step, init, jnp.arange(nq))
-    return dq_acc + _unblocks(dq_blocks), (dk, dv, dbias)
-
-  dq, (dks, dvs, dbiases) = jax.lax.scan(
-      per_key_block, jnp.zeros(q.shape, jnp.float32),
-      (jnp.arange(k.shape[2] // bk), _blocks(k, bk), _blocks(v, bk), _blocks(bias, bk)))
-  return (dq.astype(q.dtype), _unblocks(dks).astype(k.dtype), _unblocks(dvs).astype(v.dtype),
-          _unblocks(dbiases).astype(bias.dtype), None)
-
-
-_flash.defvjp(_flash_fwd, _flash_bwd)
-
-
-def _blockwise_sdpa(q, k, v, bias, mask, causal, scale, block_size):
-  """Flash-style attention in pure JAX; pads n to a multiple of the block size."""
-  b, t, h, _ = q.shape
-  n = k.shape[1]
-  bq = min(block_size, t)
-  bk = min(block_size, n)
-  tp, npad = -(-t // bq) * bq, -(-n // bk) * bk
-  tr = lambda x: jnp.transpose(x, (0, 2, 1, 3))
-  qt, kt, vt = tr(q), tr(k), tr(v)
-  bias_t = jnp.zeros((b, h, n), jnp.float32) if bias is None else jnp.transpose(bias, (0, 2, 1)).astype(jnp.float32)
-  if tp != t:
-    qt = jnp.pad(qt, ((0, 0), (0, 0), (0, tp - t), (0, 0)))
-  if npad != n:
-    kt = jnp.pad(kt, ((0, 0), (0, 0), (0, npad - n), (0, 0)))
-    vt = jnp.pad(vt, ((0, 0), (0, 0), (0, npad - n), (0, 0)))
-    bias_t = jnp.pad(bias_t, ((0, 0), (0, 0), (0, npad - n)), constant_values=_NEG)
-  if mask is not None:
-    mb = jnp.broadcast_to(mask, (mask.shape[0], mask.shape[1], t, n))
-    mask = jnp.pad(mb, ((0, 0), (0, 0), (0, tp - t), (0, npad - n)))
-  out = _flash(qt, kt, vt, bias_t, mask, causal, scale, bq, bk)
-  return jnp.transpose(out[:, :, :t], (0, 2, 1, 3))
-
-
-def attention(q, k, v, *, bias=None, mask=None, causal=False, scale=None, implementation=None, block_size=512):
-  """Scaled-dot-product attention `softmax(scale·q·kᵀ + bias_j, masked)·v` through a chosen kernel.
-
-  q: [b, t, h, d]; k: [b, s, h, d]; v: [b, s, h, e]; bias: [b, s, h] per-key logit bias or None;
-  mask: bool, broadcastable to [b, h, t, s] (True = attend). Returns [b, t, h, e] in v's dtype,
-  with logits and softmax accumulated in float32. This is the one kernel every operator (and the
-  matrix-free geometry) runs on.
-  """
-  implementation = implementation or default_implementation(k.shape[1])
-  scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-  if implementation == "einsum":
-    return _einsum_sdpa(q, k, v, bias, mask, causal, scale)
-  if implementation in ("xla", "cudnn"):
-    return _sdpa_jax(q, k, v, bias, mask, causal, scale, implementation)
-  if implementation == "blockwise":
-    return _blockwise_sdpa(q, k, v, bias, mask, causal, scale, block_size)
-  raise ValueError(f"implementation must be one of {IMPLEMENTATIONS} or None; got {implementation!r}")
-
-
 # ----------------------------------------------------------------------------- public API
 
 def transport(q, k, v, *, beta=1.0, alpha=1.0, causal: bool = False, mask=None, scale=None,
@@ -373,7 +159,7 @@ def transport(q, k, v, *, beta=1.0, alpha=1.0, causal: bool = False, mask=None, 
   beta, alpha = _coefficient("beta", beta, h), _coefficient("alpha", alpha, h)
   scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
   aug = augment(q, k, beta=beta, alpha=alpha, scale=scale)
-  return attention(aug.q, aug.k, v, bias=aug.bias, mask=mask, causal=causal, scale=scale,
+  return kernels.attention(aug.q, aug.k, v, bias=aug.bias, mask=mask, causal=causal, scale=scale,
                    implementation=implementation, block_size=block_size)
 
 
@@ -420,4 +206,4 @@ def rownorm(full, *, causal: bool = False, mask=None):
   """`P = rownorm(exp(L) ⊙ mask)` from dense logits L `[b, h, n, n]` (e.g. `logits(...).full`)."""
   b, h, n, _ = full.shape
   mask = _check_mask(mask, b, h, n, n)
-  return jax.nn.softmax(_apply_masks(full, mask, causal), axis=-1)
+  return jax.nn.softmax(kernels.apply_masks(full, mask, causal), axis=-1)

@@ -1,6 +1,6 @@
 """Time and peak memory of Γ₂ for 8 test functions: dense P vs matrix-free (Gaussian kernel in R³).
 
-    python -m experiments.bench_geometry [--sizes 1024,4096,16384,65536] [--eps 0.05] [--out DIR]
+    attngeo bench-geometry [--sizes 1024,4096,16384,65536] [--eps 0.05] [--out DIR]
 
 Dense builds the N×N operator (`gaussian_markov`) and applies it; matrix-free (`gaussian`) applies
 P through the blockwise attention kernel without materialising it. Peak memory is XLA's compiled
@@ -16,8 +16,8 @@ import jax.numpy as jnp
 from tqdm import tqdm
 
 from attngeo import data, geometry as geo
-from experiments import report
-from experiments.bench_operators import timed
+from attngeo.experiments import report, timing
+from attngeo.experiments.report import Col
 
 
 def gamma2_dense(x, f, eps):
@@ -29,7 +29,7 @@ def gamma2_free(x, f, eps, block_size):
 
 
 def main(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = argparse.ArgumentParser(prog="attngeo bench-geometry", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--sizes", default="1024,4096,16384,65536")
   ap.add_argument("--eps", type=float, default=0.05)
   ap.add_argument("--functions", type=int, default=8)
@@ -43,10 +43,10 @@ def main(argv=None):
     x = jnp.asarray(data.sphere(n, seed=0))
     f = jnp.concatenate([x, jnp.sin(3 * x), x[:, :2] * x[:, 1:]], -1)[:, :a.functions]
     reps = a.repeats if n <= 16384 else 1
-    t, mem = timed(lambda x, f: gamma2_free(x, f, a.eps, a.block_size), (x, f), reps)
+    t, mem = timing.timed(lambda x, f: gamma2_free(x, f, a.eps, a.block_size), (x, f), reps)
     rows.append(dict(n=n, method="matrix-free", seconds=t, peak_bytes=mem))
     if n * n * 4 <= a.dense_limit_gib * 2**30:
-      t, mem = timed(lambda x, f: gamma2_dense(x, f, a.eps), (x, f), reps)
+      t, mem = timing.timed(lambda x, f: gamma2_dense(x, f, a.eps), (x, f), reps)
       rows.append(dict(n=n, method="dense", seconds=t, peak_bytes=mem))
     else:
       rows.append(dict(n=n, method="dense", seconds=None, peak_bytes=n * n * 4, skipped="P alone exceeds the limit"))
@@ -55,15 +55,13 @@ def main(argv=None):
     d = dense.get(r["n"])
     r["time_vs_dense"] = r["seconds"] / d["seconds"] if d and r["seconds"] else None
     r["memory_vs_dense"] = r["peak_bytes"] / d["peak_bytes"] if d and r["seconds"] else None
-  lines = ["| N | method | Γ₂ time (s) | × dense time | peak MiB | × dense memory |", "|---:|---|---:|---:|---:|---:|"]
-  ratio = lambda x: "—" if x is None else f"{x:.2f}"
   for r in rows:
     if r["seconds"] is None:
-      lines.append(f"| {r['n']} | {r['method']} | skipped (P alone: {r['peak_bytes'] / 2**20:.0f} MiB) | — | — | — |")
-    else:
-      lines.append(f"| {r['n']} | {r['method']} | {r['seconds']:.3f} | {ratio(r['time_vs_dense'])} "
-                   f"| {r['peak_bytes'] / 2**20:.0f} | {ratio(r['memory_vs_dense'])} |")
-  report.write(a.out, "bench_geometry", "\n".join(lines), rows)
+      r["skipped"] = f"skipped (P alone: {r['peak_bytes'] / 2**20:.0f} MiB)"
+  cols = [Col("n", "N"), Col("method"), Col("seconds", "Γ₂ time (s)", ".3f"), Col("time_vs_dense", "× dense time", ".2f"),
+          Col("peak_bytes", "peak MiB", lambda b: f"{b / 2**20:.0f}"), Col("memory_vs_dense", "× dense memory", ".2f"),
+          Col("skipped", "note")]
+  report.write(a.out, "bench_geometry", rows, cols)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Forward+backward time and peak memory of every operator under every attention kernel.
 
-    python -m experiments.bench_operators [--seqs 256,1024,4096] [--batch 8] [--heads 8]
+    attngeo bench [--seqs 256,1024,4096] [--batch 8] [--heads 8]
                                           [--head-dim 64] [--repeats 3] [--long 16384] [--out DIR]
 
 For each (seq, operator, implementation) it prints the median wall time of a jitted
@@ -12,34 +12,14 @@ batch 1, seq N, where a materialised P alone would need b·h·N²·4 bytes. Writ
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
 from tqdm import tqdm
 
 from attngeo import operators as op
-from experiments import report
-
-
-def timed(fn, args, repeats: int):
-  """Median wall time of jitted `fn(*args)` over `repeats` runs after a warm-up, and its peak bytes."""
-  compiled = jax.jit(fn).lower(*args).compile()
-  jax.block_until_ready(compiled(*args))
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(compiled(*args))
-    times.append(time.perf_counter() - t0)
-  return statistics.median(times), peak_bytes(compiled)
-
-
-def peak_bytes(compiled) -> int | None:
-  m = compiled.memory_analysis()
-  if m is None:
-    return None
-  return int(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes)
+from attngeo.experiments import report, timing
+from attngeo.experiments.report import Col
 
 
 def measure(name, impl, b, n, h, d, repeats, block_size=512, dtype="float32"):
@@ -50,7 +30,7 @@ def measure(name, impl, b, n, h, d, repeats, block_size=512, dtype="float32"):
   def loss(q, k, v):
     return jnp.sum(op.transport(q, k, v, beta=beta, alpha=alpha, implementation=impl, block_size=block_size))
 
-  return timed(jax.grad(loss, (0, 1, 2)), (q, k, v), repeats)
+  return timing.timed(jax.grad(loss, (0, 1, 2)), (q, k, v), repeats)
 
 
 def available_impls():
@@ -82,18 +62,13 @@ def run(seqs, batch, heads, head_dim, repeats, long_seq, dtype="float32"):
   return rows
 
 
-def to_markdown(rows) -> str:
-  lines = ["| seq | batch | operator | implementation | fwd+bwd ms | × best ATTN | peak MiB |",
-           "|---:|---:|---|---|---:|---:|---:|"]
-  for r in rows:
-    mem = "n/a" if r["peak_bytes"] is None else f"{r['peak_bytes'] / 2**20:.0f}"
-    lines.append(f"| {r['seq']} | {r['batch']} | {r['operator']} | {r['implementation']} | {1e3 * r['seconds']:.1f} "
-                 f"| {r['ratio_to_best_attn']:.2f} | {mem} |")
-  return "\n".join(lines)
+COLUMNS = [Col("seq"), Col("batch"), Col("operator"), Col("implementation"),
+           Col("seconds", "fwd+bwd ms", lambda t: f"{1e3 * t:.1f}"), Col("ratio_to_best_attn", "× best ATTN", ".2f"),
+           Col("peak_bytes", "peak MiB", lambda b: f"{b / 2**20:.0f}")]
 
 
 def main(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = argparse.ArgumentParser(prog="attngeo bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--seqs", default="256,1024,4096")
   ap.add_argument("--batch", type=int, default=8)
   ap.add_argument("--heads", type=int, default=8)
@@ -105,12 +80,12 @@ def main(argv=None):
   a = ap.parse_args(argv)
   print(f"backend={jax.default_backend()} devices={jax.device_count()} dtype={a.dtype}")
   rows = run([int(s) for s in a.seqs.split(",")], a.batch, a.heads, a.head_dim, a.repeats, a.long, a.dtype)
-  md = to_markdown(rows)
+  note = ""
   if a.long:
     r = rows[-1]
-    md += (f"\n\nblockwise seq={r['seq']}: peak {r['peak_bytes'] / 2**30:.2f} GiB "
-           f"(a materialised P alone: {r['dense_p_bytes'] / 2**30:.1f} GiB)")
-  report.write(a.out, "bench_operators", md, rows)
+    note = (f"blockwise seq={r['seq']}: peak {r['peak_bytes'] / 2**30:.2f} GiB "
+            f"(a materialised P alone: {r['dense_p_bytes'] / 2**30:.1f} GiB)")
+  report.write(a.out, "bench_operators", rows, COLUMNS, note=note)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,8 @@ import numpy as np
 from tqdm import tqdm
 
 from attngeo import data, geometry as geo
-from experiments import report
+from attngeo.experiments import report
+from attngeo.experiments.report import Col
 
 A = np.array([0.3, -0.5, 0.81]) / np.linalg.norm([0.3, -0.5, 0.81])
 MANIFOLDS = {
@@ -67,18 +68,18 @@ def evaluate_large(n: int, eps: float, k: int = 16):
               ricci_spectral=float(geo.ricci(sp, x, 2).mean_ricci.mean()))
 
 
-def to_markdown(rows):
-  lines = ["| manifold | N | ε | Γ med. rel | Γ₂ mean rel | Γ₂ pointwise | Γ₂ spectral mean | Γ₂ spectral pointwise "
-           "| Ric true | Ric naive | Ric spectral (k) |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-  for r in rows:
-    lines.append(f"| {r['manifold']} | {r['n']} | {r['eps']} | {r['gamma_median_rel']:.3f} | {r['gamma2_mean_rel']:+.3f} "
-                 f"| {r['gamma2_pointwise']:.3f} | {r['gamma2_spectral_mean_rel']:+.3f} | {r['gamma2_spectral_pointwise']:.3f} "
-                 f"| {r['ricci_true']:.2f} | {r['ricci_naive']:.3f} | {r['ricci_spectral']:.3f} ({r['k']}) |")
-  return "\n".join(lines)
+COLUMNS = [Col("manifold"), Col("n", "N"), Col("eps", "ε"), Col("gamma_median_rel", "Γ med. rel", ".3f"),
+           Col("gamma2_mean_rel", "Γ₂ mean rel", "+.3f"), Col("gamma2_pointwise", "Γ₂ pointwise", ".3f"),
+           Col("gamma2_spectral_mean_rel", "Γ₂ spectral mean", "+.3f"),
+           Col("gamma2_spectral_pointwise", "Γ₂ spectral pointwise", ".3f"), Col("ricci_true", "Ric true", ".2f"),
+           Col("ricci_naive", "Ric naive", ".3f"), Col("ricci_spectral", "Ric spectral", ".3f"), Col("k")]
+LARGE_COLUMNS = [Col("n", "N"), Col("eps", "ε"), Col("k"), Col("gamma2_spectral_mean_rel", "Γ₂ spectral mean", "+.3f"),
+                 Col("gamma2_spectral_pointwise", "Γ₂ spectral pointwise", ".3f"),
+                 Col("ricci_spectral", "Ric spectral (true 1)", ".3f")]
 
 
 def main(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = argparse.ArgumentParser(prog="attngeo curvature", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--sizes", default="1000,2000,4000")
   ap.add_argument("--manifolds", default=",".join(MANIFOLDS))
   ap.add_argument("--large", default="", help="unit-sphere sizes for the matrix-free spectral estimator, "
@@ -87,14 +88,10 @@ def main(argv=None):
   a = ap.parse_args(argv)
   jobs = [(m, int(n)) for m in a.manifolds.split(",") for n in a.sizes.split(",")]
   rows = [evaluate(m, n) for m, n in tqdm(jobs, desc="curvature")]
-  report.write(a.out, "curvature", to_markdown(rows), rows)
+  report.write(a.out, "curvature", rows, COLUMNS)
   if a.large:
     large = [evaluate_large(int(n), float(e)) for n, e in (s.split(":") for s in tqdm(a.large.split(","), desc="large"))]
-    lines = ["| sphere r=1, matrix-free | N | ε | k | Γ₂ spectral mean | Γ₂ spectral pointwise | Ric spectral (true 1) |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
-    lines += [f"| | {r['n']} | {r['eps']} | {r['k']} | {r['gamma2_spectral_mean_rel']:+.3f} | "
-              f"{r['gamma2_spectral_pointwise']:.3f} | {r['ricci_spectral']:.3f} |" for r in large]
-    report.write(a.out, "curvature_large", "\n".join(lines), large)
+    report.write(a.out, "curvature_large", large, LARGE_COLUMNS, note="unit sphere, matrix-free spectral estimator")
 
 
 if __name__ == "__main__":

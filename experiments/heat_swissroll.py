@@ -23,7 +23,7 @@ from attngeo import data, geometry as geo, markov, plotting
 
 
 def main(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = argparse.ArgumentParser(prog="attngeo heat", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--n", type=int, default=2000)
   ap.add_argument("--seed", type=int, default=123)
   ap.add_argument("--eps", default="0.05", help="bandwidth ε, or 'auto' for the kernel-sum slope rule (larger: heat short-circuits the layers)")

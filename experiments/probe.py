@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attngeo import data, nn, plotting, probe, train
+from attngeo import data, nn, plotting, probe, runs
 
 COLUMNS = [("eff_neighbours", "e^H̄"), ("eps_rev", "ε_rev"), ("rho_skew", "ρ_skew"), ("spectral_gap", "gap"),
            ("curvature", "curv"), ("head_isometry_defect", "δ heads"), ("effective_isometry_defect", "δ eff"),
@@ -87,7 +87,7 @@ def main(argv=None):
   ap.add_argument("--seed", type=int, default=0)
   ap.add_argument("--out", default=None)
   a = ap.parse_args(argv)
-  model, _, mcfg = train.load_run(a.run_dir, a.step)
+  model, _, mcfg = runs.load_run(a.run_dir, a.step)
   rows = probe.model_report(model, inputs(model, a, np.random.default_rng(a.seed)))
   out = a.out or os.path.join(a.run_dir, "probe")
   os.makedirs(out, exist_ok=True)

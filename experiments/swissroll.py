@@ -22,7 +22,6 @@ interrupted condition resumes from its last orbax checkpoint.
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
 import json
 import os
@@ -34,7 +33,9 @@ import numpy as np
 from flax import nnx
 from scipy.spatial import cKDTree
 
-from attngeo import config as config_lib, data, flow, markov, nn, operators, plotting, probe, train
+from attngeo import config as config_lib, data, flow, markov, nn, operators, plotting, probe, runs, train
+from attngeo.experiments import report
+from attngeo.experiments.report import Col
 
 
 @dataclasses.dataclass
@@ -83,8 +84,8 @@ def median_spacing(reference: np.ndarray) -> float:
 
 
 def build_model(cfg: SwissRollConfig, op: str, order: str, seed: int) -> nn.PointFlow:
-  pcfg = nn.PointFlowConfig(width=cfg.width, depth=cfg.depth, num_heads=cfg.heads, mlp_ratio=cfg.mlp_ratio,
-                            order=order, operator=op, learnable_operator=cfg.learnable_operator)
+  pcfg = nn.PointFlowConfig.create(width=cfg.width, depth=cfg.depth, num_heads=cfg.heads, mlp_ratio=cfg.mlp_ratio,
+                                   order=order, operator=op, learnable_operator=cfg.learnable_operator)
   return nn.PointFlow(pcfg, rngs=nnx.Rngs(seed))
 
 
@@ -140,7 +141,7 @@ def heat_figure(cfg: SwissRollConfig, cloud: np.ndarray, path: str) -> dict:
       continue
     workdir = os.path.join(cfg.out, "conditions", condition_name(op, "ffn_first"))
     model = build_model(cfg, op, "ffn_first", cfg.seed)
-    model = train.load_model(model, workdir, train_config(cfg, workdir))
+    model = runs.load_model(model, workdir, train_config(cfg, workdir))
     x = jnp.asarray(pts)[None]
     _, qks = nn.capture_qk(model, lambda: model(x, jnp.ones((1,))))
     q, k = qks[-1]
@@ -157,30 +158,21 @@ def heat_figure(cfg: SwissRollConfig, cloud: np.ndarray, path: str) -> dict:
   return out
 
 
+ORDER_NAMES = {"ffn_first": "FFN → MHSA", "attn_first": "MHSA → FFN"}
+COLUMNS = [Col("operator", "Operator"), Col("order", "Order", ORDER_NAMES.get), Col("d_nn", "d_NN", ".4f"),
+           Col("eff_neighbours", "e^H̄", ".2f"), Col("eps_rev", "ε_rev", ".3g"), Col("rho_skew", "ρ_skew", ".3g"),
+           Col("curvature", "curvature", ".3g"), Col("final_loss", "final loss", ".3f")]
+
+
 def write_tables(rows: list[dict], out: str, spacing: float) -> str:
-  cols = ["operator", "order", "d_nn", "eff_neighbours", "eps_rev", "rho_skew", "curvature", "final_loss"]
-  with open(os.path.join(out, "table1.csv"), "w", newline="") as f:
-    w = csv.writer(f)
-    w.writerow(cols)
-    for r in rows:
-      w.writerow([r[c] for c in cols])
-  order_name = {"ffn_first": "FFN → MHSA", "attn_first": "MHSA → FFN"}
-  lines = ["| Operator | Order | d_NN | e^H̄ | ε_rev | ρ_skew | curvature | final loss |",
-           "|---|---|---:|---:|---:|---:|---:|---:|"]
-  for r in rows:
-    lines.append(f"| {r['operator']} | {order_name[r['order']]} | {r['d_nn']:.4f} | {r['eff_neighbours']:.2f} "
-                 f"| {r['eps_rev']:.3g} | {r['rho_skew']:.3g} | {r['curvature']:.3g} | {r['final_loss']:.3f} |")
-  lines.append(f"\nTraining-set median nearest-neighbour spacing: {spacing:.4f} (standardised coordinates).")
-  md = "\n".join(lines)
-  with open(os.path.join(out, "table1.md"), "w") as f:
-    f.write(md + "\n")
-  return md
+  note = f"Training-set median nearest-neighbour spacing: {spacing:.4f} (standardised coordinates)."
+  return report.write(out, "table1", rows, COLUMNS, payload=rows, note=note, quiet=True)
 
 
 def run(cfg: SwissRollConfig) -> dict:
   t0 = time.perf_counter()
   os.makedirs(cfg.out, exist_ok=True)
-  train.write_config(cfg.out, swissroll=cfg)
+  runs.write_config(cfg.out, swissroll=cfg)
   source, cloud = data.point_sets(os.path.join(cfg.out, "data"), cloud="swiss_roll", num_points=cfg.num_points,
                                   seed=cfg.seed, set_size=cfg.set_size, num_sets=cfg.num_sets)
   conditions = [(op, order) for order in cfg.orders for op in cfg.operators]

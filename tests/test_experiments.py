@@ -5,7 +5,7 @@ import os
 import pytest
 
 from attngeo import cli
-from experiments import bench_geometry, bench_operators, bench_train, curvature, heat_swissroll
+from attngeo.experiments import bench_geometry, bench_operators, bench_train, curvature, heat_swissroll
 
 
 def test_bench_operators(tmp_path):

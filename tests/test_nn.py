@@ -29,7 +29,7 @@ def overfit(model, loss, steps=40, lr=1e-2):
 @pytest.mark.parametrize("op", CORNERS)
 def test_tiny_gpt_overfits(op):
   tok = jax.random.randint(jax.random.PRNGKey(0), (4, 17), 0, 32)
-  model = nn.GPT(nn.GPTConfig(depth=1, vocab_size=32, head_dim=8, width=32, operator=op), rngs=nnx.Rngs(0))
+  model = nn.GPT(nn.GPTConfig.from_depth(1, vocab_size=32, head_dim=8, width=32, operator=op), rngs=nnx.Rngs(0))
   loss = lambda m: optax.softmax_cross_entropy_with_integer_labels(m(tok[:, :-1]), tok[:, 1:]).mean()
   first, last = overfit(model, loss)
   assert last < 0.3 * first, (first, last)
@@ -42,7 +42,7 @@ def test_tiny_dit_overfits(op):
   x0 = jax.random.normal(ks[1], x1.shape)
   t = jax.random.uniform(ks[2], (4,))
   y = jnp.array([0, 1, 2, 3])
-  cfg = nn.DiTConfig(image_size=8, patch=2, channels=3, width=32, depth=2, num_heads=2, num_classes=4, operator=op)
+  cfg = nn.DiTConfig.create(image_size=8, patch=2, channels=3, width=32, depth=2, num_heads=2, num_classes=4, operator=op)
   model = nn.DiT(cfg, rngs=nnx.Rngs(0))
   xt = (1 - t)[:, None, None, None] * x0 + t[:, None, None, None] * x1
   loss = lambda m: jnp.mean((m(xt, t, y) - (x1 - x0)) ** 2)    # fixed noise and times: pure regression
@@ -58,7 +58,7 @@ def test_adaln_zero_block_is_identity_at_init():
 
 
 def test_dit_blocks_are_identity_on_the_residual_stream_at_init():
-  cfg = nn.DiTConfig(image_size=8, patch=2, channels=3, width=32, depth=3, num_heads=2, num_classes=4, operator="ATAP")
+  cfg = nn.DiTConfig.create(image_size=8, patch=2, channels=3, width=32, depth=3, num_heads=2, num_classes=4, operator="ATAP")
   model = nn.DiT(cfg, rngs=nnx.Rngs(0))
   x = jax.random.normal(jax.random.PRNGKey(0), (2, 8, 8, 3))
   t, y = jnp.array([0.2, 0.7]), jnp.array([1, 4])
@@ -73,7 +73,7 @@ def test_dit_blocks_are_identity_on_the_residual_stream_at_init():
 
 def test_bf16_compute_keeps_float32_master_weights():
   tok = jax.random.randint(jax.random.PRNGKey(0), (4, 17), 0, 32)
-  model = nn.GPT(nn.GPTConfig(depth=1, vocab_size=32, head_dim=8, width=32, operator="DMTN", dtype="bfloat16"),
+  model = nn.GPT(nn.GPTConfig.from_depth(1, vocab_size=32, head_dim=8, width=32, operator="DMTN", dtype="bfloat16"),
                  rngs=nnx.Rngs(0))
   loss = lambda m: optax.softmax_cross_entropy_with_integer_labels(m(tok[:, :-1]), tok[:, 1:]).mean()
   first, last = overfit(model, loss)
@@ -85,7 +85,7 @@ def test_bf16_compute_keeps_float32_master_weights():
 
 def test_dit_xl2_shape_is_expressible():
   cfg = nn.DiTConfig.preset("XL/2")
-  assert (cfg.depth, cfg.width, cfg.num_heads, cfg.patch) == (28, 1152, 16, 2)
+  assert (cfg.depth, cfg.block.width, cfg.block.num_heads, cfg.patch) == (28, 1152, 16, 2)
   shapes = nnx.eval_shape(lambda: nn.DiT(cfg, rngs=nnx.Rngs(0)))
   n_params = sum(int(np.prod(v.get_value().shape)) for _, v in nnx.to_flat_state(nnx.state(shapes, nnx.Param)))
   assert 640e6 < n_params < 700e6   # DiT-XL/2 has 675M parameters
@@ -94,7 +94,7 @@ def test_dit_xl2_shape_is_expressible():
 def test_graft_changes_only_the_operator():
   x = jax.random.normal(jax.random.PRNGKey(2), (2, 24, 3))
   t = jnp.array([0.3, 0.9])
-  model = nn.PointFlow(nn.PointFlowConfig(width=16, num_heads=2, depth=2), rngs=nnx.Rngs(0))
+  model = nn.PointFlow(nn.PointFlowConfig.create(width=16, num_heads=2, depth=2), rngs=nnx.Rngs(0))
   # Open the adaLN gates and read-out so the attention operator shows in the output.
   for path, v in nnx.to_flat_state(nnx.state(model, nnx.Param)):
     if "ada_b" in path or path[-1] == "w":
@@ -124,7 +124,7 @@ def test_attention_matches_operator_transport_per_head():
 
 
 def test_capture_returns_qk_per_layer():
-  model = nn.GPT(nn.GPTConfig(depth=3, vocab_size=16, head_dim=8, width=16), rngs=nnx.Rngs(0))
+  model = nn.GPT(nn.GPTConfig.from_depth(3, vocab_size=16, head_dim=8, width=16), rngs=nnx.Rngs(0))
   tok = jnp.zeros((2, 7), jnp.int32)
   out, qks = nn.capture_qk(model, lambda: model(tok))
   assert out.shape == (2, 7, 16) and len(qks) == 3 and qks[0][0].shape == (2, 7, 2, 8)
@@ -132,12 +132,12 @@ def test_capture_returns_qk_per_layer():
 
 
 @pytest.mark.parametrize("make,match", [
-    (lambda: nn.GPT(nn.GPTConfig(depth=1, head_dim=24, width=32), rngs=nnx.Rngs(0)), "does not divide width"),
+    (lambda: nn.GPT(nn.GPTConfig.from_depth(1, head_dim=24, width=32), rngs=nnx.Rngs(0)), "does not divide width"),
     (lambda: nn.Block(nn.BlockConfig(width=30, num_heads=4), rngs=nnx.Rngs(0)), "does not divide width"),
-    (lambda: nn.PointFlow(nn.PointFlowConfig(operator="SOFTMAX"), rngs=nnx.Rngs(0)), "operator must be one of"),
-    (lambda: nn.PointFlow(nn.PointFlowConfig(operator=(2.0, 0.0)), rngs=nnx.Rngs(0)), "beta must lie in"),
-    (lambda: nn.PointFlow(nn.PointFlowConfig(order="sideways"), rngs=nnx.Rngs(0)), "order must be one of"),
-    (lambda: nn.DiT(nn.DiTConfig(image_size=9, patch=2), rngs=nnx.Rngs(0)), "does not divide image_size"),
+    (lambda: nn.PointFlow(nn.PointFlowConfig.create(operator="SOFTMAX"), rngs=nnx.Rngs(0)), "operator must be one of"),
+    (lambda: nn.PointFlow(nn.PointFlowConfig.create(operator=(2.0, 0.0)), rngs=nnx.Rngs(0)), "beta must lie in"),
+    (lambda: nn.PointFlow(nn.PointFlowConfig.create(order="sideways"), rngs=nnx.Rngs(0)), "order must be one of"),
+    (lambda: nn.DiT(nn.DiTConfig.create(image_size=9, patch=2), rngs=nnx.Rngs(0)), "does not divide image_size"),
     (lambda: nn.DiTConfig.preset("XXL/1"), "preset must be one of"),
 ])
 def test_bad_configs_fail_fast(make, match):
@@ -146,7 +146,7 @@ def test_bad_configs_fail_fast(make, match):
 
 
 def test_gpt_rejects_tokens_outside_the_vocabulary():
-  model = nn.GPT(nn.GPTConfig(depth=1, vocab_size=16, head_dim=8, width=16), rngs=nnx.Rngs(0))
+  model = nn.GPT(nn.GPTConfig.from_depth(1, vocab_size=16, head_dim=8, width=16), rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match=r"tokens must lie in \[0, 16\)"):
     model(jnp.array([[1, 16]]))
   with pytest.raises(ValueError, match="integer array"):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from jax.test_util import check_grads
 
-from attngeo import operators as op
+from attngeo import kernels, operators as op
 
 B, N, H, D = 2, 33, 3, 8
 PARAMS = [op.ATTN, op.DMTN, op.ATAP, op.DMAP, (0.3, 0.7), (0.81, 0.05),
@@ -169,4 +169,4 @@ def test_bad_shapes_and_values():
 def test_default_kernel_follows_the_benchmark_on_cpu():
   if jax.default_backend() != "cpu":
     pytest.skip("CPU rule")
-  assert op.default_implementation(256) == "einsum" and op.default_implementation(1024) == "blockwise"
+  assert kernels.default_implementation(256) == "einsum" and kernels.default_implementation(1024) == "blockwise"

@@ -12,7 +12,7 @@ from flax import nnx
 from helpers import Batches
 
 from attngeo import nn, probe, train
-from experiments import probe as probe_cli
+from attngeo.experiments import probe as probe_cli
 
 
 def gpt_loss(m, b, r):
@@ -23,7 +23,7 @@ def gpt_loss(m, b, r):
 def gpt_run(tmp_path_factory):
   wd = str(tmp_path_factory.mktemp("gpt"))
   tok = {"tokens": np.random.default_rng(0).integers(0, 32, (4, 33)).astype(np.int32)}
-  model = nn.GPT(nn.GPTConfig(depth=3, vocab_size=32, head_dim=8, width=16, operator="DMTN"), rngs=nnx.Rngs(0))
+  model = nn.GPT(nn.GPTConfig.from_depth(3, vocab_size=32, head_dim=8, width=16, operator="DMTN"), rngs=nnx.Rngs(0))
   x = jnp.asarray(tok["tokens"][:2, :16])
   hook = probe.hook(lambda m: (lambda: m(x)), every=5)
   res = train.train(model, gpt_loss, Batches(tok), train.TrainConfig(steps=10, batch_size=4, workdir=wd,

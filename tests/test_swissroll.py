@@ -1,11 +1,11 @@
-"""experiments.swissroll on a reduced budget: the exact-A theorem on trained models, outputs, resume."""
+"""attngeo.experiments.swissroll on a reduced budget: the exact-A theorem on trained models, outputs, resume."""
 import json
 import os
 
 import numpy as np
 import pytest
 
-from experiments import swissroll
+from attngeo.experiments import swissroll
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from flax import nnx
 
 from helpers import Batches
 
-from attngeo import config as config_lib, data, nn, train
+from attngeo import config as config_lib, data, nn, sharding, train
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "tiny_run.py")
 
@@ -103,18 +103,18 @@ def test_checkpoint_from_another_model_shape_fails_clearly(tmp_path):
   tok = {"tokens": np.zeros((2, 9), np.int32)}
   import optax
   loss = lambda m, b, r: (optax.softmax_cross_entropy_with_integer_labels(m(b["tokens"][:, :-1]), b["tokens"][:, 1:]).mean(), {})
-  small = nn.GPT(nn.GPTConfig(depth=1, vocab_size=16, head_dim=8, width=16), rngs=nnx.Rngs(0))
+  small = nn.GPT(nn.GPTConfig.from_depth(1, vocab_size=16, head_dim=8, width=16), rngs=nnx.Rngs(0))
   train.train(small, loss, Batches(tok), cfg)
-  big = nn.GPT(nn.GPTConfig(depth=1, vocab_size=16, head_dim=8, width=32), rngs=nnx.Rngs(0))
+  big = nn.GPT(nn.GPTConfig.from_depth(1, vocab_size=16, head_dim=8, width=32), rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match="does not match this model"):
     train.train(big, loss, Batches(tok), dataclasses.replace(cfg, steps=4))
 
 
 def test_bad_mesh_and_optimizer():
   with pytest.raises(ValueError, match="needs 2 devices"):
-    train.make_mesh((2, 1, 1))
+    sharding.make_mesh((2, 1, 1))
   with pytest.raises(ValueError, match="three positive sizes"):
-    train.make_mesh((1, 1))
+    sharding.make_mesh((1, 1))
   with pytest.raises(ValueError, match="optimizer must be"):
     train.make_optimizer(train.TrainConfig(optimizer="sgd"))
   with pytest.raises(ValueError, match="schedule must be"):
@@ -126,14 +126,14 @@ def test_logical_rules_skip_indivisible_dimensions():
   import types
   mesh = types.SimpleNamespace(shape={"data": 1, "fsdp": 2, "tensor": 2})
   spec = jax.sharding.PartitionSpec
-  assert train.logical_to_spec(("embed", "heads"), (6, 3), mesh) == spec("fsdp", None)
-  assert train.logical_to_spec(("embed", "mlp"), (6, 4), mesh) == spec("fsdp", "tensor")
-  assert train.logical_to_spec(("embed", "embed"), (6, 6), mesh) == spec("fsdp", None)
-  assert train.logical_to_spec(("kv", "cond"), (4, 4), mesh) == spec(None, None)
+  assert sharding.logical_to_spec(("embed", "heads"), (6, 3), mesh) == spec("fsdp", None)
+  assert sharding.logical_to_spec(("embed", "mlp"), (6, 4), mesh) == spec("fsdp", "tensor")
+  assert sharding.logical_to_spec(("embed", "embed"), (6, 6), mesh) == spec("fsdp", None)
+  assert sharding.logical_to_spec(("kv", "cond"), (4, 4), mesh) == spec(None, None)
 
 
 def test_ema_and_muon_run():
-  model = nn.PointFlow(nn.PointFlowConfig(width=16, num_heads=2, depth=1), rngs=nnx.Rngs(0))
+  model = nn.PointFlow(nn.PointFlowConfig.create(width=16, num_heads=2, depth=1), rngs=nnx.Rngs(0))
   from attngeo import flow
   pts = {"points": np.random.default_rng(0).standard_normal((4, 16, 3)).astype(np.float32)}
   loss = lambda m, b, r: (flow.loss(m, b["points"], jax.random.PRNGKey(0)), {})
@@ -142,7 +142,7 @@ def test_ema_and_muon_run():
   assert res.history[-1]["loss"] < res.history[0]["loss"]
   ema_w = res.ema["in_w"].get_value()
   assert not np.allclose(ema_w, res.model.in_w[...])  # EMA lags the weights
-  res = train.train(nn.PointFlow(nn.PointFlowConfig(width=16, num_heads=2, depth=1), rngs=nnx.Rngs(0)), loss,
+  res = train.train(nn.PointFlow(nn.PointFlowConfig.create(width=16, num_heads=2, depth=1), rngs=nnx.Rngs(0)), loss,
                     Batches(pts), dataclasses.replace(cfg, optimizer="muon", ema=0.0))
   assert np.isfinite(res.history[-1]["loss"])
 
@@ -169,7 +169,7 @@ def test_grain_loader_state_roundtrip():
 
 
 def test_non_finite_loss_stops_the_run_with_a_clear_error():
-  model = nn.PointFlow(nn.PointFlowConfig(width=16, num_heads=2, depth=1), rngs=nnx.Rngs(0))
+  model = nn.PointFlow(nn.PointFlowConfig.create(width=16, num_heads=2, depth=1), rngs=nnx.Rngs(0))
   loss = lambda m, b, r: (jnp.sum(m(b["points"], jnp.ones((2,)))) * jnp.nan, {})
   pts = {"points": np.ones((2, 4, 3), np.float32)}
   with pytest.raises(FloatingPointError, match="loss is nan at step 1"):

@@ -28,8 +28,8 @@ import jax  # noqa: E402
 if a.coordinator:  # the same environment contract as tpu/launch_gpu.sh
   os.environ.update(JAX_COORDINATOR_ADDRESS=a.coordinator, JAX_NUM_PROCESSES=str(a.num_processes),
                     JAX_PROCESS_ID=str(a.process_id))
-  from attngeo import train as _train
-  assert _train.initialize_distributed()
+  from attngeo import sharding as _sharding
+  assert _sharding.initialize_distributed()
 
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
@@ -39,7 +39,7 @@ from attngeo import data, nn, train  # noqa: E402
 rng = np.random.default_rng(0)
 records = [{"tokens": rng.integers(0, 64, 17).astype(np.int32)} for _ in range(64)]
 it = data.loader(records, 8, seed=1)
-model = nn.GPT(nn.GPTConfig(depth=2, vocab_size=64, seq_len=16, head_dim=8, width=32, operator=a.operator),
+model = nn.GPT(nn.GPTConfig.from_depth(2, vocab_size=64, seq_len=16, head_dim=8, width=32, operator=a.operator),
                rngs=nnx.Rngs(0))
 
 

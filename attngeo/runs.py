@@ -1,0 +1,64 @@
+"""Run folders: `config.json` (what produced the run), `ckpt/` (orbax steps), `metrics.jsonl`.
+
+`write_config` records every config of a run; `load_run` rebuilds a run's model from its
+config.json (`attngeo.nn.registry`) and restores a checkpoint's weights into it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+from attngeo import config as config_lib
+
+
+def write_config(workdir: str, **configs):
+  """`workdir/config.json` = {name: asdict(config) or value}."""
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, "config.json"), "w") as f:
+    json.dump({k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in configs.items()},
+              f, indent=1, default=str)
+
+
+def read_config(workdir: str) -> dict:
+  path = os.path.join(workdir, "config.json")
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"{workdir} is not a run folder: no config.json")
+  with open(path) as f:
+    return json.load(f)
+
+
+def load_model(model, workdir: str, cfg, step: int | None = None, use_ema: bool = False):
+  """Load the weights of checkpoint `step` (default: latest) in `workdir` into `model` (in place)."""
+  from attngeo import checkpoint, sharding, train
+  mesh = sharding.make_mesh(cfg.mesh)
+  graphdef, state, shardings = train.init_state(model, cfg, mesh)
+  mngr = checkpoint.manager(workdir, cfg.keep)
+  try:
+    step = mngr.latest_step() if step is None else step
+    if step is None:
+      raise FileNotFoundError(f"no checkpoint in {os.path.join(workdir, 'ckpt')}")
+    state, _ = checkpoint.restore(mngr, step, state, shardings)
+  finally:
+    mngr.close()
+  train.sync_model(model, graphdef, state)
+  if use_ema and state["ema"] is not None:
+    from flax import nnx
+    nnx.update(model, state["ema"])
+  return model
+
+
+def load_run(workdir: str, step: int | None = None):
+  """Rebuild the model of a run folder from its config.json and load checkpoint `step` (default latest).
+
+  Returns (model, train config, model config).
+  """
+  from attngeo import train
+  from attngeo.nn import registry
+  saved = read_config(workdir)
+  if not saved.get("model"):
+    raise ValueError(f"{workdir}/config.json records no model config; runs written by attngeo.train record one")
+  mcfg = registry.config_from_dict(saved["model"])
+  tcfg = config_lib.from_dict(train.TrainConfig, saved["train"])
+  model = load_model(registry.build(mcfg), workdir, tcfg, step)
+  return model, tcfg, mcfg

@@ -1,0 +1,34 @@
+"""The one timing helper of the benchmarks: median wall time after warm-up, and XLA's peak memory."""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+import jax
+
+
+def median_seconds(call: Callable[[], object], repeats: int, warmup: int = 1) -> float:
+  """Median wall time of `call()` (its result blocked on) over `repeats` runs after `warmup` runs."""
+  for _ in range(warmup):
+    jax.block_until_ready(call())
+  times = []
+  for _ in range(max(repeats, 1)):
+    t0 = time.perf_counter()
+    jax.block_until_ready(call())
+    times.append(time.perf_counter() - t0)
+  return statistics.median(times)
+
+
+def peak_bytes(compiled) -> int | None:
+  """Arguments + outputs + temporaries − aliased bytes of a compiled program (None if unknown)."""
+  m = compiled.memory_analysis()
+  if m is None:
+    return None
+  return int(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes)
+
+
+def timed(fn, args, repeats: int) -> tuple[float, int | None]:
+  """(median seconds, peak bytes) of jitted `fn(*args)`; compiled once, warm-up run excluded."""
+  compiled = jax.jit(fn).lower(*args).compile()
+  return median_seconds(lambda: compiled(*args), repeats), peak_bytes(compiled)
