@@ -62,3 +62,26 @@ def load_run(workdir: str, step: int | None = None):
   tcfg = config_lib.from_dict(train.TrainConfig, saved["train"])
   model = load_model(registry.build(mcfg), workdir, tcfg, step)
   return model, tcfg, mcfg
+
+
+def fingerprint(*objects) -> str:
+  """A short content key (sha256 hex, 16 chars) of JSON-able objects and dataclasses (configs).
+
+  Equal configs give equal keys; any changed field changes the key. Arrays/bytes are hashed by
+  content. Use it to key cached or reused artefacts by what produced them, never by a name.
+  """
+  import hashlib
+
+  import numpy as np
+  h = hashlib.sha256()
+  for obj in objects:
+    if isinstance(obj, (bytes, bytearray)):
+      h.update(bytes(obj))
+    elif isinstance(obj, np.ndarray):
+      h.update(str((obj.dtype.str, obj.shape)).encode())
+      h.update(np.ascontiguousarray(obj).tobytes())
+    else:
+      value = dataclasses.asdict(obj) if dataclasses.is_dataclass(obj) else obj
+      h.update(json.dumps(value, sort_keys=True, default=str).encode())
+    h.update(b"\x00")
+  return h.hexdigest()[:16]

@@ -29,7 +29,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from tqdm.auto import tqdm
 
-from attngeo import checkpoint, runs, sharding
+from attngeo import checkpoint, optim, runs, sharding
 from attngeo.nn import registry
 
 # Dense bf16 peak FLOP/s per chip, for MFU.
@@ -55,26 +55,6 @@ class TrainConfig:
   keep: int = 2
   log_every: int = 10
   progress: bool = True
-
-
-# ----------------------------------------------------------------------------- optimizer
-
-def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
-  """Warm-up then cosine/linear/constant schedule; AdamW or Muon; global-norm clipping."""
-  decay_steps = max(cfg.steps - cfg.warmup, 1)
-  after = {"cosine": optax.cosine_decay_schedule(cfg.lr, decay_steps),
-           "linear": optax.linear_schedule(cfg.lr, 0.0, decay_steps),
-           "constant": optax.constant_schedule(cfg.lr)}
-  if cfg.schedule not in after:
-    raise ValueError(f"schedule must be one of {sorted(after)}; got {cfg.schedule!r}")
-  sched = optax.join_schedules([optax.linear_schedule(0.0, cfg.lr, cfg.warmup), after[cfg.schedule]], [cfg.warmup])
-  if cfg.optimizer == "adamw":
-    opt = optax.adamw(sched, b1=0.9, b2=0.95, weight_decay=cfg.weight_decay)
-  elif cfg.optimizer == "muon":
-    opt = optax.contrib.muon(sched, weight_decay=cfg.weight_decay)
-  else:
-    raise ValueError(f"optimizer must be 'adamw' or 'muon'; got {cfg.optimizer!r}")
-  return optax.chain(optax.clip_by_global_norm(cfg.clip), opt) if cfg.clip else opt
 
 
 # ----------------------------------------------------------------------------- step
@@ -118,7 +98,7 @@ def sync_model(model, graphdef, state):
 
 def init_state(model, cfg: TrainConfig, mesh: Mesh):
   """(graphdef, state, shardings): the train-state pytree placed on `mesh` by the logical rules."""
-  optimizer = nnx.Optimizer(model, make_optimizer(cfg), wrt=nnx.Param)
+  optimizer = nnx.Optimizer(model, optim.make_optimizer(cfg), wrt=nnx.Param)
   graphdef, train_state = nnx.split((model, optimizer))
   ema = jax.tree.map(jnp.copy, nnx.state(model, nnx.Param)) if cfg.ema else None  # own buffers: donated
   state = {"train": train_state, "ema": ema, "rng": jax.random.key_data(jax.random.PRNGKey(cfg.seed)),

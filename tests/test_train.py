@@ -16,7 +16,7 @@ from flax import nnx
 
 from helpers import Batches
 
-from attngeo import config as config_lib, data, nn, sharding, train
+from attngeo import config as config_lib, data, nn, optim, sharding, train
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "tiny_run.py")
 
@@ -116,9 +116,9 @@ def test_bad_mesh_and_optimizer():
   with pytest.raises(ValueError, match="three positive sizes"):
     sharding.make_mesh((1, 1))
   with pytest.raises(ValueError, match="optimizer must be"):
-    train.make_optimizer(train.TrainConfig(optimizer="sgd"))
+    optim.make_optimizer(train.TrainConfig(optimizer="sgd"))
   with pytest.raises(ValueError, match="schedule must be"):
-    train.make_optimizer(train.TrainConfig(schedule="step"))
+    optim.make_optimizer(train.TrainConfig(schedule="step"))
 
 
 def test_logical_rules_skip_indivisible_dimensions():
