@@ -1,18 +1,36 @@
-"""Orbax checkpoints of a training state: save, restore into a target structure and sharding.
+"""Orbax checkpoints of a training state, with integrity data verified on restore.
 
-A checkpoint step holds two items: `state` (the train-state pytree of `attngeo.train`: model
-and optimizer state, EMA, RNG key, step) and `data` (the input iterator's JSON state), so a
-resumed run continues with the same batches.
+A checkpoint step holds three items: `state` (the train-state pytree of `attngeo.train`: model
+and optimizer state, EMA, RNG key, step), `data` (the input iterator's JSON state, so a resumed
+run sees the same batches) and `integrity` (one checksum per saved array).
+
+Checksum of an array x with n elements, computed on device (sharded arrays need no gather):
+
+    h(x) = Σ_i b_i · (2i + 1)  mod 2³²,     b_i = the bits of x_i as an unsigned integer,
+
+(wider elements contribute each 32-bit word; narrower ones are zero-extended). Every multiplier
+is odd, hence invertible mod 2³², so changing any single element always changes h; integer sums
+are exact and associative, so h does not depend on the sharding or the device count. `restore`
+recomputes h on what it read and compares; a corrupt, truncated or incomplete step is skipped
+with a one-line `CheckpointWarning`, moved aside to `ckpt_corrupt/`, and the previous good step
+is used. A state holding NaN/Inf is never written (`save` raises).
 """
 from __future__ import annotations
 
 import os
+import shutil
+import time
+import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
+
+
+class CheckpointWarning(UserWarning):
+  """A checkpoint step was skipped (corrupt or incomplete)."""
 
 
 def manager(workdir: str, keep: int = 2) -> ocp.CheckpointManager:
@@ -26,21 +44,122 @@ def _pure(state):
                       is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
+def _words(x):
+  """The bits of x as uint32 words (one or more per element)."""
+  x = jnp.asarray(x)
+  if x.dtype == jnp.bool_:
+    return x.astype(jnp.uint32)
+  size = x.dtype.itemsize
+  if size >= 4:
+    return jax.lax.bitcast_convert_type(x, jnp.uint32)
+  return jax.lax.bitcast_convert_type(x, {1: jnp.uint8, 2: jnp.uint16}[size]).astype(jnp.uint32)
+
+
+def _checksum(x):
+  w = _words(x).reshape(-1)
+  odd = 2 * jnp.arange(w.shape[0], dtype=jnp.uint32) + 1
+  return jnp.sum(w * odd, dtype=jnp.uint32)
+
+
+@jax.jit
+def _checksums_and_finite(leaves):
+  sums = [_checksum(x) for x in leaves]
+  finite = [jnp.all(jnp.isfinite(x)) for x in leaves if jnp.issubdtype(jnp.asarray(x).dtype, jnp.inexact)]
+  return sums, jnp.all(jnp.stack(finite)) if finite else jnp.bool_(True)
+
+
+def _paths_and_leaves(pure_state):
+  flat = jax.tree_util.tree_flatten_with_path(pure_state)[0]
+  return [jax.tree_util.keystr(p) for p, _ in flat], [x for _, x in flat]
+
+
+def integrity(state) -> tuple[dict[str, int], bool]:
+  """({array path: checksum h}, all floating arrays finite) of a state pytree (see module doc)."""
+  paths, leaves = _paths_and_leaves(_pure(state))
+  sums, finite = jax.device_get(_checksums_and_finite(leaves))
+  return dict(zip(paths, (int(s) for s in sums))), bool(finite)
+
+
 def save(mngr, step: int, state, data_state: dict):
+  """Save `state` and the data iterator's state at `step`, with checksums; refuse a non-finite state."""
+  sums, finite = integrity(state)
+  if not finite:
+    last = mngr.latest_step()
+    raise FloatingPointError(f"the training state holds NaN/Inf at step {step}: not checkpointed; the last good "
+                             f"checkpoint is {'step ' + str(last) if last is not None else 'none'} in {mngr.directory}")
   mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(_pure(state)),
-                                          data=ocp.args.JsonSave(data_state)))
+                                          data=ocp.args.JsonSave(data_state),
+                                          integrity=ocp.args.JsonSave({"checksums": sums})))
 
 
-def restore(mngr, step: int, state, shardings):
-  """Restore into `state`'s structure and shardings; a shape mismatch fails with a clear message."""
+def _restore_step(mngr, step: int, state, shardings):
   target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x), sharding=s),
                         _pure(state), _pure(shardings))
-  try:
-    out = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target),
-                                                     data=ocp.args.JsonRestore()))
-  except (ValueError, KeyError, TypeError) as e:
-    raise ValueError(f"checkpoint at step {step} in {mngr.directory} does not match this model/optimizer "
-                     f"(another model shape or config?): {e}") from e
+  out = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target),
+                                                   data=ocp.args.JsonRestore(),
+                                                   integrity=ocp.args.JsonRestore()))
+  expected = out["integrity"]["checksums"]
+  got, _ = integrity(out["state"])
+  bad = sorted(k for k in expected if got.get(k) != expected[k]) + sorted(set(got) - set(expected))
+  if bad:
+    raise IOError(f"checksum mismatch in {len(bad)} array(s), first {bad[0]}")
   restored = jax.tree.map(lambda v, x: v.replace(x) if isinstance(v, nnx.Variable) else x, state, out["state"],
                           is_leaf=lambda x: isinstance(x, nnx.Variable))
   return restored, out["data"]
+
+
+def restore_step(mngr, step: int, state, shardings):
+  """Restore exactly `step` (checksums verified): (state, data_state); one-line errors otherwise."""
+  if step not in mngr.all_steps():
+    raise FileNotFoundError(f"no checkpoint step {step} in {mngr.directory}; steps: {sorted(mngr.all_steps())}")
+  try:
+    return _restore_step(mngr, step, state, shardings)
+  except Exception as e:  # noqa: BLE001
+    kind = "holds arrays of other shapes than this model/optimizer" if _shape_mismatch(e) else "is corrupt or incomplete"
+    raise ValueError(f"checkpoint step {step} in {mngr.directory} {kind} "
+                     f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else 'no detail'})") from None
+
+
+def _shape_mismatch(err: Exception) -> bool:
+  text = str(err)
+  return isinstance(err, (ValueError, TypeError)) and ("shape" in text.lower() or "structure" in text.lower()
+                                                       or "tree" in text.lower())
+
+
+def _quarantine(mngr, step: int):
+  """Move a bad step aside to `<workdir>/ckpt_corrupt/<step>-<time>` so it is never resumed or overwritten."""
+  src = os.path.join(str(mngr.directory), str(step))
+  if jax.process_index() == 0 and os.path.exists(src):
+    dst = os.path.join(os.path.dirname(str(mngr.directory)), "ckpt_corrupt", f"{step}-{int(time.time())}")
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    shutil.move(src, dst)
+  mngr.reload()
+
+
+def restore_latest(mngr, state, shardings):
+  """Restore the newest intact step into `state`'s structure and shardings.
+
+  Returns (state, data_state, step), or None when the manager has no step. Corrupt or incomplete
+  steps (checksum mismatch, unreadable or truncated arrays, missing items) are skipped with a
+  one-line `CheckpointWarning` and moved aside; a step whose arrays have other shapes than the
+  model's raises a one-line `ValueError` (another model), since older steps would not match either.
+  """
+  mngr.reload()
+  steps = sorted(mngr.all_steps(), reverse=True)
+  if not steps:
+    return None
+  for i, step in enumerate(steps):
+    try:
+      restored, data_state = _restore_step(mngr, step, state, shardings)
+      return restored, data_state, step
+    except Exception as e:  # noqa: BLE001 — any failure to read a step means the step is unusable
+      if _shape_mismatch(e):
+        raise ValueError(f"checkpoint step {step} in {mngr.directory} holds arrays of other shapes than this "
+                         f"model/optimizer ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+      nxt = steps[i + 1] if i + 1 < len(steps) else None
+      warnings.warn(f"checkpoint step {step} in {mngr.directory} is corrupt or incomplete "
+                    f"({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else 'no detail'}); "
+                    f"{'falling back to step ' + str(nxt) if nxt is not None else 'no earlier step'}",
+                    CheckpointWarning, stacklevel=2)
+      _quarantine(mngr, step)
+  raise ValueError(f"no intact checkpoint in {mngr.directory}: every step was corrupt (moved to ckpt_corrupt/)")

@@ -15,9 +15,8 @@ from attngeo import config as config_lib
 def write_config(workdir: str, **configs):
   """`workdir/config.json` = {name: asdict(config) or value}."""
   os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, "config.json"), "w") as f:
-    json.dump({k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in configs.items()},
-              f, indent=1, default=str)
+  payload = {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in configs.items()}
+  atomic_write(os.path.join(workdir, "config.json"), json.dumps(payload, indent=1, default=str))
 
 
 def read_config(workdir: str) -> dict:
@@ -35,10 +34,13 @@ def load_model(model, workdir: str, cfg, step: int | None = None, use_ema: bool 
   graphdef, state, shardings = train.init_state(model, cfg, mesh)
   mngr = checkpoint.manager(workdir, cfg.keep)
   try:
-    step = mngr.latest_step() if step is None else step
     if step is None:
-      raise FileNotFoundError(f"no checkpoint in {os.path.join(workdir, 'ckpt')}")
-    state, _ = checkpoint.restore(mngr, step, state, shardings)
+      restored = checkpoint.restore_latest(mngr, state, shardings)
+      if restored is None:
+        raise FileNotFoundError(f"no checkpoint in {os.path.join(workdir, 'ckpt')}")
+      state = restored[0]
+    else:
+      state = checkpoint.restore_step(mngr, step, state, shardings)[0]
   finally:
     mngr.close()
   train.sync_model(model, graphdef, state)
@@ -85,3 +87,22 @@ def fingerprint(*objects) -> str:
       h.update(json.dumps(value, sort_keys=True, default=str).encode())
     h.update(b"\x00")
   return h.hexdigest()[:16]
+
+
+def atomic_write(path: str, text: str) -> None:
+  """Write `text` to `path` through a temporary file and a rename: never half-written."""
+  tmp = f"{path}.tmp-{os.getpid()}"
+  with open(tmp, "w") as f:
+    f.write(text)
+  os.replace(tmp, path)
+
+
+def flatten(tree: dict, prefix: str = "") -> dict:
+  """{"a": {"b": 1}} -> {"a.b": 1} (lists kept as values)."""
+  out = {}
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      out.update(flatten(value, f"{prefix}{key}."))
+    else:
+      out[f"{prefix}{key}"] = value
+  return out

@@ -1,17 +1,23 @@
 """One training loop for every attngeo model: optax, orbax, `jax.jit` + `NamedSharding` over a mesh.
 
-Read top to bottom: config → mesh → sharding rules → optimizer → train state → step → checkpoint
-→ loop. A model is trained by giving `train` the NNX model, a loss `loss_fn(model, batch, rng) ->
-(loss, metrics)` and a data iterator with `get_state()/set_state()` (a grain iterator).
+Read top to bottom: config → train state (born sharded) → step → metrics → loop. A model is
+trained by giving `train` the model (an NNX module, or a zero-argument constructor so that its
+parameters are created already sharded), a loss `loss_fn(model, batch, rng) -> (loss, metrics)`
+and a data iterator with `get_state()/set_state()` (`attngeo.data.loader`) that yields THIS
+process's rows of each global batch.
 
 * Mesh axes `(data, fsdp, tensor)`; parameters carry logical axis names (`attngeo.nn`) which
-  `RULES` maps to mesh axes, dropping a mapping when the dimension does not divide.
-* The global batch is split over `data × fsdp`; each process feeds its own rows
-  (`jax.make_array_from_process_local_data`), so the same code runs single- and multi-host.
-* Checkpoints (orbax `CheckpointManager`) hold params, optimizer state, EMA, step, the RNG key
-  and the data iterator position; `train` resumes from the latest one in `workdir`, and the
-  resumed run reproduces the uninterrupted one exactly (per-step keys are `fold_in(key, step)`).
-* Metrics go to `workdir/metrics.jsonl` and a tqdm bar; MFU is logged when the device peak is known.
+  `attngeo.sharding.RULES` maps to mesh axes, dropping a mapping when the dimension does not divide.
+  Given a constructor, the model and optimizer state are initialised under `jax.jit` with those
+  output shardings: no device ever holds a full copy of a sharded parameter.
+* Each process feeds its own rows; `sharding.global_batch` assembles the global array.
+* Checkpoints (`attngeo.checkpoint`: orbax, checksummed) hold params, optimizer state, EMA, step,
+  the RNG key and the data iterator position; `train` resumes from the newest intact one in
+  `workdir`, and the resumed run reproduces the uninterrupted one exactly (per-step keys are
+  `fold_in(key, step)`). A workdir holding a run of another config is refused, naming the fields.
+* Every logged row goes once to `workdir/metrics.jsonl` and to TensorBoard event files in
+  `workdir/tb`; a tqdm bar shows loss and ETA; MFU is logged when the device peak is known.
+* The EMA of the weights is optax's Polyak average `ema ← ema + (1 − decay)(θ − ema)`.
 """
 from __future__ import annotations
 
@@ -50,11 +56,65 @@ class TrainConfig:
   ema: float = 0.0                     # EMA decay of the weights (0 disables)
   mesh: tuple[int, int, int] = (1, 1, 1)  # (data, fsdp, tensor)
   seed: int = 0
-  workdir: str | None = None           # checkpoints, metrics.jsonl, config.json
+  workdir: str | None = None           # checkpoints, metrics.jsonl, tb/, config.json
   ckpt_every: int = 0                  # steps between checkpoints (0: only at the end)
   keep: int = 2
   log_every: int = 10
   progress: bool = True
+
+
+# Fields that change how a run is watched, not what it computes: a resume may change them.
+RUN_CONTROL_FIELDS = ("workdir", "ckpt_every", "keep", "log_every", "progress")
+
+
+# ----------------------------------------------------------------------------- train state
+
+def _build_state(model, cfg: TrainConfig):
+  optimizer = nnx.Optimizer(model, optim.make_optimizer(cfg), wrt=nnx.Param)
+  graphdef, train_state = nnx.split((model, optimizer))
+  ema = jax.tree.map(jnp.copy, nnx.state(model, nnx.Param)) if cfg.ema else None  # own buffers: donated
+  state = {"train": train_state, "ema": ema, "rng": jax.random.key_data(jax.random.PRNGKey(cfg.seed)),
+           "step": jnp.int32(0)}
+  return graphdef, state
+
+
+def _shardings(state, mesh: Mesh):
+  return {"train": sharding.state_shardings(state["train"], mesh),
+          "ema": sharding.state_shardings(state["ema"], mesh) if state["ema"] is not None else None,
+          "rng": NamedSharding(mesh, P()), "step": NamedSharding(mesh, P())}
+
+
+def init_state(model, cfg: TrainConfig, mesh: Mesh):
+  """(graphdef, state, shardings): the train-state pytree on `mesh`, sharded by the logical rules.
+
+  `model` is an NNX module (its values are placed with `device_put`) or a zero-argument
+  constructor: then the shapes come from `nnx.eval_shape` and the model and optimizer state are
+  created inside `jax.jit` with those output shardings (born sharded, never whole on one device).
+  """
+  if isinstance(model, nnx.Module):
+    graphdef, state = _build_state(model, cfg)
+    shardings = _shardings(state, mesh)
+    return graphdef, jax.device_put(state, shardings), shardings
+  graphdef, abstract = _abstract_state(model, cfg)
+  shardings = _shardings(abstract, mesh)
+  state = jax.jit(lambda: _build_state(model(), cfg)[1], out_shardings=shardings)()
+  return graphdef, state, shardings
+
+
+def _abstract_state(ctor, cfg):
+  """(graphdef, state of ShapeDtypeStructs) of (model, optimizer), without allocating any array."""
+  holder = {}
+
+  def build():
+    holder["graphdef"], state = _build_state(ctor(), cfg)
+    return state
+  abstract = jax.eval_shape(build)
+  return holder["graphdef"], abstract
+
+
+def sync_model(model, graphdef, state):
+  """Write the train state's weights back into the (eager) `model`."""
+  nnx.update(model, nnx.state(nnx.merge(graphdef, state["train"])[0]))
 
 
 # ----------------------------------------------------------------------------- step
@@ -69,11 +129,46 @@ def make_step(graphdef, loss_fn, ema_decay: float):
     opt.update(model, grads)
     new = dict(state, train=nnx.state((model, opt)), step=state["step"] + 1)
     if state["ema"] is not None:
-      params = nnx.state(model, nnx.Param)
-      new["ema"] = jax.tree.map(lambda e, p: ema_decay * e + (1 - ema_decay) * p, state["ema"], params)
+      new["ema"] = optax.incremental_update(nnx.state(model, nnx.Param), state["ema"], 1.0 - ema_decay)
     return new, dict(metrics, loss=loss, grad_norm=optax.tree.norm(grads))
 
   return step
+
+
+# ----------------------------------------------------------------------------- metrics
+
+class MetricsLog:
+  """Each logged row once in `metrics.jsonl` and as TensorBoard scalars in `tb/` (process 0 only).
+
+  On resume from step s the rows after s (written by the interrupted run) are dropped, so every
+  step appears once; `rows` holds the rows kept, for the returned history.
+  """
+
+  def __init__(self, workdir: str | None, resume_step: int):
+    self.rows, self.path, self.tb = [], None, None
+    if not workdir or jax.process_index() != 0:
+      return
+    self.path = os.path.join(workdir, "metrics.jsonl")
+    if os.path.exists(self.path):
+      with open(self.path) as f:
+        self.rows = [r for r in (json.loads(line) for line in f if line.strip()) if r.get("step", 0) <= resume_step]
+      runs.atomic_write(self.path, "".join(json.dumps(r) + "\n" for r in self.rows))
+    from tensorboardX import SummaryWriter
+    self.tb = SummaryWriter(os.path.join(workdir, "tb"), flush_secs=30)
+
+  def write(self, row: dict):
+    self.rows.append(row)
+    if self.path is None:
+      return
+    with open(self.path, "a") as f:
+      f.write(json.dumps(row) + "\n")
+    for key, value in row.items():
+      if key != "step" and isinstance(value, (int, float)):
+        self.tb.add_scalar(key, value, row["step"])
+
+  def close(self):
+    if self.tb is not None:
+      self.tb.close()
 
 
 # ----------------------------------------------------------------------------- loop
@@ -82,8 +177,9 @@ def make_step(graphdef, loss_fn, ema_decay: float):
 class TrainResult:
   model: Any                      # the trained NNX model (EMA weights are in `ema` if enabled)
   ema: Any
-  history: list[dict]             # metrics per logged step
+  history: list[dict]             # metrics per logged step (those of an interrupted run included)
   step: int
+  start_step: int = 0             # the step this call resumed from (0: a fresh run)
 
 
 def device_peak_flops() -> float | None:
@@ -91,82 +187,104 @@ def device_peak_flops() -> float | None:
   return next((v for k, v in PEAK_FLOPS.items() if k in kind), None)
 
 
-def sync_model(model, graphdef, state):
-  """Write the train state's weights back into the (eager) `model`."""
-  nnx.update(model, nnx.state(nnx.merge(graphdef, state["train"])[0]))
+def check_resumable(workdir: str, **configs):
+  """Refuse (one-line ValueError) a workdir whose config.json records another run.
+
+  Compares every recorded config with the given ones field by field (`RUN_CONTROL_FIELDS` of the
+  train config excepted) and names the fields that differ.
+  """
+  saved = runs.read_config(workdir)
+  diffs = []
+  for name, cfg in configs.items():
+    new = dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else cfg
+    old = saved.get(name)
+    flat_old, flat_new = runs.flatten(old or {}), runs.flatten(json.loads(json.dumps(new or {}, default=str)))
+    for key in sorted(set(flat_old) | set(flat_new)):
+      if name == "train" and key in RUN_CONTROL_FIELDS:
+        continue
+      if flat_old.get(key) != flat_new.get(key):
+        diffs.append(f"{name}.{key} {flat_old.get(key)!r} → {flat_new.get(key)!r}")
+  if diffs:
+    raise ValueError(f"{workdir} holds a run with another config ({'; '.join(diffs)}); "
+                     f"resume with the same config or use a new workdir")
 
 
-def init_state(model, cfg: TrainConfig, mesh: Mesh):
-  """(graphdef, state, shardings): the train-state pytree placed on `mesh` by the logical rules."""
-  optimizer = nnx.Optimizer(model, optim.make_optimizer(cfg), wrt=nnx.Param)
-  graphdef, train_state = nnx.split((model, optimizer))
-  ema = jax.tree.map(jnp.copy, nnx.state(model, nnx.Param)) if cfg.ema else None  # own buffers: donated
-  state = {"train": train_state, "ema": ema, "rng": jax.random.key_data(jax.random.PRNGKey(cfg.seed)),
-           "step": jnp.int32(0)}
-  shardings = {"train": sharding.state_shardings(train_state, mesh), "ema": sharding.state_shardings(ema, mesh) if ema else None,
-               "rng": NamedSharding(mesh, P()), "step": NamedSharding(mesh, P())}
-  return graphdef, jax.device_put(state, shardings), shardings
+def _resume(cfg: TrainConfig, state, shardings, data, model_cfg):
+  """Open the checkpoint manager; restore the newest intact step (config checked first)."""
+  mngr = checkpoint.manager(cfg.workdir, cfg.keep)
+  try:
+    if mngr.latest_step() is not None and os.path.exists(os.path.join(cfg.workdir, "config.json")):
+      check_resumable(cfg.workdir, train=cfg, model=model_cfg)
+    restored = checkpoint.restore_latest(mngr, state, shardings)
+  except BaseException:
+    mngr.close()
+    raise
+  if restored is not None:
+    state, data_state, _ = restored
+    data.set_state(data_state)
+  runs.write_config(cfg.workdir, train=cfg, model=model_cfg)
+  return mngr, state
 
 
 def train(model, loss_fn: Callable, data: Iterator, cfg: TrainConfig, *, flops_per_step: float | None = None,
           hooks: tuple[Callable, ...] = (), desc: str = "train") -> TrainResult:
-  """Train `model` in place for `cfg.steps` steps, resuming from `cfg.workdir` if it has checkpoints.
+  """Train for `cfg.steps` steps, resuming from `cfg.workdir` if it holds an intact checkpoint.
 
-  loss_fn(model, batch, rng) -> (scalar loss, dict of scalar metrics). `data` yields global numpy
-  batches (dicts) and has `get_state()/set_state(state)`. `hooks`: callables `hook(step, model)`
-  returning a dict of extra metrics (or None), called at log steps.
+  Args:
+    model: an NNX module (trained in place) or a zero-argument constructor (initialised sharded;
+      the trained model is `result.model`).
+    loss_fn: `loss_fn(model, batch, rng) -> (scalar loss, dict of scalar metrics)`.
+    data: iterator of this process's rows of each global batch (dicts of arrays), with
+      `get_state()/set_state(state)`.
+    cfg: the `TrainConfig`.
+    flops_per_step: model FLOPs of one step (for MFU, where the device peak is known).
+    hooks: callables `hook(step, model) -> dict | None` of extra metrics, called at log steps.
+  Returns:
+    `TrainResult` (model, EMA params, metrics history, final step).
   """
   mesh = sharding.make_mesh(cfg.mesh)
   graphdef, state, shardings = init_state(model, cfg, mesh)
+  if not isinstance(model, nnx.Module):
+    model = nnx.merge(graphdef, state["train"])[0]
   step_fn = jax.jit(make_step(graphdef, loss_fn, cfg.ema),
                     in_shardings=(shardings, sharding.batch_sharding(mesh)), out_shardings=(shardings, None),
                     donate_argnums=0)
-
   mngr = None
   if cfg.workdir:
-    runs.write_config(cfg.workdir, train=cfg, model=registry.config_dict(model))
-    mngr = checkpoint.manager(cfg.workdir, cfg.keep)
-    if mngr.latest_step() is not None:
-      try:
-        state, data_state = checkpoint.restore(mngr, mngr.latest_step(), state, shardings)
-      except ValueError:
-        mngr.close()
-        raise
-      data.set_state(data_state)
+    mngr, state = _resume(cfg, state, shardings, data, registry.config_dict(model))
   start = int(state["step"])
-  history, metrics_path = [], cfg.workdir and os.path.join(cfg.workdir, "metrics.jsonl")
+  log = MetricsLog(cfg.workdir, start)
   peak = device_peak_flops()
   bar = tqdm(range(start, cfg.steps), desc=desc, disable=not cfg.progress, initial=start, total=cfg.steps,
              dynamic_ncols=True, leave=False)
   t0 = time.perf_counter()
-  for step in bar:
-    global_rows = next(data)
-    batch = sharding.global_batch(jax.tree.map(lambda x: x[sharding.process_slice(len(x))], global_rows), mesh)
-    state, metrics = step_fn(state, batch)
-    done = step + 1
-    if done % cfg.log_every == 0 or done == cfg.steps:
-      metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-      if not np.isfinite(metrics["loss"]):
-        raise FloatingPointError(f"loss is {metrics['loss']} at step {done}; the last checkpoint in "
-                                 f"{cfg.workdir} holds the state before it (lower the learning rate?)")
-      dt = (time.perf_counter() - t0) / (done - start)
-      row = dict(step=done, **metrics, step_s=dt, samples_per_s=cfg.batch_size / dt)
-      if flops_per_step and peak:
-        row["mfu"] = flops_per_step / dt / (peak * jax.device_count())
-      if hooks:
-        sync_model(model, graphdef, state)
-        for hook in hooks:
-          row.update(hook(done, model) or {})
-      history.append(row)
-      bar.set_postfix(loss=f"{metrics['loss']:.4f}")
-      if metrics_path and jax.process_index() == 0:
-        with open(metrics_path, "a") as f:
-          f.write(json.dumps(row) + "\n")
-    if mngr and ((cfg.ckpt_every and done % cfg.ckpt_every == 0) or done == cfg.steps):
-      checkpoint.save(mngr, done, state, data.get_state())
-  bar.close()
-  if mngr:
-    mngr.wait_until_finished()
-    mngr.close()
+  try:
+    for step in bar:
+      batch = sharding.global_batch(next(data), mesh)
+      state, metrics = step_fn(state, batch)
+      done = step + 1
+      if done % cfg.log_every == 0 or done == cfg.steps:
+        metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        if not np.isfinite(metrics["loss"]):
+          raise FloatingPointError(f"loss is {metrics['loss']} at step {done}; the last checkpoint in "
+                                   f"{cfg.workdir} holds the state before it (lower the learning rate?)")
+        dt = (time.perf_counter() - t0) / (done - start)
+        row = dict(step=done, **metrics, step_s=dt, samples_per_s=cfg.batch_size / dt)
+        if flops_per_step and peak:
+          row["mfu"] = flops_per_step / dt / (peak * jax.device_count())
+        if hooks:
+          sync_model(model, graphdef, state)
+          for hook in hooks:
+            row.update(hook(done, model) or {})
+        log.write(row)
+        bar.set_postfix(loss=f"{metrics['loss']:.4f}")
+      if mngr and ((cfg.ckpt_every and done % cfg.ckpt_every == 0) or done == cfg.steps):
+        checkpoint.save(mngr, done, state, data.get_state())
+  finally:
+    bar.close()
+    log.close()
+    if mngr:
+      mngr.wait_until_finished()
+      mngr.close()
   sync_model(model, graphdef, state)
-  return TrainResult(model=model, ema=state["ema"], history=history, step=int(state["step"]))
+  return TrainResult(model=model, ema=state["ema"], history=log.rows, step=int(state["step"]), start_step=start)

@@ -86,28 +86,13 @@ def test_killed_run_resumes_exactly(tmp_path, single_device):
   proc.send_signal(signal.SIGKILL)
   proc.wait()
   assert steps and max(steps) < 12, "the run must be killed mid-way"
-  losses, _ = run_script("--workdir", wd, "--ckpt-every", "3")
-  assert losses[0]["step"] > 1, "the second run must resume, not restart"
-  logged = {}
+  losses, meta = run_script("--workdir", wd, "--ckpt-every", "3")
+  assert meta["start_step"] >= 6, "the second run must resume, not restart"
   with open(os.path.join(wd, "metrics.jsonl")) as f:
-    for line in f:
-      row = json.loads(line)
-      logged[row["step"]] = row["loss"]          # the resumed run overwrites the killed one's tail
-  np.testing.assert_allclose([logged[s] for s in range(1, 13)], reference, rtol=1e-6)
-
-
-# orbax's async restore leaves an event-loop callback behind when it fails; the error itself is what we test.
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
-def test_checkpoint_from_another_model_shape_fails_clearly(tmp_path):
-  cfg = train.TrainConfig(steps=2, batch_size=2, workdir=str(tmp_path), progress=False, log_every=1)
-  tok = {"tokens": np.zeros((2, 9), np.int32)}
-  import optax
-  loss = lambda m, b, r: (optax.softmax_cross_entropy_with_integer_labels(m(b["tokens"][:, :-1]), b["tokens"][:, 1:]).mean(), {})
-  small = nn.GPT(nn.GPTConfig.from_depth(1, vocab_size=16, head_dim=8, width=16), rngs=nnx.Rngs(0))
-  train.train(small, loss, Batches(tok), cfg)
-  big = nn.GPT(nn.GPTConfig.from_depth(1, vocab_size=16, head_dim=8, width=32), rngs=nnx.Rngs(0))
-  with pytest.raises(ValueError, match="does not match this model"):
-    train.train(big, loss, Batches(tok), dataclasses.replace(cfg, steps=4))
+    logged = [json.loads(line) for line in f]
+  assert [r["step"] for r in logged] == list(range(1, 13)), "each step logged once after the resume"
+  np.testing.assert_allclose([r["loss"] for r in logged], reference, rtol=1e-6)
+  np.testing.assert_allclose([r["loss"] for r in losses], reference, rtol=1e-6)   # history = whole run
 
 
 def test_bad_mesh_and_optimizer():

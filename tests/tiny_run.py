@@ -60,6 +60,7 @@ res = train.train(model, loss_fn, it, cfg, hooks=(slow,) if a.sleep else ())
 for row in res.history:
   print(json.dumps({"step": row["step"], "loss": row["loss"]}), flush=True)
 wq = nn.attention_modules(res.model)[0].wq[...]
-print(json.dumps({"wq_spec": str(wq.sharding.spec), "devices": jax.device_count(), "processes": jax.process_count()}))
+print(json.dumps({"wq_spec": str(wq.sharding.spec), "devices": jax.device_count(), "processes": jax.process_count(),
+                  "start_step": res.start_step}))
 sys.stdout.flush()
 os._exit(0) if a.coordinator else None

@@ -1,19 +1,43 @@
-"""Grain input pipelines: shuffle → repeat → batch, per process, with checkpointable iterator state.
+"""Grain input pipelines: shuffle → repeat → batch, each process reading only its own rows.
 
 `loader(source, batch_size, seed)` reads any random-access source (a `tfds.data_source`, a list
-of records) as a grain `MapDataset`; the iterator's `get_state()/set_state()` goes into training
-checkpoints, so a resumed run sees the same batches.
+of records) as a grain `MapDataset`. `batch_size` is the GLOBAL batch B; with P processes, process
+i yields the contiguous rows `[s·B + i·B/P, s·B + (i+1)·B/P)` of the shuffled, repeated stream at
+step s — so the union over processes is exactly the global batch s, and each process reads (and
+decodes) only B/P records of it (big_vision's per-host batches; `sharding.global_batch`
+assembles the global array). The iterator's `get_state()/set_state()` (its position) goes into
+training checkpoints, so a resumed run sees the same batches.
 """
 from __future__ import annotations
 
 import grain
 
 
-def loader(source, batch_size: int, seed: int = 0, *, shuffle: bool = True):
-  """Infinite grain iterator of batches (dicts of stacked numpy arrays) with `get_state/set_state`."""
+def loader(source, batch_size: int, seed: int = 0, *, shuffle: bool = True, num_processes: int | None = None,
+           process_index: int | None = None):
+  """Infinite grain iterator of this process's rows of each global batch (dicts of stacked arrays).
+
+  Args:
+    source: random-access records (`len` and `__getitem__`).
+    batch_size: the global batch B; must divide by the process count P.
+    seed: shuffle seed (the same on every process: they share one order).
+    shuffle: shuffle the records (else read them in order).
+    num_processes, process_index: default `jax.process_count()`, `jax.process_index()`.
+  Returns:
+    A grain `DatasetIterator` yielding batches of B/P records, with `get_state/set_state`.
+  """
+  if num_processes is None or process_index is None:
+    import jax
+    num_processes = jax.process_count() if num_processes is None else num_processes
+    process_index = jax.process_index() if process_index is None else process_index
   if batch_size < 1:
     raise ValueError(f"batch_size must be positive; got {batch_size}")
+  if batch_size % num_processes:
+    raise ValueError(f"batch_size {batch_size} must divide over {num_processes} processes")
+  if len(source) < batch_size:
+    raise ValueError(f"the source has {len(source)} records, fewer than one batch of {batch_size}")
   ds = grain.MapDataset.source(source)
   if shuffle:
     ds = ds.seed(seed).shuffle()
-  return iter(ds.repeat(None).batch(batch_size, drop_remainder=True))
+  local = ds.repeat(None).batch(batch_size // num_processes, drop_remainder=True)
+  return iter(local[process_index::num_processes])

@@ -1,0 +1,116 @@
+"""attngeo.checkpoint and the trainer's resume: integrity checked, corrupt steps skipped, configs compared."""
+import dataclasses
+import json
+import os
+
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from helpers import Batches
+
+from attngeo import checkpoint, nn, train
+
+TOK = {"tokens": np.random.default_rng(0).integers(0, 16, (2, 9)).astype(np.int32)}
+
+
+def loss(m, b, r):
+  return optax.softmax_cross_entropy_with_integer_labels(m(b["tokens"][:, :-1]), b["tokens"][:, 1:]).mean(), {}
+
+
+def gpt(width=16, operator="ATTN"):
+  return nn.GPT(nn.GPTConfig.from_depth(1, vocab_size=16, head_dim=8, width=width, operator=operator), rngs=nnx.Rngs(0))
+
+
+def run(workdir, steps=4, model=None, **kw):
+  kw = dict(dict(batch_size=2, ckpt_every=2, keep=3, progress=False, log_every=1), **kw)
+  cfg = train.TrainConfig(steps=steps, workdir=str(workdir), **kw)
+  return train.train(model or gpt(), loss, Batches(TOK), cfg)
+
+
+def step_dir(workdir, step):
+  return os.path.join(workdir, "ckpt", str(step))
+
+
+def biggest_file(root):
+  files = [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs]
+  return max(files, key=os.path.getsize)
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+  """A 4-step run with checkpoints at steps 2 and 4, and its losses."""
+  wd = tmp_path_factory.mktemp("run")
+  res = run(wd)
+  return str(wd), [r["loss"] for r in res.history]
+
+
+def copy_run(finished, tmp_path):
+  import shutil
+  wd = str(tmp_path / "run")
+  shutil.copytree(finished[0], wd)
+  return wd
+
+
+def test_checksum_changes_with_any_single_element():
+  x = np.arange(12, dtype=np.float32).reshape(3, 4)
+  base, _ = checkpoint.integrity({"x": x})
+  for i in range(12):
+    y = x.copy().reshape(-1)
+    y[i] = np.nextafter(y[i], np.float32(np.inf))      # one ulp in one element
+    assert checkpoint.integrity({"x": y.reshape(3, 4)})[0] != base
+  swapped = x.copy().reshape(-1)
+  swapped[[0, 1]] = swapped[[1, 0]]                      # same values, other places
+  assert checkpoint.integrity({"x": swapped.reshape(3, 4)})[0] != base
+
+
+@pytest.mark.parametrize("damage", ["random_bytes", "truncate", "empty_step", "no_manifest"])
+def test_corrupt_newest_step_falls_back_to_the_previous_good_one(finished, tmp_path, damage):
+  wd = copy_run(finished, tmp_path)
+  newest = step_dir(wd, 4)
+  if damage == "random_bytes":
+    path = biggest_file(os.path.join(newest, "state"))
+    with open(path, "r+b") as f:
+      f.seek(os.path.getsize(path) // 2)
+      f.write(np.random.default_rng(1).bytes(64))
+  elif damage == "truncate":
+    path = biggest_file(os.path.join(newest, "state"))
+    with open(path, "r+b") as f:
+      f.truncate(os.path.getsize(path) // 2)
+  elif damage == "empty_step":
+    import shutil
+    shutil.rmtree(newest)
+    os.makedirs(newest)
+  else:
+    os.remove(os.path.join(newest, "state", "manifest.ocdbt"))
+  with pytest.warns(checkpoint.CheckpointWarning, match=r"step 4 .* falling back to step 2"):
+    res = run(wd)
+  assert res.start_step == 2
+  np.testing.assert_allclose([r["loss"] for r in res.history], finished[1], rtol=1e-6)   # steps 3, 4 redone exactly
+  assert os.path.isdir(os.path.join(wd, "ckpt_corrupt"))
+
+
+def test_config_mismatch_names_the_fields_and_keeps_the_run(finished, tmp_path):
+  wd = copy_run(finished, tmp_path)
+  before = open(os.path.join(wd, "config.json")).read()
+  with pytest.raises(ValueError, match=r"model\.block\.operator 'ATTN' → 'DMTN'"):
+    run(wd, model=gpt(operator="DMTN"))
+  with pytest.raises(ValueError, match=r"model\.block\.width 16 → 32.*train\.lr 0\.001 → 0\.01|train\.lr"):
+    run(wd, model=gpt(width=32), lr=0.01)
+  assert open(os.path.join(wd, "config.json")).read() == before      # the intact run stays loadable
+
+
+def test_resume_at_the_final_step_returns_the_logged_history(finished, tmp_path):
+  wd = copy_run(finished, tmp_path)
+  res = run(wd)
+  assert res.start_step == 4 and [r["step"] for r in res.history] == [1, 2, 3, 4]
+  rows = [json.loads(l) for l in open(os.path.join(wd, "metrics.jsonl"))]
+  assert [r["step"] for r in rows] == [1, 2, 3, 4]
+  assert any(f.startswith("events.out.tfevents") for f in os.listdir(os.path.join(wd, "tb")))
+
+
+def test_non_finite_state_is_never_checkpointed(tmp_path):
+  with pytest.raises(FloatingPointError, match="NaN/Inf at step 2: not checkpointed"):
+    run(tmp_path, steps=2, lr=float("nan"), log_every=100)      # no loss check before the save
+  assert not os.path.exists(step_dir(str(tmp_path), 2))
