@@ -38,14 +38,16 @@ def single_device():
   return run_script()
 
 
-def test_mesh_run_matches_single_device(single_device):
+def test_mesh_run_matches_single_device_with_parameters_born_sharded(single_device):
   losses, _ = single_device
-  sharded, meta = run_script("--mesh", "2,2,2", devices=8)
+  sharded, meta = run_script("--mesh", "2,2,2", "--sharded-init", devices=8)
   assert meta["devices"] == 8
   np.testing.assert_allclose([r["loss"] for r in sharded], [r["loss"] for r in losses], rtol=2e-5)
   assert losses[-1]["loss"] < losses[0]["loss"]
   # wq [embed, heads, kv]: embed over fsdp, heads over tensor.
   assert meta["wq_spec"].endswith("('fsdp', 'tensor', None)")
+  # Created under jit with output shardings: no device holds a whole copy of a sharded parameter.
+  assert meta["sharded_params"] >= 8 and meta["full_copies"] == 0
 
 
 def free_port():
@@ -63,10 +65,19 @@ def test_two_process_distributed_run_agrees(single_device):
   outs = [p.communicate(timeout=300) for p in procs]
   for p, (_, err) in zip(procs, outs):
     assert p.returncode == 0, err[-3000:]
+  metas = []
   for stdout, _ in outs:
     losses, meta = parse(stdout)
     assert meta["processes"] == 2 and meta["devices"] == 8
     np.testing.assert_allclose([r["loss"] for r in losses], [r["loss"] for r in single_device[0]], rtol=2e-5)
+    metas.append(meta)
+  # Per-host input: each process read only its 4 rows of each global batch of 8, and together
+  # they fed exactly the single-process run's global batches.
+  steps = len(single_device[1]["ids"])
+  for meta in metas:
+    assert meta["reads"] == 4 * steps and all(len(ids) == 4 for ids in meta["ids"])
+  union = [metas[0]["ids"][s] + metas[1]["ids"][s] for s in range(steps)]
+  assert union == single_device[1]["ids"]
 
 
 def test_killed_run_resumes_exactly(tmp_path, single_device):

@@ -14,7 +14,7 @@ import grain
 
 
 def loader(source, batch_size: int, seed: int = 0, *, shuffle: bool = True, num_processes: int | None = None,
-           process_index: int | None = None):
+           process_index: int | None = None, prefetch: int = 16, threads: int = 4):
   """Infinite grain iterator of this process's rows of each global batch (dicts of stacked arrays).
 
   Args:
@@ -23,6 +23,7 @@ def loader(source, batch_size: int, seed: int = 0, *, shuffle: bool = True, num_
     seed: shuffle seed (the same on every process: they share one order).
     shuffle: shuffle the records (else read them in order).
     num_processes, process_index: default `jax.process_count()`, `jax.process_index()`.
+    prefetch, threads: batches read ahead by `threads` reader threads (0, 0: read on demand).
   Returns:
     A grain `DatasetIterator` yielding batches of B/P records, with `get_state/set_state`.
   """
@@ -40,4 +41,5 @@ def loader(source, batch_size: int, seed: int = 0, *, shuffle: bool = True, num_
   if shuffle:
     ds = ds.seed(seed).shuffle()
   local = ds.repeat(None).batch(batch_size // num_processes, drop_remainder=True)
-  return iter(local[process_index::num_processes])
+  options = grain.ReadOptions(num_threads=threads, prefetch_buffer_size=prefetch)
+  return iter(local[process_index::num_processes].to_iter_dataset(options))
