@@ -228,15 +228,23 @@ def attention(q, k, v, *, bias=None, mask=None, causal=False, scale=None, implem
 
   q: [b, t, h, d]; k: [b, s, h, d]; v: [b, s, h, e]; bias: [b, s, h] per-key logit bias or None;
   mask: bool, broadcastable to [b, h, t, s] (True = attend). Returns [b, t, h, e] in v's dtype,
-  with logits and softmax accumulated in float32. This is the one kernel every operator (and the
-  matrix-free geometry) runs on.
+  with logits and softmax accumulated in float32. A query row whose keys are all masked returns 0
+  on every kernel. This is the one kernel every operator (and the matrix-free geometry) runs on.
   """
   implementation = implementation or default_implementation(k.shape[1])
   scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
   if implementation == "einsum":
-    return _einsum_sdpa(q, k, v, bias, mask, causal, scale)
-  if implementation in ("xla", "cudnn"):
-    return _sdpa_jax(q, k, v, bias, mask, causal, scale, implementation)
-  if implementation == "blockwise":
-    return _blockwise_sdpa(q, k, v, bias, mask, causal, scale, block_size)
-  raise ValueError(f"implementation must be one of {IMPLEMENTATIONS} or None; got {implementation!r}")
+    out = _einsum_sdpa(q, k, v, bias, mask, causal, scale)
+  elif implementation in ("xla", "cudnn"):
+    out = _sdpa_jax(q, k, v, bias, mask, causal, scale, implementation)
+  elif implementation == "blockwise":
+    if int(block_size) < 1:
+      raise ValueError(f"block_size must be a positive integer; got {block_size}")
+    out = _blockwise_sdpa(q, k, v, bias, mask, causal, scale, int(block_size))
+  else:
+    raise ValueError(f"implementation must be one of {IMPLEMENTATIONS} or None; got {implementation!r}")
+  if mask is None:
+    return out
+  b, t, h, _ = q.shape
+  valid = jnp.any(jnp.broadcast_to(mask, (mask.shape[0], mask.shape[1], t, k.shape[1])), -1)   # [b|1, h|1, t]
+  return jnp.where(jnp.transpose(valid, (0, 2, 1))[..., None], out, jnp.zeros((), out.dtype))

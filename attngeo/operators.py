@@ -67,6 +67,9 @@ def _check_qk(q, k):
 
 def _coefficient(name: str, x, heads: int):
   """β or α as a Python float (static corner) or an array broadcastable to [h]."""
+  if isinstance(x, str):
+    raise TypeError(f"{name} must be a number or a per-head array in [0, 1]; got the string {x!r} "
+                    f"(for a named operator use operators.corner({x!r}))")
   if isinstance(x, (int, float, np.floating, np.integer)):
     x = float(x)
     _checks.check_unit_interval(name, x)
@@ -99,7 +102,7 @@ class Augmented(NamedTuple):
   """One SDPA that realises operator (β, α): `L_ij = scale·q_i·k_j + bias_j`.
 
   q: [b, n, h, D]; k: [b, n, h, D]; bias: [b, n, h] per-key logit bias or None.
-  D is d (ATTN, DMAP, or β = 0 with α = 0) or 2·d (any other member).
+  D is d (ATTN, DMAP) or 2·d (any other member; 4·d for 16-bit inputs, see `augment`).
   """
   q: jax.Array
   k: jax.Array
@@ -111,6 +114,12 @@ def augment(q, k, *, beta, alpha, scale: float) -> Augmented:
 
   Static Python-float corners take the narrowest form; traced or per-head (β, α) the general
   2·d form. Exactly equal to `logits(...)` up to a per-row constant.
+
+  16-bit inputs: the augmented keys `K = [c q + (c' + α/2) k, (c' − α/2) q + c k]` are linear
+  combinations that bf16 cannot hold exactly, and their rounding error `δ_j` enters the logit as
+  `s·q_i·δ_j`, which no key bias can cancel. They are computed in float32 and kept as a pair of
+  16-bit words, `K = K_hi + K_lo` (`K_lo` = the rounding residual), with the queries repeated:
+  `[Q, Q]·[K_hi, K_lo] = Q·K` to ~2⁻¹⁶ relative — 4·d wide, still one 16-bit SDPA.
   """
   if isinstance(beta, float) and isinstance(alpha, float):
     if beta == 1.0 and alpha == 1.0:
@@ -123,11 +132,16 @@ def augment(q, k, *, beta, alpha, scale: float) -> Augmented:
   a_ = jnp.asarray(alpha, jnp.float32)[..., None]
   c, cp = (1 - b_) / 4, (1 + b_) / 4
   dt = q.dtype
+  qf, kf = q.astype(jnp.float32), k.astype(jnp.float32)
   qa = jnp.concatenate([q, k], -1)
-  ka = jnp.concatenate([(c * q + (cp + a_ / 2) * k).astype(dt), ((cp - a_ / 2) * q + c * k).astype(dt)], -1)
+  ka = jnp.concatenate([c * qf + (cp + a_ / 2) * kf, (cp - a_ / 2) * qf + c * kf], -1)
+  if jnp.finfo(dt).bits < 32:
+    hi = ka.astype(dt)
+    qa, ka = jnp.concatenate([qa, qa], -1), jnp.concatenate([hi, (ka - hi.astype(jnp.float32)).astype(dt)], -1)
+  else:
+    ka = ka.astype(dt)
   if isinstance(alpha, float) and alpha == 1.0:
     return Augmented(qa, ka, None)
-  qf, kf = q.astype(jnp.float32), k.astype(jnp.float32)
   g = 0.25 * jnp.sum(jnp.square(qf + kf), -1) - 0.25 * b_[..., 0] * jnp.sum(jnp.square(qf - kf), -1)
   bias = -scale * 0.5 * (1 - a_[..., 0]) * g
   return Augmented(qa, ka, bias)
@@ -152,15 +166,28 @@ def transport(q, k, v, *, beta=1.0, alpha=1.0, causal: bool = False, mask=None, 
   """
   _check_qk(q, k)
   _checks.check_rank("v", v, 4, "[batch, seq, heads, value_dim]")
+  _checks.check_floating("v", v)
   if v.shape[:3] != k.shape[:3]:
     raise ValueError(f"v must be [b, n, h, e] matching k's {k.shape[:3]}; got {v.shape}")
+  _checks.check_finite("v", v)
   b, n, h, d = q.shape
+  if n == 0 or d == 0:
+    raise ValueError(f"q, k, v need at least one token and one channel; got [b, n, h, d] = {q.shape}")
   mask = _check_mask(mask, b, h, n, n)
   beta, alpha = _coefficient("beta", beta, h), _coefficient("alpha", alpha, h)
-  scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+  scale = _scale(scale, d)
   aug = augment(q, k, beta=beta, alpha=alpha, scale=scale)
   return kernels.attention(aug.q, aug.k, v, bias=aug.bias, mask=mask, causal=causal, scale=scale,
                    implementation=implementation, block_size=block_size)
+
+
+def _scale(scale, d: int) -> float:
+  """The logit scale s: default 1/√d; a given one must be a finite positive number."""
+  if scale is None:
+    return 1.0 / math.sqrt(d)
+  if isinstance(scale, str) or not np.isfinite(float(scale)) or float(scale) <= 0:
+    raise ValueError(f"scale must be a finite positive number (default 1/sqrt(head_dim)); got {scale!r}")
+  return float(scale)
 
 
 class Logits(NamedTuple):
@@ -179,7 +206,7 @@ def logits(q, k, *, beta=1.0, alpha=1.0, scale=None) -> Logits:
   _check_qk(q, k)
   h, d = q.shape[2], q.shape[3]
   beta, alpha = _coefficient("beta", beta, h), _coefficient("alpha", alpha, h)
-  scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+  scale = _scale(scale, d)
   qf, kf = q.astype(jnp.float32), k.astype(jnp.float32)
   m, nn = (qf + kf) / math.sqrt(2), (qf - kf) / math.sqrt(2)
   bvec, avec = jnp.asarray(beta, jnp.float32), jnp.asarray(alpha, jnp.float32)   # [] or [h]
@@ -203,7 +230,12 @@ def markov_matrix(q, k, *, beta=1.0, alpha=1.0, causal: bool = False, mask=None,
 
 
 def rownorm(full, *, causal: bool = False, mask=None):
-  """`P = rownorm(exp(L) ⊙ mask)` from dense logits L `[b, h, n, n]` (e.g. `logits(...).full`)."""
+  """`P = rownorm(exp(L) ⊙ mask)` from dense logits L `[b, h, n, n]` (e.g. `logits(...).full`).
+
+  A row whose entries are all masked has no distribution: it is returned as zeros (the kernels'
+  convention), so such a P is not stochastic and the Markov read-outs refuse it.
+  """
   b, h, n, _ = full.shape
   mask = _check_mask(mask, b, h, n, n)
-  return jax.nn.softmax(kernels.apply_masks(full, mask, causal), axis=-1)
+  p = jax.nn.softmax(kernels.apply_masks(full, mask, causal), axis=-1)
+  return p if mask is None else jnp.where(jnp.any(mask, -1, keepdims=True), p, 0.0)
