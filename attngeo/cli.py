@@ -1,13 +1,17 @@
 """`attngeo` command line: one sub-command per job; each has its own `--help`.
 
-    attngeo swissroll [--full] [...]     the Swiss-roll scan (Table 1, Figures 1–2)
-    attngeo bench [...]                  operator kernel benchmark
-    attngeo heat [...]                   heat flow on a sampled Swiss roll (Figure 1)
-    attngeo probe CHECKPOINT [...]       per-layer geometry of a trained model
+    attngeo COMMAND [--help] [options]
+
+Each command lives in one module of `attngeo.experiments` with a `main(argv)`. Parsing and
+`--help` never import JAX (the command modules import it inside their functions), so help and
+argument errors answer at once. A user's mistake (a bad option, a missing file, an invalid
+configuration found before work starts) prints one line `attngeo COMMAND: error: …` and exits
+with status 2; set `ATTNGEO_DEBUG=1` to see the traceback instead.
 """
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 COMMANDS = {
@@ -19,6 +23,9 @@ COMMANDS = {
     "curvature": ("attngeo.experiments.curvature", "Bakry-Emery estimators against the sphere and torus"),
     "probe": ("attngeo.experiments.probe", "per-layer Markov/Bakry-Emery/connection diagnostics of a checkpoint"),
 }
+
+# Errors that mean "the input is wrong", reported in one line (anything else is a bug: traceback).
+USER_ERRORS = (ValueError, TypeError, FileNotFoundError, NotADirectoryError, IsADirectoryError, FloatingPointError)
 
 
 def usage() -> str:
@@ -35,10 +42,18 @@ def main(argv=None):
   if argv[0] not in COMMANDS:
     print(f"attngeo: unknown command {argv[0]!r}\n\n{usage()}", file=sys.stderr)
     return 2
-  from attngeo import sharding
-  sharding.initialize_distributed()
   module = importlib.import_module(COMMANDS[argv[0]][0])
-  module.main(argv[1:])
+  if not any(a in ("-h", "--help") for a in argv[1:]):
+    from attngeo import sharding
+    sharding.initialize_distributed()
+  try:
+    module.main(argv[1:])
+  except USER_ERRORS as e:
+    if os.environ.get("ATTNGEO_DEBUG"):
+      raise
+    msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    print(f"attngeo {argv[0]}: error: {msg}", file=sys.stderr)
+    return 2
   return 0
 
 

@@ -99,3 +99,63 @@ def from_dict(cls, fields: dict):
     else:
       out[name] = value
   return cls(**out)
+
+
+# ----------------------------------------------------------------------------- command-line helpers
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+  """Keeps the module docstring's layout and appends each option's default to its help."""
+
+
+def parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
+  """An `attngeo <command>` parser whose description is the command module's docstring."""
+  return argparse.ArgumentParser(prog=prog, description=doc, formatter_class=HelpFormatter)
+
+
+def positive_int(text: str) -> int:
+  """argparse type: an integer ≥ 1."""
+  try:
+    value = int(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"expected a positive integer; got {text!r}") from None
+  if value < 1:
+    raise argparse.ArgumentTypeError(f"expected a positive integer; got {value}")
+  return value
+
+
+def nonnegative_int(text: str) -> int:
+  """argparse type: an integer ≥ 0."""
+  try:
+    value = int(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"expected a non-negative integer; got {text!r}") from None
+  if value < 0:
+    raise argparse.ArgumentTypeError(f"expected a non-negative integer; got {value}")
+  return value
+
+
+def positive_float(text: str) -> float:
+  """argparse type: a finite number > 0."""
+  try:
+    value = float(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"expected a positive number; got {text!r}") from None
+  if not 0 < value < float("inf"):
+    raise argparse.ArgumentTypeError(f"expected a finite positive number; got {text}")
+  return value
+
+
+def int_list(text: str) -> tuple[int, ...]:
+  """argparse type: comma-separated positive integers, e.g. `256,1024`."""
+  return tuple(positive_int(x) for x in text.split(",") if x.strip())
+
+
+def choice_list(choices):
+  """argparse type: a comma-separated subset of `choices` (order kept), e.g. `DMAP,ATTN`."""
+  def parse(text: str) -> tuple[str, ...]:
+    items = tuple(x.strip() for x in text.split(",") if x.strip())
+    bad = [x for x in items if x not in choices]
+    if bad or not items:
+      raise argparse.ArgumentTypeError(f"expected a comma-separated subset of {', '.join(choices)}; got {text!r}")
+    return items
+  return parse

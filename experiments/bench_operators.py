@@ -1,28 +1,30 @@
 """Forward+backward time and peak memory of every operator under every attention kernel.
 
-    attngeo bench [--seqs 256,1024,4096] [--batch 8] [--heads 8]
-                                          [--head-dim 64] [--repeats 3] [--long 16384] [--out DIR]
+    attngeo bench [--seqs 256,1024,4096] [--batch 8] [--heads 8] [--head-dim 64] [--repeats 3]
+                  [--long 16384] [--dtype float32|bfloat16] [--out DIR]
 
 For each (seq, operator, implementation) it prints the median wall time of a jitted
 `grad(sum(transport(q, k, v)))` over `--repeats` runs, the compiled program's peak memory
 (XLA's memory analysis: arguments + outputs + temporaries), and the ratio to the fastest
 standard-attention (ATTN) path at that sequence length. `--long N` adds the blockwise path at
-batch 1, seq N, where a materialised P alone would need b·h·N²·4 bytes. Writes bench_operators.{md,json}.
+batch 1, seq N, where a materialised P alone would need b·h·N²·4 bytes. Writes bench_operators.{md,csv,json}.
 """
 from __future__ import annotations
 
 import argparse
 
-import jax
-import jax.numpy as jnp
-from tqdm import tqdm
-
-from attngeo import operators as op
+from attngeo import config
 from attngeo.experiments import report, timing
 from attngeo.experiments.report import Col
 
+CORNERS = ("ATTN", "DMAP", "DMTN", "ATAP")
+
 
 def measure(name, impl, b, n, h, d, repeats, block_size=512, dtype="float32"):
+  import jax
+  import jax.numpy as jnp
+
+  from attngeo import operators as op
   beta, alpha = op.corner(name)
   ks = jax.random.split(jax.random.PRNGKey(0), 3)
   q, k, v = [jax.random.normal(kk, (b, n, h, d), jnp.dtype(dtype)) for kk in ks]
@@ -34,6 +36,7 @@ def measure(name, impl, b, n, h, d, repeats, block_size=512, dtype="float32"):
 
 
 def available_impls():
+  import jax
   impls = ["einsum", "xla", "blockwise"]
   if jax.default_backend() == "gpu":
     impls.insert(2, "cudnn")
@@ -41,8 +44,9 @@ def available_impls():
 
 
 def run(seqs, batch, heads, head_dim, repeats, long_seq, dtype="float32"):
+  from tqdm import tqdm
   rows = []
-  configs = [(n, name, impl) for n in seqs for name in op.CORNERS for impl in available_impls()]
+  configs = [(n, name, impl) for n in seqs for name in CORNERS for impl in available_impls()]
   for n, name, impl in tqdm(configs, desc="bench_operators"):
     try:
       t, mem = measure(name, impl, batch, n, heads, head_dim, repeats, dtype=dtype)
@@ -67,19 +71,26 @@ COLUMNS = [Col("seq"), Col("batch"), Col("operator"), Col("implementation"),
            Col("peak_bytes", "peak MiB", lambda b: f"{b / 2**20:.0f}")]
 
 
+def parser():
+  ap = config.parser("attngeo bench", __doc__)
+  ap.add_argument("--seqs", type=config.int_list, default="256,1024,4096", help="sequence lengths, comma-separated")
+  ap.add_argument("--batch", type=config.positive_int, default=8, help="batch size")
+  ap.add_argument("--heads", type=config.positive_int, default=8, help="attention heads")
+  ap.add_argument("--head-dim", type=config.positive_int, default=64, help="head dimension")
+  ap.add_argument("--repeats", type=config.positive_int, default=3, help="timed runs per cell (median reported)")
+  ap.add_argument("--long", type=config.nonnegative_int, default=16384,
+                  help="sequence length of the blockwise long-sequence row (0 skips it)")
+  ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                  help="input dtype (accumulation is float32)")
+  ap.add_argument("--out", default="runs/bench", help="output folder for bench_operators.{md,csv,json}")
+  return ap
+
+
 def main(argv=None):
-  ap = argparse.ArgumentParser(prog="attngeo bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  ap.add_argument("--seqs", default="256,1024,4096")
-  ap.add_argument("--batch", type=int, default=8)
-  ap.add_argument("--heads", type=int, default=8)
-  ap.add_argument("--head-dim", type=int, default=64)
-  ap.add_argument("--repeats", type=int, default=3)
-  ap.add_argument("--long", type=int, default=16384, help="blockwise long-sequence row (0 to skip)")
-  ap.add_argument("--dtype", default="float32", help="float32 or bfloat16 inputs (accumulation is float32)")
-  ap.add_argument("--out", default="runs/bench")
-  a = ap.parse_args(argv)
+  a = parser().parse_args(argv)
+  import jax
   print(f"backend={jax.default_backend()} devices={jax.device_count()} dtype={a.dtype}")
-  rows = run([int(s) for s in a.seqs.split(",")], a.batch, a.heads, a.head_dim, a.repeats, a.long, a.dtype)
+  rows = run(list(a.seqs), a.batch, a.heads, a.head_dim, a.repeats, a.long, a.dtype)
   note = ""
   if a.long:
     r = rows[-1]

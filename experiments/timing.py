@@ -5,11 +5,10 @@ import statistics
 import time
 from typing import Callable
 
-import jax
-
 
 def median_seconds(call: Callable[[], object], repeats: int, warmup: int = 1) -> float:
   """Median wall time of `call()` (its result blocked on) over `repeats` runs after `warmup` runs."""
+  import jax
   for _ in range(warmup):
     jax.block_until_ready(call())
   times = []
@@ -30,5 +29,6 @@ def peak_bytes(compiled) -> int | None:
 
 def timed(fn, args, repeats: int) -> tuple[float, int | None]:
   """(median seconds, peak bytes) of jitted `fn(*args)`; compiled once, warm-up run excluded."""
+  import jax
   compiled = jax.jit(fn).lower(*args).compile()
   return median_seconds(lambda: compiled(*args), repeats), peak_bytes(compiled)
