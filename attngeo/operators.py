@@ -198,7 +198,7 @@ class Logits(NamedTuple):
 
 
 def logits(q, k, *, beta=1.0, alpha=1.0, scale=None) -> Logits:
-  """Dense reference logits `L = S + A` of DESIGN §1, written term by term from (m, n, g).
+  """Dense reference logits `L = S + A` (module docstring), written term by term from (m, n, g).
 
   q, k: [b, n, h, d]. Returns `Logits` of [b, h, n, n] float32 arrays (not row-shifted: this is
   the parametric logit itself, so `S` is symmetric and `A` antisymmetric exactly).

@@ -87,29 +87,27 @@ def _shardings(state, mesh: Mesh):
 def init_state(model, cfg: TrainConfig, mesh: Mesh):
   """(graphdef, state, shardings): the train-state pytree on `mesh`, sharded by the logical rules.
 
-  `model` is an NNX module (its values are placed with `device_put`) or a zero-argument
-  constructor: then the shapes come from `nnx.eval_shape` and the model and optimizer state are
-  created inside `jax.jit` with those output shardings (born sharded, never whole on one device).
+  `model` is an NNX module or a zero-argument constructor. Either way the train state (model,
+  optimizer state, EMA, key, step) is built inside `jax.jit` with output shardings derived from
+  the parameters' logical axes (shapes first, from `jax.eval_shape`): a constructed model is
+  born sharded and never whole on one device; a given module's arrays move device-to-device.
   """
   if isinstance(model, nnx.Module):
-    graphdef, state = _build_state(model, cfg)
-    shardings = _shardings(state, mesh)
-    return graphdef, jax.device_put(state, shardings), shardings
-  graphdef, abstract = _abstract_state(model, cfg)
-  shardings = _shardings(abstract, mesh)
-  state = jax.jit(lambda: _build_state(model(), cfg)[1], out_shardings=shardings)()
-  return graphdef, state, shardings
-
-
-def _abstract_state(ctor, cfg):
-  """(graphdef, state of ShapeDtypeStructs) of (model, optimizer), without allocating any array."""
+    mgraph, mstate = nnx.split(model)
+    build = lambda ms: _build_state(nnx.merge(mgraph, ms), cfg)
+    args = (mstate,)
+  else:
+    build = lambda: _build_state(model(), cfg)
+    args = ()
   holder = {}
 
-  def build():
-    holder["graphdef"], state = _build_state(ctor(), cfg)
+  def state_only(*a):
+    holder["graphdef"], state = build(*a)
     return state
-  abstract = jax.eval_shape(build)
-  return holder["graphdef"], abstract
+  abstract = jax.eval_shape(state_only, *args)
+  shardings = _shardings(abstract, mesh)
+  state = jax.jit(state_only, out_shardings=shardings)(*args)
+  return holder["graphdef"], state, shardings
 
 
 def sync_model(model, graphdef, state):
@@ -252,7 +250,7 @@ def train(model, loss_fn: Callable, data: Iterator, cfg: TrainConfig, *, flops_p
   mngr = None
   if cfg.workdir:
     mngr, state = _resume(cfg, state, shardings, data, registry.config_dict(model))
-  start = int(state["step"])
+  start = int(jax.device_get(state["step"]))
   log = MetricsLog(cfg.workdir, start)
   peak = device_peak_flops()
   bar = tqdm(range(start, cfg.steps), desc=desc, disable=not cfg.progress, initial=start, total=cfg.steps,
@@ -287,4 +285,4 @@ def train(model, loss_fn: Callable, data: Iterator, cfg: TrainConfig, *, flops_p
       mngr.wait_until_finished()
       mngr.close()
   sync_model(model, graphdef, state)
-  return TrainResult(model=model, ema=state["ema"], history=log.rows, step=int(state["step"]), start_step=start)
+  return TrainResult(model=model, ema=state["ema"], history=log.rows, step=int(jax.device_get(state["step"])), start_step=start)

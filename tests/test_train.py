@@ -184,3 +184,15 @@ def test_non_finite_loss_stops_the_run_with_a_clear_error():
   pts = {"points": np.ones((2, 4, 3), np.float32)}
   with pytest.raises(FloatingPointError, match="loss is nan at step 1"):
     train.train(model, loss, Batches(pts), train.TrainConfig(steps=3, batch_size=2, log_every=1, progress=False))
+
+
+def test_training_loop_makes_no_implicit_transfers():
+  """Host↔device traffic in the loop is explicit (per-host batches in, metrics out): JAX's transfer guard."""
+  model = nn.GPT(nn.GPTConfig.from_depth(1, vocab_size=16, head_dim=8, width=16), rngs=nnx.Rngs(0))
+  import optax
+  loss = lambda m, b, r: (optax.softmax_cross_entropy_with_integer_labels(m(b["tokens"][:, :-1]),
+                                                                         b["tokens"][:, 1:]).mean(), {})
+  tok = {"tokens": np.random.default_rng(0).integers(0, 16, (2, 9)).astype(np.int32)}
+  with jax.transfer_guard("disallow"):
+    res = train.train(model, loss, Batches(tok), train.TrainConfig(steps=3, batch_size=2, log_every=1, progress=False))
+  assert res.step == 3
