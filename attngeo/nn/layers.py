@@ -55,14 +55,15 @@ NORMS = ("rms", "layer")
 VALUE_GATE_RANGE = 3.0   # value-embedding gate 3·σ(·) ∈ (0, 3) (nanochat's ResFormer gate)
 
 
-def rope(x, positions, base: float = 10_000.0, *, sign: int = 1, style: str = "half"):
+def rope(x, positions, base: float = 10_000.0, *, sign: int = 1, style: str = "half", table_dtype=None):
   """Rotary embedding of x [b, n, h, k] at integer positions [n].
 
   Channel pair i < k/2 turns by the angle sign·p·θ_i, θ_i = base^(−2i/k). `style="half"` pairs
   channel i with i + k/2 (rotate-half: GPT-NeoX, nanochat); `"interleaved"` pairs 2i with 2i + 1
   (GPT-J, Meta's LLaMA). sign = +1 is the textbook rotation `(x₁ cos − x₂ sin, x₁ sin + x₂ cos)`;
   nanochat turns by −θ (sign = −1). Only the relative angle of q and k enters q·k, but a trained
-  checkpoint fixes base, sign and pairing.
+  checkpoint fixes base, sign and pairing. `table_dtype` rounds the cos/sin tables to that dtype
+  (nanochat keeps them in bfloat16) before rotating in float32.
   """
   if sign not in (1, -1) or style not in ROPE_STYLES:
     raise ValueError(f"rope needs sign in (1, -1) and style in {ROPE_STYLES}; got sign={sign!r}, style={style!r}")
@@ -70,6 +71,8 @@ def rope(x, positions, base: float = 10_000.0, *, sign: int = 1, style: str = "h
   freqs = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
   ang = positions[:, None].astype(jnp.float32) * freqs[None]            # [n, k/2]
   cos, sin = jnp.cos(ang)[None, :, None], jnp.sin(ang)[None, :, None]
+  if table_dtype is not None:
+    cos, sin = cos.astype(table_dtype).astype(jnp.float32), sin.astype(table_dtype).astype(jnp.float32)
   if sign < 0:
     sin = -sin
   if style == "half":
@@ -96,8 +99,8 @@ class Attention(nnx.Module):
   def __init__(self, width: int, num_heads: int, head_dim: int, *, operator="ATTN", learnable_operator=False,
                causal=False, use_rope=False, qk_norm=False, qkv_bias=False, implementation=None,
                dtype=jnp.float32, num_kv_heads: int | None = None, out_bias=False, rope_base=10_000.0,
-               rope_sign=1, rope_style="half", qk_norm_scale=True, qk_gain=1.0, norm_eps=1e-6, value_gate=0,
-               rngs: nnx.Rngs):
+               rope_sign=1, rope_style="half", rope_dtype=None, qk_norm_scale=True, qk_gain=1.0, norm_eps=1e-6,
+               value_gate=0, rngs: nnx.Rngs):
     kv_heads = num_kv_heads or num_heads
     if num_heads % kv_heads:
       raise ValueError(f"num_kv_heads={kv_heads} must divide num_heads={num_heads}")
@@ -105,7 +108,7 @@ class Attention(nnx.Module):
     self.use_rope, self.qk_norm, self.qkv_bias = use_rope, qk_norm, qkv_bias
     self.implementation, self.dtype, self.capture = implementation, dtype, False
     self.num_kv_heads, self.out_bias, self.qk_gain, self.value_gate = kv_heads, out_bias, qk_gain, value_gate
-    self.rope_base, self.rope_sign, self.rope_style = rope_base, rope_sign, rope_style
+    self.rope_base, self.rope_sign, self.rope_style, self.rope_dtype = rope_base, rope_sign, rope_style, rope_dtype
     for name, heads in (("wq", num_heads), ("wk", kv_heads), ("wv", kv_heads)):
       setattr(self, name, param(rngs, (width, heads, head_dim), ("embed", "heads", "kv")))
     self.wo = param(rngs, (num_heads, head_dim, width), ("heads", "kv", "embed"), std=(num_heads * head_dim) ** -0.5)
@@ -156,8 +159,8 @@ class Attention(nnx.Module):
       q, k = q * self.qk_gain, k * self.qk_gain
     if self.use_rope:
       pos = jnp.arange(x.shape[1])
-      q = rope(q, pos, self.rope_base, sign=self.rope_sign, style=self.rope_style)
-      k = rope(k, pos, self.rope_base, sign=self.rope_sign, style=self.rope_style)
+      opts = dict(sign=self.rope_sign, style=self.rope_style, table_dtype=self.rope_dtype)
+      q, k = rope(q, pos, self.rope_base, **opts), rope(k, pos, self.rope_base, **opts)
     if self.num_kv_heads != self.num_heads:
       reps = self.num_heads // self.num_kv_heads
       k, v = jnp.repeat(k, reps, axis=2), jnp.repeat(v, reps, axis=2)
@@ -231,6 +234,7 @@ class BlockConfig:
   rope_base: float = 10_000.0         # rotary base θ (nanochat 2026: 100000)
   rope_sign: int = 1                  # +1 textbook rotation, −1 nanochat's
   rope_style: str = "half"            # half (rotate-half) | interleaved
+  rope_dtype: str | None = None       # round the rotary cos/sin tables to this dtype (nanochat: bfloat16)
 
   def validate(self):
     if self.order not in ORDERS:
@@ -310,6 +314,7 @@ class Block(nnx.Module):
                           qk_norm=cfg.qk_norm, qkv_bias=cfg.qkv_bias, implementation=cfg.implementation,
                           dtype=dtype, num_kv_heads=cfg.num_kv_heads, out_bias=cfg.out_bias,
                           rope_base=cfg.rope_base, rope_sign=cfg.rope_sign, rope_style=cfg.rope_style,
+                          rope_dtype=None if cfg.rope_dtype is None else jnp.dtype(cfg.rope_dtype),
                           qk_norm_scale=cfg.qk_norm_scale, qk_gain=cfg.qk_gain, norm_eps=cfg.norm_eps,
                           value_gate=value_gate, rngs=rngs)
     self.mlp = Mlp(cfg.width, int(cfg.width * cfg.mlp_ratio), cfg.mlp_act, dtype, bias=cfg.mlp_bias, rngs=rngs)
