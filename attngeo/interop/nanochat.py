@@ -114,9 +114,14 @@ def model_config(cfg) -> dict:
   out = {"sequence_len": cfg.seq_len, "vocab_size": cfg.vocab_size, "n_layer": cfg.depth,
          "n_head": cfg.block.num_heads, "n_kv_head": cfg.block.num_kv_heads or cfg.block.num_heads,
          "n_embd": cfg.width}
-  if cfg.resid_mix:   # 2026 layout: recover the S/L pattern from the windows
+  if cfg.resid_mix:   # 2026 layout: the shortest S/L pattern that tiles to the model's windows
     wins = cfg.attn_windows or (cfg.seq_len,) * cfg.depth
-    out["window_pattern"] = "".join("L" if w >= cfg.seq_len else "S" for w in wins)
+    full = "".join("L" if w >= cfg.seq_len else "S" for w in wins)
+    pattern = next((full[:p] for p in range(1, len(full) + 1)
+                    if windows(full[:p], cfg.seq_len, cfg.depth) == tuple(wins)), None)
+    if pattern is None:
+      raise ValueError(f"attn_windows={cfg.attn_windows} is not a nanochat window_pattern over seq_len={cfg.seq_len}")
+    out["window_pattern"] = pattern
   return out
 
 

@@ -89,9 +89,10 @@ class Attention(nnx.Module):
   default h; each group of h/g query heads shares one key/value head, as `repeat_interleave`);
   `wo`: [h, k, d]. Optional biases `bq` [h, k], `bk, bv` [g, k], `bo` [d].
 
-  q, k are QK-normed (RMSNorm, learned scale or parameter-free), multiplied by `qk_gain`, then
-  rotated. A parameter-free RMSNorm commutes with the rotation (it preserves each head vector's
-  norm), so this order equals nanochat's rotate-then-normalise. With `value_gate = C > 0` a value
+  QK-norm with a learned scale comes before the rotation; a parameter-free one after it
+  (nanochat's order — the two agree for an exact rotation, which preserves each head vector's
+  norm, but not once the cos/sin tables are rounded to bfloat16); then q, k are multiplied by
+  `qk_gain`. With `value_gate = C > 0` a value
   embedding `e` [b, n, g, k] passed to the call is added to v through the gate
   `v ← v + 3·σ(x[..., :C] · ve_gate) e`, `ve_gate` [C, g] (nanochat's ResFormer value residual).
   """
@@ -153,14 +154,17 @@ class Attention(nnx.Module):
         raise ValueError("a value embedding was passed to an Attention built without value_gate")
       gate = VALUE_GATE_RANGE * jax.nn.sigmoid(x[..., :self.value_gate] @ self.ve_gate[...].astype(self.dtype))
       v = v + gate[..., None] * value_embed.astype(self.dtype)
-    if self.qk_norm:
+    learned_norm = self.qk_norm and self.q_norm.scale is not None
+    if learned_norm:
       q, k = self.q_norm(q), self.k_norm(k)
-    if self.qk_gain != 1.0:
-      q, k = q * self.qk_gain, k * self.qk_gain
     if self.use_rope:
       pos = jnp.arange(x.shape[1])
       opts = dict(sign=self.rope_sign, style=self.rope_style, table_dtype=self.rope_dtype)
       q, k = rope(q, pos, self.rope_base, **opts), rope(k, pos, self.rope_base, **opts)
+    if self.qk_norm and not learned_norm:
+      q, k = self.q_norm(q), self.k_norm(k)
+    if self.qk_gain != 1.0:
+      q, k = q * self.qk_gain, k * self.qk_gain
     if self.num_kv_heads != self.num_heads:
       reps = self.num_heads // self.num_kv_heads
       k, v = jnp.repeat(k, reps, axis=2), jnp.repeat(v, reps, axis=2)
