@@ -4,6 +4,8 @@
     attngeo bench [...]                  operator kernel benchmark
     attngeo heat [...]                   heat flow on a sampled Swiss roll (Figure 1)
     attngeo probe CHECKPOINT [...]       per-layer geometry of a trained model
+    attngeo import KIND PATH --out RUN   a nanochat / GPT-2 checkpoint as an attngeo run folder
+    attngeo export RUN --format F --out  a run's GPT back in the nanochat / GPT-2 layout
 """
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ COMMANDS = {
     "heat": ("attngeo.experiments.heat_swissroll", "heat flow of a Gaussian Markov walk on a Swiss roll (Figure 1)"),
     "curvature": ("attngeo.experiments.curvature", "Bakry-Emery estimators against the sphere and torus"),
     "probe": ("attngeo.experiments.probe", "per-layer Markov/Bakry-Emery/connection diagnostics of a checkpoint"),
+    "import": ("attngeo.experiments.import_export:import_main", "a nanochat or GPT-2 checkpoint as a run folder"),
+    "export": ("attngeo.experiments.import_export:export_main", "a run's GPT back to the nanochat or GPT-2 layout"),
 }
 
 
@@ -37,8 +41,8 @@ def main(argv=None):
     return 2
   from attngeo import sharding
   sharding.initialize_distributed()
-  module = importlib.import_module(COMMANDS[argv[0]][0])
-  module.main(argv[1:])
+  module_name, _, entry = COMMANDS[argv[0]][0].partition(":")   # "module" runs main, "module:fn" runs fn
+  getattr(importlib.import_module(module_name), entry or "main")(argv[1:])
   return 0
 
 

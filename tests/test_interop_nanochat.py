@@ -8,9 +8,12 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from flax import nnx
 
 from attngeo import nn
 from attngeo.interop import layout, nanochat, safetensors_io
+
+forward = nnx.jit(lambda model, ids: model(ids))   # one compiled program per model shape
 
 F32_EPS = float(np.finfo(np.float32).eps)   # torch F.rms_norm's default ε for float32 inputs
 VINTAGE = {"sequence_len": 64, "vocab_size": 50, "n_layer": 2, "n_head": 4, "n_kv_head": 2, "n_embd": 32}
@@ -131,8 +134,8 @@ def current(tmp_path_factory):
 def test_d32_release_layout_matches_numpy_reference(vintage):
   sd, model, info = vintage
   assert info["arch"] == "2025-10" and info["commit"].startswith("ccfe791")
-  np.testing.assert_allclose(model(jnp.asarray(IDS_VINTAGE)), reference_logits(sd, VINTAGE, IDS_VINTAGE, False),
-                             atol=1e-4, rtol=0)
+  ref = reference_logits(sd, VINTAGE, IDS_VINTAGE, False)
+  np.testing.assert_allclose(forward(model, jnp.asarray(IDS_VINTAGE)), ref, atol=1e-4, rtol=0)
 
 
 def test_2026_layout_matches_numpy_reference(current):
@@ -141,7 +144,7 @@ def test_2026_layout_matches_numpy_reference(current):
   cfg = model.cfg
   assert cfg.padded_vocab == 64 and cfg.attn_windows == (128, 512, 512) and cfg.value_embeds == (0, 2)
   ref = reference_logits(sd, CURRENT, IDS_CURRENT, True)
-  np.testing.assert_allclose(model(jnp.asarray(IDS_CURRENT)), ref, atol=1e-4, rtol=0)
+  np.testing.assert_allclose(forward(model, jnp.asarray(IDS_CURRENT)), ref, atol=1e-4, rtol=0)
   # the short window bites: the same weights with every layer at full context differ
   full = dict(CURRENT, window_pattern="L")
   assert np.abs(reference_logits(sd, full, IDS_CURRENT, True) - ref).max() > 1e-3
@@ -172,7 +175,7 @@ def test_seed_fork_fill_runs_the_d32_weights_under_the_2026_code(tmp_path):
   for key in ("transformer.wte.weight", "lm_head.weight"):   # vocab 50 padded to 64 rows
     filled[key] = np.concatenate([sd[key], np.zeros((14, 32), np.float32)])
   ref = reference_logits(filled, dict(VINTAGE, window_pattern="L"), IDS_VINTAGE, True)
-  np.testing.assert_allclose(model(jnp.asarray(IDS_VINTAGE)), ref, atol=1e-4, rtol=0)
+  np.testing.assert_allclose(forward(model, jnp.asarray(IDS_VINTAGE)), ref, atol=1e-4, rtol=0)
   assert np.abs(ref - reference_logits(sd, VINTAGE, IDS_VINTAGE, False)).max() > 1e-2   # base 1e5 and q/k gain 1.2
 
 
@@ -192,7 +195,7 @@ def test_nanochat_export_round_trip(which, request, tmp_path):
   a, b = layout.params(model), layout.params(again)
   assert all(np.array_equal(a[k], b[k]) for k in a)
   ids = jnp.asarray(IDS_VINTAGE if which == "vintage" else IDS_CURRENT)
-  np.testing.assert_array_equal(again(ids), model(ids))
+  np.testing.assert_array_equal(forward(again, ids), forward(model, ids))
 
 
 def test_graft_on_imported_2026_model(current):
@@ -201,11 +204,11 @@ def test_graft_on_imported_2026_model(current):
   ref = reference_logits(sd, CURRENT, IDS_CURRENT, True)
   nn.graft(model, "DMTN")
   try:
-    dmtn = np.asarray(model(ids))
+    dmtn = np.asarray(forward(model, ids))
   finally:
     nn.graft(model, "ATTN")
   assert np.isfinite(dmtn).all() and np.abs(dmtn - ref).max() > 1e-2
-  np.testing.assert_allclose(model(ids), ref, atol=1e-4, rtol=0)
+  np.testing.assert_allclose(forward(model, ids), ref, atol=1e-4, rtol=0)
 
 
 @pytest.mark.parametrize("edit,match", [
@@ -252,8 +255,8 @@ def test_pt_state_dict_through_torch(tmp_path):
   (tmp_path / "meta_000650.json").write_text(json.dumps({"model_config": VINTAGE}))
   model, info = nanochat.load(str(tmp_path / "model_000650.pt"))
   assert info["arch"] == "2025-10"
-  np.testing.assert_allclose(model(jnp.asarray(IDS_VINTAGE)), reference_logits(sd, VINTAGE, IDS_VINTAGE, False),
-                             atol=1e-4, rtol=0)
+  ref = reference_logits(sd, VINTAGE, IDS_VINTAGE, False)
+  np.testing.assert_allclose(forward(model, jnp.asarray(IDS_VINTAGE)), ref, atol=1e-4, rtol=0)
   torch.save({"not": "a state dict"}, tmp_path / "model_000651.pt")
   with pytest.raises(ValueError, match="flat state dict of tensors"):
     safetensors_io.read(str(tmp_path / "model_000651.pt"))

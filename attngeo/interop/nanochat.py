@@ -38,7 +38,6 @@ stripped): `transformer.wte.weight [V', d]`, `lm_head.weight [V', d]`, per layer
 """
 from __future__ import annotations
 
-import dataclasses
 import glob
 import json
 import os
@@ -92,11 +91,13 @@ def config(model_config: dict, arch: str = "2025-10", **overrides):
   d, h, g, depth = (int(model_config[k]) for k in ("n_embd", "n_head", "n_kv_head", "n_layer"))
   vocab, seq = int(model_config["vocab_size"]), int(model_config["sequence_len"])
   if d % h or h % g:
-    raise ValueError(f"nanochat needs n_head | n_embd and n_kv_head | n_head; got n_embd={d}, n_head={h}, n_kv_head={g}")
+    raise ValueError(f"nanochat needs n_head | n_embd and n_kv_head | n_head; got n_embd={d}, n_head={h}, "
+                     f"n_kv_head={g}")
   fields = dict(depth=depth, vocab_size=vocab, seq_len=seq, width=d, num_heads=h, head_dim=d // h,
                 num_kv_heads=None if g == h else g, mlp_ratio=4.0, mlp_act="relu2", mlp_bias=False, qkv_bias=False,
-                use_rope=True, rope_sign=-1, rope_base=10_000.0, rope_dtype="bfloat16", qk_norm=True, qk_norm_scale=False, norm="rms",
-                norm_scale=False, norm_eps=TORCH_FLOAT32_EPS, embed_norm=True, logit_softcap=SOFTCAP)
+                use_rope=True, rope_sign=-1, rope_base=10_000.0, rope_dtype="bfloat16", qk_norm=True,
+                qk_norm_scale=False, norm="rms", norm_scale=False, norm_eps=TORCH_FLOAT32_EPS, embed_norm=True,
+                logit_softcap=SOFTCAP)
   if arch == "2026-07":
     padded = -(-vocab // PAD_VOCAB_TO) * PAD_VOCAB_TO
     wins = windows(model_config.get("window_pattern", "L"), seq, depth)   # nanochat patches a missing pattern to L
@@ -352,8 +353,3 @@ def save(model, path: str, *, meta: dict | None = None) -> dict:
     json.dump(meta, f, indent=2)
   return meta
 
-
-def same_architecture(a, b) -> bool:
-  """Whether two GPTConfigs differ only in the operator fields (what a graft changes)."""
-  strip = lambda c: dataclasses.replace(c, block=dataclasses.replace(c.block, operator="ATTN", learnable_operator=False))
-  return strip(a) == strip(b)
