@@ -2,7 +2,8 @@
 
     attngeo COMMAND [--help] [options]
 
-Each command lives in one module of `attngeo.experiments` with a `main(argv)`. Parsing and
+Each command lives in one module of `attngeo.experiments` with a `main(argv)` (or the function
+named after a colon in `COMMANDS`). Parsing and
 `--help` never import JAX (the command modules import it inside their functions), so help and
 argument errors answer at once. A user's mistake (a bad option, a missing file, an invalid
 configuration found before work starts) prints one line `attngeo COMMAND: error: …` and exits
@@ -22,6 +23,8 @@ COMMANDS = {
     "heat": ("attngeo.experiments.heat_swissroll", "heat flow of a Gaussian Markov walk on a Swiss roll (Figure 1)"),
     "curvature": ("attngeo.experiments.curvature", "Bakry-Emery estimators against the sphere and torus"),
     "probe": ("attngeo.experiments.probe", "per-layer Markov/Bakry-Emery/connection diagnostics of a checkpoint"),
+    "import": ("attngeo.experiments.import_export:import_main", "a nanochat or GPT-2 checkpoint as a run folder"),
+    "export": ("attngeo.experiments.import_export:export_main", "a run's GPT back to the nanochat or GPT-2 layout"),
 }
 
 # Errors that mean "the input is wrong", reported in one line (anything else is a bug: traceback).
@@ -42,12 +45,13 @@ def main(argv=None):
   if argv[0] not in COMMANDS:
     print(f"attngeo: unknown command {argv[0]!r}\n\n{usage()}", file=sys.stderr)
     return 2
-  module = importlib.import_module(COMMANDS[argv[0]][0])
+  module_name, _, entry = COMMANDS[argv[0]][0].partition(":")   # "module" runs main, "module:fn" runs fn
+  command = getattr(importlib.import_module(module_name), entry or "main")
   if not any(a in ("-h", "--help") for a in argv[1:]):
     from attngeo import sharding
     sharding.initialize_distributed()
   try:
-    module.main(argv[1:])
+    command(argv[1:])
   except USER_ERRORS as e:
     if os.environ.get("ATTNGEO_DEBUG"):
       raise

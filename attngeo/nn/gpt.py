@@ -3,16 +3,33 @@
 `GPTConfig.from_depth(d)` gives width `64·d` rounded up to whole heads of `head_dim`, heads
 `width / head_dim`; blocks are pre-RMSNorm, MHSA → FFN with ReLU² MLPs, rotary positions and
 QK-norm, no biases; embedding and unembedding are untied. Tokens `[b, n]` → logits `[b, n, V]`.
+
+The forward pass, with every option that public checkpoints need (`attngeo.interop`; all off by
+default), for tokens t, embedding table E [V', d] (V' = `padded_vocab` ≥ V rows), blocks B_i:
+
+    x = E[t] (+ P[0:n] with `learned_positions`; GPT-2)        then norm(x) with `embed_norm`
+    smear (`smear_channels` C > 0):  x_j ← x_j + λ_s·σ(x_j[:C]·w_s)·x_{j−1}  for j ≥ 1
+    x0 = x;  for each layer i:  x ← λ_r[i]·x + λ_0[i]·x0  (`resid_mix`),
+                                x ← B_i(x; sliding window w_i, value embedding VE_i[t])
+    backout (`backout_layer` ℓ):  x ← x − λ_b·x^(ℓ)    (x^(ℓ): the stream after block ℓ)
+    logits = norm(x)·U  (U = Eᵀ with `tie_embeddings`), first V columns, then c·tanh(logits / c)
+             with `logit_softcap` c.
+
+A sliding window w_i (`attn_windows`) lets query j see key j' iff 0 ≤ j − j' ≤ w_i. Value
+embeddings (`value_embeds`: the layers that have one) enter attention's values through a gate
+(`attngeo.nn.layers.Attention`). The nanochat (2025-10 / 2026-07) and GPT-2 settings are in
+`attngeo.interop`.
 """
 from __future__ import annotations
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from attngeo import _checks
-from attngeo.nn.layers import Block, BlockConfig, NestsBlock, param
+from attngeo.nn.layers import Block, BlockConfig, NestsBlock, make_norm, param
 
 
 def _gpt_block() -> BlockConfig:
@@ -26,6 +43,18 @@ class GPTConfig(NestsBlock):
   vocab_size: int = 256
   seq_len: int = 256
   block: BlockConfig = dataclasses.field(default_factory=_gpt_block)
+  # Options for imported checkpoints (attngeo.interop); see the module docstring.
+  tie_embeddings: bool = False        # logits through the embedding table (GPT-2)
+  learned_positions: bool = False     # absolute position table [seq_len, d] added to the embedding (GPT-2)
+  embed_norm: bool = False            # norm right after the embedding (nanochat)
+  padded_vocab: int | None = None     # rows of the embedding/unembedding tables (≥ vocab_size; logits sliced)
+  logit_softcap: float | None = None  # c·tanh(logits / c) (nanochat: 15)
+  attn_windows: tuple[int, ...] = ()  # per-layer sliding window w (query j sees keys j − w … j); () = full
+  resid_mix: bool = False             # per-layer λ_r·x + λ_0·x0 before each block (nanochat 2026)
+  smear_channels: int = 0             # smear gate input width (nanochat 2026: 24; 0 = off)
+  backout_layer: int | None = None    # subtract λ_b × the stream after this block (nanochat 2026: depth // 2)
+  value_embeds: tuple[int, ...] = ()  # layers with a gated value embedding (nanochat 2026)
+  value_gate_channels: int = 12       # value-embedding gate input width
 
   @classmethod
   def from_depth(cls, depth: int, *, aspect: int = 64, head_dim: int = 128, width: int | None = None,
@@ -40,24 +69,101 @@ class GPTConfig(NestsBlock):
   def width(self) -> int:
     return self.block.width
 
+  @property
+  def table_rows(self) -> int:
+    """Rows of the embedding tables: `padded_vocab` or `vocab_size`."""
+    return self.padded_vocab or self.vocab_size
+
+  def validate(self) -> "GPTConfig":
+    self.block.validate()
+    if self.padded_vocab is not None and self.padded_vocab < self.vocab_size:
+      raise ValueError(f"padded_vocab={self.padded_vocab} must be ≥ vocab_size={self.vocab_size}")
+    if self.attn_windows and len(self.attn_windows) != self.depth:
+      raise ValueError(f"attn_windows needs one window per layer ({self.depth}); got {len(self.attn_windows)}")
+    if any(w < 0 for w in self.attn_windows):
+      raise ValueError(f"attn_windows must be ≥ 0; got {self.attn_windows}")
+    if self.backout_layer is not None and not 0 <= self.backout_layer < self.depth:
+      raise ValueError(f"backout_layer must lie in [0, {self.depth}); got {self.backout_layer}")
+    bad = sorted(i for i in self.value_embeds if not 0 <= i < self.depth)
+    if bad or len(set(self.value_embeds)) != len(self.value_embeds):
+      raise ValueError(f"value_embeds must be distinct layers in [0, {self.depth}); got {self.value_embeds}")
+    if self.smear_channels > self.width or (self.value_embeds and self.value_gate_channels > self.width):
+      raise ValueError(f"smear_channels / value_gate_channels must be ≤ width={self.width}")
+    return self
+
 
 class GPT(nnx.Module):
   """tokens [b, n] int -> logits [b, n, vocab] (float32)."""
 
   def __init__(self, cfg: GPTConfig, *, rngs: nnx.Rngs):
-    self.cfg = cfg
-    bc = cfg.block.validate()
-    self.embed = param(rngs, (cfg.vocab_size, bc.width), ("vocab", "embed"), std=1.0)
-    self.blocks = nnx.List([Block(bc, causal=True, rngs=rngs) for _ in range(cfg.depth)])
-    self.norm = nnx.RMSNorm(bc.width, rngs=rngs)
-    self.unembed = param(rngs, (bc.width, cfg.vocab_size), ("embed", "vocab"), std=0.001)
+    self.cfg = cfg.validate()
+    bc = cfg.block
+    rows, kv_dim = cfg.table_rows, (bc.num_kv_heads or bc.num_heads) * bc.dh
+    self.embed = param(rngs, (rows, bc.width), ("vocab", "embed"), std=1.0)
+    gated = set(cfg.value_embeds)
+    self.blocks = nnx.List([Block(bc, causal=True, value_gate=cfg.value_gate_channels if i in gated else 0, rngs=rngs)
+                            for i in range(cfg.depth)])
+    self.norm = make_norm(bc, bc.width, rngs)
+    if not cfg.tie_embeddings:
+      self.unembed = param(rngs, (bc.width, rows), ("embed", "vocab"), std=0.001)
+    if cfg.learned_positions:
+      self.wpe = param(rngs, (cfg.seq_len, bc.width), (None, "embed"), std=0.01)
+    if cfg.embed_norm:
+      self.embed_norm = make_norm(bc, bc.width, rngs)
+    if cfg.resid_mix:
+      self.resid_lambdas = nnx.Param(jnp.ones((cfg.depth,)), axes=(None,))
+      self.x0_lambdas = nnx.Param(jnp.zeros((cfg.depth,)), axes=(None,))
+    if cfg.smear_channels:
+      self.smear_gate = param(rngs, (cfg.smear_channels,), (None,), zero=True)
+      self.smear_lambda = param(rngs, (1,), (None,), zero=True)
+    if cfg.backout_layer is not None:
+      self.backout_lambda = param(rngs, (1,), (None,), zero=True)
+    if cfg.value_embeds:   # one table per listed layer, stacked in the order of cfg.value_embeds
+      self.value_embed = param(rngs, (len(cfg.value_embeds), rows, kv_dim), (None, "vocab", None),
+                               std=bc.width ** -0.5)
 
   def __call__(self, tokens):
+    cfg = self.cfg
     if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
       raise ValueError(f"tokens must be an integer array [b, n]; got {tokens.dtype} {tokens.shape}")
-    if _checks.is_concrete(tokens) and tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= self.cfg.vocab_size):
-      raise ValueError(f"tokens must lie in [0, {self.cfg.vocab_size}); got [{int(tokens.min())}, {int(tokens.max())}]")
+    if _checks.is_concrete(tokens) and tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= cfg.vocab_size):
+      raise ValueError(f"tokens must lie in [0, {cfg.vocab_size}); got [{int(tokens.min())}, {int(tokens.max())}]")
+    n = tokens.shape[1]
+    if cfg.learned_positions and n > cfg.seq_len:
+      raise ValueError(f"tokens has {n} positions but the learned position table has seq_len={cfg.seq_len}")
     x = self.embed[...][tokens]
-    for blk in self.blocks:
-      x = blk(x)
-    return self.norm(x).astype(jnp.float32) @ self.unembed[...]
+    if cfg.learned_positions:
+      x = x + self.wpe[...][:n]
+    if cfg.embed_norm:
+      x = self.embed_norm(x)
+    if cfg.smear_channels and n > 1:
+      gate = self.smear_lambda[...] * jax.nn.sigmoid(x[:, 1:, :cfg.smear_channels] @ self.smear_gate[...])
+      x = jnp.concatenate([x[:, :1], x[:, 1:] + gate[..., None] * x[:, :-1]], axis=1)
+    x0, x_back = x, None
+    slot = {layer: j for j, layer in enumerate(cfg.value_embeds)}
+    kv_heads = cfg.block.num_kv_heads or cfg.block.num_heads
+    for i, blk in enumerate(self.blocks):
+      if cfg.resid_mix:
+        x = self.resid_lambdas[...][i] * x + self.x0_lambdas[...][i] * x0
+      ve = None
+      if i in slot:
+        ve = self.value_embed[...][slot[i]][tokens].reshape(*tokens.shape, kv_heads, cfg.block.dh)
+      x = blk(x, mask=self._window_mask(i, n), value_embed=ve)
+      if i == cfg.backout_layer:
+        x_back = x
+    if x_back is not None:
+      x = x - self.backout_lambda[...] * x_back
+    unembed = self.embed[...].T if cfg.tie_embeddings else self.unembed[...]
+    logits = self.norm(x).astype(jnp.float32) @ unembed
+    if cfg.padded_vocab is not None and cfg.padded_vocab != cfg.vocab_size:
+      logits = logits[..., :cfg.vocab_size]
+    if cfg.logit_softcap:
+      logits = cfg.logit_softcap * jnp.tanh(logits / cfg.logit_softcap)
+    return logits
+
+  def _window_mask(self, layer: int, n: int):
+    """[1, 1, n, n] bool (query j sees key j' iff j − j' ≤ w) for a window shorter than n − 1; else None."""
+    if not self.cfg.attn_windows or self.cfg.attn_windows[layer] >= n - 1:
+      return None
+    pos = jnp.arange(n)
+    return (pos[:, None] - pos[None, :] <= self.cfg.attn_windows[layer])[None, None]

@@ -1,0 +1,355 @@
+"""nanochat checkpoints (karpathy/nanochat `nanochat/gpt.py`) ⇄ the attngeo GPT.
+
+Two architectures, each pinned to the commit whose `gpt.py` it matches (`ARCHS`):
+
+* `"2025-10"` — commit ccfe7915ac152c5f52be344fe13b73bf9e75c1c5 (2025-10-16, the d32 release; the
+  same model code from the first commit 3a5e0bc until vocab padding in f1bf69d, 2025-12-09). The
+  checkpoint the seed's Table 3 starts from is this architecture (Hugging Face
+  `karpathy/nanochat-d32`, `model_000650.pt` + `meta_000650.json`). With `rms(x) = x/√(mean x² + ε)`
+  (no weight; torch's ε is the float eps of the compute dtype) and t the tokens:
+
+      x = rms(wte[t]);   per layer:  x += c_proj(attn(rms(x))),  x += mlp(rms(x))
+      logits = 15·tanh(lm_head(rms(x)) / 15)
+      attn: q, k, v = c_q(x), c_k(x), c_v(x) (n_kv_head ≤ n_head key/value heads, GQA);
+            q, k ← rms(rot(q)), rms(rot(k)); causal softmax(q·kᵀ/√k)·v
+      rot: rotate-half pairs (i, i + k/2), angle −p·θ_i, θ_i = 10000^(−2i/k), cos/sin tables in bfloat16
+      mlp: c_proj(relu(c_fc(x))²);  no biases, untied lm_head, MLP width 4·n_embd.
+
+* `"2026-07"` — commit 92d63d4e8bb4df75c3b71618f31ddde2378b2bcd (2026-07-03). On top of the above:
+  vocabulary rows padded to a multiple of 64 (logits sliced back); rotary base 100000; q, k × 1.2
+  after QK-norm; smear `x_j += λ_s·σ(x_j[:24]·w_s)·x_{j−1}` after the embedding norm; per-layer
+  `x ← λ_r[i]·x + λ_0[i]·x0` before each block; value embeddings on layers i with
+  `i ≡ n_layer − 1 (mod 2)`, gated into v by `3σ(ve_gate(x[:12]))`; per-layer sliding windows from
+  `window_pattern` (tiled, last layer always L; L = sequence_len, S = ⌈sequence_len/4/128⌉·128);
+  back-out `x ← x − λ_b·x^(n_layer//2)` before the final norm. The rotary direction (−θ) did not
+  change between the two commits; only its base did.
+
+The seed author's fork (jcandane/nanochat, `modal/initialize.py`) loads the 2025-10 d32 weights
+into the 2026 model code with neutral fills (value embeddings 0, λ_r = 1, λ_0 = 0, smear and
+back-out 0, window "L"), so its forward also has base 100000 and the 1.2 gain: `load(...,
+arch="2026-07", fill_missing=True)` builds exactly that model.
+
+Key layout (torch `nn.Linear` weights are `[out, in]`; `_orig_mod.` prefixes from torch.compile are
+stripped): `transformer.wte.weight [V', d]`, `lm_head.weight [V', d]`, per layer i
+`transformer.h.i.attn.c_q.weight [h·k, d]`, `c_k`/`c_v [g·k, d]`, `c_proj [d, h·k]`,
+`mlp.c_fc.weight [4d, d]`, `mlp.c_proj.weight [d, 4d]`; 2026 adds `resid_lambdas [L]`,
+`x0_lambdas [L]`, `smear_gate.weight [1, 24]`, `smear_lambda [1]`, `backout_lambda [1]`,
+`value_embeds.i.weight [V', g·k]`, `transformer.h.i.attn.ve_gate.weight [g, 12]`.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+
+import numpy as np
+
+from attngeo.interop import layout, safetensors_io
+
+ARCHS = {
+    "2025-10": {"commit": "ccfe7915ac152c5f52be344fe13b73bf9e75c1c5", "date": "2025-10-16"},
+    "2026-07": {"commit": "92d63d4e8bb4df75c3b71618f31ddde2378b2bcd", "date": "2026-07-03"},
+}
+TORCH_FLOAT32_EPS = float(np.finfo(np.float32).eps)   # F.rms_norm's ε for float32 activations
+SOFTCAP = 15.0
+PAD_VOCAB_TO = 64
+SMEAR_CHANNELS, VE_GATE_CHANNELS = 24, 12
+EXTRAS_2026 = ("resid_lambdas", "x0_lambdas", "smear_gate.weight", "smear_lambda", "backout_lambda")
+
+
+# ----------------------------------------------------------------------------- config
+
+def windows(pattern: str, seq_len: int, depth: int) -> tuple[int, ...]:
+  """nanochat's per-layer left windows: `pattern` (S/L) tiled over layers, the last layer L."""
+  pattern = pattern.upper()
+  if not pattern or set(pattern) - set("SL"):
+    raise ValueError(f"window_pattern must be a non-empty string of S and L; got {pattern!r}")
+  short = -(-seq_len // 4 // 128) * 128
+  out = [seq_len if pattern[i % len(pattern)] == "L" else short for i in range(depth)]
+  out[-1] = seq_len
+  return tuple(out)
+
+
+def config(model_config: dict, arch: str = "2025-10", **overrides):
+  """The `GPTConfig` of a nanochat `meta_*.json`'s `model_config` under architecture `arch`.
+
+  Args:
+    model_config: {sequence_len, vocab_size, n_layer, n_head, n_kv_head, n_embd[, window_pattern]}.
+    arch: a key of `ARCHS`.
+    **overrides: GPTConfig/BlockConfig fields to change (e.g. `norm_eps`, `rope_base`, `operator`).
+  Returns:
+    GPTConfig.
+  """
+  from attngeo.nn.gpt import GPTConfig
+  if arch not in ARCHS:
+    raise ValueError(f"nanochat arch must be one of {sorted(ARCHS)}; got {arch!r}")
+  need = ("sequence_len", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd")
+  absent = [k for k in need if k not in model_config]
+  if absent:
+    raise ValueError(f"nanochat model_config lacks {absent}; it has {sorted(model_config)}")
+  d, h, g, depth = (int(model_config[k]) for k in ("n_embd", "n_head", "n_kv_head", "n_layer"))
+  vocab, seq = int(model_config["vocab_size"]), int(model_config["sequence_len"])
+  if d % h or h % g:
+    raise ValueError(f"nanochat needs n_head | n_embd and n_kv_head | n_head; got n_embd={d}, n_head={h}, "
+                     f"n_kv_head={g}")
+  fields = dict(depth=depth, vocab_size=vocab, seq_len=seq, width=d, num_heads=h, head_dim=d // h,
+                num_kv_heads=None if g == h else g, mlp_ratio=4.0, mlp_act="relu2", mlp_bias=False, qkv_bias=False,
+                use_rope=True, rope_sign=-1, rope_base=10_000.0, rope_dtype="bfloat16", qk_norm=True,
+                qk_norm_scale=False, norm="rms", norm_scale=False, norm_eps=TORCH_FLOAT32_EPS, embed_norm=True,
+                logit_softcap=SOFTCAP)
+  if arch == "2026-07":
+    padded = -(-vocab // PAD_VOCAB_TO) * PAD_VOCAB_TO
+    wins = windows(model_config.get("window_pattern", "L"), seq, depth)   # nanochat patches a missing pattern to L
+    fields.update(rope_base=100_000.0, qk_gain=1.2, padded_vocab=None if padded == vocab else padded,
+                  attn_windows=() if all(w == seq for w in wins) else wins, resid_mix=True,
+                  smear_channels=SMEAR_CHANNELS, backout_layer=depth // 2,
+                  value_embeds=tuple(i for i in range(depth) if i % 2 == (depth - 1) % 2),
+                  value_gate_channels=VE_GATE_CHANNELS)
+  fields.update(overrides)
+  return GPTConfig.create(**fields)
+
+
+def model_config(cfg) -> dict:
+  """nanochat's `model_config` dict for a GPTConfig (inverse of `config` on the shape fields)."""
+  out = {"sequence_len": cfg.seq_len, "vocab_size": cfg.vocab_size, "n_layer": cfg.depth,
+         "n_head": cfg.block.num_heads, "n_kv_head": cfg.block.num_kv_heads or cfg.block.num_heads,
+         "n_embd": cfg.width}
+  if cfg.resid_mix:   # 2026 layout: the shortest S/L pattern that tiles to the model's windows
+    wins = cfg.attn_windows or (cfg.seq_len,) * cfg.depth
+    full = "".join("L" if w >= cfg.seq_len else "S" for w in wins)
+    pattern = next((full[:p] for p in range(1, len(full) + 1)
+                    if windows(full[:p], cfg.seq_len, cfg.depth) == tuple(wins)), None)
+    if pattern is None:
+      raise ValueError(f"attn_windows={cfg.attn_windows} is not a nanochat window_pattern over seq_len={cfg.seq_len}")
+    out["window_pattern"] = pattern
+  return out
+
+
+# ----------------------------------------------------------------------------- layout
+
+def expected(cfg) -> dict[str, tuple]:
+  """{nanochat key: shape} for a GPTConfig of the nanochat family."""
+  b = cfg.block
+  d, h, k, rows = cfg.width, b.num_heads, b.dh, cfg.table_rows
+  g, hidden = b.num_kv_heads or h, int(d * b.mlp_ratio)
+  keys = {"transformer.wte.weight": (rows, d), "lm_head.weight": (rows, d)}
+  for i in range(cfg.depth):
+    p = f"transformer.h.{i}."
+    keys.update({p + "attn.c_q.weight": (h * k, d), p + "attn.c_k.weight": (g * k, d),
+                 p + "attn.c_v.weight": (g * k, d), p + "attn.c_proj.weight": (d, h * k),
+                 p + "mlp.c_fc.weight": (hidden, d), p + "mlp.c_proj.weight": (d, hidden)})
+    if i in cfg.value_embeds:
+      keys[p + "attn.ve_gate.weight"] = (g, cfg.value_gate_channels)
+  if cfg.resid_mix:
+    keys.update({"resid_lambdas": (cfg.depth,), "x0_lambdas": (cfg.depth,)})
+  if cfg.smear_channels:
+    keys.update({"smear_gate.weight": (1, cfg.smear_channels), "smear_lambda": (1,)})
+  if cfg.backout_layer is not None:
+    keys["backout_lambda"] = (1,)
+  for i in cfg.value_embeds:
+    keys[f"value_embeds.{i}.weight"] = (rows, g * k)
+  return keys
+
+
+def _check_family(cfg):
+  """Refuse a GPTConfig that nanochat's forward cannot express (export, or overrides gone astray)."""
+  b = cfg.block
+  want = dict(mlp_act="relu2", mlp_bias=False, qkv_bias=False, out_bias=False, use_rope=True, rope_style="half",
+              qk_norm=True, qk_norm_scale=False, norm="rms", norm_scale=False, order="attn_first")
+  bad = [f"{k}={getattr(b, k)!r} (nanochat: {v!r})" for k, v in want.items() if getattr(b, k) != v]
+  if b.mlp_ratio != 4.0:
+    bad.append(f"mlp_ratio={b.mlp_ratio} (nanochat: 4.0)")
+  if cfg.tie_embeddings or cfg.learned_positions or not cfg.embed_norm:
+    bad.append("tie_embeddings/learned_positions must be off and embed_norm on")
+  if b.dh * b.num_heads != cfg.width:
+    bad.append(f"head_dim·num_heads={b.dh * b.num_heads} must equal width={cfg.width}")
+  if bad:
+    raise ValueError("not a nanochat-family GPT: " + "; ".join(bad))
+
+
+def to_attngeo(tensors: dict[str, np.ndarray], cfg) -> dict[str, np.ndarray]:
+  """nanochat state dict -> {attngeo parameter path: array} (transposes and head splits only)."""
+  b = cfg.block
+  d, h, k, g = cfg.width, b.num_heads, b.dh, b.num_kv_heads or b.num_heads
+  t = lambda name: np.asarray(tensors[name])
+  out = {"embed": t("transformer.wte.weight"), "unembed": t("lm_head.weight").T}
+  for i in range(cfg.depth):
+    p, q = f"transformer.h.{i}.", f"blocks.{i}."
+    out[q + "attn.wq"] = t(p + "attn.c_q.weight").T.reshape(d, h, k)
+    out[q + "attn.wk"] = t(p + "attn.c_k.weight").T.reshape(d, g, k)
+    out[q + "attn.wv"] = t(p + "attn.c_v.weight").T.reshape(d, g, k)
+    out[q + "attn.wo"] = t(p + "attn.c_proj.weight").T.reshape(h, k, d)
+    out[q + "mlp.w1"] = t(p + "mlp.c_fc.weight").T
+    out[q + "mlp.w2"] = t(p + "mlp.c_proj.weight").T
+    if i in cfg.value_embeds:
+      out[q + "attn.ve_gate"] = t(p + "attn.ve_gate.weight").T
+  if cfg.resid_mix:
+    out["resid_lambdas"], out["x0_lambdas"] = t("resid_lambdas"), t("x0_lambdas")
+  if cfg.smear_channels:
+    out["smear_gate"], out["smear_lambda"] = t("smear_gate.weight").reshape(-1), t("smear_lambda")
+  if cfg.backout_layer is not None:
+    out["backout_lambda"] = t("backout_lambda")
+  if cfg.value_embeds:
+    out["value_embed"] = np.stack([t(f"value_embeds.{i}.weight") for i in cfg.value_embeds])
+  return out
+
+
+def from_attngeo(params: dict[str, np.ndarray], cfg) -> dict[str, np.ndarray]:
+  """{attngeo parameter path: array} -> nanochat state dict (inverse of `to_attngeo`)."""
+  b = cfg.block
+  d, h, k, g = cfg.width, b.num_heads, b.dh, b.num_kv_heads or b.num_heads
+  out = {"transformer.wte.weight": params["embed"], "lm_head.weight": params["unembed"].T}
+  for i in range(cfg.depth):
+    p, q = f"transformer.h.{i}.", f"blocks.{i}."
+    out[p + "attn.c_q.weight"] = params[q + "attn.wq"].reshape(d, h * k).T
+    out[p + "attn.c_k.weight"] = params[q + "attn.wk"].reshape(d, g * k).T
+    out[p + "attn.c_v.weight"] = params[q + "attn.wv"].reshape(d, g * k).T
+    out[p + "attn.c_proj.weight"] = params[q + "attn.wo"].reshape(h * k, d).T
+    out[p + "mlp.c_fc.weight"] = params[q + "mlp.w1"].T
+    out[p + "mlp.c_proj.weight"] = params[q + "mlp.w2"].T
+    if i in cfg.value_embeds:
+      out[p + "attn.ve_gate.weight"] = params[q + "attn.ve_gate"].T
+  if cfg.resid_mix:
+    out["resid_lambdas"], out["x0_lambdas"] = params["resid_lambdas"], params["x0_lambdas"]
+  if cfg.smear_channels:
+    out["smear_gate.weight"], out["smear_lambda"] = params["smear_gate"].reshape(1, -1), params["smear_lambda"]
+  if cfg.backout_layer is not None:
+    out["backout_lambda"] = params["backout_lambda"]
+  for j, i in enumerate(cfg.value_embeds):
+    out[f"value_embeds.{i}.weight"] = params["value_embed"][j]
+  return {name: np.ascontiguousarray(a, np.float32) for name, a in out.items()}
+
+
+# ----------------------------------------------------------------------------- files
+
+def find_meta(path: str) -> dict | None:
+  """The `meta_*.json` beside `model_NNNNNN.*` (same step), else safetensors metadata `nanochat_meta`."""
+  m = re.match(r"model_(\d+)\.", os.path.basename(path))
+  if m:
+    sibling = os.path.join(os.path.dirname(path), f"meta_{m.group(1)}.json")
+    if os.path.exists(sibling):
+      with open(sibling, encoding="utf-8") as f:
+        return json.load(f)
+  metas = sorted(glob.glob(os.path.join(os.path.dirname(path) or ".", "meta_*.json")))
+  if len(metas) == 1 and not m:
+    with open(metas[0], encoding="utf-8") as f:
+      return json.load(f)
+  if path.endswith(".safetensors"):
+    text = safetensors_io.metadata(path).get("nanochat_meta")
+    return json.loads(text) if text else None
+  return None
+
+
+def detect(keys) -> str:
+  """The architecture a nanochat state dict's keys belong to."""
+  keys = set(keys)
+  if {"smear_lambda", "backout_lambda"} <= keys:
+    return "2026-07"
+  if keys & {"resid_lambdas", "x0_lambdas"} or any(k.startswith("value_embeds.") for k in keys):
+    raise ValueError("this nanochat checkpoint is from between the two pinned commits (it has resid/x0 lambdas or "
+                     f"value embeddings but no smear/back-out); pass arch= one of {sorted(ARCHS)} with overrides "
+                     "(e.g. smear_channels=0, backout_layer=None, qk_gain=1.0, rope_base=10000)")
+  return "2025-10"
+
+
+def _neutral(key: str, shape: tuple) -> np.ndarray:
+  """The value of a 2026 extra that makes it a no-op (the seed fork's fills)."""
+  return np.ones(shape, np.float32) if key == "resid_lambdas" else np.zeros(shape, np.float32)
+
+
+def _depth_vocab_hint(tensors, cfg) -> str:
+  layers = {int(m.group(1)) for k in tensors if (m := re.match(r"transformer\.h\.(\d+)\.", k))}
+  wte = tensors.get("transformer.wte.weight")
+  hints = []
+  if layers and max(layers) + 1 != cfg.depth:
+    hints.append(f"the checkpoint has {max(layers) + 1} layers, the config n_layer={cfg.depth}")
+  if wte is not None and wte.shape[0] != cfg.table_rows:
+    hints.append(f"the checkpoint has {wte.shape[0]} vocabulary rows, the config {cfg.table_rows}")
+  return ("; ".join(hints) + ". ") if hints else ""
+
+
+def convert(tensors: dict[str, np.ndarray], model_cfg: dict, *, arch: str = "auto", fill_missing: bool = False,
+            source: str = "nanochat checkpoint", **overrides):
+  """A nanochat state dict + its `model_config` -> (GPTConfig, {attngeo path: array}).
+
+  Args:
+    tensors: the state dict (numpy arrays; `_orig_mod.` prefixes allowed).
+    model_cfg: the `model_config` of its meta json.
+    arch: "auto" (from the keys), or a key of `ARCHS`.
+    fill_missing: with arch "2026-07", give the 2026 extras a checkpoint lacks their neutral values.
+    source: the file named in errors.
+    **overrides: GPTConfig/BlockConfig fields (see `config`).
+  """
+  tensors = {k.removeprefix("_orig_mod."): v for k, v in tensors.items()}
+  arch = detect(tensors) if arch == "auto" else arch
+  cfg = config(model_cfg, arch, **overrides)
+  _check_family(cfg)
+  want = expected(cfg)
+  if fill_missing:
+    tensors = dict(tensors)
+    for key, shape in want.items():
+      extra = key in EXTRAS_2026 or key.startswith("value_embeds.") or key.endswith(".ve_gate.weight")
+      if key not in tensors and extra:
+        tensors[key] = _neutral(key, shape)
+    for key in ("transformer.wte.weight", "lm_head.weight"):   # an unpadded vintage table: zero pad rows
+      a = tensors.get(key)
+      if a is not None and a.shape[0] == cfg.vocab_size < want[key][0]:
+        tensors[key] = np.concatenate([a, np.zeros((want[key][0] - a.shape[0], a.shape[1]), a.dtype)])
+  try:
+    layout.check(layout.shapes(tensors), want, source)
+  except ValueError as e:
+    raise ValueError(_depth_vocab_hint(tensors, cfg) + f"{e} (nanochat {arch})") from None
+  return cfg, to_attngeo(tensors, cfg)
+
+
+def load(path: str, meta: str | dict | None = None, *, arch: str = "auto", fill_missing: bool = False, **overrides):
+  """An `nn.GPT` holding a nanochat checkpoint's weights.
+
+  Args:
+    path: `model_NNNNNN.pt` (needs torch) or a `.safetensors` of the same state dict.
+    meta: the `meta_NNNNNN.json` path or dict (default: found beside `path`, or in the safetensors
+      metadata key `nanochat_meta`).
+    arch, fill_missing, **overrides: see `convert`.
+  Returns:
+    (model, info) with info = {"arch", "commit", "meta"}.
+  """
+  if isinstance(meta, str):
+    with open(meta, encoding="utf-8") as f:
+      meta = json.load(f)
+  meta = meta if meta is not None else find_meta(path)
+  if not meta or "model_config" not in meta:
+    raise ValueError(f"{path}: no nanochat meta with a model_config found; pass the meta_NNNNNN.json that came with it")
+  tensors = safetensors_io.read(path)
+  arch = detect({k.removeprefix("_orig_mod.") for k in tensors}) if arch == "auto" else arch
+  cfg, arrays = convert(tensors, meta["model_config"], arch=arch, fill_missing=fill_missing, source=path, **overrides)
+  del tensors
+  model = layout.build(cfg, arrays, source=path)
+  return model, {"arch": arch, "commit": ARCHS[arch]["commit"], "meta": meta}
+
+
+def save(model, path: str, *, meta: dict | None = None) -> dict:
+  """Write `model` (a nanochat-family GPT) as a nanochat state dict in safetensors, and its meta json.
+
+  Args:
+    model: an `nn.GPT` whose config nanochat's forward expresses (e.g. one imported by `load`).
+    path: the `.safetensors` file; `meta_<step>.json` is written beside it when the name is
+      `model_<step>.safetensors`, else `<name>.meta.json`.
+    meta: extra meta fields (`model_config` is always written from the model's config).
+  Returns:
+    the meta dict written.
+  """
+  cfg = model.cfg
+  _check_family(cfg)
+  meta = {**(meta or {}), "model_config": model_config(cfg)}
+  tensors = from_attngeo(layout.params(model), cfg)
+  layout.check(layout.shapes(tensors), expected(cfg), "exported state")
+  safetensors_io.write(path, tensors, {"format": "nanochat", "nanochat_meta": json.dumps(meta),
+                                       "attngeo_operator": json.dumps(cfg.block.operator)})
+  m = re.match(r"model_(\d+)\.safetensors$", os.path.basename(path))
+  meta_path = os.path.join(os.path.dirname(path), f"meta_{m.group(1)}.json") if m else \
+      os.path.splitext(path)[0] + ".meta.json"
+  with open(meta_path, "w", encoding="utf-8") as f:
+    json.dump(meta, f, indent=2)
+  return meta
+

@@ -1,0 +1,169 @@
+"""Public checkpoints in and out: `attngeo import` writes an attngeo run folder, `attngeo export`
+writes a run's model back in a public layout (attngeo.interop).
+
+    attngeo import nanochat model_000650.pt [--meta meta_000650.json] [--arch auto|2025-10|2026-07]
+                   [--fill-missing] [--set FIELD=VALUE ...] --out RUN_DIR
+    attngeo import gpt2 MODEL_DIR_OR_model.safetensors [--config config.json] [--set FIELD=VALUE ...] --out RUN_DIR
+    attngeo export RUN_DIR --format gpt2|nanochat --out FILE.safetensors [--step N]
+
+The run folder is the one `attngeo.train` writes: `config.json` (`model`: the GPTConfig through
+`attngeo.nn.registry.config_dict`, `train`: a default TrainConfig, `imported`: kind, file, sha256,
+architecture and commit matched, the source's own config) and `ckpt/0` (an orbax train state at
+step 0 with a fresh optimizer state), so `attngeo.runs.load_run`, `attngeo probe` and anything that
+resumes from a run read it unchanged. Nothing is downloaded: the files must be local.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import os
+
+
+def sha256(path: str) -> str:
+  """Hex SHA-256 of a file (or of a folder's weights file)."""
+  h = hashlib.sha256()
+  with open(path, "rb") as f:
+    for chunk in iter(lambda: f.read(1 << 24), b""):
+      h.update(chunk)
+  return h.hexdigest()
+
+
+def parse_set(items) -> dict:
+  """['rope_base=10000', 'operator="DMTN"', 'norm_eps=1e-5'] -> {field: JSON value, else the string}."""
+  out = {}
+  for item in items or ():
+    key, sep, value = item.partition("=")
+    if not sep or not key:
+      raise ValueError(f"--set expects FIELD=VALUE; got {item!r}")
+    try:
+      out[key.strip()] = json.loads(value)
+    except json.JSONDecodeError:
+      out[key.strip()] = value
+  return out
+
+
+def write_run(model, out: str, imported: dict):
+  """Write `model` as an attngeo run folder at step 0 (config.json + orbax ckpt/0). Returns the TrainConfig."""
+  from attngeo import checkpoint, runs, sharding, train
+  from attngeo.nn import registry
+  tcfg = train.TrainConfig(workdir=out, progress=False)
+  mesh = sharding.make_mesh(tcfg.mesh)
+  _, state, _ = train.init_state(model, tcfg, mesh)
+  runs.write_config(out, train=tcfg, model=registry.config_dict(model), imported=imported)
+  mngr = checkpoint.manager(out, tcfg.keep)
+  try:
+    if mngr.latest_step() is not None:
+      raise ValueError(f"{out} already holds a checkpoint (step {mngr.latest_step()}); choose an empty folder")
+    checkpoint.save(mngr, 0, state, {})
+    mngr.wait_until_finished()
+  finally:
+    mngr.close()
+  return tcfg
+
+
+def import_main(argv=None):
+  ap = argparse.ArgumentParser(prog="attngeo import", description=__doc__,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("kind", choices=("nanochat", "gpt2"), help="checkpoint family: nanochat | gpt2")
+  ap.add_argument("path", help="nanochat: model_NNNNNN.pt or a .safetensors of its state dict; gpt2: a Hugging Face "
+                               "model folder or its model.safetensors")
+  ap.add_argument("--out", required=True, help="run folder to write (must not hold a checkpoint yet)")
+  ap.add_argument("--meta", default=None, help="nanochat meta_NNNNNN.json (default: the one beside PATH)")
+  ap.add_argument("--arch", default="auto", choices=("auto", "2025-10", "2026-07"),
+                  help="nanochat architecture: 2025-10 = the d32 release (ccfe791), 2026-07 = 92d63d4; "
+                       "default auto (from the keys)")
+  ap.add_argument("--fill-missing", action="store_true",
+                  help="nanochat --arch 2026-07: give 2026 parameters absent from the file their neutral values "
+                       "(the seed fork's import of the d32 release); default off")
+  ap.add_argument("--config", default=None, help="gpt2 config.json (default: the one beside the weights)")
+  ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                  help="override a GPTConfig/BlockConfig field, JSON value (e.g. norm_eps=0.0078125, "
+                       "rope_dtype=null, operator='\"DMTN\"'); repeatable; default none")
+  a = ap.parse_args(argv)
+  if not os.path.exists(a.path):
+    ap.error(f"PATH {a.path} does not exist (files must be local; nothing is downloaded)")
+  ckpt = os.path.join(a.out, "ckpt")
+  if os.path.isdir(ckpt) and os.listdir(ckpt):
+    ap.error(f"--out {a.out} already holds checkpoints; choose an empty run folder")
+  try:
+    overrides = parse_set(a.set)
+  except ValueError as e:
+    ap.error(str(e))
+  if a.kind == "gpt2" and (a.meta or a.arch != "auto" or a.fill_missing):
+    ap.error("--meta, --arch and --fill-missing are nanochat options")
+  if a.kind == "nanochat" and a.config:
+    ap.error("--config is a gpt2 option (nanochat reads --meta)")
+
+  from attngeo import interop
+  try:
+    if a.kind == "nanochat":
+      model, info = interop.load("nanochat", a.path, meta=a.meta, arch=a.arch, fill_missing=a.fill_missing, **overrides)
+      source = {"arch": info["arch"], "commit": info["commit"], "repository": "karpathy/nanochat",
+                "meta": info["meta"], "fill_missing": a.fill_missing}
+    else:
+      model, info = interop.load("gpt2", a.path, hf_config_path=a.config, **overrides)
+      source = {"matched": info["source"], "config": info["config"]}
+  except (ValueError, TypeError, FileNotFoundError, ImportError) as e:
+    ap.error(str(e))
+  weights = a.path
+  if os.path.isdir(weights):
+    weights = next(os.path.join(weights, n) for n in ("model.safetensors", "pytorch_model.bin")
+                   if os.path.exists(os.path.join(weights, n)))
+  imported = {"kind": a.kind, "file": os.path.abspath(weights), "sha256": sha256(weights), "overrides": overrides,
+              **source}
+  write_run(model, a.out, imported)
+  cfg = model.cfg
+  n_params = sum(int(v.size) for v in _param_values(model))
+  print(f"imported {a.kind} {weights}: depth {cfg.depth}, width {cfg.width}, heads {cfg.block.num_heads} "
+        f"(kv {cfg.block.num_kv_heads or cfg.block.num_heads}), vocab {cfg.vocab_size}, context {cfg.seq_len}, "
+        f"{n_params / 1e6:.2f}M parameters" + (f", nanochat {source['arch']} ({source['commit'][:7]})"
+                                                if a.kind == "nanochat" else ""))
+  print(f"wrote run folder {a.out} (config.json, ckpt/0): attngeo.runs.load_run or `attngeo probe {a.out}` read it")
+  return model
+
+
+def _param_values(model):
+  from flax import nnx
+  return [v.get_value() for _, v in nnx.to_flat_state(nnx.state(model, nnx.Param))]
+
+
+def export_main(argv=None):
+  ap = argparse.ArgumentParser(prog="attngeo export", description=__doc__,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("run_dir", help="an attngeo run folder holding a nanochat- or GPT-2-family GPT")
+  ap.add_argument("--format", required=True, choices=("gpt2", "nanochat"), help="layout to write: gpt2 | nanochat")
+  ap.add_argument("--out", required=True, help="the .safetensors file (gpt2: config.json beside it; nanochat: "
+                                               "meta_NNNNNN.json beside model_NNNNNN.safetensors)")
+  ap.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
+  a = ap.parse_args(argv)
+  if not a.out.endswith(".safetensors"):
+    ap.error(f"--out must end in .safetensors; got {a.out}")
+  from attngeo import interop, runs
+  try:
+    model, _, mcfg = runs.load_run(a.run_dir, a.step)
+  except (FileNotFoundError, ValueError) as e:
+    ap.error(str(e))
+  if type(mcfg).__name__ != "GPTConfig":
+    ap.error(f"{a.run_dir} holds a {type(mcfg).__name__}; only GPT runs export to {a.format}")
+  meta = {}
+  if a.format == "nanochat":
+    imported = runs.read_config(a.run_dir).get("imported") or {}
+    meta = {k: v for k, v in (imported.get("meta") or {}).items() if k != "model_config"}
+    meta["attngeo_run"] = os.path.abspath(a.run_dir)
+  try:
+    written = interop.save(model, a.format, a.out, **({"meta": meta} if a.format == "nanochat" else {}))
+  except ValueError as e:
+    ap.error(str(e))
+  block = dataclasses.asdict(mcfg.block)
+  print(f"wrote {a.out} ({a.format}; operator {block['operator']}) and its "
+        f"{'config.json' if a.format == 'gpt2' else 'meta json'}: {json.dumps(written)[:200]}")
+  return written
+
+
+main = import_main
+
+
+if __name__ == "__main__":
+  import_main()

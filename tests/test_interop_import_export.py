@@ -1,0 +1,94 @@
+"""`attngeo import` / `attngeo export`: a public checkpoint becomes an ordinary run folder that
+runs.load_run and the probe read; export writes the same tensors back."""
+import hashlib
+import json
+import re
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from test_interop_gpt2 import HF, reference_logits, random_state, write_model
+from test_interop_nanochat import VINTAGE, write
+from test_interop_nanochat import random_state as nanochat_state
+
+from attngeo import cli, runs
+from attngeo.experiments import import_export
+from attngeo.experiments import probe as probe_cli
+from attngeo.interop import safetensors_io
+
+forward = nnx.jit(lambda model, ids: model(ids))   # one compiled program per model shape
+
+IDS = np.random.default_rng(7).integers(0, HF["vocab_size"], (2, 16))
+
+
+def import_gpt2(tmp_path, seed=11):
+  sd = random_state(seed=seed)
+  src = write_model(tmp_path / "hub", sd)
+  run = str(tmp_path / "run")
+  assert cli.main(["import", "gpt2", src, "--out", run]) == 0
+  return sd, run
+
+
+def test_gpt2_import_to_run_folder_and_export(tmp_path, capsys):
+  sd, run = import_gpt2(tmp_path)
+  assert "depth 2, width 32, heads 4 (kv 4), vocab 61, context 24" in capsys.readouterr().out
+  model, _, mcfg = runs.load_run(run)
+  np.testing.assert_allclose(forward(model, jnp.asarray(IDS)), reference_logits(sd, HF, IDS), atol=1e-4, rtol=0)
+  saved = runs.read_config(run)
+  file_hash = hashlib.sha256((tmp_path / "hub" / "model.safetensors").read_bytes()).hexdigest()
+  assert saved["imported"]["kind"] == "gpt2" and saved["imported"]["sha256"] == file_hash
+  assert saved["model"]["class"] == "GPTConfig" and saved["model"]["tie_embeddings"] is True
+  out = tmp_path / "back" / "model.safetensors"
+  assert cli.main(["export", run, "--format", "gpt2", "--out", str(out)]) == 0
+  back = safetensors_io.read(str(out))
+  assert set(back) == {k for k in sd if k.split(".")[-2:] not in (["attn", "bias"], ["attn", "masked_bias"])}
+  for k, v in back.items():
+    np.testing.assert_array_equal(v, sd[k], err_msg=k)
+  assert json.loads((tmp_path / "back" / "config.json").read_text())["n_embd"] == HF["n_embd"]
+
+
+@pytest.mark.slow
+def test_probe_runs_on_an_imported_gpt2(tmp_path):
+  _, run = import_gpt2(tmp_path, seed=14)
+  rows = probe_cli.main([run, "--data", "random", "--batch", "1", "--seq-len", "12", "--out", str(tmp_path / "p")])
+  assert len(rows) == HF["n_layer"] and all(np.isfinite(np.mean(r["head_isometry_defect"])) for r in rows)
+
+
+def test_nanochat_import_with_fill_then_export(tmp_path):
+  sd = nanochat_state(VINTAGE, current=False, seed=12)
+  src = write(tmp_path, sd, VINTAGE)
+  run = str(tmp_path / "run")
+  import_export.import_main(["nanochat", src, "--arch", "2026-07", "--fill-missing", "--out", run])
+  imported = runs.read_config(run)["imported"]
+  assert imported["arch"] == "2026-07" and imported["fill_missing"] and imported["meta"]["step"] == 650
+  out = tmp_path / "exp" / "model_000650.safetensors"
+  import_export.export_main([run, "--format", "nanochat", "--out", str(out)])
+  meta = json.loads((tmp_path / "exp" / "meta_000650.json").read_text())
+  assert meta["model_config"] == dict(VINTAGE, window_pattern="L") and meta["step"] == 650
+  back = safetensors_io.read(str(out))
+  assert back["resid_lambdas"].tolist() == [1.0, 1.0] and not back["value_embeds.1.weight"].any()
+  np.testing.assert_array_equal(back["transformer.h.1.attn.c_q.weight"], sd["transformer.h.1.attn.c_q.weight"])
+  with pytest.raises(SystemExit) as e:   # a nanochat model is not a GPT-2
+    import_export.export_main([run, "--format", "gpt2", "--out", str(tmp_path / "x.safetensors")])
+  assert e.value.code == 2
+
+
+@pytest.mark.parametrize("args,match", [
+    (["gpt2", "/nonexistent/model.safetensors", "--out", "R"], "does not exist"),
+    (["gpt2", "SRC", "--out", "R", "--set", "norm_eps"], "--set expects FIELD=VALUE"),
+    (["gpt2", "SRC", "--out", "R", "--arch", "2025-10"], "nanochat options"),
+    (["gpt2", "SRC", "--out", "R", "--set", "no_such_field=1"], "has no field 'no_such_field'"),
+    (["gpt2", "BROKEN", "--out", "R"], r"missing keys: h\.0\.mlp\.c_fc\.bias"),
+])
+def test_import_bad_input_exits_2_with_one_line(tmp_path, capsys, args, match):
+  sd = random_state(seed=13)
+  src = write_model(tmp_path / "ok", sd)
+  sd.pop("h.0.mlp.c_fc.bias")
+  broken = write_model(tmp_path / "broken", sd)
+  args = [{"SRC": src, "BROKEN": broken, "R": str(tmp_path / "run")}.get(a, a) for a in args]
+  with pytest.raises(SystemExit) as e:
+    import_export.import_main(args)
+  assert e.value.code == 2
+  err = capsys.readouterr().err.strip().splitlines()[-1]
+  assert re.search(match, err), err
