@@ -120,10 +120,64 @@ def restore_step(mngr, step: int, state, shardings):
                      f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else 'no detail'})") from None
 
 
+def restore_params(workdir: str, model, step: int | None = None, use_ema: bool = False):
+  """Load a run's model weights (or their EMA) into `model` in place, reading nothing else.
+
+  Only the model's part of the train state is read (orbax partial restore): no optimizer state is
+  allocated, so a model whose Adam moments would not fit can still be loaded. Its checksums are
+  verified. `step` None: the newest intact step. Returns the step loaded.
+  """
+  mngr = manager(workdir)
+  try:
+    steps = sorted(mngr.all_steps(), reverse=True) if step is None else [step]
+    if not steps:
+      raise FileNotFoundError(f"no checkpoint in {mngr.directory}")
+    if step is not None and step not in mngr.all_steps():
+      raise FileNotFoundError(f"no checkpoint step {step} in {mngr.directory}; steps: {sorted(mngr.all_steps())}")
+    graphdef, mstate = nnx.split(model)
+    pure = _pure(mstate if not use_ema else nnx.state(model, nnx.Param))
+    target = {"ema": pure} if use_ema else {"train": {0: pure}}
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x)), target)
+    for i, s in enumerate(steps):
+      try:
+        out = mngr.restore(s, args=ocp.args.Composite(
+            state=ocp.args.PyTreeRestore(abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract),
+                                         partial_restore=True),
+            integrity=ocp.args.JsonRestore()))
+        expected = out["integrity"]["checksums"]
+        got, _ = integrity(out["state"])
+        bad = sorted(k for k in got if expected.get(k) != got[k])
+        if bad:
+          raise IOError(f"checksum mismatch in {len(bad)} array(s), first {bad[0]}")
+      except Exception as e:  # noqa: BLE001
+        if step is not None or _shape_mismatch(e) or i + 1 == len(steps):
+          raise ValueError(f"cannot load the weights of step {s} in {mngr.directory} into this model "
+                           f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else 'no detail'})") from None
+        warnings.warn(f"checkpoint step {s} in {mngr.directory} is corrupt or incomplete; trying step {steps[i + 1]}",
+                      CheckpointWarning, stacklevel=2)
+        continue
+      loaded = out["state"]["ema"] if use_ema else out["state"]["train"][0]
+      if use_ema:
+        nnx.update(model, jax.tree.map(lambda v, x: v.replace(x) if isinstance(v, nnx.Variable) else x,
+                                       nnx.state(model, nnx.Param), loaded,
+                                       is_leaf=lambda x: isinstance(x, nnx.Variable)))
+      else:
+        nnx.update(model, jax.tree.map(lambda v, x: v.replace(x) if isinstance(v, nnx.Variable) else x, mstate, loaded,
+                                       is_leaf=lambda x: isinstance(x, nnx.Variable)))
+      return s
+  finally:
+    mngr.close()
+
+
+_READ_FAILURES = ("DATA_LOSS", "Error opening", "Error reading", "NOT_FOUND", "checksum", "corrupt", "truncat")
+
+
 def _shape_mismatch(err: Exception) -> bool:
+  """Whether a restore failed because the target has other shapes/structure (not unreadable data)."""
   text = str(err)
-  return isinstance(err, (ValueError, TypeError)) and ("shape" in text.lower() or "structure" in text.lower()
-                                                       or "tree" in text.lower())
+  if isinstance(err, OSError) or any(token in text for token in _READ_FAILURES):
+    return False
+  return isinstance(err, (ValueError, TypeError)) and any(w in text.lower() for w in ("shape", "structure", "tree"))
 
 
 def _quarantine(mngr, step: int):

@@ -27,26 +27,14 @@ def read_config(workdir: str) -> dict:
     return json.load(f)
 
 
-def load_model(model, workdir: str, cfg, step: int | None = None, use_ema: bool = False):
-  """Load the weights of checkpoint `step` (default: latest) in `workdir` into `model` (in place)."""
-  from attngeo import checkpoint, sharding, train
-  mesh = sharding.make_mesh(cfg.mesh)
-  graphdef, state, shardings = train.init_state(model, cfg, mesh)
-  mngr = checkpoint.manager(workdir, cfg.keep)
-  try:
-    if step is None:
-      restored = checkpoint.restore_latest(mngr, state, shardings)
-      if restored is None:
-        raise FileNotFoundError(f"no checkpoint in {os.path.join(workdir, 'ckpt')}")
-      state = restored[0]
-    else:
-      state = checkpoint.restore_step(mngr, step, state, shardings)[0]
-  finally:
-    mngr.close()
-  train.sync_model(model, graphdef, state)
-  if use_ema and state["ema"] is not None:
-    from flax import nnx
-    nnx.update(model, state["ema"])
+def load_model(model, workdir: str, step: int | None = None, use_ema: bool = False):
+  """Load the weights of checkpoint `step` (default: the newest intact one) in `workdir` into `model`.
+
+  Only the model's weights are read (no optimizer state); `use_ema` loads their EMA instead
+  (runs trained with `TrainConfig.ema`). Returns the model.
+  """
+  from attngeo import checkpoint
+  checkpoint.restore_params(workdir, model, step, use_ema=use_ema)
   return model
 
 
@@ -62,7 +50,7 @@ def load_run(workdir: str, step: int | None = None):
     raise ValueError(f"{workdir}/config.json records no model config; runs written by attngeo.train record one")
   mcfg = registry.config_from_dict(saved["model"])
   tcfg = config_lib.from_dict(train.TrainConfig, saved["train"])
-  model = load_model(registry.build(mcfg), workdir, tcfg, step)
+  model = load_model(registry.build(mcfg), workdir, step)
   return model, tcfg, mcfg
 
 

@@ -141,7 +141,7 @@ def heat_figure(cfg: SwissRollConfig, cloud: np.ndarray, path: str) -> dict:
       continue
     workdir = os.path.join(cfg.out, "conditions", condition_name(op, "ffn_first"))
     model = build_model(cfg, op, "ffn_first", cfg.seed)
-    model = runs.load_model(model, workdir, train_config(cfg, workdir))
+    model = runs.load_model(model, workdir)
     x = jnp.asarray(pts)[None]
     _, qks = nn.capture_qk(model, lambda: model(x, jnp.ones((1,))))
     q, k = qks[-1]

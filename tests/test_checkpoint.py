@@ -114,3 +114,26 @@ def test_non_finite_state_is_never_checkpointed(tmp_path):
   with pytest.raises(FloatingPointError, match="NaN/Inf at step 2: not checkpointed"):
     run(tmp_path, steps=4, lr=float("nan"), log_every=100)      # no loss check before the save at step 2
   assert not os.path.exists(step_dir(str(tmp_path), 2))
+
+
+def test_load_run_reads_only_the_weights_and_verifies_them(finished, tmp_path):
+  from attngeo import runs
+  model, tcfg, mcfg = runs.load_run(finished[0])
+  trained = run(copy_run(finished, tmp_path))           # resumes at the final step: the trained model
+  chex_equal = jax_tree_equal(nnx.state(model, nnx.Param), nnx.state(trained.model, nnx.Param))
+  assert chex_equal and tcfg.steps == 4 and mcfg.block.width == 16
+  wd = copy_run(finished, tmp_path / "b")
+  root = os.path.join(step_dir(wd, 4), "state")
+  for path in [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs if os.path.basename(d) == "d"]:
+    with open(path, "r+b") as f:                           # every data file: the weights are hit too
+      f.seek(os.path.getsize(path) // 2)
+      f.write(np.random.default_rng(2).bytes(64))
+  with pytest.warns(checkpoint.CheckpointWarning, match="step 4 .* trying step 2"):
+    runs.load_run(wd)
+  with pytest.raises(ValueError, match="cannot load the weights of step 4"):
+    runs.load_run(wd, step=4)
+
+
+def jax_tree_equal(a, b):
+  import jax
+  return all(jax.tree.leaves(jax.tree.map(lambda x, y: bool(np.array_equal(np.asarray(x), np.asarray(y))), a, b)))
