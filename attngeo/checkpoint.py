@@ -115,6 +115,7 @@ def restore_step(mngr, step: int, state, shardings):
   try:
     return _restore_step(mngr, step, state, shardings)
   except Exception as e:  # noqa: BLE001
+    _settle_failed_read()
     kind = "holds arrays of other shapes than this model/optimizer" if _shape_mismatch(e) else "is corrupt or incomplete"
     raise ValueError(f"checkpoint step {step} in {mngr.directory} {kind} "
                      f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else 'no detail'})") from None
@@ -150,6 +151,7 @@ def restore_params(workdir: str, model, step: int | None = None, use_ema: bool =
         if bad:
           raise IOError(f"checksum mismatch in {len(bad)} array(s), first {bad[0]}")
       except Exception as e:  # noqa: BLE001
+        _settle_failed_read()
         if step is not None or _shape_mismatch(e) or i + 1 == len(steps):
           raise ValueError(f"cannot load the weights of step {s} in {mngr.directory} into this model "
                            f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else 'no detail'})") from None
@@ -178,6 +180,29 @@ def _shape_mismatch(err: Exception) -> bool:
   if isinstance(err, OSError) or any(token in text for token in _READ_FAILURES):
     return False
   return isinstance(err, (ValueError, TypeError)) and any(w in text.lower() for w in ("shape", "structure", "tree"))
+
+
+def _settle_failed_read(seconds: float = 0.5):
+  """Let the reads of a failed orbax restore land quietly.
+
+  TensorStore reads still in flight when a restore fails complete on their own threads and try
+  to post to the restore's event loop, which is already closed; Python reports each as an ignored
+  `RuntimeError('Event loop is closed')`. This waits `seconds` for them while swallowing exactly
+  those reports, so a skipped checkpoint prints one warning, not a page (and none lands later).
+  """
+  import gc
+  import sys
+  previous = sys.unraisablehook
+
+  def hook(report):
+    if not (isinstance(report.exc_value, RuntimeError) and "Event loop is closed" in str(report.exc_value)):
+      previous(report)
+  sys.unraisablehook = hook
+  try:
+    time.sleep(seconds)
+    gc.collect()
+  finally:
+    sys.unraisablehook = previous
 
 
 def _quarantine(mngr, step: int):
@@ -210,6 +235,7 @@ def restore_latest(mngr, state, shardings):
       if _shape_mismatch(e):
         raise ValueError(f"checkpoint step {step} in {mngr.directory} holds arrays of other shapes than this "
                          f"model/optimizer ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+      _settle_failed_read()
       nxt = steps[i + 1] if i + 1 < len(steps) else None
       warnings.warn(f"checkpoint step {step} in {mngr.directory} is corrupt or incomplete "
                     f"({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else 'no detail'}); "

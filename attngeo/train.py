@@ -208,11 +208,13 @@ def check_resumable(workdir: str, **configs):
 
 
 def _resume(cfg: TrainConfig, state, shardings, data, model_cfg):
-  """Open the checkpoint manager; restore the newest intact step (config checked first)."""
+  """Check the workdir's config (before opening anything), then restore the newest intact step."""
+  ckpt_dir = os.path.join(cfg.workdir, "ckpt")
+  has_steps = os.path.isdir(ckpt_dir) and any(name.isdigit() for name in os.listdir(ckpt_dir))
+  if has_steps and os.path.exists(os.path.join(cfg.workdir, "config.json")):
+    check_resumable(cfg.workdir, train=cfg, model=model_cfg)
   mngr = checkpoint.manager(cfg.workdir, cfg.keep)
   try:
-    if mngr.latest_step() is not None and os.path.exists(os.path.join(cfg.workdir, "config.json")):
-      check_resumable(cfg.workdir, train=cfg, model=model_cfg)
     restored = checkpoint.restore_latest(mngr, state, shardings)
   except BaseException:
     mngr.close()

@@ -34,7 +34,8 @@ def step_dir(workdir, step):
 
 
 def biggest_file(root):
-  files = [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs]
+  """The largest array-data file (TensorStore/OCDBT data lives in folders named `d`)."""
+  files = [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs if os.path.basename(d) == "d"]
   return max(files, key=os.path.getsize)
 
 
@@ -44,6 +45,11 @@ def finished(tmp_path_factory):
   wd = tmp_path_factory.mktemp("run")
   res = run(wd)
   return str(wd), [r["loss"] for r in res.history]
+
+
+def read(path):
+  with open(path) as f:
+    return f.read()
 
 
 def copy_run(finished, tmp_path):
@@ -93,19 +99,19 @@ def test_corrupt_newest_step_falls_back_to_the_previous_good_one(finished, tmp_p
 
 def test_config_mismatch_names_the_fields_and_keeps_the_run(finished, tmp_path):
   wd = copy_run(finished, tmp_path)
-  before = open(os.path.join(wd, "config.json")).read()
+  before = read(os.path.join(wd, "config.json"))
   with pytest.raises(ValueError, match=r"model\.block\.operator 'ATTN' → 'DMTN'"):
     run(wd, model=gpt(operator="DMTN"))
   with pytest.raises(ValueError, match=r"model\.block\.width 16 → 32.*train\.lr 0\.001 → 0\.01|train\.lr"):
     run(wd, model=gpt(width=32), lr=0.01)
-  assert open(os.path.join(wd, "config.json")).read() == before      # the intact run stays loadable
+  assert read(os.path.join(wd, "config.json")) == before      # the intact run stays loadable
 
 
 def test_resume_at_the_final_step_returns_the_logged_history(finished, tmp_path):
   wd = copy_run(finished, tmp_path)
   res = run(wd)
   assert res.start_step == 4 and [r["step"] for r in res.history] == [1, 2, 3, 4]
-  rows = [json.loads(l) for l in open(os.path.join(wd, "metrics.jsonl"))]
+  rows = [json.loads(l) for l in read(os.path.join(wd, "metrics.jsonl")).splitlines()]
   assert [r["step"] for r in rows] == [1, 2, 3, 4]
   assert any(f.startswith("events.out.tfevents") for f in os.listdir(os.path.join(wd, "tb")))
 
