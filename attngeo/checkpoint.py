@@ -21,6 +21,7 @@ import os
 import shutil
 import time
 import warnings
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -112,13 +113,11 @@ def restore_step(mngr, step: int, state, shardings):
   """Restore exactly `step` (checksums verified): (state, data_state); one-line errors otherwise."""
   if step not in mngr.all_steps():
     raise FileNotFoundError(f"no checkpoint step {step} in {mngr.directory}; steps: {sorted(mngr.all_steps())}")
-  try:
-    return _restore_step(mngr, step, state, shardings)
-  except Exception as e:  # noqa: BLE001
-    _settle_failed_read()
-    kind = "holds arrays of other shapes than this model/optimizer" if _shape_mismatch(e) else "is corrupt or incomplete"
-    raise ValueError(f"checkpoint step {step} in {mngr.directory} {kind} "
-                     f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else 'no detail'})") from None
+  out, failure = _attempt(lambda: _restore_step(mngr, step, state, shardings))
+  if failure:
+    kind = "holds arrays of other shapes than this model/optimizer" if failure.shape else "is corrupt or incomplete"
+    raise ValueError(f"checkpoint step {step} in {mngr.directory} {kind} ({failure})")
+  return out
 
 
 def restore_params(workdir: str, model, step: int | None = None, use_ema: bool = False):
@@ -139,22 +138,23 @@ def restore_params(workdir: str, model, step: int | None = None, use_ema: bool =
     pure = _pure(mstate if not use_ema else nnx.state(model, nnx.Param))
     target = {"ema": pure} if use_ema else {"train": {0: pure}}
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x)), target)
+    def read(s):
+      out = mngr.restore(s, args=ocp.args.Composite(
+          state=ocp.args.PyTreeRestore(abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract),
+                                       partial_restore=True),
+          integrity=ocp.args.JsonRestore()))
+      expected = out["integrity"]["checksums"]
+      got, _ = integrity(out["state"])
+      bad = sorted(k for k in got if expected.get(k) != got[k])
+      if bad:
+        raise IOError(f"checksum mismatch in {len(bad)} array(s), first {bad[0]}")
+      return out
+
     for i, s in enumerate(steps):
-      try:
-        out = mngr.restore(s, args=ocp.args.Composite(
-            state=ocp.args.PyTreeRestore(abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract),
-                                         partial_restore=True),
-            integrity=ocp.args.JsonRestore()))
-        expected = out["integrity"]["checksums"]
-        got, _ = integrity(out["state"])
-        bad = sorted(k for k in got if expected.get(k) != got[k])
-        if bad:
-          raise IOError(f"checksum mismatch in {len(bad)} array(s), first {bad[0]}")
-      except Exception as e:  # noqa: BLE001
-        _settle_failed_read()
-        if step is not None or _shape_mismatch(e) or i + 1 == len(steps):
-          raise ValueError(f"cannot load the weights of step {s} in {mngr.directory} into this model "
-                           f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else 'no detail'})") from None
+      out, failure = _attempt(lambda: read(s))
+      if failure:
+        if step is not None or failure.shape or i + 1 == len(steps):
+          raise ValueError(f"cannot load the weights of step {s} in {mngr.directory} into this model ({failure})")
         warnings.warn(f"checkpoint step {s} in {mngr.directory} is corrupt or incomplete; trying step {steps[i + 1]}",
                       CheckpointWarning, stacklevel=2)
         continue
@@ -182,6 +182,28 @@ def _shape_mismatch(err: Exception) -> bool:
   return isinstance(err, (ValueError, TypeError)) and any(w in text.lower() for w in ("shape", "structure", "tree"))
 
 
+class _Failure(NamedTuple):
+  """Why a restore failed, kept without the exception (whose frames hold orbax's pending reads)."""
+  kind: str
+  detail: str
+  shape: bool                     # the target has other shapes/structure (vs unreadable data)
+
+  def __str__(self):
+    return f"{self.kind}: {self.detail}"
+
+
+def _attempt(fn):
+  """`(fn(), None)`, or `(None, _Failure)` once the failed read's frames are released and settled."""
+  failure = None
+  try:
+    return fn(), None
+  except Exception as e:  # noqa: BLE001 — any failure to read a step means the step is unusable
+    lines = str(e).strip().splitlines()
+    failure = _Failure(type(e).__name__, lines[0][:200] if lines else "no detail", _shape_mismatch(e))
+  _settle_failed_read()
+  return None, failure
+
+
 def _settle_failed_read(seconds: float = 0.5):
   """Let the reads of a failed orbax restore land quietly.
 
@@ -195,7 +217,9 @@ def _settle_failed_read(seconds: float = 0.5):
   previous = sys.unraisablehook
 
   def hook(report):
-    if not (isinstance(report.exc_value, RuntimeError) and "Event loop is closed" in str(report.exc_value)):
+    closed_loop = isinstance(report.exc_value, RuntimeError) and "Event loop is closed" in str(report.exc_value)
+    code = getattr(report.object, "cr_code", None)        # an orbax read coroutine never awaited
+    if not (closed_loop or (code is not None and "orbax" in code.co_filename)):
       previous(report)
   sys.unraisablehook = hook
   try:
@@ -228,18 +252,15 @@ def restore_latest(mngr, state, shardings):
   if not steps:
     return None
   for i, step in enumerate(steps):
-    try:
-      restored, data_state = _restore_step(mngr, step, state, shardings)
-      return restored, data_state, step
-    except Exception as e:  # noqa: BLE001 — any failure to read a step means the step is unusable
-      if _shape_mismatch(e):
-        raise ValueError(f"checkpoint step {step} in {mngr.directory} holds arrays of other shapes than this "
-                         f"model/optimizer ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
-      _settle_failed_read()
-      nxt = steps[i + 1] if i + 1 < len(steps) else None
-      warnings.warn(f"checkpoint step {step} in {mngr.directory} is corrupt or incomplete "
-                    f"({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else 'no detail'}); "
-                    f"{'falling back to step ' + str(nxt) if nxt is not None else 'no earlier step'}",
-                    CheckpointWarning, stacklevel=2)
-      _quarantine(mngr, step)
+    out, failure = _attempt(lambda: _restore_step(mngr, step, state, shardings))
+    if failure is None:
+      return out[0], out[1], step
+    if failure.shape:
+      raise ValueError(f"checkpoint step {step} in {mngr.directory} holds arrays of other shapes than this "
+                       f"model/optimizer ({failure})")
+    nxt = steps[i + 1] if i + 1 < len(steps) else None
+    warnings.warn(f"checkpoint step {step} in {mngr.directory} is corrupt or incomplete ({failure}); "
+                  f"{'falling back to step ' + str(nxt) if nxt is not None else 'no earlier step'}",
+                  CheckpointWarning, stacklevel=2)
+    _quarantine(mngr, step)
   raise ValueError(f"no intact checkpoint in {mngr.directory}: every step was corrupt (moved to ckpt_corrupt/)")
