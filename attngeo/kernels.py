@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import math
 
+import chex
 import jax
 import jax.numpy as jnp
 
@@ -231,6 +232,11 @@ def attention(q, k, v, *, bias=None, mask=None, causal=False, scale=None, implem
   with logits and softmax accumulated in float32. A query row whose keys are all masked returns 0
   on every kernel. This is the one kernel every operator (and the matrix-free geometry) runs on.
   """
+  chex.assert_rank([q, k, v], 4)
+  chex.assert_equal_shape([q, k], dims=(0, 2, 3))
+  chex.assert_equal_shape_prefix([k, v], 3)
+  if bias is not None:
+    chex.assert_shape(bias, (k.shape[0], k.shape[1], k.shape[2]))
   implementation = implementation or default_implementation(k.shape[1])
   scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
   if implementation == "einsum":
