@@ -17,6 +17,7 @@ Shapes use einsum letters: `b` batch, `n` tokens, `d` width (embed), `h` heads, 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import jax
@@ -35,6 +36,14 @@ def param(rngs, shape, axes, *, std=None, zero=False, dtype=jnp.float32):
     fan_in = shape[0] if std is None else None
     value = jax.random.normal(rngs.params(), shape, dtype) * (std if std is not None else fan_in ** -0.5)
   return nnx.Param(value, axes=axes)
+
+
+def _check_distance_form(operator, learnable_operator, qk_norm):
+  if resolve_operator(operator) != (0.0, 0.0) or learnable_operator:
+    raise ValueError(f"distance_form holds W_+ only, so its operator is a fixed DMAP; got operator={operator!r}, "
+                     f"learnable_operator={learnable_operator}")
+  if qk_norm:
+    raise ValueError("distance_form cannot carry qk_norm: norm(q) + norm(k) is not a function of W_+ x")
 
 
 def resolve_operator(operator) -> tuple[float, float]:
@@ -61,21 +70,29 @@ def rope(x, positions, base: float = 10_000.0):
 class Attention(nnx.Module):
   """Multi-head attention `y = Σ_h W_O^h · transport(q^h, k^h, v^h; β_h, α_h)`.
 
-  x: [b, n, d] -> [b, n, d]. Weights `wq, wk, wv`: [d, h, k]; `wo`: [h, k, d].
+  x: [b, n, d] -> [b, n, d]. Weights `wq, wk, wv`: [d, h, k]; `wo`: [h, k, d]; with `out_bias`, `bo`: [d].
+  With `distance_form`, one projection `wp` [d, h, k] (bias `bp`) replaces `wq, wk`: `m = x·wp + bp` and
+  the layer is DMAP on m (q = k = m/√2, so that (q + k)/√2 = m for the kernels and probes).
   """
 
   def __init__(self, width: int, num_heads: int, head_dim: int, *, operator="ATTN", learnable_operator=False,
                causal=False, use_rope=False, qk_norm=False, qkv_bias=False, implementation=None,
-               dtype=jnp.float32, rngs: nnx.Rngs):
+               dtype=jnp.float32, out_bias=False, distance_form=False, rngs: nnx.Rngs):
     self.num_heads, self.head_dim, self.causal = num_heads, head_dim, causal
     self.use_rope, self.qk_norm, self.qkv_bias = use_rope, qk_norm, qkv_bias
     self.implementation, self.dtype, self.capture = implementation, dtype, False
-    for name in ("wq", "wk", "wv"):
+    self.out_bias, self.distance_form = out_bias, distance_form
+    if distance_form:
+      _check_distance_form(operator, learnable_operator, qk_norm)
+    qk = ("wp",) if distance_form else ("wq", "wk")
+    for name in qk + ("wv",):
       setattr(self, name, param(rngs, (width, num_heads, head_dim), ("embed", "heads", "kv")))
     self.wo = param(rngs, (num_heads, head_dim, width), ("heads", "kv", "embed"), std=(num_heads * head_dim) ** -0.5)
     if qkv_bias:
-      for name in ("bq", "bk", "bv"):
+      for name in (("bp",) if distance_form else ("bq", "bk")) + ("bv",):
         setattr(self, name, param(rngs, (num_heads, head_dim), ("heads", "kv"), zero=True))
+    if out_bias:
+      self.bo = param(rngs, (width,), ("embed",), zero=True)
     if qk_norm:
       self.q_norm = nnx.RMSNorm(head_dim, dtype=dtype, rngs=rngs)
       self.k_norm = nnx.RMSNorm(head_dim, dtype=dtype, rngs=rngs)
@@ -85,6 +102,8 @@ class Attention(nnx.Module):
   def set_operator(self, operator):
     """Switch (β, α) in place — the weights are untouched (grafting)."""
     beta, alpha = resolve_operator(operator)
+    if self.distance_form and (beta, alpha) != (0.0, 0.0):
+      raise ValueError(f"a distance-form Attention (W_+ only) runs DMAP only; got operator {operator!r}")
     if self.learnable_operator:
       self.beta = nnx.Param(jnp.full((self.num_heads,), beta), axes=("heads",))
       self.alpha = nnx.Param(jnp.full((self.num_heads,), alpha), axes=("heads",))
@@ -101,6 +120,14 @@ class Attention(nnx.Module):
     """Projections (with biases, QK-norm and rotary applied): three [b, n, h, k] arrays."""
     x = x.astype(self.dtype)
     proj = lambda w: jnp.einsum("bnd,dhk->bnhk", x, w[...].astype(self.dtype))
+    if self.distance_form:
+      m = proj(self.wp) + (self.bp[...].astype(self.dtype) if self.qkv_bias else 0)
+      q = k = m * (1 / math.sqrt(2))
+      v = proj(self.wv) + (self.bv[...].astype(self.dtype) if self.qkv_bias else 0)
+      if self.use_rope:
+        pos = jnp.arange(x.shape[1])
+        q = k = rope(q, pos)
+      return q, k, v
     q, k, v = proj(self.wq), proj(self.wk), proj(self.wv)
     if self.qkv_bias:
       q, k, v = q + self.bq[...].astype(self.dtype), k + self.bk[...].astype(self.dtype), v + self.bv[...].astype(self.dtype)
@@ -118,7 +145,8 @@ class Attention(nnx.Module):
     beta, alpha = self.coefficients()
     y = operators.transport(q, k, v, beta=beta, alpha=alpha, causal=self.causal, mask=mask,
                             implementation=self.implementation)
-    return jnp.einsum("bnhk,hkd->bnd", y, self.wo[...].astype(self.dtype))
+    out = jnp.einsum("bnhk,hkd->bnd", y, self.wo[...].astype(self.dtype))
+    return out + self.bo[...].astype(self.dtype) if self.out_bias else out
 
 
 class Mlp(nnx.Module):
@@ -156,6 +184,8 @@ class BlockConfig:
   qkv_bias: bool = False
   implementation: str | None = None
   dtype: str = "float32"              # compute dtype; parameters stay float32
+  out_bias: bool = False              # bias on the attention output projection (timm/DiT/SiT have one)
+  distance_form: bool = False         # DMAP parametrised by W_+ = (W_Q + W_K)/√2 alone (see fold_distance)
 
   def validate(self):
     if self.order not in ORDERS:
@@ -163,6 +193,8 @@ class BlockConfig:
     if self.head_dim is None and self.width % self.num_heads:
       raise ValueError(f"num_heads={self.num_heads} does not divide width={self.width}")
     resolve_operator(self.operator)
+    if self.distance_form:
+      _check_distance_form(self.operator, self.learnable_operator, self.qk_norm)
     return self
 
   @property
@@ -213,7 +245,7 @@ class Block(nnx.Module):
     self.attn = Attention(cfg.width, cfg.num_heads, cfg.dh, operator=cfg.operator,
                           learnable_operator=cfg.learnable_operator, causal=causal, use_rope=cfg.use_rope,
                           qk_norm=cfg.qk_norm, qkv_bias=cfg.qkv_bias, implementation=cfg.implementation,
-                          dtype=dtype, rngs=rngs)
+                          dtype=dtype, out_bias=cfg.out_bias, distance_form=cfg.distance_form, rngs=rngs)
     self.mlp = Mlp(cfg.width, int(cfg.width * cfg.mlp_ratio), cfg.mlp_act, dtype, rngs=rngs)
     if self.adaln:
       self.ada_w = param(rngs, (cond_dim, 6 * cfg.width), ("cond", "embed"), zero=True)
@@ -246,6 +278,35 @@ def graft(model, operator):
   """Run `model`'s weights under another operator (β, α): a pure swap, parameters untouched."""
   for m in attention_modules(model):
     m.set_operator(operator)
+  return model
+
+
+def fold_distance(model):
+  """Fold every Attention of `model` into DMAP's distance form, in place: `wp = (wq + wk)/√2`.
+
+  q/k biases fold the same way (`bp = (bq + bk)/√2`), so `m = wp·x + bp = (q + k)/√2` exactly and the
+  folded model computes what `graft(model, "DMAP")` computes, with half the query–key parameters
+  (`wq`, `wk` are removed). `model.cfg` (if any) is updated to `distance_form=True, operator="DMAP"`
+  so run folders rebuild the folded shape. Rotary embeddings commute with the fold; QK-norm does not
+  (an error). Returns `model`.
+  """
+  mods = [m for m in attention_modules(model) if not m.distance_form]
+  for m in mods:
+    if m.qk_norm:
+      raise ValueError("fold_distance: QK-norm is not a function of W_+ x; a model with qk_norm cannot be folded")
+  for m in mods:
+    m.learnable_operator = False
+    m.set_operator("DMAP")
+    m.wp = nnx.Param((m.wq[...] + m.wk[...]) * (1 / math.sqrt(2)), axes=("embed", "heads", "kv"))
+    del m.wq, m.wk
+    if m.qkv_bias:
+      m.bp = nnx.Param((m.bq[...] + m.bk[...]) * (1 / math.sqrt(2)), axes=("heads", "kv"))
+      del m.bq, m.bk
+    m.distance_form = True
+  cfg = getattr(model, "cfg", None)
+  if cfg is not None and isinstance(getattr(cfg, "block", None), BlockConfig):
+    blk = dataclasses.replace(cfg.block, operator="DMAP", learnable_operator=False, distance_form=True)
+    model.cfg = dataclasses.replace(cfg, block=blk.validate())
   return model
 
 
