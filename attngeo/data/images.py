@@ -8,10 +8,13 @@ C ∈ {1, 3, 4}; labels are int32 in [0, num_classes).
 * `digits` — scikit-learn's 1,797 8×8 digits (`sklearn.datasets.load_digits`, values 0…16), tiny, for tests;
 * a local `.npz` (arrays `images` [n, H, W(, C)] and `labels` [n]), a `.npy` of images (all label 0),
   or a folder of class sub-folders of PNG/JPEG files (`root/<class>/*.png`, classes in sorted order).
-  Integer images must lie in [0, 255], float images in [0, 1].
+  Integer images must lie in [0, 255], float images in [0, 1];
+* a `.npz` of VAE latents (arrays `latents` [n, h, w, c] and `labels`), used as they are (finite,
+  any range): SiT trains on Stable Diffusion VAE latents × 0.18215.
 
 `ImageSet` writes a stratified train/test split (the test split is the metric's held-out real set)
-as records `{"image": [H, W, C] float32, "label": int}`; `image_sets` builds it once (keyed by the
+as records `{"image": [H, W, C] float32, "label": int, "index": int}` (`index` into the source arrays;
+tfds stores records in hashed order); `image_sets` builds it once (keyed by the
 content of the images, so a changed file is a new dataset) and opens both splits as random-access
 sources for `attngeo.data.loader`.
 """
@@ -105,8 +108,10 @@ def load_images(source: str) -> tuple[np.ndarray, np.ndarray, int]:
     x, y, _ = _folder(source)
   elif source.endswith(".npz") and os.path.exists(source):
     with np.load(source) as f:
+      if "latents" in f and "labels" in f:
+        return _latents(source, f["latents"], f["labels"])
       if "images" not in f or "labels" not in f:
-        raise ValueError(f"{source} must hold arrays 'images' and 'labels'; found {sorted(f.files)}")
+        raise ValueError(f"{source} must hold arrays 'images' (or 'latents') and 'labels'; found {sorted(f.files)}")
       x, y = f["images"], f["labels"]
   elif source.endswith(".npy") and os.path.exists(source):
     x = np.load(source)
@@ -117,6 +122,15 @@ def load_images(source: str) -> tuple[np.ndarray, np.ndarray, int]:
   y = np.asarray(y)
   num_classes = int(y.max()) + 1 if y.size and np.issubdtype(y.dtype, np.integer) else 1
   return images, check_labels(y, num_classes, len(images), f"labels of {source}"), num_classes
+
+
+def _latents(source, z, y):
+  z = np.asarray(z, np.float32)
+  if z.ndim != 4 or z.shape[1] != z.shape[2] or not np.all(np.isfinite(z)):
+    raise ValueError(f"latents of {source} must be a finite [n, h, w, c] array with h = w; got shape {z.shape}")
+  y = np.asarray(y)
+  num_classes = int(y.max()) + 1 if y.size and np.issubdtype(y.dtype, np.integer) else 1
+  return z, check_labels(y, num_classes, len(z), f"labels of {source}"), num_classes
 
 
 def stratified_split(labels: np.ndarray, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -134,7 +148,7 @@ def stratified_split(labels: np.ndarray, test_fraction: float, seed: int) -> tup
 
 
 class ImageSet(tfds.core.GeneratorBasedBuilder):
-  """Labelled images split into `train` / `test`: records `{"image": [H, W, C] float32, "label": int}`."""
+  """Labelled images split into `train` / `test`: records `{"image": [H, W, C] float32, "label", "index"}`."""
 
   VERSION = tfds.core.Version("1.0.0")
   RELEASE_NOTES = {"1.0.0": "Class-conditional images in [-1, 1] with a stratified held-out split."}
@@ -150,14 +164,15 @@ class ImageSet(tfds.core.GeneratorBasedBuilder):
   def _info(self):
     return self.dataset_info_from_configs(features=tfds.features.FeaturesDict({
         "image": tfds.features.Tensor(shape=self.images.shape[1:], dtype=np.float32),
-        "label": tfds.features.ClassLabel(num_classes=self.num_classes)}))
+        "label": tfds.features.ClassLabel(num_classes=self.num_classes),
+        "index": tfds.features.Scalar(dtype=np.int64)}))
 
   def _split_generators(self, dl_manager):
     return {"train": self._generate_examples(self.train_idx), "test": self._generate_examples(self.test_idx)}
 
   def _generate_examples(self, idx):
     for i in idx:
-      yield int(i), {"image": self.images[i], "label": int(self.labels[i])}
+      yield int(i), {"image": self.images[i], "label": int(self.labels[i]), "index": int(i)}
 
 
 def image_sets(data_dir: str, source: str = "mnist", test_fraction: float = 0.1, split_seed: int = 0):
