@@ -16,6 +16,8 @@ from attngeo import nn
 from attngeo.interop import dit as dit_import, safetensors_io
 
 D, HEADS, DEPTH, P, C, IMG, K = 32, 4, 2, 2, 3, 8, 5
+raw = nnx.jit(lambda m, x, t, y: m.raw(x, t, y))
+call = nnx.jit(lambda m, x, t, y: m(x, t, y))
 
 
 def official_state_dict(rng, learn_sigma=True, null_row=True, depth=DEPTH, channels=C):
@@ -109,23 +111,14 @@ def test_imported_forward_matches_the_numpy_reference(tmp_path, learn_sigma):
   t = np.array([0.0, 0.37, 1.0])                      # SiT's t ∈ [0, 1]; DiT passes steps, same formula
   y = np.array([0, 4, K])                             # the last is the null label
   want = reference_forward(sd, x, t, y, HEADS)
-  got = np.asarray(model.raw(np.transpose(x, (0, 2, 3, 1)).astype(np.float32), t.astype(np.float32), y))
+  got = np.asarray(raw(model, np.transpose(x, (0, 2, 3, 1)).astype(np.float32), t.astype(np.float32), y))
   np.testing.assert_allclose(np.transpose(got, (0, 3, 1, 2)), want, atol=1e-4, rtol=1e-4)
-  vel = np.asarray(model(np.transpose(x, (0, 2, 3, 1)).astype(np.float32), t.astype(np.float32), y))
+  vel = np.asarray(call(model, np.transpose(x, (0, 2, 3, 1)).astype(np.float32), t.astype(np.float32), y))
   np.testing.assert_allclose(np.transpose(vel, (0, 3, 1, 2)), want[:, :C], atol=1e-4, rtol=1e-4)   # SiT's chunk(2)
-
-
-def test_dit_style_integer_timesteps(tmp_path):
-  rng = np.random.default_rng(1)
-  sd = official_state_dict(rng)
-  path = str(tmp_path / "dit.safetensors")
-  safetensors_io.save(path, sd)
-  model = dit_import.import_checkpoint(path, num_heads=HEADS)
-  x = rng.normal(size=(2, C, IMG, IMG))
-  t = np.array([3.0, 999.0])
-  want = reference_forward(sd, x, t, np.array([1, 2]), HEADS)
-  got = np.asarray(model.raw(np.transpose(x, (0, 2, 3, 1)).astype(np.float32), t.astype(np.float32), np.array([1, 2])))
-  np.testing.assert_allclose(np.transpose(got, (0, 3, 1, 2)), want, atol=1e-4, rtol=1e-4)
+  steps = np.array([3.0, 500.0, 999.0])               # DiT's integer DDPM steps go through the same sinusoid
+  got = np.asarray(raw(model, np.transpose(x, (0, 2, 3, 1)).astype(np.float32), steps.astype(np.float32), y))
+  np.testing.assert_allclose(np.transpose(got, (0, 3, 1, 2)), reference_forward(sd, x, steps, y, HEADS),
+                             atol=1e-4, rtol=1e-4)
 
 
 def test_native_positions_are_the_mae_layout():
@@ -215,8 +208,8 @@ def test_imported_model_grafts_and_folds(tmp_path):
   x = rng.normal(size=(2, IMG, IMG, C)).astype(np.float32)
   t, y = np.array([0.2, 0.9], np.float32), np.array([1, 3])
   nn.graft(model, "DMAP")
-  grafted = np.asarray(model(x, t, y))
+  grafted = np.asarray(call(model, x, t, y))
   nn.fold_distance(model)
-  np.testing.assert_allclose(np.asarray(model(x, t, y)), grafted, atol=2e-5, rtol=1e-5)
+  np.testing.assert_allclose(np.asarray(call(model, x, t, y)), grafted, atol=2e-5, rtol=1e-5)
   assert model.cfg.block.distance_form and not hasattr(model.blocks[0].attn, "wq")
   assert nnx.state(model, nnx.Param)["blocks"][0]["attn"]["wp"][...].shape == (D, HEADS, D // HEADS)
