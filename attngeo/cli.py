@@ -19,7 +19,7 @@ COMMANDS = {
     "heat": ("attngeo.experiments.heat_swissroll", "heat flow of a Gaussian Markov walk on a Swiss roll (Figure 1)"),
     "curvature": ("attngeo.experiments.curvature", "Bakry-Emery estimators against the sphere and torus"),
     "probe": ("attngeo.experiments.probe", "per-layer Markov/Bakry-Emery/connection diagnostics of a checkpoint"),
-    "sit": ("attngeo.experiments.sit", "SiT on images (train/sample/import) and the ATTN->DMTN->DMAP transfer, Figures 3-5"),
+    "sit": ("attngeo.experiments.sit", "SiT on images; the ATTN->DMTN->DMAP transfer (Figures 3-5)"),
 }
 
 

@@ -7,7 +7,8 @@ t = 1, `x_t = (1 − t) x_0 + t x_1`, target velocity `u = x_1 − x_0`; the los
 Sampling integrates from noise at t = 0 to t = 1 (`sample`, `SAMPLERS`):
 
 * `euler` — `x ← x + Δt·v(x, t)` (first order);
-* `heun` — predictor `x̃ = x + Δt·v(x, t)`, corrector `x ← x + ½Δt·[v(x, t) + v(x̃, t + Δt)]` (second order);
+* `heun` — predictor `x̃ = x + Δt·v(x, t)`, corrector `x ← x + ½Δt·[v(x, t) + v(x̃, t + Δt)]`
+  (second order);
 * `dopri5` — Dormand–Prince 5(4) with a PID step-size controller (diffrax), `rtol`/`atol` as SiT's
   defaults (1e-3, 1e-6); `steps` only sets where a trajectory is saved;
 * `sde` — Euler–Maruyama for SiT's SDE `dx = [v + w(t)·s(x, t)] dt + √(2 w(t)) dW` with the score
@@ -24,7 +25,6 @@ import jax
 import jax.numpy as jnp
 
 SAMPLERS = ("euler", "heun", "dopri5", "sde")
-SOLVERS = SAMPLERS   # older name
 
 
 def interpolate(x0, x1, t):
@@ -77,7 +77,8 @@ def guided(velocity_fn, scale: float, null_label: int | None, channels: int | No
 
   def fn(x, t, y):
     b = x.shape[0]
-    v = velocity_fn(jnp.concatenate([x, x]), jnp.concatenate([t, t]), jnp.concatenate([y, jnp.full_like(y, null_label)]))
+    null = jnp.full_like(y, null_label)
+    v = velocity_fn(jnp.concatenate([x, x]), jnp.concatenate([t, t]), jnp.concatenate([y, null]))
     cond, uncond = v[:b], v[b:]
     mix = uncond + scale * (cond - uncond)
     if channels is None:

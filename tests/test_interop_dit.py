@@ -25,7 +25,8 @@ def official_state_dict(rng, learn_sigma=True, null_row=True, depth=DEPTH, chann
   f = 4 * D
   w = lambda *shape: rng.normal(0, 1 / math.sqrt(shape[-1]), shape).astype(np.float32)
   b = lambda n: rng.normal(0, 0.1, (n,)).astype(np.float32)
-  sd = {"x_embedder.proj.weight": rng.normal(0, 0.3, (D, channels, P, P)).astype(np.float32), "x_embedder.proj.bias": b(D),
+  sd = {"x_embedder.proj.weight": rng.normal(0, 0.3, (D, channels, P, P)).astype(np.float32),
+        "x_embedder.proj.bias": b(D),
         "pos_embed": rng.normal(0, 0.5, (1, (IMG // P) ** 2, D)).astype(np.float32),
         "t_embedder.mlp.0.weight": w(D, 256), "t_embedder.mlp.0.bias": b(D),
         "t_embedder.mlp.2.weight": w(D, D), "t_embedder.mlp.2.bias": b(D),

@@ -97,7 +97,8 @@ def expected_shapes(cfg) -> dict[str, tuple[int, ...]]:
             "t_embedder.mlp.2.weight": (d, d), "t_embedder.mlp.2.bias": (d,),
             "y_embedder.embedding_table.weight": (rows, d),
             "final_layer.adaLN_modulation.1.weight": (2 * d, d), "final_layer.adaLN_modulation.1.bias": (2 * d,),
-            "final_layer.linear.weight": (p * p * cfg.out_channels, d), "final_layer.linear.bias": (p * p * cfg.out_channels,)}
+            "final_layer.linear.weight": (p * p * cfg.out_channels, d),
+            "final_layer.linear.bias": (p * p * cfg.out_channels,)}
   for i in range(cfg.depth):
     b = f"blocks.{i}."
     shapes.update({b + "attn.qkv.weight": (3 * d, d), b + "attn.qkv.bias": (3 * d,),

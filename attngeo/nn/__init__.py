@@ -1,6 +1,7 @@
 """Flax NNX models whose attention is any member of the transport family.
 
-* `layers` — `Attention`, `Mlp`, `BlockConfig`/`Block`, `graft`, `fold_distance`, `capture_qk` (what every model is made of);
+* `layers` — `Attention`, `Mlp`, `BlockConfig`/`Block`, `graft`, `fold_distance`, `capture_qk` (what every
+  model is made of);
 * `gpt` — `GPT` (decoder LM, nanochat's depth knob); `dit` — `DiT` (SiT/DiT backbone);
   `pointflow` — `PointFlow` (set transformer over points); `embeddings` — time/position embeddings;
 * `registry` — config ⇄ dict and rebuilding a model from a run's config.
@@ -17,4 +18,5 @@ from attngeo.nn.registry import build, config_dict, config_from_dict
 
 __all__ = ["ORDERS", "Attention", "Block", "BlockConfig", "DiT", "DiTConfig", "FinalLayer", "GPT", "GPTConfig", "Mlp",
            "PointFlow", "PointFlowConfig", "TimestepEmbedder", "attention_modules", "build", "capture_qk",
-           "config_dict", "config_from_dict", "fold_distance", "graft", "resolve_operator", "rope", "sincos_2d", "timestep_embedding"]
+           "config_dict", "config_from_dict", "fold_distance", "graft", "resolve_operator", "rope", "sincos_2d",
+           "timestep_embedding"]
