@@ -606,7 +606,7 @@ def main(argv=None):
   if args.command == "import":
     try:
       return import_run(args.checkpoint, args.out, args.num_heads, args.num_classes)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, ImportError) as e:
       ap.error(str(e))
   if args.command == "sample":
     cfg = config_lib.from_arguments(args, SiTConfig, SiTConfig())
@@ -632,7 +632,7 @@ def main(argv=None):
       print("launch: " + LAUNCH if args.full else "local: attngeo sit transfer " + " ".join(argv or sys.argv[2:]))
       return cfg
     check_data(cfg)
-  except (ValueError, TypeError, FileNotFoundError) as e:
+  except (ValueError, TypeError, FileNotFoundError, ImportError) as e:
     ap.error(str(e))
   return transfer(cfg) if args.command == "transfer" else train_one(cfg)
 

@@ -4,9 +4,7 @@ The reference below is written from the public `models.py` of willisma/SiT and f
 (timm PatchEmbed / Attention / Mlp, adaLN-Zero, NCHW tensors, torch's [out, in] weights), in float64,
 independently of attngeo's code.
 """
-import json
 import math
-import struct
 
 import numpy as np
 import pytest
@@ -103,7 +101,7 @@ def test_imported_forward_matches_the_numpy_reference(tmp_path, learn_sigma):
   rng = np.random.default_rng(0)
   sd = official_state_dict(rng, learn_sigma=learn_sigma)
   path = str(tmp_path / "sit.safetensors")
-  safetensors_io.save(path, sd)
+  safetensors_io.write(path, sd)
   model = dit_import.import_checkpoint(path, num_heads=HEADS)
   cfg = model.cfg
   assert (cfg.block.width, cfg.depth, cfg.patch, cfg.channels, cfg.image_size) == (D, DEPTH, P, C, IMG)
@@ -147,7 +145,7 @@ def test_config_inference_and_null_row():
 
 def error_of(tmp_path, sd, name="bad.safetensors", **kw):
   path = str(tmp_path / name)
-  safetensors_io.save(path, sd)
+  safetensors_io.write(path, sd)
   with pytest.raises(ValueError) as e:
     dit_import.import_checkpoint(path, num_heads=HEADS, **kw)
   msg = str(e.value)
@@ -162,49 +160,42 @@ def test_bad_checkpoints_name_the_keys(tmp_path):
   sd["blocks.0.attn.q_norm.weight"] = np.ones(8, np.float32)
   sd["blocks.0.adaLN_modulation.1.bias"] = np.zeros(5, np.float32)
   msg = error_of(tmp_path, sd)
-  assert "missing keys blocks.1.mlp.fc2.bias" in msg
-  assert "unexpected keys blocks.0.attn.q_norm.weight" in msg
-  assert "wrong shapes blocks.0.adaLN_modulation.1.bias (5,) (expected (192,))" in msg
+  assert "missing keys: blocks.1.mlp.fc2.bias" in msg
+  assert "unexpected keys: blocks.0.attn.q_norm.weight" in msg
+  assert "wrong shapes: blocks.0.adaLN_modulation.1.bias (5,) (expected (192,))" in msg
   foreign = {"wte.weight": np.zeros((10, 4), np.float32), "h.0.attn.c_attn.weight": np.zeros((4, 12), np.float32)}
   msg = error_of(tmp_path, foreign, "gpt2.safetensors")
   assert msg.startswith("not a SiT/DiT checkpoint: missing final_layer.linear.weight, pos_embed, x_embedder")
   assert "wte.weight" in msg
 
 
-def test_pickles_need_torch_and_other_files_are_refused(tmp_path):
+def test_pickles_need_torch(tmp_path):
   pt = tmp_path / "SiT-XL-2-256x256.pt"
   pt.write_bytes(b"not really a pickle")
   try:
     import torch  # noqa: F401
+    pytest.skip("torch is installed: .pt files are read through torch.load(weights_only=True)")
   except ImportError:
-    with pytest.raises(ValueError, match=r"needs torch \(pip install 'attngeo\[torch\]'\).*save_file"):
-      safetensors_io.load(str(pt))
-  npz = tmp_path / "weights.npz"
-  npz.write_bytes(b"")
-  with pytest.raises(ValueError, match="must be a .safetensors file"):
-    safetensors_io.load(str(npz))
-  bad = tmp_path / "broken.safetensors"
-  bad.write_bytes(b"\x00" * 16)
-  with pytest.raises(ValueError, match="not a readable safetensors file"):
-    safetensors_io.load(str(bad))
+    pass
+  with pytest.raises(ImportError, match=r"torch is not installed: pip install 'attngeo\[torch\]'.*save_file"):
+    dit_import.import_checkpoint(str(pt))
 
 
-def test_bfloat16_tensors_are_widened(tmp_path):
-  """A bf16 safetensors file written byte by byte from the format (8-byte header length, JSON, data)."""
-  x = np.array([[1.5, -2.0], [0.15625, 327680.0]], np.float32)
-  bf16 = (x.view(np.uint32) >> 16).astype(np.uint16).tobytes()       # these values are exact in bf16
-  header = json.dumps({"w": {"dtype": "BF16", "shape": [2, 2], "data_offsets": [0, len(bf16)]}}).encode()
-  path = tmp_path / "bf16.safetensors"
-  path.write_bytes(struct.pack("<Q", len(header)) + header + bf16)
-  got = safetensors_io.load(str(path))["w"]
-  assert got.dtype == np.float32
-  np.testing.assert_array_equal(got, x)
+def test_bfloat16_checkpoints_import_in_float32(tmp_path):
+  import ml_dtypes
+  rng = np.random.default_rng(5)
+  sd = official_state_dict(rng)
+  path = str(tmp_path / "bf16.safetensors")
+  safetensors_io.write(path, {k: v.astype(ml_dtypes.bfloat16) for k, v in sd.items()})
+  model = dit_import.import_checkpoint(path, num_heads=HEADS)
+  np.testing.assert_array_equal(np.asarray(model.y_embed[...]),
+                                sd["y_embedder.embedding_table.weight"].astype(ml_dtypes.bfloat16).astype(np.float32))
 
 
 def test_imported_model_grafts_and_folds(tmp_path):
   rng = np.random.default_rng(4)
   path = str(tmp_path / "sit.safetensors")
-  safetensors_io.save(path, official_state_dict(rng))
+  safetensors_io.write(path, official_state_dict(rng))
   model = dit_import.import_checkpoint(path, num_heads=HEADS)
   x = rng.normal(size=(2, IMG, IMG, C)).astype(np.float32)
   t, y = np.array([0.2, 0.9], np.float32), np.array([1, 3])

@@ -156,7 +156,7 @@ def test_import_then_sample_then_transfer_refuses_mismatched_data(tmp_path, caps
   from test_interop_dit import official_state_dict
   from attngeo.interop import safetensors_io
   ckpt = str(tmp_path / "tiny_sit.safetensors")
-  safetensors_io.save(ckpt, official_state_dict(np.random.default_rng(0), channels=1))   # 8x8x1, 5 classes
+  safetensors_io.write(ckpt, official_state_dict(np.random.default_rng(0), channels=1))   # 8x8x1, 5 classes
   run = str(tmp_path / "imported")
   sit.main(["import", ckpt, "--out", run, "--num-heads", "4"])
   assert "5 classes + null label, learned sigma True" in capsys.readouterr().out

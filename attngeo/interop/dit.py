@@ -29,14 +29,14 @@ import re
 import jax.numpy as jnp
 import numpy as np
 
-from attngeo.interop import safetensors_io
+from attngeo.interop import layout, safetensors_io
 
 HEADS_BY_WIDTH = {384: 6, 768: 12, 1024: 16, 1152: 16}
 REQUIRED = ("x_embedder.proj.weight", "pos_embed", "final_layer.linear.weight", "y_embedder.embedding_table.weight")
 
 
 def _names(keys, limit: int = 5) -> str:
-  keys = sorted(keys)
+  keys = sorted(keys, key=layout.natural_key)
   more = f" (+{len(keys) - limit} more)" if len(keys) > limit else ""
   return ", ".join(keys[:limit]) + more
 
@@ -111,21 +111,8 @@ def expected_shapes(cfg) -> dict[str, tuple[int, ...]]:
 
 def check_state_dict(sd: dict, cfg, path: str = "checkpoint"):
   """One-line error naming the missing, unexpected and wrongly shaped keys against `expected_shapes(cfg)`."""
-  want = expected_shapes(cfg)
-  missing = set(want) - set(sd)
-  unexpected = set(sd) - set(want)
-  wrong = [f"{k} {tuple(np.shape(sd[k]))} (expected {want[k]})" for k in sorted(set(want) & set(sd))
-           if tuple(np.shape(sd[k])) != want[k]]
-  problems = []
-  if missing:
-    problems.append(f"missing keys {_names(missing)}")
-  if unexpected:
-    problems.append(f"unexpected keys {_names(unexpected)}")
-  if wrong:
-    problems.append(f"wrong shapes {'; '.join(wrong[:3])}" + (f" (+{len(wrong) - 3} more)" if len(wrong) > 3 else ""))
-  if problems:
-    raise ValueError(f"{path} does not match the SiT/DiT layout of {cfg.depth} blocks of width {cfg.block.width}: "
-                     + "; ".join(problems))
+  layout.check(layout.shapes(sd), expected_shapes(cfg),
+               f"{path} (SiT/DiT, {cfg.depth} blocks of width {cfg.block.width})")
 
 
 def load_state_dict(model, sd: dict, path: str = "checkpoint"):
@@ -178,13 +165,16 @@ def import_checkpoint(path: str, num_heads: int | None = None, num_classes: int 
                       **overrides):
   """An `attngeo.nn.DiT` holding an official SiT/DiT checkpoint (`.safetensors`, or `.pt` with torch).
 
+  The released SiT-XL-2-256x256.pt and DiT-XL-2-*.pt are flat state dicts; a `train.py` checkpoint
+  nests them (`{"model", "ema", "opt", "args"}`): convert its `"ema"` entry to safetensors first.
+
   Returns the model; `model.cfg` records the inferred `DiTConfig` (learned sigma, null label, width,
   depth, heads, patch, image size), so it can be trained, grafted and saved as an attngeo run.
   """
   from flax import nnx
 
   from attngeo.nn import DiT
-  sd = safetensors_io.select(safetensors_io.load(path), path)
+  sd = safetensors_io.read(path)
   cfg = config_from_state_dict(sd, num_heads=num_heads, num_classes=num_classes, **overrides)
   check_state_dict(sd, cfg, path)
   model = DiT(cfg, rngs=nnx.Rngs(seed))
