@@ -7,12 +7,18 @@ Shapes use einsum letters: `b` batch, `n` tokens, `d` width (embed), `h` heads, 
 * `Attention` — multi-head attention `y = Σ_h W_O^h · transport(q^h, k^h, v^h; β_h, α_h)` under
   operator (β, α) (a named corner, fixed floats, or learnable per-head values), optional rotary
   embedding, QK-norm and q/k/v biases, causal or not. With `capture=True` it sows its post-rotary
-  q, k as `nnx.Intermediate` for geometry probes.
+  q, k as `nnx.Intermediate` for geometry probes. Options that public checkpoints need (GPT-2,
+  nanochat; see `attngeo.interop`): grouped key/value heads (GQA), an output bias, rotary base /
+  direction / pairing, parameter-free QK-norm with a q/k gain, and a gated value embedding.
 * `Block` — pre-norm residual block, sub-layer order `attn_first` (MHSA→FFN) or `ffn_first`
   (FFN→MHSA), optionally adaLN-Zero modulated by a conditioning vector; `BlockConfig` is the one
   config every model nests.
 * `graft(model, operator)` — run the same weights under another (β, α); `capture_qk` — read every
   layer's q, k during a forward pass.
+* Distance form (`distance_form=True`): DMAP parametrised by `W_+ = (W_Q + W_K)/√2` alone (`wp`, with
+  bias `b_+ = (b_Q + b_K)/√2`), half of attention's query–key parameters; `m = W_+ x + b_+` and
+  `P_ij ∝ exp(−¼ s ‖m_i − m_j‖²)`. `fold_distance(model)` rewrites a model's q/k weights into it
+  exactly (same outputs as `graft(model, "DMAP")`).
 """
 from __future__ import annotations
 
@@ -38,12 +44,14 @@ def param(rngs, shape, axes, *, std=None, zero=False, dtype=jnp.float32):
   return nnx.Param(value, axes=axes)
 
 
-def _check_distance_form(operator, learnable_operator, qk_norm):
+def _check_distance_form(operator, learnable_operator, qk_norm, num_kv_heads=None, num_heads=None):
   if resolve_operator(operator) != (0.0, 0.0) or learnable_operator:
     raise ValueError(f"distance_form holds W_+ only, so its operator is a fixed DMAP; got operator={operator!r}, "
                      f"learnable_operator={learnable_operator}")
   if qk_norm:
     raise ValueError("distance_form cannot carry qk_norm: norm(q) + norm(k) is not a function of W_+ x")
+  if num_kv_heads not in (None, num_heads):
+    raise ValueError("distance_form needs as many key heads as query heads (no GQA): W_+ = (W_Q + W_K)/√2 per head")
 
 
 def resolve_operator(operator) -> tuple[float, float]:
@@ -57,45 +65,87 @@ def resolve_operator(operator) -> tuple[float, float]:
   return beta, alpha
 
 
-def rope(x, positions, base: float = 10_000.0):
-  """Rotary embedding of x [b, n, h, k] at integer positions [n] (rotate-half convention)."""
+ROPE_STYLES = ("half", "interleaved")
+NORMS = ("rms", "layer")
+VALUE_GATE_RANGE = 3.0   # value-embedding gate 3·σ(·) ∈ (0, 3) (nanochat's ResFormer gate)
+
+
+def rope(x, positions, base: float = 10_000.0, *, sign: int = 1, style: str = "half", table_dtype=None):
+  """Rotary embedding of x [b, n, h, k] at integer positions [n].
+
+  Channel pair i < k/2 turns by the angle sign·p·θ_i, θ_i = base^(−2i/k). `style="half"` pairs
+  channel i with i + k/2 (rotate-half: GPT-NeoX, nanochat); `"interleaved"` pairs 2i with 2i + 1
+  (GPT-J, Meta's LLaMA). sign = +1 is the textbook rotation `(x₁ cos − x₂ sin, x₁ sin + x₂ cos)`;
+  nanochat turns by −θ (sign = −1). Only the relative angle of q and k enters q·k, but a trained
+  checkpoint fixes base, sign and pairing. `table_dtype` rounds the cos/sin tables to that dtype
+  (nanochat keeps them in bfloat16) before rotating in float32.
+  """
+  if sign not in (1, -1) or style not in ROPE_STYLES:
+    raise ValueError(f"rope needs sign in (1, -1) and style in {ROPE_STYLES}; got sign={sign!r}, style={style!r}")
   half = x.shape[-1] // 2
   freqs = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
   ang = positions[:, None].astype(jnp.float32) * freqs[None]            # [n, k/2]
   cos, sin = jnp.cos(ang)[None, :, None], jnp.sin(ang)[None, :, None]
-  x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
-  return jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1).astype(x.dtype)
+  if table_dtype is not None:
+    cos, sin = cos.astype(table_dtype).astype(jnp.float32), sin.astype(table_dtype).astype(jnp.float32)
+  if sign < 0:
+    sin = -sin
+  if style == "half":
+    x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
+    return jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1).astype(x.dtype)
+  x1, x2 = x[..., 0::2].astype(jnp.float32), x[..., 1::2].astype(jnp.float32)
+  return jnp.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1).reshape(x.shape).astype(x.dtype)
 
 
 class Attention(nnx.Module):
   """Multi-head attention `y = Σ_h W_O^h · transport(q^h, k^h, v^h; β_h, α_h)`.
 
-  x: [b, n, d] -> [b, n, d]. Weights `wq, wk, wv`: [d, h, k]; `wo`: [h, k, d]; with `out_bias`, `bo`: [d].
-  With `distance_form`, one projection `wp` [d, h, k] (bias `bp`) replaces `wq, wk`: `m = x·wp + bp` and
-  the layer is DMAP on m (q = k = m/√2, so that (q + k)/√2 = m for the kernels and probes).
+  x: [b, n, d] -> [b, n, d]. Weights `wq`: [d, h, k]; `wk, wv`: [d, g, k] (g = `num_kv_heads`,
+  default h; each group of h/g query heads shares one key/value head, as `repeat_interleave`);
+  `wo`: [h, k, d]. Optional biases `bq` [h, k], `bk, bv` [g, k], `bo` [d].
+
+  QK-norm with a learned scale comes before the rotation; a parameter-free one after it
+  (nanochat's order — the two agree for an exact rotation, which preserves each head vector's
+  norm, but not once the cos/sin tables are rounded to bfloat16); then q, k are multiplied by
+  `qk_gain`. With `value_gate = C > 0` a value
+  embedding `e` [b, n, g, k] passed to the call is added to v through the gate
+  `v ← v + 3·σ(x[..., :C] · ve_gate) e`, `ve_gate` [C, g] (nanochat's ResFormer value residual).
+
+  With `distance_form`, one projection `wp` [d, h, k] (bias `bp`) replaces `wq, wk`: `m = x·wp + bp`
+  and the layer is DMAP on m (q = k = m/√2, so that (q + k)/√2 = m for the kernels and probes).
   """
 
   def __init__(self, width: int, num_heads: int, head_dim: int, *, operator="ATTN", learnable_operator=False,
                causal=False, use_rope=False, qk_norm=False, qkv_bias=False, implementation=None,
-               dtype=jnp.float32, out_bias=False, distance_form=False, rngs: nnx.Rngs):
+               dtype=jnp.float32, num_kv_heads: int | None = None, out_bias=False, rope_base=10_000.0,
+               rope_sign=1, rope_style="half", rope_dtype=None, qk_norm_scale=True, qk_gain=1.0, norm_eps=1e-6,
+               value_gate=0, distance_form=False, rngs: nnx.Rngs):
+    kv_heads = num_kv_heads or num_heads
+    if distance_form:
+      _check_distance_form(operator, learnable_operator, qk_norm, kv_heads, num_heads)
+    self.distance_form = distance_form
+    if num_heads % kv_heads:
+      raise ValueError(f"num_kv_heads={kv_heads} must divide num_heads={num_heads}")
     self.num_heads, self.head_dim, self.causal = num_heads, head_dim, causal
     self.use_rope, self.qk_norm, self.qkv_bias = use_rope, qk_norm, qkv_bias
     self.implementation, self.dtype, self.capture = implementation, dtype, False
-    self.out_bias, self.distance_form = out_bias, distance_form
-    if distance_form:
-      _check_distance_form(operator, learnable_operator, qk_norm)
-    qk = ("wp",) if distance_form else ("wq", "wk")
-    for name in qk + ("wv",):
-      setattr(self, name, param(rngs, (width, num_heads, head_dim), ("embed", "heads", "kv")))
+    self.num_kv_heads, self.out_bias, self.qk_gain, self.value_gate = kv_heads, out_bias, qk_gain, value_gate
+    self.rope_base, self.rope_sign, self.rope_style, self.rope_dtype = rope_base, rope_sign, rope_style, rope_dtype
+    qk = (("wp", num_heads),) if distance_form else (("wq", num_heads), ("wk", kv_heads))
+    for name, heads in qk + (("wv", kv_heads),):
+      setattr(self, name, param(rngs, (width, heads, head_dim), ("embed", "heads", "kv")))
     self.wo = param(rngs, (num_heads, head_dim, width), ("heads", "kv", "embed"), std=(num_heads * head_dim) ** -0.5)
     if qkv_bias:
-      for name in (("bp",) if distance_form else ("bq", "bk")) + ("bv",):
-        setattr(self, name, param(rngs, (num_heads, head_dim), ("heads", "kv"), zero=True))
+      qk = (("bp", num_heads),) if distance_form else (("bq", num_heads), ("bk", kv_heads))
+      for name, heads in qk + (("bv", kv_heads),):
+        setattr(self, name, param(rngs, (heads, head_dim), ("heads", "kv"), zero=True))
+    if qk_norm:
+      self.q_norm = nnx.RMSNorm(head_dim, dtype=dtype, epsilon=norm_eps, use_scale=qk_norm_scale, rngs=rngs)
+      self.k_norm = nnx.RMSNorm(head_dim, dtype=dtype, epsilon=norm_eps, use_scale=qk_norm_scale, rngs=rngs)
     if out_bias:
       self.bo = param(rngs, (width,), ("embed",), zero=True)
-    if qk_norm:
-      self.q_norm = nnx.RMSNorm(head_dim, dtype=dtype, rngs=rngs)
-      self.k_norm = nnx.RMSNorm(head_dim, dtype=dtype, rngs=rngs)
+    if value_gate:
+      self.ve_gate = param(rngs, (value_gate, kv_heads), (None, "heads"), zero=True)
     self.learnable_operator = learnable_operator
     self.set_operator(operator)
 
@@ -116,30 +166,42 @@ class Attention(nnx.Module):
       return jnp.clip(self.beta[...], 0.0, 1.0), jnp.clip(self.alpha[...], 0.0, 1.0)
     return self.beta, self.alpha
 
-  def qkv(self, x):
-    """Projections (with biases, QK-norm and rotary applied): three [b, n, h, k] arrays."""
+  def qkv(self, x, value_embed=None):
+    """Projections (with biases, value embedding, QK-norm, gain and rotary applied): three [b, n, h, k]
+    arrays (grouped key/value heads repeated to h)."""
     x = x.astype(self.dtype)
     proj = lambda w: jnp.einsum("bnd,dhk->bnhk", x, w[...].astype(self.dtype))
-    if self.distance_form:
+    if self.distance_form:                    # q = k = m/√2 with m = x·W_+ + b_+
       m = proj(self.wp) + (self.bp[...].astype(self.dtype) if self.qkv_bias else 0)
       q = k = m * (1 / math.sqrt(2))
       v = proj(self.wv) + (self.bv[...].astype(self.dtype) if self.qkv_bias else 0)
-      if self.use_rope:
-        pos = jnp.arange(x.shape[1])
-        q = k = rope(q, pos)
-      return q, k, v
-    q, k, v = proj(self.wq), proj(self.wk), proj(self.wv)
-    if self.qkv_bias:
-      q, k, v = q + self.bq[...].astype(self.dtype), k + self.bk[...].astype(self.dtype), v + self.bv[...].astype(self.dtype)
-    if self.qk_norm:
+    else:
+      q, k, v = proj(self.wq), proj(self.wk), proj(self.wv)
+      if self.qkv_bias:
+        q, k, v = q + self.bq[...].astype(self.dtype), k + self.bk[...].astype(self.dtype), v + self.bv[...].astype(self.dtype)
+    if value_embed is not None:
+      if not self.value_gate:
+        raise ValueError("a value embedding was passed to an Attention built without value_gate")
+      gate = VALUE_GATE_RANGE * jax.nn.sigmoid(x[..., :self.value_gate] @ self.ve_gate[...].astype(self.dtype))
+      v = v + gate[..., None] * value_embed.astype(self.dtype)
+    learned_norm = self.qk_norm and self.q_norm.scale is not None
+    if learned_norm:
       q, k = self.q_norm(q), self.k_norm(k)
     if self.use_rope:
       pos = jnp.arange(x.shape[1])
-      q, k = rope(q, pos), rope(k, pos)
+      opts = dict(sign=self.rope_sign, style=self.rope_style, table_dtype=self.rope_dtype)
+      q, k = rope(q, pos, self.rope_base, **opts), rope(k, pos, self.rope_base, **opts)
+    if self.qk_norm and not learned_norm:
+      q, k = self.q_norm(q), self.k_norm(k)
+    if self.qk_gain != 1.0:
+      q, k = q * self.qk_gain, k * self.qk_gain
+    if self.num_kv_heads != self.num_heads:
+      reps = self.num_heads // self.num_kv_heads
+      k, v = jnp.repeat(k, reps, axis=2), jnp.repeat(v, reps, axis=2)
     return q, k, v
 
-  def __call__(self, x, mask=None):
-    q, k, v = self.qkv(x)
+  def __call__(self, x, mask=None, value_embed=None):
+    q, k, v = self.qkv(x, value_embed)
     if self.capture:
       self.sow(nnx.Intermediate, "qk", (q, k))
     beta, alpha = self.coefficients()
@@ -150,22 +212,31 @@ class Attention(nnx.Module):
 
 
 class Mlp(nnx.Module):
-  """`W_2 act(W_1 x)`, act ∈ {relu2, gelu, silu}; x: [b, n, d]."""
+  """`W_2 act(W_1 x + b_1) + b_2` (biases optional), act ∈ {relu2, gelu, silu}; x: [b, n, d].
 
-  def __init__(self, width: int, hidden: int, act: str = "gelu", dtype=jnp.float32, *, rngs: nnx.Rngs):
+  `gelu` is the tanh approximation (`jax.nn.gelu`'s default; GPT-2's `gelu_new`); `relu2` is
+  `relu(z)²` (nanochat).
+  """
+
+  def __init__(self, width: int, hidden: int, act: str = "gelu", dtype=jnp.float32, *, bias: bool = True,
+               rngs: nnx.Rngs):
     acts = {"relu2": lambda z: jnp.square(jax.nn.relu(z)), "gelu": jax.nn.gelu, "silu": jax.nn.silu}
     if act not in acts:
       raise ValueError(f"mlp activation must be one of {sorted(acts)}; got {act!r}")
-    self.act, self.fn, self.dtype = act, acts[act], dtype
+    self.act, self.fn, self.dtype, self.bias = act, acts[act], dtype, bias
     self.w1 = param(rngs, (width, hidden), ("embed", "mlp"))
-    self.b1 = param(rngs, (hidden,), ("mlp",), zero=True)
+    if bias:
+      self.b1 = param(rngs, (hidden,), ("mlp",), zero=True)
     self.w2 = param(rngs, (hidden, width), ("mlp", "embed"), std=hidden ** -0.5)
-    self.b2 = param(rngs, (width,), ("embed",), zero=True)
+    if bias:
+      self.b2 = param(rngs, (width,), ("embed",), zero=True)
 
   def __call__(self, x):
     x = x.astype(self.dtype)
-    h = self.fn(x @ self.w1[...].astype(self.dtype) + self.b1[...].astype(self.dtype))
-    return h @ self.w2[...].astype(self.dtype) + self.b2[...].astype(self.dtype)
+    h = x @ self.w1[...].astype(self.dtype)
+    h = self.fn(h + self.b1[...].astype(self.dtype) if self.bias else h)
+    y = h @ self.w2[...].astype(self.dtype)
+    return y + self.b2[...].astype(self.dtype) if self.bias else y
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,7 +255,20 @@ class BlockConfig:
   qkv_bias: bool = False
   implementation: str | None = None
   dtype: str = "float32"              # compute dtype; parameters stay float32
-  out_bias: bool = False              # bias on the attention output projection (timm/DiT/SiT have one)
+  # Options for imported checkpoints (attngeo.interop); the defaults are attngeo's own blocks.
+  num_kv_heads: int | None = None     # GQA: key/value heads shared by num_heads / num_kv_heads queries
+  out_bias: bool = False              # bias on W_O (GPT-2)
+  mlp_bias: bool = True               # biases in the MLP (nanochat: none)
+  norm: str = "rms"                   # rms | layer: pre-norms, final norm and embedding norm
+  norm_scale: bool = True             # learnable scale in those norms (nanochat: none)
+  norm_bias: bool = False             # learnable bias (layer norm only; GPT-2)
+  norm_eps: float = 1e-6              # ε of every norm, QK-norm included
+  qk_norm_scale: bool = True          # learnable QK-norm scale (False: parameter-free, nanochat)
+  qk_gain: float = 1.0                # q, k multiplied by this after QK-norm (nanochat 2026: 1.2)
+  rope_base: float = 10_000.0         # rotary base θ (nanochat 2026: 100000)
+  rope_sign: int = 1                  # +1 textbook rotation, −1 nanochat's
+  rope_style: str = "half"            # half (rotate-half) | interleaved
+  rope_dtype: str | None = None       # round the rotary cos/sin tables to this dtype (nanochat: bfloat16)
   distance_form: bool = False         # DMAP parametrised by W_+ = (W_Q + W_K)/√2 alone (see fold_distance)
 
   def validate(self):
@@ -192,9 +276,19 @@ class BlockConfig:
       raise ValueError(f"order must be one of {ORDERS}; got {self.order!r}")
     if self.head_dim is None and self.width % self.num_heads:
       raise ValueError(f"num_heads={self.num_heads} does not divide width={self.width}")
+    if self.num_kv_heads is not None and (self.num_kv_heads < 1 or self.num_heads % self.num_kv_heads):
+      raise ValueError(f"num_kv_heads={self.num_kv_heads} must divide num_heads={self.num_heads}")
+    if self.norm not in NORMS:
+      raise ValueError(f"norm must be one of {NORMS}; got {self.norm!r}")
+    if self.norm_bias and self.norm != "layer":
+      raise ValueError("norm_bias needs norm='layer' (RMSNorm has no bias)")
+    if self.rope_sign not in (1, -1):
+      raise ValueError(f"rope_sign must be 1 or -1; got {self.rope_sign!r}")
+    if self.rope_style not in ROPE_STYLES:
+      raise ValueError(f"rope_style must be one of {ROPE_STYLES}; got {self.rope_style!r}")
     resolve_operator(self.operator)
     if self.distance_form:
-      _check_distance_form(self.operator, self.learnable_operator, self.qk_norm)
+      _check_distance_form(self.operator, self.learnable_operator, self.qk_norm, self.num_kv_heads, self.num_heads)
     return self
 
   @property
@@ -228,34 +322,49 @@ class NestsBlock:
     return dataclasses.replace(self, block=blk.validate())
 
 
+def make_norm(cfg: BlockConfig, features: int, rngs: nnx.Rngs):
+  """The norm `cfg` asks for over `features` channels: RMSNorm or LayerNorm, scale/bias optional."""
+  if cfg.norm == "rms":
+    return nnx.RMSNorm(features, epsilon=cfg.norm_eps, use_scale=cfg.norm_scale, rngs=rngs)
+  return nnx.LayerNorm(features, epsilon=cfg.norm_eps, use_scale=cfg.norm_scale, use_bias=cfg.norm_bias,
+                       use_fast_variance=False, rngs=rngs)
+
+
 class Block(nnx.Module):
   """Pre-norm residual block; with `cond_dim`, adaLN-Zero: `x + g ⊙ f((1 + s) ⊙ norm(x) + t)`.
 
   The modulation (t, s, g per sub-layer) is a zero-initialised linear map of `silu(cond)`, so the
-  block is the identity at initialisation.
+  block is the identity at initialisation. `value_gate` > 0 gives the attention a gated value
+  embedding (passed per call as `value_embed` [b, n, g, k]).
   """
 
-  def __init__(self, cfg: BlockConfig, *, causal=False, cond_dim: int | None = None, rngs: nnx.Rngs):
+  def __init__(self, cfg: BlockConfig, *, causal=False, cond_dim: int | None = None, value_gate: int = 0,
+               rngs: nnx.Rngs):
     cfg.validate()
     dtype = jnp.dtype(cfg.dtype)
     self.order, self.adaln = cfg.order, cond_dim is not None
     norm = (lambda: nnx.LayerNorm(cfg.width, use_scale=False, use_bias=False, rngs=rngs)) if self.adaln else \
-           (lambda: nnx.RMSNorm(cfg.width, rngs=rngs))
+           (lambda: make_norm(cfg, cfg.width, rngs))
     self.norm_attn, self.norm_mlp = norm(), norm()
     self.attn = Attention(cfg.width, cfg.num_heads, cfg.dh, operator=cfg.operator,
                           learnable_operator=cfg.learnable_operator, causal=causal, use_rope=cfg.use_rope,
                           qk_norm=cfg.qk_norm, qkv_bias=cfg.qkv_bias, implementation=cfg.implementation,
-                          dtype=dtype, out_bias=cfg.out_bias, distance_form=cfg.distance_form, rngs=rngs)
-    self.mlp = Mlp(cfg.width, int(cfg.width * cfg.mlp_ratio), cfg.mlp_act, dtype, rngs=rngs)
+                          dtype=dtype, num_kv_heads=cfg.num_kv_heads, out_bias=cfg.out_bias,
+                          rope_base=cfg.rope_base, rope_sign=cfg.rope_sign, rope_style=cfg.rope_style,
+                          rope_dtype=None if cfg.rope_dtype is None else jnp.dtype(cfg.rope_dtype),
+                          qk_norm_scale=cfg.qk_norm_scale, qk_gain=cfg.qk_gain, norm_eps=cfg.norm_eps,
+                          value_gate=value_gate, distance_form=cfg.distance_form, rngs=rngs)
+    self.mlp = Mlp(cfg.width, int(cfg.width * cfg.mlp_ratio), cfg.mlp_act, dtype, bias=cfg.mlp_bias, rngs=rngs)
     if self.adaln:
       self.ada_w = param(rngs, (cond_dim, 6 * cfg.width), ("cond", "embed"), zero=True)
       self.ada_b = param(rngs, (6 * cfg.width,), ("embed",), zero=True)
 
-  def __call__(self, x, cond=None, mask=None):
+  def __call__(self, x, cond=None, mask=None, value_embed=None):
     if self.adaln:
       mod = jax.nn.silu(cond) @ self.ada_w[...] + self.ada_b[...]       # [b, 6d]
       t1, s1, g1, t2, s2, g2 = (m[:, None, :] for m in jnp.split(mod, 6, -1))
-    subs = {"attn": (self.norm_attn, lambda h: self.attn(h, mask=mask)), "mlp": (self.norm_mlp, self.mlp)}
+    subs = {"attn": (self.norm_attn, lambda h: self.attn(h, mask=mask, value_embed=value_embed)),
+            "mlp": (self.norm_mlp, self.mlp)}
     names = ("attn", "mlp") if self.order == "attn_first" else ("mlp", "attn")
     for name in names:
       norm, fn = subs[name]
@@ -294,6 +403,8 @@ def fold_distance(model):
   for m in mods:
     if m.qk_norm:
       raise ValueError("fold_distance: QK-norm is not a function of W_+ x; a model with qk_norm cannot be folded")
+    if m.num_kv_heads != m.num_heads:
+      raise ValueError("fold_distance: grouped key heads (GQA) have no per-head W_+ = (W_Q + W_K)/√2")
   for m in mods:
     m.learnable_operator = False
     m.set_operator("DMAP")
