@@ -16,6 +16,11 @@ from attngeo.experiments import sit
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def read_json(path):
+  with open(path) as f:
+    return json.load(f)
+
+
 def random_dit(seed=0, **fields):
   """A tiny DiT whose every parameter (adaLN-Zero and read-out included) is random, so nothing is masked by zeros."""
   cfg = nn.DiTConfig.create(image_size=8, patch=2, channels=1, depth=2, width=32, num_heads=2, num_classes=3, **fields)
@@ -102,11 +107,11 @@ def test_transfer_smoke_without_metric(tmp_path):
   out = str(tmp_path / "quick")
   sit.main(["transfer", *TINY, "--steps", "1", "--fold-steps", "0", "--sampler", "euler", "--metric", "false",
             "--out", out])
-  rows = json.loads(open(os.path.join(out, "transfer.json")).read())["rows"]
+  rows = read_json(os.path.join(out, "transfer.json"))["rows"]
   assert [r["stage"] for r in rows] == list(sit.STAGES) and "fd" not in rows[0]
   assert rows[3]["fold_max_abs_diff"] <= 1e-5 * max(1.0, rows[3]["fold_scale"])
   assert os.path.getsize(os.path.join(out, "figures_seed0.png")) > 0
-  assert len(json.loads(open(os.path.join(out, "geometry.json")).read())) == 5      # one layer per stage
+  assert len(read_json(os.path.join(out, "geometry.json"))) == 5      # one layer per stage
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +125,7 @@ def transfer_run(tmp_path_factory):
 def test_transfer_with_metric(transfer_run):
   """Five stages in order, the fold exact, DMAP reversible, the reference rows, figures, the folded run readable."""
   out = transfer_run
-  rows = json.loads(open(os.path.join(out, "transfer.json")).read())["rows"]
+  rows = read_json(os.path.join(out, "transfer.json"))["rows"]
   assert [r["stage"] for r in rows][:5] == list(sit.STAGES)
   assert [r["operator"] for r in rows][:5] == ["ATTN", "DMTN", "DMTN", "DMAP", "DMAP"]
   fold = rows[3]
@@ -136,11 +141,11 @@ def test_transfer_with_metric(transfer_run):
 
 @pytest.mark.slow
 def test_transfer_resumes_finished_stages(transfer_run, capsys):
-  rows = json.loads(open(os.path.join(transfer_run, "transfer.json")).read())["rows"]
+  rows = read_json(os.path.join(transfer_run, "transfer.json"))["rows"]
   capsys.readouterr()
   sit.main(["transfer", *TINY, "--out", transfer_run])
   assert capsys.readouterr().out.count("done earlier") == 5
-  again = json.loads(open(os.path.join(transfer_run, "transfer.json")).read())["rows"]
+  again = read_json(os.path.join(transfer_run, "transfer.json"))["rows"]
   assert [r["fd"] for r in again] == [r["fd"] for r in rows]
 
 

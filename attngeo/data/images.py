@@ -90,7 +90,8 @@ def _folder(root: str) -> tuple[np.ndarray, np.ndarray, list[str]]:
   for i, c in enumerate(classes):
     for f in sorted(os.listdir(os.path.join(root, c))):
       if f.lower().endswith(IMAGE_SUFFIXES):
-        images.append(np.asarray(Image.open(os.path.join(root, c, f))))
+        with Image.open(os.path.join(root, c, f)) as im:
+          images.append(np.asarray(im))
         labels.append(i)
   shapes = {a.shape for a in images}
   if not images or len(shapes) != 1:
