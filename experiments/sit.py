@@ -229,6 +229,16 @@ def train_stage(model, cfg: SiTConfig, source, workdir: str, steps: int, lr: flo
   return result.history
 
 
+_JITTED = {}
+
+
+def _jitted(name, make):
+  """One `nnx.jit` per function for the process: stages with the same graph (graft → adapt) reuse its cache."""
+  if name not in _JITTED:
+    _JITTED[name] = make()
+  return _JITTED[name]
+
+
 def _generate(model, noise, labels, key, *, sampler, steps, guidance):
   import jax.numpy as jnp
 
@@ -249,7 +259,7 @@ def generate(model, labels: np.ndarray, seed: int, cfg: SiTConfig, chunk: int = 
   key = jax.random.PRNGKey(10_000 + seed)
   noise = jax.random.normal(key, (padded, mc.image_size, mc.image_size, mc.channels))
   labels = np.resize(np.asarray(labels, np.int32), padded)
-  fn = nnx.jit(_generate, static_argnames=("sampler", "steps", "guidance"))
+  fn = _jitted("generate", lambda: nnx.jit(_generate, static_argnames=("sampler", "steps", "guidance")))
   out = [np.asarray(fn(model, noise[i:i + chunk], jax.numpy.asarray(labels[i:i + chunk]), jax.random.fold_in(key, i),
                        sampler=cfg.sampler, steps=cfg.sample_steps, guidance=float(cfg.guidance)))
          for i in range(0, padded, chunk)]
@@ -264,9 +274,9 @@ def validation_loss(model, images: np.ndarray, labels: np.ndarray, seed: int = 0
 
   from attngeo import flow
 
-  @nnx.jit
-  def one(model, x, y, key):
+  def loss(model, x, y, key):
     return flow.loss(lambda xt, t: model(xt, t, y), x, key)
+  one = _jitted("validation_loss", lambda: nnx.jit(loss))
   vals = [float(one(model, jnp.asarray(images[i:i + batch]), jnp.asarray(labels[i:i + batch], jnp.int32),
                     jax.random.PRNGKey(seed + i))) * len(images[i:i + batch]) for i in range(0, len(images), batch)]
   return float(np.sum(vals) / len(images))
