@@ -7,6 +7,7 @@ QK-norm, no biases; embedding and unembedding are untied. Tokens `[b, n]` → lo
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax.numpy as jnp
 from flax import nnx
@@ -61,3 +62,44 @@ class GPT(nnx.Module):
     for blk in self.blocks:
       x = blk(x)
     return self.norm(x).astype(jnp.float32) @ self.unembed[...]
+
+  def init_cache(self, batch: int, length: int | None = None) -> list[dict]:
+    """Per-layer KV caches (`Attention.init_cache`) for `length` positions (default the context `seq_len`)."""
+    return [blk.attn.init_cache(batch, length or self.cfg.seq_len) for blk in self.blocks]
+
+  def decode(self, tokens, caches: list[dict], pos):
+    """tokens [b, n] at positions pos…pos+n−1 → (logits [b, n, vocab], updated caches).
+
+    Equal to `self(prefix)[:, pos:pos+n]` for the prefix the caches were filled with: O(T) work per token.
+    """
+    x = self.embed[...][tokens]
+    out = []
+    for blk, cache in zip(self.blocks, caches):
+      x, cache = blk.decode(x, cache, pos)
+      out.append(cache)
+    return self.norm(x).astype(jnp.float32) @ self.unembed[...], out
+
+
+def matmul_params(cfg: GPTConfig) -> int:
+  """Parameters that multiply the token stream: every ≥2-D weight except lookup tables (axes opening
+  with `vocab`, i.e. the token embedding); the unembedding counts. Counted on the abstract model."""
+  model = nnx.eval_shape(lambda: GPT(cfg, rngs=nnx.Rngs(0)))
+  total = 0
+  for _, v in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+    axes = getattr(v, "axes", None) or ()
+    shape = v.get_value().shape
+    if len(shape) >= 2 and (not axes or axes[0] != "vocab"):
+      total += math.prod(shape)
+  return total
+
+
+def flops_per_token(cfg: GPTConfig) -> float:
+  """nanochat's training FLOPs per token (forward + backward): `6·N + 12·L·h·d_h·T`.
+
+  N = `matmul_params(cfg)` (2 FLOPs per parameter forward, 4 backward); the attention term counts
+  the q·k and P·v products of each of L layers over the full context T (PaLM's convention). Every
+  operator is credited ATTN's count: the augmented heads of DMTN/ATAP (2·d_h) are not counted, so
+  MFU compares operators at equal useful work.
+  """
+  bc = cfg.block
+  return 6.0 * matmul_params(cfg) + 12.0 * cfg.depth * bc.num_heads * bc.dh * cfg.seq_len
