@@ -4,6 +4,7 @@
     attngeo bench [...]                  operator kernel benchmark
     attngeo heat [...]                   heat flow on a sampled Swiss roll (Figure 1)
     attngeo probe CHECKPOINT [...]       per-layer geometry of a trained model
+    attngeo lm train|eval|sample|table2  language models (Table 2)
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ COMMANDS = {
     "heat": ("attngeo.experiments.heat_swissroll", "heat flow of a Gaussian Markov walk on a Swiss roll (Figure 1)"),
     "curvature": ("attngeo.experiments.curvature", "Bakry-Emery estimators against the sphere and torus"),
     "probe": ("attngeo.experiments.probe", "per-layer Markov/Bakry-Emery/connection diagnostics of a checkpoint"),
+    "lm": ("attngeo.experiments.lm", "language models: train, eval (bpb, induction, DAC, CORE), sample, Table 2"),
 }
 
 

@@ -109,12 +109,13 @@ def init_state(model, cfg: TrainConfig, mesh: Mesh):
 
 
 def train(model, loss_fn: Callable, data: Iterator, cfg: TrainConfig, *, flops_per_step: float | None = None,
-          hooks: tuple[Callable, ...] = (), desc: str = "train") -> TrainResult:
+          hooks: tuple[Callable, ...] = (), desc: str = "train", tokens_per_step: int | None = None) -> TrainResult:
   """Train `model` in place for `cfg.steps` steps, resuming from `cfg.workdir` if it has checkpoints.
 
   loss_fn(model, batch, rng) -> (scalar loss, dict of scalar metrics). `data` yields global numpy
   batches (dicts) and has `get_state()/set_state(state)`. `hooks`: callables `hook(step, model)`
-  returning a dict of extra metrics (or None), called at log steps.
+  returning a dict of extra metrics (or None), called at log steps. `tokens_per_step`: log and show
+  tokens/s (language models).
   """
   mesh = sharding.make_mesh(cfg.mesh)
   graphdef, state, shardings = init_state(model, cfg, mesh)
@@ -151,6 +152,8 @@ def train(model, loss_fn: Callable, data: Iterator, cfg: TrainConfig, *, flops_p
                                  f"{cfg.workdir} holds the state before it (lower the learning rate?)")
       dt = (time.perf_counter() - t0) / (done - start)
       row = dict(step=done, **metrics, step_s=dt, samples_per_s=cfg.batch_size / dt)
+      if tokens_per_step:
+        row["tokens_per_s"] = tokens_per_step / dt
       if flops_per_step and peak:
         row["mfu"] = flops_per_step / dt / (peak * jax.device_count())
       if hooks:
@@ -158,7 +161,7 @@ def train(model, loss_fn: Callable, data: Iterator, cfg: TrainConfig, *, flops_p
         for hook in hooks:
           row.update(hook(done, model) or {})
       history.append(row)
-      bar.set_postfix(loss=f"{metrics['loss']:.4f}")
+      bar.set_postfix(loss=f"{metrics['loss']:.4f}", **({"tok/s": f"{row['tokens_per_s']:.0f}"} if tokens_per_step else {}))
       if metrics_path and jax.process_index() == 0:
         with open(metrics_path, "a") as f:
           f.write(json.dumps(row) + "\n")
