@@ -206,3 +206,17 @@ def test_evaluate_reports_other_metrics_without_a_bundle(tmp_path):
   out = evals.evaluate(tiny_gpt(seq_len=64), tok, rows, core_bundle=str(tmp_path / "none"))
   assert out["core"] is None and "no eval bundle at" in out["core_note"]
   assert math.isfinite(out["bpb"]) and 0 <= out["induction"] <= 1 and out["dac"]["L"] == 32
+
+
+def test_core_shuffles_with_1337_and_draws_demonstrations_with_1234_plus_index(tmp_path, monkeypatch):
+  import random
+  bundle = write_bundle(tmp_path / "b", {"lm": ("language_modeling", 2, "", 0.0, LM)})
+  seen = []
+  real = core.render
+  monkeypatch.setattr(core, "render", lambda kind, item, d, shots: seen.append((item, shots)) or real(kind, item, d, shots))
+  core.evaluate_core(Successor(265), tok_lib.ByteTokenizer(), bundle, seq_len=64)
+  data = list(LM)
+  random.Random(1337).shuffle(data)
+  for idx, (item, shots) in enumerate(seen):
+    assert item == data[idx]
+    assert shots == [data[i] for i in random.Random(1234 + idx).sample([i for i in range(5) if i != idx], 2)]

@@ -176,3 +176,8 @@ def test_table2_full_dry_run_plan_and_launch_line(capsys):
   cmd = ["bash", os.path.join(ROOT, launch[0]).split()[0], *launch[0].split()[1:], "--dry-run", "--", *launch[1].split()]
   res = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT)
   assert res.returncode == 0 and "attngeo\\ lm\\ table2\\ --full" in res.stdout
+
+
+def test_help_imports_no_jax():
+  code = "import sys; from attngeo.experiments import lm; lm.parser(); assert 'jax' not in sys.modules"
+  assert subprocess.run([os.sys.executable, "-c", code], capture_output=True, timeout=60).returncode == 0
