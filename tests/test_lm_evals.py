@@ -149,8 +149,9 @@ def write_bundle(root, tasks):
 
 
 # Under the successor model a continuation scores well iff each of its characters follows the previous one.
+# (Example 2 is decided by the first continuation token alone: scoring from the wrong start ties it.)
 MC = [{"query": "ab", "choices": ["cde", "cxq"], "gold": 0}, {"query": "mn", "choices": ["zz", "op"], "gold": 0},
-      {"query": "rs", "choices": ["tuv", "tuz"], "gold": 0}, {"query": "gh", "choices": ["ij", "ik"], "gold": 1}]
+      {"query": "rs", "choices": ["xyz", "tuv"], "gold": 1}, {"query": "gh", "choices": ["ij", "ik"], "gold": 1}]
 SCHEMA = [{"context_options": ["ab", "xq"], "continuation": "cd", "gold": 0},
           {"context_options": ["qq", "kl"], "continuation": "mn", "gold": 1},
           {"context_options": ["uv", "de"], "continuation": "wx", "gold": 1}]
