@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from attngeo import nn
-from attngeo.lm import induction as induction_lib
+from attngeo.lm import bpb, induction as induction_lib
 
 OFFSETS = (-2, -1, 0, 1, 2)
 
@@ -53,6 +53,9 @@ def local_contrast(logit, offsets=OFFSETS):
   return logit[..., zero] - logit[..., others].mean(-1)
 
 
+_qk_jit = bpb.jitted(lambda model, x: nn.capture_qk(model, lambda: model(x))[1])   # [(q, k)] per layer
+
+
 def dac_probe(model, num_ordinary: int, seq_len: int, L: int | None = None, sequences: int = 16,
               seed: int = 1234) -> dict:
   """Per layer and head: ā(δ) and the local contrast, on `sequences` induction rows of half-length L
@@ -65,8 +68,7 @@ def dac_probe(model, num_ordinary: int, seq_len: int, L: int | None = None, sequ
   if L is None or 2 * L - 1 > seq_len:
     raise ValueError(f"half-length L={L} does not fit a context of {seq_len} tokens (needs 2L − 1 ≤ {seq_len})")
   rows = induction_lib.sequences(L, num_ordinary, 1, sequences, seed)
-  x = jnp.asarray(rows[:, :-1])
-  _, qks = nn.capture_qk(model, lambda: model(x))
+  qks = _qk_jit(model, jnp.asarray(rows[:, :-1]))
   logit = np.stack([np.asarray(jax.device_get(edge_logits(q, k, L)[0])) for q, k in qks])   # [layers, h, 5]
   contrast = local_contrast(logit)
   return {"L": L, "offsets": list(OFFSETS), "logit": logit.tolist(), "contrast": contrast.tolist(),
