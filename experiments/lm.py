@@ -118,7 +118,7 @@ class Table2Config:
   out: str = "runs/table2"
   lm: LMConfig = dataclasses.field(default_factory=lambda: LMConfig(
       depth=2, head_dim=64, width=128, seq_len=128,
-      train=LMTrain(steps=300, batch_size=16, warmup=20, ckpt_every=100, log_every=10)))
+      train=LMTrain(steps=600, batch_size=16, warmup=20, ckpt_every=200, log_every=10)))
 
 
 # The seed's depth-12 run: nanochat's d12 (width 768, 6 heads of 128, context 2048, 65,536-token BPE)
