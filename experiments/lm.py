@@ -335,7 +335,13 @@ def parser() -> argparse.ArgumentParser:
   sa.add_argument("--num-samples", type=int, default=1, help="independent samples (default: 1)")
   sa.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
   sa.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
-  t2 = sub.add_parser("table2", help="the seed's Table 2 at this machine's scale", prog="attngeo lm table2")
+  proto = Table2Config()
+  t2 = sub.add_parser("table2", help="the seed's Table 2 at this machine's scale", prog="attngeo lm table2",
+                      description=f"Default protocol: conditions {list(proto.conditions)} × seeds {list(proto.seeds)}; "
+                                  f"depth {proto.lm.depth}, width {proto.lm.width}, head_dim {proto.lm.head_dim}, "
+                                  f"context {proto.lm.seq_len}, {proto.lm.tokenizer} tokenizer, data {proto.lm.data}, "
+                                  f"{proto.lm.train.steps} steps × {proto.lm.train.batch_size} rows. The --lm.* "
+                                  f"defaults printed below are attngeo lm train's; the protocol's override them.")
   t2.add_argument("--full", action="store_true", help=f"the seed's d12 recipe: {FULL}, {FULL_TRAIN}, steps for "
                                                       f"{FULL_TOKENS_PER_PARAM} tokens per parameter unless --lm.train.steps")
   t2.add_argument("--dry-run", action="store_true", help="print the plan (FLOPs, step-time estimates, launch line), train nothing")
