@@ -181,3 +181,19 @@ def test_table2_full_dry_run_plan_and_launch_line(capsys):
 def test_help_imports_no_jax():
   code = "import sys; from attngeo.experiments import lm; lm.parser(); assert 'jax' not in sys.modules"
   assert subprocess.run([os.sys.executable, "-c", code], capture_output=True, timeout=60).returncode == 0
+
+
+@pytest.mark.slow
+def test_training_on_a_two_device_mesh_matches_one_device(tmp_path):
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+  runs = {}
+  for mesh in ("1,1,1", "2,1,1"):
+    out = str(tmp_path / mesh.replace(",", ""))
+    code = ("import sys; from attngeo.experiments import lm; "
+            f"lm.main(['train', *sys.argv[1:], '--train.steps', '3', '--train.mesh', '{mesh}', '--out', '{out}', "
+            f"'--data-dir', '{tmp_path / 'data'}', '--no-eval'])")
+    res = subprocess.run([os.sys.executable, "-c", code, *TINY], env=env if mesh == "2,1,1" else dict(env, XLA_FLAGS=""),
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    runs[mesh] = losses(out)
+  np.testing.assert_allclose([runs["2,1,1"][s] for s in (1, 2, 3)], [runs["1,1,1"][s] for s in (1, 2, 3)], rtol=2e-5)
