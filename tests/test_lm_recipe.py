@@ -123,6 +123,15 @@ def test_train_resume_eval_sample_and_bad_input(tmp_path, capsys):
   assert "no such file or directory" in capsys.readouterr().err
 
 
+def test_a_run_resumes_only_on_its_own_corpus(tmp_path):
+  out = tmp_path / "run"
+  out.mkdir()
+  (out / "corpus.json").write_text(json.dumps({"key": "c0000000000000000"}))
+  cfg = LMConfig(data="pydoc", data_dir=str(tmp_path / "data"))
+  with pytest.raises(ValueError, match="its corpus changed since the run started"):
+    recipe.train(cfg, str(out))
+
+
 def fake_run(calls):
   """recipe.train / evals.evaluate stand-ins: Table 2's bookkeeping without training."""
   def train(lm, run_dir, desc=""):

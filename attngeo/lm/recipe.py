@@ -7,6 +7,7 @@ the context `seq_len`, the operator and any `model` overrides; the trainer's con
 scaled by its width rule `(width / 768)^−½`.
 
 A run folder holds `lm.json` (this config), `tokenizer/` (`tokenizer.json`, `token_bytes.npy`),
+`corpus.json` (the tokenised corpus's key and stats: a run resumes only on the same corpus),
 `config.json`, `metrics.jsonl` and `ckpt/` (written by `attngeo.train.train`, which resumes a killed
 run from its last checkpoint). The loss is the mean next-token cross-entropy over every target
 of the packed rows (BOS targets included, as nanochat trains).
@@ -105,6 +106,14 @@ def train(cfg: LMConfig, out: str, hooks=(), desc: str = "lm") -> dict:
   os.makedirs(out, exist_ok=True)
   tok = tokenizer_for(cfg, out)
   corpus = text.open_corpus(cfg.text_spec(), tok, cfg.data_dir)
+  key_path = os.path.join(out, "corpus.json")
+  if os.path.exists(key_path):
+    with open(key_path) as f:
+      before = json.load(f)["key"]
+    if before != corpus.key:
+      raise ValueError(f"{out}: its corpus changed since the run started (key {before} → {corpus.key}); "
+                       f"resuming would read other rows — use another --out")
+  _write_json(key_path, {"key": corpus.key, "stats": corpus.stats})
   mcfg = model_config(cfg, tok.vocab_size)
   tcfg = train_config(cfg, mcfg.width, out)
   _write_json(os.path.join(out, "lm.json"), dataclasses.asdict(cfg))
