@@ -76,7 +76,7 @@ class CopyOracle(nnx.Module):
 
 def test_induction_positions_on_an_oracle():
   v = 50
-  out = induction.induction(CopyOracle(v), num_ordinary=v, seq_len=130)
+  out = induction.induction(CopyOracle(v), vocab_size=v, seq_len=130)
   assert set(out["per_length"]) == {32, 64}                        # 2L − 1 ≤ 130
   for r in out["per_length"].values():
     assert r["induction_acc"] == 1.0

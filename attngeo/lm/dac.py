@@ -56,7 +56,7 @@ def local_contrast(logit, offsets=OFFSETS):
 _qk_jit = bpb.jitted(lambda model, x: nn.capture_qk(model, lambda: model(x))[1])   # [(q, k)] per layer
 
 
-def dac_probe(model, num_ordinary: int, seq_len: int, L: int | None = None, sequences: int = 16,
+def dac_probe(model, vocab_size: int, seq_len: int, L: int | None = None, sequences: int = 16,
               seed: int = 1234) -> dict:
   """Per layer and head: ā(δ) and the local contrast, on `sequences` induction rows of half-length L
   (default: the longest of `induction.LENGTHS` that fits the context).
@@ -67,7 +67,7 @@ def dac_probe(model, num_ordinary: int, seq_len: int, L: int | None = None, sequ
   L = L or (use[-1] if use else None)
   if L is None or 2 * L - 1 > seq_len:
     raise ValueError(f"half-length L={L} does not fit a context of {seq_len} tokens (needs 2L − 1 ≤ {seq_len})")
-  rows = induction_lib.sequences(L, num_ordinary, 1, sequences, seed)
+  rows = induction_lib.sequences(L, vocab_size, 1, sequences, seed)
   qks = _qk_jit(model, jnp.asarray(rows[:, :-1]))
   logit = np.stack([np.asarray(jax.device_get(edge_logits(q, k, L)[0])) for q, k in qks])   # [layers, h, 5]
   contrast = local_contrast(logit)

@@ -17,7 +17,7 @@ def evaluate(model, tokenizer, val_rows, *, seq_len: int | None = None, max_rows
 
   Args:
     model: tokens [b, n] → logits [b, n, V] (an `attngeo.nn.GPT`; `seq_len` defaults to its context).
-    tokenizer: an `attngeo.lm.tokenizer` tokenizer (its byte table, ordinary ids and BOS are used).
+    tokenizer: an `attngeo.lm.tokenizer` tokenizer (its byte table and vocabulary size are used).
     val_rows: [m, T + 1] validation rows (an array or `PackedRows`); `max_rows` keeps the first ones.
     core_bundle: an eval bundle directory for CORE; None or a missing directory skips CORE with a note.
   Returns:
@@ -28,10 +28,10 @@ def evaluate(model, tokenizer, val_rows, *, seq_len: int | None = None, max_rows
   b = bpb.bits_per_byte(model, rows, tokenizer.token_bytes(), batch_size)
   out = {"bpb": b["bpb"], "val_loss": b["loss"], "val_tokens": b["tokens"]}
   if with_induction:
-    ind = induction.induction(model, tokenizer.num_ordinary, seq_len)
+    ind = induction.induction(model, tokenizer.vocab_size, seq_len)
     out.update(induction=ind["induction"], induction_per_length=ind["per_length"])
   if with_dac:
-    out["dac"] = dac.dac_probe(model, tokenizer.num_ordinary, seq_len)
+    out["dac"] = dac.dac_probe(model, tokenizer.vocab_size, seq_len)
   out["core"], out["core_note"] = None, None
   if core_bundle and os.path.isdir(core_bundle):
     out["core"] = core.evaluate_core(model, tokenizer, core_bundle, seq_len, max_per_task, progress)

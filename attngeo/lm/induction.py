@@ -1,7 +1,8 @@
 """Induction score (the seed author's protocol): can the model copy a random sequence it has seen once?
 
-For half-length L, draw s = (s_0 … s_{L−1}) uniformly from the ordinary (non-special) token ids and
-feed x = [s; s][:−1] (length 2L − 1, no BOS). Position i predicts x_{i+1}:
+For half-length L, draw s = (s_0 … s_{L−1}) uniformly from the whole vocabulary [0, V) (as the seed
+author's code does: special ids included) and feed x = [s; s][:−1] (length 2L − 1, no BOS).
+Position i predicts x_{i+1}:
 
 * `induction_loss`, `induction_acc` — mean cross-entropy and argmax accuracy over i ∈ [L, 2L − 2]
   (targets s_1 … s_{L−1} of the second copy, each predictable by finding the previous occurrence of
@@ -10,8 +11,9 @@ feed x = [s; s][:−1] (length 2L − 1, no BOS). Position i predicts x_{i+1}:
   nothing predicts: about ln V for a calibrated model).
 
 L ∈ {32, 64, 128, 256, 512} with 2L − 1 ≤ the model's context; per L, 4 batches × 16 sequences from
-`np.random.default_rng(1234)` (the same generator seed for every L). The headline `induction` is the
-mean of `induction_acc` over the lengths evaluated.
+a fresh `np.random.default_rng(1234)` (the same seed for every L; the author's code uses torch's
+generator, so the draws differ while the protocol is the same). Means run over every scored position
+of the 64 sequences. The headline `induction` is the mean of `induction_acc` over the lengths evaluated.
 """
 from __future__ import annotations
 
@@ -30,9 +32,9 @@ def lengths_for(seq_len: int, lengths=LENGTHS) -> tuple[int, ...]:
   return tuple(L for L in lengths if 2 * L - 1 <= seq_len)
 
 
-def sequences(L: int, num_ordinary: int, batches: int = 4, per_batch: int = 16, seed: int = 1234) -> np.ndarray:
-  """[batches·per_batch, 2L] int32: rows [s; s] with s uniform over ids [0, num_ordinary)."""
-  s = np.random.default_rng(seed).integers(0, num_ordinary, (batches * per_batch, L))
+def sequences(L: int, vocab_size: int, batches: int = 4, per_batch: int = 16, seed: int = 1234) -> np.ndarray:
+  """[batches·per_batch, 2L] int32: rows [s; s] with s uniform over ids [0, vocab_size)."""
+  s = np.random.default_rng(seed).integers(0, vocab_size, (batches * per_batch, L))
   return np.concatenate([s, s], 1).astype(np.int32)
 
 
@@ -53,13 +55,13 @@ def _batch_stats(model, tokens):
 _batch_jit = bpb.jitted(_batch_stats)
 
 
-def induction(model, num_ordinary: int, seq_len: int, lengths=LENGTHS, batches: int = 4, per_batch: int = 16,
+def induction(model, vocab_size: int, seq_len: int, lengths=LENGTHS, batches: int = 4, per_batch: int = 16,
               seed: int = 1234) -> dict:
   """{"induction": mean acc, "per_length": {L: {induction_loss, induction_acc, random_half_loss}}}.
 
   Args:
     model: a causal LM, tokens [b, n] → logits [b, n, V].
-    num_ordinary: ids [0, num_ordinary) are ordinary tokens (the tokenizer's `num_ordinary`).
+    vocab_size: tokens are drawn from [0, vocab_size) (the model's vocabulary).
     seq_len: the model's context; lengths with 2L − 1 > seq_len are skipped.
   """
   use = lengths_for(seq_len, lengths)
@@ -67,7 +69,7 @@ def induction(model, num_ordinary: int, seq_len: int, lengths=LENGTHS, batches: 
     raise ValueError(f"no induction length {tuple(lengths)} fits a context of {seq_len} tokens (needs 2L − 1 ≤ {seq_len})")
   per = {}
   for L in use:
-    rows = sequences(L, num_ordinary, batches, per_batch, seed)
+    rows = sequences(L, vocab_size, batches, per_batch, seed)
     stats = [jax.device_get(_batch_jit(model, jnp.asarray(rows[b * per_batch:(b + 1) * per_batch])))
              for b in range(batches)]
     per[L] = {k: float(np.mean([s[k] for s in stats])) for k in stats[0]}
