@@ -26,6 +26,7 @@ COMMANDS = {
     "import": ("attngeo.experiments.import_export:import_main", "a nanochat or GPT-2 checkpoint as a run folder"),
     "export": ("attngeo.experiments.import_export:export_main", "a run's GPT back to the nanochat or GPT-2 layout"),
     "sit": ("attngeo.experiments.sit", "SiT on images; the ATTN->DMTN->DMAP transfer (Figures 3-5)"),
+    "lm": ("attngeo.experiments.lm", "language models: train, eval (bpb, induction, DAC, CORE), sample, Table 2"),
 }
 
 # Errors that mean "the input is wrong", reported in one line (anything else is a bug: traceback).

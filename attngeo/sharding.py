@@ -75,6 +75,8 @@ def state_shardings(state, mesh: Mesh, rules=RULES):
   def one(v):
     axes = getattr(v, "axes", None) if isinstance(v, nnx.Variable) else None
     value = v.get_value() if isinstance(v, nnx.Variable) else v
+    if isinstance(value, tuple):   # an empty pytree node (optax.MaskedNode of a partitioned optimizer)
+      return v
     spec = logical_to_spec(axes, np.shape(value), mesh, rules) if axes else P()
     return v.replace(NamedSharding(mesh, spec)) if isinstance(v, nnx.Variable) else NamedSharding(mesh, spec)
   return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))

@@ -189,7 +189,8 @@ def check_resumable(workdir: str, **configs):
   """Refuse (one-line ValueError) a workdir whose config.json records another run.
 
   Compares every recorded config with the given ones field by field (`RUN_CONTROL_FIELDS` of the
-  train config excepted) and names the fields that differ.
+  train config excepted, and `steps` under a constant schedule, where a longer run extends the
+  same trajectory) and names the fields that differ.
   """
   saved = runs.read_config(workdir)
   diffs = []
@@ -198,7 +199,8 @@ def check_resumable(workdir: str, **configs):
     old = saved.get(name)
     flat_old, flat_new = runs.flatten(old or {}), runs.flatten(json.loads(json.dumps(new or {}, default=str)))
     for key in sorted(set(flat_old) | set(flat_new)):
-      if name == "train" and key in RUN_CONTROL_FIELDS:
+      if name == "train" and (key in RUN_CONTROL_FIELDS or (key == "steps" and flat_old.get("schedule") ==
+                                                             flat_new.get("schedule") == "constant")):
         continue
       if flat_old.get(key) != flat_new.get(key):
         diffs.append(f"{name}.{key} {flat_old.get(key)!r} → {flat_new.get(key)!r}")
@@ -227,7 +229,7 @@ def _resume(cfg: TrainConfig, state, shardings, data, model_cfg):
 
 
 def train(model, loss_fn: Callable, data: Iterator, cfg: TrainConfig, *, flops_per_step: float | None = None,
-          hooks: tuple[Callable, ...] = (), desc: str = "train") -> TrainResult:
+          hooks: tuple[Callable, ...] = (), desc: str = "train", tokens_per_step: int | None = None) -> TrainResult:
   """Train for `cfg.steps` steps, resuming from `cfg.workdir` if it holds an intact checkpoint.
 
   Args:
@@ -239,6 +241,7 @@ def train(model, loss_fn: Callable, data: Iterator, cfg: TrainConfig, *, flops_p
     cfg: the `TrainConfig`.
     flops_per_step: model FLOPs of one step (for MFU, where the device peak is known).
     hooks: callables `hook(step, model) -> dict | None` of extra metrics, called at log steps.
+    tokens_per_step: tokens in one global batch, to log and show tokens/s (language models).
   Returns:
     `TrainResult` (model, EMA params, metrics history, final step).
   """
@@ -270,6 +273,8 @@ def train(model, loss_fn: Callable, data: Iterator, cfg: TrainConfig, *, flops_p
                                    f"{cfg.workdir} holds the state before it (lower the learning rate?)")
         dt = (time.perf_counter() - t0) / (done - start)
         row = dict(step=done, **metrics, step_s=dt, samples_per_s=cfg.batch_size / dt)
+        if tokens_per_step:
+          row["tokens_per_s"] = tokens_per_step / dt
         if flops_per_step and peak:
           row["mfu"] = flops_per_step / dt / (peak * jax.device_count())
         if hooks:
@@ -277,7 +282,8 @@ def train(model, loss_fn: Callable, data: Iterator, cfg: TrainConfig, *, flops_p
           for hook in hooks:
             row.update(hook(done, model) or {})
         log.write(row)
-        bar.set_postfix(loss=f"{metrics['loss']:.4f}")
+        bar.set_postfix(loss=f"{metrics['loss']:.4f}",
+                        **({"tok/s": f"{row['tokens_per_s']:.0f}"} if tokens_per_step else {}))
       if mngr and ((cfg.ckpt_every and done % cfg.ckpt_every == 0) or done == cfg.steps):
         checkpoint.save(mngr, done, state, data.get_state())
   finally:

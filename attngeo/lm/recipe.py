@@ -1,0 +1,155 @@
+"""Training a GPT language model from text (`attngeo.lm.config.LMConfig`): the run folder, and loading it back.
+
+The model is `GPTConfig.from_depth(depth, aspect, head_dim, width)` with the tokenizer's vocabulary,
+the context `seq_len`, the operator and any `model` overrides; the trainer's config is
+`LMTrainConfig` (`attngeo.train.TrainConfig` plus the Muon/AdamW split's rates, read by
+`attngeo.optim`). With `embedding_lr`/`unembedding_lr` unset, nanochat's rates (0.3, 0.008) are
+scaled by its width rule `(width / 768)^−½`.
+
+A run folder holds `lm.json` (this config), `tokenizer/` (`tokenizer.json`, `token_bytes.npy`),
+`corpus.json` (the tokenised corpus's key and stats: a run resumes only on the same corpus),
+`config.json`, `metrics.jsonl` and `ckpt/` (written by `attngeo.train.train`, which resumes a killed
+run from its last checkpoint). The loss is the mean next-token cross-entropy over every target
+of the packed rows (BOS targets included, as nanochat trains).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import typing
+
+from attngeo import config as config_lib
+from attngeo.lm.config import LMConfig, parse_operator
+from attngeo.train import TrainConfig
+
+
+@dataclasses.dataclass
+class LMTrainConfig(TrainConfig):
+  """The trainer's config of a language-model run: `TrainConfig` plus the split's rates and warm-down."""
+  embedding_lr: float | None = None
+  unembedding_lr: float | None = None
+  scalar_lr: float | None = None
+  warmdown_ratio: float = 0.65
+  final_lr_frac: float = 0.05
+
+
+def _overrides(items) -> dict:
+  from attngeo import nn
+  hints = {**typing.get_type_hints(nn.BlockConfig), **typing.get_type_hints(nn.GPTConfig)}
+  out = {}
+  for item in items:
+    name, sep, value = item.partition("=")
+    if not sep or name not in hints or name == "block":
+      raise ValueError(f"model override {item!r} must be name=value with a GPTConfig/BlockConfig field "
+                       f"({sorted(k for k in hints if k != 'block')})")
+    out[name] = config_lib._parse(hints[name])(value)
+  return out
+
+
+def model_config(cfg: LMConfig, vocab_size: int):
+  """The GPTConfig of `cfg` for a tokenizer of `vocab_size` ids."""
+  from attngeo import nn
+  fields = dict(vocab_size=vocab_size, seq_len=cfg.seq_len, operator=parse_operator(cfg.operator),
+                learnable_operator=cfg.learnable_operator)
+  fields.update(_overrides(cfg.model))
+  return nn.GPTConfig.from_depth(cfg.depth, aspect=cfg.aspect, head_dim=cfg.head_dim, width=cfg.width, **fields)
+
+
+def train_config(cfg: LMConfig, width: int, workdir: str | None) -> LMTrainConfig:
+  """`cfg.train` as the trainer's config, nanochat's width-scaled AdamW rates filled in, `workdir` set."""
+  scale = (width / 768) ** -0.5
+  fields = dataclasses.asdict(cfg.train)
+  fields["embedding_lr"] = 0.3 * scale if fields["embedding_lr"] is None else fields["embedding_lr"]
+  fields["unembedding_lr"] = 0.008 * scale if fields["unembedding_lr"] is None else fields["unembedding_lr"]
+  fields["mesh"] = tuple(fields["mesh"])
+  return LMTrainConfig(**fields, workdir=workdir)
+
+
+def loss_fn(model, batch, rng):
+  from attngeo.lm import bpb
+  return bpb.token_losses(model, batch["tokens"]).mean(), {}
+
+
+def _write_json(path: str, obj) -> None:
+  tmp = f"{path}.tmp{os.getpid()}"
+  with open(tmp, "w") as f:
+    json.dump(obj, f, indent=1, default=str)
+  os.replace(tmp, path)
+
+
+def tokenizer_for(cfg: LMConfig, run_dir: str | None):
+  """The run's saved tokenizer, else a new one (BPE trained on the train split) saved into the run."""
+  from attngeo.data import text
+  from attngeo.lm import tokenizer as tok_lib
+  tdir = run_dir and os.path.join(run_dir, "tokenizer")
+  if tdir and os.path.exists(os.path.join(tdir, tok_lib.FILE)):
+    tok = tok_lib.load(tdir)
+    if tok.kind != cfg.tokenizer or (tok.kind == "bpe" and tok.vocab_size != cfg.vocab_size):
+      raise ValueError(f"{tdir}: the run's tokenizer ({tok.kind}, {tok.vocab_size} ids) differs from the config "
+                       f"({cfg.tokenizer}, vocab_size {cfg.vocab_size}); use another --out")
+    return tok
+  tok = tok_lib.create(cfg.tokenizer, text.split_documents(cfg.text_spec(), "train"), cfg.vocab_size)
+  if tdir:
+    tok.save(tdir)
+  return tok
+
+
+def train(cfg: LMConfig, out: str, hooks=(), desc: str = "lm") -> dict:
+  """Train (or resume) the run in `out`; returns {"run_dir", "history", "model", "tokenizer", "corpus"}."""
+  from flax import nnx
+
+  from attngeo import nn, train as train_lib
+  from attngeo.data import text
+  from attngeo.lm import bpb
+  from attngeo.nn import gpt
+  os.makedirs(out, exist_ok=True)
+  tok = tokenizer_for(cfg, out)
+  corpus = text.open_corpus(cfg.text_spec(), tok, cfg.data_dir)
+  key_path = os.path.join(out, "corpus.json")
+  if os.path.exists(key_path):
+    with open(key_path) as f:
+      before = json.load(f)["key"]
+    if before != corpus.key:
+      raise ValueError(f"{out}: its corpus changed since the run started (key {before} → {corpus.key}); "
+                       f"resuming would read other rows — use another --out")
+  _write_json(key_path, {"key": corpus.key, "stats": corpus.stats})
+  mcfg = model_config(cfg, tok.vocab_size)
+  tcfg = train_config(cfg, mcfg.width, out)
+  _write_json(os.path.join(out, "lm.json"), dataclasses.asdict(cfg))
+  model = nn.GPT(mcfg, rngs=nnx.Rngs(tcfg.seed))
+  data = text.loader(corpus, "train", cfg.seq_len, tcfg.batch_size, tcfg.seed)
+  hooks = tuple(hooks)
+  if cfg.eval_every:
+    val = corpus.rows("val", cfg.seq_len).array(cfg.eval_rows)
+    table = tok.token_bytes()
+
+    def val_hook(step, m):
+      if step % cfg.eval_every == 0 or step == tcfg.steps:
+        return {"val_bpb": bpb.bits_per_byte(m, val, table)["bpb"]}
+    hooks += (val_hook,)
+  tokens = tcfg.batch_size * cfg.seq_len
+  result = train_lib.train(model, loss_fn, data, tcfg, flops_per_step=gpt.flops_per_token(mcfg) * tokens,
+                           hooks=hooks, desc=desc, tokens_per_step=tokens)
+  return {"run_dir": out, "history": result.history, "model": result.model, "tokenizer": tok, "corpus": corpus}
+
+
+def read_config(run_dir: str) -> LMConfig:
+  path = os.path.join(run_dir, "lm.json")
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"{path}: missing — {run_dir} is not a language-model run folder (attngeo lm train writes it)")
+  with open(path) as f:
+    return config_lib.from_dict(LMConfig, json.load(f))
+
+
+def load(run_dir: str, step: int | None = None):
+  """(model with the checkpoint's weights, tokenizer, LMConfig) of a run folder (latest step by default)."""
+  from attngeo import runs
+  from attngeo.lm import tokenizer as tok_lib
+  from attngeo.nn import registry
+  cfg = read_config(run_dir)
+  tok = tok_lib.load(os.path.join(run_dir, "tokenizer"))
+  saved = runs.read_config(run_dir)
+  mcfg = registry.config_from_dict(saved["model"]) if saved.get("model") else model_config(cfg, tok.vocab_size)
+  model = runs.load_model(registry.build(mcfg), run_dir, step)
+  return model, tok, cfg
