@@ -112,26 +112,20 @@ def parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
   return argparse.ArgumentParser(prog=prog, description=doc, formatter_class=HelpFormatter)
 
 
-def positive_int(text: str) -> int:
-  """argparse type: an integer ≥ 1."""
-  try:
-    value = int(text)
-  except ValueError:
-    raise argparse.ArgumentTypeError(f"expected a positive integer; got {text!r}") from None
-  if value < 1:
-    raise argparse.ArgumentTypeError(f"expected a positive integer; got {value}")
-  return value
+def _int_at_least(minimum: int, what: str):
+  def parse(text: str) -> int:
+    try:
+      value = int(text)
+    except ValueError:
+      raise argparse.ArgumentTypeError(f"expected {what}; got {text!r}") from None
+    if value < minimum:
+      raise argparse.ArgumentTypeError(f"expected {what}; got {value}")
+    return value
+  return parse
 
 
-def nonnegative_int(text: str) -> int:
-  """argparse type: an integer ≥ 0."""
-  try:
-    value = int(text)
-  except ValueError:
-    raise argparse.ArgumentTypeError(f"expected a non-negative integer; got {text!r}") from None
-  if value < 0:
-    raise argparse.ArgumentTypeError(f"expected a non-negative integer; got {value}")
-  return value
+positive_int = _int_at_least(1, "a positive integer")          # argparse type: an integer ≥ 1
+nonnegative_int = _int_at_least(0, "a non-negative integer")   # argparse type: an integer ≥ 0
 
 
 def positive_float(text: str) -> float:
