@@ -4,6 +4,7 @@
 * `loader` — grain pipelines with checkpointable state.
 """
 from attngeo.data.loader import loader
-from attngeo.data.points import CLOUDS, PointSets, flat_torus, load_cloud, point_sets, sphere, swiss_roll
+from attngeo.data.points import (CLOUDS, PointSets, flat_torus, load_cloud, point_sets, sphere, swiss_roll,
+                                  swiss_roll_oracle)
 
-__all__ = ["CLOUDS", "PointSets", "flat_torus", "load_cloud", "loader", "point_sets", "sphere", "swiss_roll"]
+__all__ = ["CLOUDS", "PointSets", "flat_torus", "load_cloud", "loader", "point_sets", "sphere", "swiss_roll", "swiss_roll_oracle"]
