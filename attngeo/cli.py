@@ -1,6 +1,7 @@
 """`attngeo` command line: one sub-command per job; each has its own `--help`.
 
     attngeo swissroll [--full] [...]     the Swiss-roll scan (Table 1, Figures 1–2)
+    attngeo swissroll-order [...]        the order effect: e^H̄ against set size, depth and budget
     attngeo bench [...]                  operator kernel benchmark
     attngeo heat [...]                   heat flow on a sampled Swiss roll (Figure 1)
     attngeo probe CHECKPOINT [...]       per-layer geometry of a trained model
@@ -12,6 +13,7 @@ import sys
 
 COMMANDS = {
     "swissroll": ("attngeo.experiments.swissroll", "the Swiss-roll scan: Table 1, Figures 1-2"),
+    "swissroll-order": ("attngeo.experiments.swissroll_order", "the order effect: e^H̄ vs set size, depth and budget"),
     "bench": ("attngeo.experiments.bench_operators", "forward+backward time and memory of every operator and kernel"),
     "bench-geometry": ("attngeo.experiments.bench_geometry", "dense vs matrix-free Gamma_2 time and memory"),
     "bench-train": ("attngeo.experiments.bench_train", "GPT training step time per operator"),

@@ -7,4 +7,5 @@ from attngeo.data.loader import loader
 from attngeo.data.points import (CLOUDS, PointSets, flat_torus, load_cloud, point_sets, sphere, swiss_roll,
                                   swiss_roll_oracle)
 
-__all__ = ["CLOUDS", "PointSets", "flat_torus", "load_cloud", "loader", "point_sets", "sphere", "swiss_roll", "swiss_roll_oracle"]
+__all__ = ["CLOUDS", "PointSets", "flat_torus", "load_cloud", "loader", "point_sets", "sphere", "swiss_roll",
+           "swiss_roll_oracle"]

@@ -116,7 +116,8 @@ class PointSets(tfds.core.GeneratorBasedBuilder):
       raise ValueError(f"set_size must be in [1, {len(self.cloud_points)}]; got {set_size}")
     self.set_size, self.num_sets, self.seed = set_size, num_sets, seed
     tag = re.sub(r"[^a-z0-9]+", "_", os.path.splitext(os.path.basename(cloud))[0].lower()).strip("_") or "cloud"
-    key = fingerprint(self.cloud_points, dict(seed=seed, set_size=set_size, num_sets=num_sets, version=str(self.VERSION)))
+    key = fingerprint(self.cloud_points,
+                      dict(seed=seed, set_size=set_size, num_sets=num_sets, version=str(self.VERSION)))
     name = f"{tag}_{key}"   # keyed by content: the cloud's points and every parameter of the build
     super().__init__(config=tfds.core.BuilderConfig(name=name, version=self.VERSION), **kwargs)
 
