@@ -38,6 +38,8 @@ def test_hand_computed_coverage_and_memorisation():
   assert q["memorisation"] == pytest.approx(1.0 / 1.0)              # d to heldout: 1, 1
   c = sm.nn_distance(fresh, gen)
   np.testing.assert_array_equal(c, [0, 0, 1, 2])
+  q = sm.sample_quality(gen, train, fresh, heldout)                 # coverage: fresh → generated, not back
+  assert q["coverage_mean"] == 0.75 and q["coverage_median"] == 0.5
   assert sm.memorisation_ratio(train, train, heldout) == 0.0        # copies of the training set
   assert sm.memorisation_ratio(np.array([[2.]]), train, heldout) == 2.0
 
