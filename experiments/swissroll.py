@@ -112,7 +112,7 @@ HELP = {
     "progress": "progress bars (true/false)",
 }
 
-FULL = dict(steps=6000, batch_size=16, ema=0.999, ckpt_every=1000, sample_sets=16, num_sets=8192)
+FULL = dict(steps=6000, ckpt_every=1000, sample_sets=16, num_sets=8192)   # 4× the budget (≈ 30 min on 2 cores)
 
 # Settings that shape a condition's training (its folder key) are every field except these.
 NOT_TRAINING = ("operators", "orders", "seeds", "out", "progress", "ckpt_every", "heat_points")
@@ -239,44 +239,75 @@ def training_loss(power: float):
   return loss
 
 
+_JITTED: dict = {}
+
+
+def jitted(name: str):
+  """Compiled model functions taking the model as an argument (`nnx.jit`), so that models of one
+  structure share a compilation: `qk(model, x)` → [(q, k)] per layer at t = 1, `sample(model, x0,
+  steps, solver)` → trajectory, `loss(model, x1, keys)` → mean flow-matching loss over keys."""
+  if not _JITTED:
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from attngeo import flow, nn
+    _JITTED["qk"] = nnx.jit(lambda model, x: nn.capture_qk(model, lambda: model(x, jnp.ones((x.shape[0],))))[1])
+    _JITTED["sample"] = nnx.jit(lambda model, x, steps, solver: flow.sample(model, x, steps=steps, solver=solver,
+                                                                             save_every=1)[1], static_argnums=(2, 3))
+    _JITTED["loss"] = nnx.jit(lambda model, x1, keys: jax.vmap(lambda k: flow.loss(model, x1, k))(keys).mean())
+  return _JITTED[name]
+
+
 def evaluation_loss(model, source, seed: int, sets: int = 16, draws: int = 8) -> float:
   """Flow-matching loss on the first `sets` training sets, averaged over `draws` fixed (noise, t) draws."""
   import jax
   import jax.numpy as jnp
-
-  from attngeo import flow
   x1 = jnp.stack([source[i]["points"] for i in range(min(sets, len(source)))])
-  keys = jax.random.split(jax.random.PRNGKey(seed + 2), draws)
-  return float(jnp.mean(jax.jit(jax.vmap(lambda k: flow.loss(model, x1, k)))(keys)))
+  return float(jitted("loss")(model, x1, jax.random.split(jax.random.PRNGKey(seed + 2), draws)))
 
 
 def generate(model, cfg: SwissRollConfig, seed: int) -> tuple[np.ndarray, np.ndarray]:
   """(frames [len(figure_times), m, 3] at `figure_times`, final samples [m, 3]) from fixed noise sets."""
   import jax
-
-  from attngeo import flow
   noise = jax.random.normal(jax.random.PRNGKey(seed + 7), (cfg.sample_sets, cfg.set_size, 3))
-  _, traj = jax.jit(lambda x: flow.sample(model, x, steps=cfg.sample_steps, solver=cfg.solver, save_every=1))(noise)
+  traj = jitted("sample")(model, noise, cfg.sample_steps, cfg.solver)
   traj = np.asarray(traj).reshape(cfg.sample_steps + 1, -1, 3)
   return traj[[round(t * cfg.sample_steps) for t in cfg.figure_times]], traj[-1]
+
+
+_EFF = None
+
+
+def _eff(q, k, beta, alpha):
+  """Mean `e^H̄` of the operators of q, k [b, n, h, d] (jitted once per shape, shared by all models)."""
+  global _EFF
+  if _EFF is None:
+    import jax
+    import jax.numpy as jnp
+
+    from attngeo import markov, operators
+
+    def eff(q, k, beta, alpha):
+      p = operators.markov_matrix(q.astype(jnp.float32), k.astype(jnp.float32), beta=beta, alpha=alpha)
+      return markov.effective_neighbours(p).mean()
+    _EFF = jax.jit(eff)
+  return float(_EFF(q, k, beta, alpha))
 
 
 def eff_neighbours_by_size(model, cloud: np.ndarray, sizes, seed: int) -> dict[str, list[float]]:
   """Per-layer head-mean `e^H̄` on sets of each size drawn from `cloud` (t = 1; ≤ 4 sets per size)."""
   import jax.numpy as jnp
 
-  from attngeo import markov, nn, operators
+  from attngeo import nn
   rng, out = np.random.default_rng(seed), {}
   for n in sizes:
     sets = max(1, min(4, len(cloud) // n))
     x = jnp.asarray(np.stack([cloud[rng.choice(len(cloud), n, replace=False)] for _ in range(sets)]))
-    _, qks = nn.capture_qk(model, lambda: model(x, jnp.ones((sets,))))
-    layers = []
-    for (q, k), m in zip(qks, nn.attention_modules(model)):
-      beta, alpha = m.coefficients()
-      p = operators.markov_matrix(q.astype(jnp.float32), k.astype(jnp.float32), beta=beta, alpha=alpha)
-      layers.append(float(markov.effective_neighbours(p).mean()))
-    out[str(n)] = layers
+    qks = jitted("qk")(model, x)
+    h = qks[0][0].shape[2]
+    out[str(n)] = [_eff(q, k, *(jnp.broadcast_to(jnp.asarray(c, jnp.float32), (h,)) for c in m.coefficients()))
+                   for (q, k), m in zip(qks, nn.attention_modules(model))]
   return out
 
 
@@ -297,7 +328,7 @@ def run_condition(cfg: SwissRollConfig, op: str, order: str, seed: int, source, 
   import jax.numpy as jnp
   from flax import nnx
 
-  from attngeo import data, probe, sample_metrics, train
+  from attngeo import data, nn, probe, sample_metrics, train
   t0 = time.perf_counter()
   model = build_model(cfg, op, order, seed)
   result = train.train(model, training_loss(cfg.time_power), data.loader(source, cfg.batch_size, seed),
@@ -313,7 +344,8 @@ def run_condition(cfg: SwissRollConfig, op: str, order: str, seed: int, source, 
                 coverage_ratio=quality["coverage_mean"] / floor["coverage_mean"],
                 energy_ratio=quality["energy"] / floor["energy"])
   probe_x = jnp.stack([source[i]["points"] for i in range(min(cfg.probe_sets, len(source)))])
-  per_layer = probe.model_stats(model, lambda: model(probe_x, jnp.ones((len(probe_x),))))
+  per_layer = [probe.layer_stats(q, k, *m.coefficients(), causal=m.causal)     # = probe.model_stats, compiled
+               for (q, k), m in zip(jitted("qk")(model, probe_x), nn.attention_modules(model))]
   summary = probe.summarise(per_layer)
   row = dict(operator=op, order=order, seed=seed, **quality, **ratios, **summary,
              eff_neighbours_norm=summary["eff_neighbours"] / cfg.set_size,
@@ -432,26 +464,34 @@ def aggregate(rows: list[dict]) -> list[dict]:
   return out
 
 
+def welch_p(a: np.ndarray, b: np.ndarray) -> float:
+  """Two-sided p-value of Welch's t-test (unequal variances; Welch–Satterthwaite degrees of freedom).
+
+  Two constant samples: 0 if their values differ, else 1.
+  """
+  from scipy import stats
+  va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+  if va + vb == 0:
+    return 0.0 if a.mean() != b.mean() else 1.0
+  t = (a.mean() - b.mean()) / np.sqrt(va + vb)
+  df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+  return float(2 * stats.t.sf(abs(t), df))
+
+
 def differences(agg: list[dict], keys, level: float = 0.05) -> dict[str, list[dict]]:
   """Per column, the pairs of conditions whose means differ beyond the seed-to-seed spread.
 
-  Welch's t-test on the per-seed values of each pair, Holm-corrected over the pairs of a column
-  (family-wise level `level`). Two constant groups with different means count as different.
+  Welch's t-test (`welch_p`) on the per-seed values of each pair, Holm-corrected over the pairs
+  of a column (family-wise level `level`).
   """
-  from scipy import stats
   found = {}
   for key in keys:
     tests = []
     for i in range(len(agg)):
       for j in range(i + 1, len(agg)):
         a, b = np.array(agg[i][key + "_values"]), np.array(agg[j][key + "_values"])
-        if len(a) < 2 or len(b) < 2:
-          continue
-        if a.std() == 0 and b.std() == 0:
-          p = 0.0 if a.mean() != b.mean() else 1.0
-        else:
-          p = float(stats.ttest_ind(a, b, equal_var=False).pvalue)
-        tests.append((p, i, j))
+        if len(a) >= 2 and len(b) >= 2:
+          tests.append((welch_p(a, b), i, j))
     tests.sort()
     rows, m = [], len(tests)
     for rank, (p, i, j) in enumerate(tests):          # Holm: stop at the first non-rejection
@@ -491,6 +531,7 @@ def write_tables(cfg: SwissRollConfig, rows: list[dict], refs: References) -> tu
       table.append(dict(operator=a["operator"], order=a["order"],
                         **{c.key: f"{a[c.key]:{c.fmt}} ± {a[c.key + '_sd']:{c.fmt}}" for c in NUMBERS}))
     extra["differences"] = differences(agg, [c.key for c in NUMBERS])
+    extra["aggregated"] = agg
     payload = dict(oracle=refs.floor, conditions=agg, per_seed=rows, differences=extra["differences"])
     note += f" Mean ± sd over {cfg.seeds} training seeds {train_seeds(cfg)}."
   cols = COLUMNS if cfg.seeds == 1 else COLUMNS[:2] + [Col(c.key, c.label, align="right") for c in NUMBERS]
@@ -541,8 +582,11 @@ def run(cfg: SwissRollConfig) -> dict:
   heat = heat_figure(cfg, refs, os.path.join(cfg.out, "heat.png"))
   check = verdict(rows, refs)
   wall = time.perf_counter() - t0
-  results = dict(config=dataclasses.asdict(cfg), oracle=refs.floor, conditions=rows, verdict=check, heat=heat,
+  agg = extra.pop("aggregated", None)
+  results = dict(config=dataclasses.asdict(cfg), oracle=refs.floor, conditions=agg or rows, verdict=check, heat=heat,
                  wall_seconds=wall, **extra)
+  if agg:
+    results["per_seed"] = rows
   with open(os.path.join(cfg.out, "results.json"), "w") as f:
     json.dump(results, f, indent=1)
   print(md)

@@ -43,9 +43,9 @@ SIZES = (256, 1024, 4000)
 
 
 def protocol_config(name: str, operators, out: str) -> swissroll.SwissRollConfig:
-  over = dict(PROTOCOLS[name])
-  over.setdefault("out", os.path.join(out, name))
-  return dataclasses.replace(swissroll.SwissRollConfig(), operators=tuple(operators), probe_sizes=SIZES, **over)
+  fields = dict(operators=tuple(operators), orders=swissroll.ORDERS, probe_sizes=SIZES, out=os.path.join(out, name))
+  fields.update(PROTOCOLS[name])
+  return dataclasses.replace(swissroll.SwissRollConfig(), **fields)
 
 
 def run(protocols, operators, out: str, progress: bool = True) -> list[dict]:
@@ -58,7 +58,7 @@ def run(protocols, operators, out: str, progress: bool = True) -> list[dict]:
     source, cloud = data.point_sets(os.path.join(cfg.out, "data"), cloud="swiss_roll", num_points=cfg.num_points,
                                     seed=cfg.seed, set_size=cfg.set_size, num_sets=cfg.num_sets)
     refs = swissroll.references(cfg, cloud)
-    for order in swissroll.ORDERS:
+    for order in cfg.orders:
       for op in operators:
         print(f"[{name}] {op} {order}", flush=True)
         r = swissroll.run_condition(cfg, op, order, cfg.seed, source, refs)
