@@ -69,7 +69,7 @@ def sample_grid(path: str, rows: list[tuple[str, list[tuple[np.ndarray, np.ndarr
   norm = colors.Normalize(float(colour_all.min()), float(colour_all.max()))
   lim = 1.25 * float(max(np.abs(p[:, [0, 2]]).max() for _, p, _ in top))
   fig = plt.figure(figsize=(size * ncols + 1.2, size * (len(rows) + 1) + 1.3))
-  outer = fig.add_gridspec(len(rows) + 1, 1, left=0.1, right=0.84, top=1 - 0.75 / fig.get_figheight(),
+  outer = fig.add_gridspec(len(rows) + 1, 1, left=0.1, right=0.84, top=1 - 1.05 / fig.get_figheight(),
                            bottom=0.01, hspace=0.12, height_ratios=[1.25] + [1] * len(rows))
   ntop = len(top) + (noise is not None) + bool(nn_cdfs)
   head = outer[0].subgridspec(2, ntop, wspace=0.45, height_ratios=[1, 0.25])
