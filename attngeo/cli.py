@@ -17,6 +17,7 @@ import sys
 
 COMMANDS = {
     "swissroll": ("attngeo.experiments.swissroll", "the Swiss-roll scan: Table 1, Figures 1-2"),
+    "swissroll-order": ("attngeo.experiments.swissroll_order", "the order effect: e^H̄ vs set size, depth and budget"),
     "bench": ("attngeo.experiments.bench_operators", "forward+backward time and memory of every operator and kernel"),
     "bench-geometry": ("attngeo.experiments.bench_geometry", "dense vs matrix-free Gamma_2 time and memory"),
     "bench-train": ("attngeo.experiments.bench_train", "GPT training step time per operator"),

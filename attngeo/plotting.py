@@ -1,4 +1,8 @@
-"""Figures (PNG via matplotlib's Agg backend): point-cloud panels and heat flow on a cloud."""
+"""Figures (PNG via matplotlib's Agg backend): point-cloud panels, sample grids and heat flow on a cloud.
+
+Point clouds of the Swiss roll are drawn in the x–z plane (looking down the roll's axis, where its
+spiral is visible without occlusion); 3-D views are available through `point_panels`.
+"""
 from __future__ import annotations
 
 import matplotlib
@@ -6,6 +10,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib import colors  # noqa: E402
+
+DPI = 110
 
 
 def _ax3d(fig, rows, cols, i, title):
@@ -16,31 +23,131 @@ def _ax3d(fig, rows, cols, i, title):
   return ax
 
 
+def _plane(ax, title, lim, fontsize=9):
+  ax.set_title(title, fontsize=fontsize)
+  ax.set_xlim(-lim, lim), ax.set_ylim(-lim, lim)
+  ax.set_aspect("equal")
+  ax.set_xticks([]), ax.set_yticks([])
+  return ax
+
+
 def point_panels(rows: list[tuple[str, list[tuple[str, np.ndarray]]]], path: str, size: float = 2.0):
-  """Grid of 3-D scatter plots: `rows` = [(row label, [(panel title, points [n, 3]), …]), …]."""
+  """Grid of 3-D scatter plots: `rows` = [(row label, [(panel title, points [n, 3]), …]), …] (equal lengths)."""
   ncols = max(len(panels) for _, panels in rows)
+  if any(len(panels) != ncols for _, panels in rows):
+    raise ValueError(f"every row must have {ncols} panels (no empty cells); got {[len(p) for _, p in rows]}")
   fig = plt.figure(figsize=(size * ncols, size * len(rows)))
   for r, (label, panels) in enumerate(rows):
     for c, (title, pts) in enumerate(panels):
       ax = _ax3d(fig, len(rows), ncols, r * ncols + c + 1, f"{label}\n{title}" if c == 0 else title)
       ax.scatter(pts[:, 0], pts[:, 1], pts[:, 2], s=0.3, c=pts[:, 2], cmap="viridis", alpha=0.6)
   fig.tight_layout()
-  fig.savefig(path, dpi=110)
+  fig.savefig(path, dpi=DPI)
+  plt.close(fig)
+
+
+def sample_grid(path: str, rows: list[tuple[str, list[tuple[np.ndarray, np.ndarray]]]], times: list[str], *,
+                top: list[tuple[str, np.ndarray, np.ndarray]], noise: np.ndarray | None = None,
+                nn_cdfs: dict[str, np.ndarray] | None = None, colour_label: str = "", title: str = "",
+                size: float = 2.1, cmap: str = "viridis"):
+  """Generated samples per condition (rows) and time (columns), under a row of references.
+
+  Args:
+    path: PNG to write.
+    rows: [(condition label, [(points [m, 3], colour [m]) per time]), …], every row as long as `times`.
+    times: column titles.
+    top: reference panels [(title, points [n, 3], colour [n]), …] (the training set, an oracle sample).
+    noise: the shared starting noise (t = 0), drawn as a further top panel when given.
+    nn_cdfs: {label: d_NN distances} drawn as cumulative distributions in a last top panel ("oracle" dashed).
+    colour_label: the colour bar's label; one colour scale (the roll parameter) for every panel.
+    title: the figure's title.
+  """
+  ncols = len(times)
+  if any(len(frames) != ncols for _, frames in rows):
+    raise ValueError(f"every row must have {ncols} panels, one per time; got {[len(f) for _, f in rows]}")
+  colour_all = np.concatenate([c for _, _, c in top] + [c for _, frames in rows for _, c in frames])
+  norm = colors.Normalize(float(colour_all.min()), float(colour_all.max()))
+  lim = 1.25 * float(max(np.abs(p[:, [0, 2]]).max() for _, p, _ in top))
+  fig = plt.figure(figsize=(size * ncols + 1.2, size * (len(rows) + 1) + 1.3))
+  outer = fig.add_gridspec(len(rows) + 1, 1, left=0.1, right=0.84, top=1 - 1.05 / fig.get_figheight(),
+                           bottom=0.01, hspace=0.12, height_ratios=[1.25] + [1] * len(rows))
+  ntop = len(top) + (noise is not None) + bool(nn_cdfs)
+  head = outer[0].subgridspec(2, ntop, wspace=0.45, height_ratios=[1, 0.25])
+  i = 0
+  for t_title, pts, col in top:
+    ax = _plane(fig.add_subplot(head[0, i]), t_title, lim, fontsize=8)
+    ax.scatter(pts[:, 0], pts[:, 2], s=0.8, c=col, cmap=cmap, norm=norm, linewidths=0)
+    i += 1
+  if noise is not None:
+    ax = _plane(fig.add_subplot(head[0, i]), "t = 0: noise\n(the same for every row)", 3.2, fontsize=8)
+    ax.scatter(noise[:, 0], noise[:, 2], s=0.8, c="0.4", linewidths=0)
+    i += 1
+  if nn_cdfs:
+    ax = fig.add_subplot(head[0, i])
+    for k, (name, d) in enumerate(nn_cdfs.items()):
+      d = np.sort(d)
+      oracle = name == "oracle"
+      ax.plot(d, np.arange(1, len(d) + 1) / len(d), ls="--" if oracle else "-", lw=1.6 if oracle else 0.9, label=name,
+              color="k" if oracle else plt.cm.tab10(k % 10))
+    ax.set_xlim(0, float(np.quantile(np.concatenate(list(nn_cdfs.values())), 0.98)))
+    ax.set_xlabel("d_NN to training set", fontsize=8), ax.set_ylabel("fraction ≤", fontsize=8)
+    ax.set_title("d_NN, final samples", fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax.legend(fontsize=5, loc="lower right", frameon=False, handlelength=1.2)
+  for r, (label, frames) in enumerate(rows):
+    grid = outer[r + 1].subgridspec(1, ncols, wspace=0.05)
+    for c, (pts, col) in enumerate(frames):
+      ax = _plane(fig.add_subplot(grid[c]), times[c] if r == 0 else "", lim)
+      ax.scatter(pts[:, 0], pts[:, 2], s=0.8, c=col, cmap=cmap, norm=norm, linewidths=0)
+      if c == 0:
+        ax.set_ylabel(label, fontsize=9)
+  cax = fig.add_axes([0.89, 0.1, 0.02, 0.7])
+  fig.colorbar(plt.cm.ScalarMappable(norm=norm, cmap=cmap), cax=cax).set_label(colour_label, fontsize=9)
+  if title:
+    fig.suptitle(title, fontsize=10)
+  fig.savefig(path, dpi=DPI)
   plt.close(fig)
 
 
 def heat_panels(points: np.ndarray, rows: list[tuple[str, list[tuple[str, np.ndarray]]]], path: str,
-                source: int | None = None, size: float = 2.4):
-  """Heat (a density over `points` [n, 3]) per panel: `rows` = [(label, [(title, values [n]), …]), …]."""
+                source: int | None = None, size: float = 2.4, title: str = "",
+                colour_label: str = "probability (log scale, shared by all panels)", floor: float = 1e-6):
+  """Heat (a probability over `points` [n, 3]) per panel on one shared log colour scale, x–z plane.
+
+  Args:
+    points: the cloud [n, 3].
+    rows: [(row label, [(panel title, values [n]), …]), …], every row equally long.
+    path: PNG to write.
+    source: index of the heat's source point, marked with a star and named in a legend.
+    title: the figure's title (name the model, layer and time unit there).
+    colour_label: the colour bar's label.
+    floor: values below it are drawn at it (log scale).
+  """
   ncols = max(len(panels) for _, panels in rows)
-  fig = plt.figure(figsize=(size * ncols, size * len(rows)))
+  if any(len(panels) != ncols for _, panels in rows):
+    raise ValueError(f"every row must have {ncols} panels (no empty cells); got {[len(p) for _, p in rows]}")
+  vmax = max(float(np.max(v)) for _, panels in rows for _, v in panels)
+  norm = colors.LogNorm(floor, max(vmax, 10 * floor))
+  lim = 1.1 * float(np.abs(points[:, [0, 2]]).max())
+  fig, axes = plt.subplots(len(rows), ncols, figsize=(size * ncols + 1.0, size * len(rows) + 0.9), squeeze=False)
   for r, (label, panels) in enumerate(rows):
-    for c, (title, vals) in enumerate(panels):
-      ax = _ax3d(fig, len(rows), ncols, r * ncols + c + 1, f"{label}: {title}")
+    for c, (p_title, vals) in enumerate(panels):
+      ax = _plane(axes[r, c], p_title, lim)
       order = np.argsort(vals)
-      ax.scatter(points[order, 0], points[order, 1], points[order, 2], s=1.5, c=vals[order], cmap="inferno")
+      ax.scatter(points[order, 0], points[order, 2], s=3, c=np.maximum(vals[order], floor), cmap="inferno", norm=norm,
+                 linewidths=0)
       if source is not None:
-        ax.scatter(*points[source], s=30, c="cyan", marker="x")
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
+        ax.scatter(points[source, 0], points[source, 2], s=90, marker="*", facecolor="cyan", edgecolor="k",
+                   linewidths=0.6, label="source point")
+      if c == 0:
+        ax.set_ylabel(label, fontsize=9)
+  fig.subplots_adjust(left=0.06, right=0.86, bottom=0.04, top=1 - 0.9 / fig.get_figheight(), wspace=0.05, hspace=0.15)
+  cax = fig.add_axes([0.885, 0.1, 0.02, 0.7])
+  fig.colorbar(plt.cm.ScalarMappable(norm=norm, cmap="inferno"), cax=cax).set_label(colour_label, fontsize=9)
+  if source is not None:
+    axes[0, 0].legend(loc="lower left", fontsize=7, frameon=True)
+  if title:
+    import textwrap
+    fig.suptitle("\n".join(textwrap.wrap(title, 110)), fontsize=9)
+  fig.savefig(path, dpi=DPI)
   plt.close(fig)

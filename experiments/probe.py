@@ -61,15 +61,19 @@ def to_markdown(rows) -> str:
   return "\n".join(lines)
 
 
-def plot(rows, path):
+def plot(rows, path, title: str = ""):
   import matplotlib.pyplot as plt
   keys = [k for k, _ in COLUMNS]
-  fig, axes = plt.subplots(1, len(keys), figsize=(2.2 * len(keys), 2.4))
+  fig, axes = plt.subplots(1, len(keys), figsize=(2.2 * len(keys), 2.7))
   for ax, (key, label) in zip(axes, COLUMNS):
     xs = [i for i, r in enumerate(rows) if key in r]
     ax.plot(xs, [float(np.mean(rows[i][key])) for i in xs], "o-")
     ax.set_title(label, fontsize=9)
     ax.set_xlabel("layer", fontsize=8)
+    ax.set_xticks(range(len(rows)))                       # layers are integers
+    ax.set_xlim(-0.5, len(rows) - 0.5)
+  if title:
+    fig.suptitle(title, fontsize=10)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)
@@ -96,7 +100,9 @@ def main(argv=None):
     json.dump({"model": type(mcfg).__name__, "layers": rows}, f, indent=1)
   with open(os.path.join(out, "probe.md"), "w") as f:
     f.write(md + "\n")
-  plot(rows, os.path.join(out, "probe.png"))
+  name = os.path.basename(os.path.normpath(a.run_dir))
+  plot(rows, os.path.join(out, "probe.png"), title=f"Per-layer geometry of the "
+       f"{type(mcfg).__name__.removesuffix('Config')} run {name} (mean over heads and inputs)")
   print(md)
   print(f"\nwrote {out}/probe.json, probe.md, probe.png")
   return rows

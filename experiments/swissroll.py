@@ -1,23 +1,40 @@
 """The Swiss-roll scan (seed "Attention Geometry", Table 1 and Figures 1–2).
 
-    attngeo swissroll [--full] [--operators DMAP,ATTN] [--orders ffn_first] [--seed 123] [--steps N] ...
+    attngeo swissroll [--full] [--seeds 3] [--operators DMAP,ATTN] [--orders ffn_first] [--steps N] ...
 
 A `PointFlow` set transformer (each point a token, bidirectional attention) learns the velocity
 of the linear interpolant from Gaussian noise sets to point sets of the 4000-point Swiss roll
-(flow matching, `attngeo.flow`), once per operator × sub-layer order, same budget each. Per
-condition it reports
+(flow matching, `attngeo.flow`), once per operator × sub-layer order × seed, same budget each;
+samples are drawn with Heun's method from noise sets (EMA weights when `--ema` > 0).
 
-* `d_NN` — mean Euclidean distance from each generated point to its nearest training point
-  (standardised coordinates), samples drawn with Heun's method from noise sets;
-* `e^{H̄}`, `ε_rev`, `ρ_skew` — of the trained model's attention operators evaluated on data point
-  sets at t = 1, averaged over layers, heads and sets (per layer in results.json);
-* `curvature` — the Bakry–Émery bound of each layer's head-averaged walk over the top-3 principal
-  coordinates of m = (q + k)/√2 (median over points; `attngeo.probe`), averaged over layers;
+Sample quality (`attngeo.sample_metrics`; standardised coordinates), each beside its floor, the
+same read-out for an oracle generator (fresh samples of the generating distribution, as many as
+generated, standardised like the training set; the table's first row):
 
-and writes table1.{md,csv}, results.json, samples.png (Figure 2), heat.png (Figure 1, heat flow
-under the learned DMAP walk vs ATTN's and the equilibrium π) and config.json to `--out`.
-Finished conditions are kept in `out/conditions/*/result.json` and skipped on a rerun; an
-interrupted condition resumes from its last orbax checkpoint.
+* `d_NN` — distance from each generated point to its nearest training point, mean and median;
+* `coverage` — distance from each of 4000 fresh true points to its nearest generated point (mean);
+* `energy` — energy distance between the generated points and the 4000 fresh points;
+* `memo.` — memorisation ratio, mean d_NN to the training set ÷ mean d_NN to a held-out fresh set
+  of 4000 (≈ 1 without memorisation, → 0 for copies of training points).
+
+Transport of the trained model (attention operators at t = 1 on `probe_sets` training point
+sets, averaged over layers, heads and sets; per layer in results.json): `e^H̄` (effective
+neighbours) and `e^H̄/n` (÷ set size n), `ε_rev`, `ρ_skew`, `curvature` (Bakry–Émery bound of each
+layer's head-averaged walk over the top-3 principal coordinates of m = (q + k)/√2, median over
+points); `e^H̄` at set sizes `probe_sizes` in results.json. `loss`: the flow-matching loss (uniform
+t) of the final weights on a fixed evaluation batch.
+
+With `--seeds N` every condition is trained with seeds seed, …, seed + N − 1 (initialisation,
+batch order, noise; the training set stays the seed-123 roll); the table shows mean ± sd and
+`differences.md` lists, per column, the pairs of conditions whose difference exceeds the
+seed-to-seed spread (Welch's t-test, Holm-corrected over the pairs of each column, level 0.05).
+
+Writes table1.{md,csv,json}, results.json, samples.png (Figure 2), heat.png (Figure 1: heat flow
+under the learned DMAP and ATTN walks and their equilibria) and config.json to `--out`. Each
+condition lives in `out/conditions/<op>_<order>_seed<s>-<key>/`, the key a fingerprint of every
+setting that shapes its training; its result.json is reused only when the evaluation settings
+match too (else it is re-evaluated from the final checkpoint), and an interrupted condition
+resumes from its last checkpoint.
 """
 from __future__ import annotations
 
@@ -27,22 +44,24 @@ import json
 import os
 import time
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-from flax import nnx
-from scipy.spatial import cKDTree
 
-from attngeo import config as config_lib, data, flow, markov, nn, operators, plotting, probe, runs, train
+from attngeo import config as config_lib
 from attngeo.experiments import report
 from attngeo.experiments.report import Col
+
+OPERATORS = ("DMAP", "DMTN", "ATAP", "ATTN")        # attngeo.operators.CORNERS (tested)
+ORDERS = ("ffn_first", "attn_first")                # attngeo.nn.layers.ORDERS (tested)
+SOLVERS = ("euler", "heun")
+RESULT_VERSION = 2                                  # bump when a condition's read-outs change
 
 
 @dataclasses.dataclass
 class SwissRollConfig:
   operators: tuple[str, ...] = ("DMAP", "DMTN", "ATAP", "ATTN")
   orders: tuple[str, ...] = ("ffn_first", "attn_first")
-  seed: int = 123
+  seed: int = 123                      # the training set's seed and the first training seed
+  seeds: int = 1                       # training seeds per condition: seed, seed + 1, …
   num_points: int = 4000
   set_size: int = 256
   num_sets: int = 2048
@@ -55,163 +74,556 @@ class SwissRollConfig:
   batch_size: int = 8
   lr: float = 3e-3
   warmup: int = 50
+  schedule: str = "cosine"
+  ema: float = 0.0
+  time_power: float = 1.0              # training times t = 1 − (1 − u)^p, u ~ U[0, 1): p > 1 favours t near 1
   ckpt_every: int = 250
   solver: str = "heun"
   sample_steps: int = 40
   sample_sets: int = 8
+  figure_times: tuple[float, ...] = (0.5, 0.75, 0.9, 1.0)
   probe_sets: int = 4
+  probe_sizes: tuple[int, ...] = (256, 1024, 4000)
   heat_points: int = 1000
   out: str = "runs/swissroll"
   progress: bool = True
 
 
-FULL = dict(steps=20_000, width=128, depth=4, heads=4, batch_size=16, lr=1e-3, warmup=500, ckpt_every=2000,
-            sample_steps=100, sample_sets=16, num_sets=8192)
+HELP = {
+    "operators": f"comma-separated operators, each one of {','.join(OPERATORS)}",
+    "orders": f"comma-separated sub-layer orders, each one of {','.join(ORDERS)} (FFN→MHSA, MHSA→FFN)",
+    "seed": "seed of the training set and first training seed",
+    "seeds": "training seeds per condition (≥ 1); > 1 adds mean ± sd and differences.md",
+    "num_points": "training-set size", "set_size": "points per training set (≤ num_points)",
+    "num_sets": "training point sets drawn from the cloud", "width": "model width", "depth": "blocks",
+    "heads": "attention heads (must divide width)", "mlp_ratio": "MLP hidden ÷ width",
+    "learnable_operator": "train per-head (β, α) from each named corner (true/false)",
+    "steps": "training steps", "batch_size": "point sets per step", "lr": "peak learning rate",
+    "warmup": "warm-up steps", "schedule": "cosine, linear or constant after warm-up",
+    "time_power": "p ≥ 1 in the training-time law t = 1 − (1 − u)^p, u uniform (1: uniform t)",
+    "ema": "EMA decay of the weights used for sampling and probing, in [0, 1) (0: none)",
+    "ckpt_every": "steps between checkpoints (0: only at the end)",
+    "solver": f"sampler, one of {','.join(SOLVERS)}", "sample_steps": "sampler steps",
+    "sample_sets": "generated point sets (× set_size points are judged)",
+    "figure_times": "times in (0, 1] shown in samples.png, multiples of 1/sample_steps",
+    "probe_sets": "training point sets the transport read-outs average over",
+    "probe_sizes": "set sizes (≤ num_points) at which e^H̄ is also measured (results.json)",
+    "heat_points": "training points in the heat figure's set", "out": "output folder",
+    "progress": "progress bars (true/false)",
+}
+
+FULL = dict(steps=6000, ckpt_every=1000, sample_sets=16, num_sets=8192)   # 4× the budget (≈ 30 min on 2 cores)
+
+# Settings that shape a condition's training (its folder key) are every field except these.
+NOT_TRAINING = ("operators", "orders", "seeds", "out", "progress", "ckpt_every", "heat_points")
+EVALUATION = ("solver", "sample_steps", "sample_sets", "figure_times", "probe_sets", "probe_sizes")
 
 
-def condition_name(op: str, order: str) -> str:
-  return f"{op}_{order}"
+def validate(cfg: SwissRollConfig) -> None:
+  """Raise one ValueError line naming the first bad setting (before any work)."""
+  def need(ok, name, expected):
+    if not ok:
+      raise ValueError(f"--{name.replace('_', '-')} must be {expected}; got {getattr(cfg, name)!r}")
+  need(cfg.operators and all(o in OPERATORS for o in cfg.operators), "operators",
+       f"a comma-separated list of {','.join(OPERATORS)}")
+  need(cfg.orders and all(o in ORDERS for o in cfg.orders), "orders", f"a comma-separated list of {','.join(ORDERS)}")
+  need(len(set(cfg.operators)) == len(cfg.operators), "operators", "a list without repeats")
+  need(len(set(cfg.orders)) == len(cfg.orders), "orders", "a list without repeats")
+  for name in ("seeds", "num_points", "num_sets", "width", "depth", "heads", "steps", "batch_size", "sample_steps",
+               "sample_sets", "probe_sets", "heat_points"):
+    need(getattr(cfg, name) >= 1, name, "a positive integer")
+  for name in ("warmup", "ckpt_every"):
+    need(getattr(cfg, name) >= 0, name, "a non-negative integer")
+  need(1 <= cfg.set_size <= cfg.num_points, "set_size", f"in [1, num_points = {cfg.num_points}]")
+  need(cfg.width % cfg.heads == 0, "heads", f"a divisor of width {cfg.width}")
+  need(cfg.mlp_ratio > 0, "mlp_ratio", "positive")
+  need(np.isfinite(cfg.lr) and cfg.lr > 0, "lr", "a positive finite number")
+  need(0 <= cfg.ema < 1, "ema", "in [0, 1)")
+  need(np.isfinite(cfg.time_power) and cfg.time_power >= 1, "time_power", "a finite number ≥ 1")
+  need(cfg.schedule in ("cosine", "linear", "constant"), "schedule", "cosine, linear or constant")
+  need(cfg.solver in SOLVERS, "solver", f"one of {','.join(SOLVERS)}")
+  need(cfg.heat_points <= cfg.num_points, "heat_points", f"at most num_points = {cfg.num_points}")
+  need(cfg.probe_sizes and all(1 <= n <= cfg.num_points for n in cfg.probe_sizes), "probe_sizes",
+       f"set sizes in [1, num_points = {cfg.num_points}]")
+  frames = [t * cfg.sample_steps for t in cfg.figure_times]
+  need(cfg.figure_times and all(0 < t <= 1 and abs(f - round(f)) < 1e-9 for t, f in zip(cfg.figure_times, frames)),
+       "figure_times", f"times in (0, 1] that are multiples of 1/sample_steps = 1/{cfg.sample_steps}")
 
 
-def nn_distance(points: np.ndarray, reference: np.ndarray) -> np.ndarray:
-  """Distance from each of `points` [m, 3] to its nearest neighbour in `reference` [n, 3]."""
-  return cKDTree(reference).query(points, k=1)[0]
+# ----------------------------------------------------------------------------- keys and folders
+
+def training_key(cfg: SwissRollConfig, op: str, order: str, seed: int) -> str:
+  """Fingerprint of everything that shapes one condition's trained weights."""
+  from attngeo import runs
+  fields = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in NOT_TRAINING + EVALUATION + ("seed",)}
+  return runs.fingerprint(fields, dict(operator=op, order=order, data_seed=cfg.seed, train_seed=seed))
 
 
-def median_spacing(reference: np.ndarray) -> float:
-  """Median distance from each reference point to its nearest other reference point."""
-  return float(np.median(cKDTree(reference).query(reference, k=2)[0][:, 1]))
+def evaluation_key(cfg: SwissRollConfig, op: str, order: str, seed: int) -> str:
+  """Fingerprint of everything that shapes one condition's result row."""
+  from attngeo import runs
+  return runs.fingerprint(training_key(cfg, op, order, seed), {k: getattr(cfg, k) for k in EVALUATION},
+                          RESULT_VERSION)
 
 
-def build_model(cfg: SwissRollConfig, op: str, order: str, seed: int) -> nn.PointFlow:
+def condition_dir(cfg: SwissRollConfig, op: str, order: str, seed: int) -> str:
+  return os.path.join(cfg.out, "conditions", f"{op}_{order}_seed{seed}-{training_key(cfg, op, order, seed)}")
+
+
+def train_seeds(cfg: SwissRollConfig) -> list[int]:
+  return [cfg.seed + i for i in range(cfg.seeds)]
+
+
+# ----------------------------------------------------------------------------- references
+
+@dataclasses.dataclass
+class References:
+  """The training set and fresh samples of its distribution (standardised like it), with roll parameters."""
+  train: np.ndarray          # [n, 3] the training set
+  train_t: np.ndarray        # [n]
+  fresh: np.ndarray          # [4000, 3] coverage / energy reference
+  heldout: np.ndarray        # [n, 3] memorisation reference (as large as the training set)
+  oracle: np.ndarray         # [m, 3] an oracle generator's "samples" (m = generated count)
+  oracle_t: np.ndarray       # [m]
+  floor: dict                # sample_quality(oracle)
+
+
+def references(cfg: SwissRollConfig, cloud: np.ndarray) -> References:
+  """Fresh samples with seeds derived from `cfg.seed` (so every condition and seed is judged alike)."""
+  from attngeo import data, sample_metrics
+  like = (cfg.num_points, cfg.seed)
+  train, train_t = data.swiss_roll(cfg.num_points, cfg.seed, return_t=True)
+  if not np.array_equal(train, cloud):
+    raise RuntimeError("the point-set cache does not hold this Swiss roll")
+  fresh, _ = data.swiss_roll_oracle(4000, cfg.seed + 10_001, like)
+  heldout, _ = data.swiss_roll_oracle(cfg.num_points, cfg.seed + 10_002, like)
+  oracle, oracle_t = data.swiss_roll_oracle(cfg.sample_sets * cfg.set_size, cfg.seed + 10_003, like)
+  floor = sample_metrics.sample_quality(oracle, train, fresh, heldout)
+  return References(train, train_t, fresh, heldout, oracle, oracle_t, floor)
+
+
+# ----------------------------------------------------------------------------- one condition
+
+def build_model(cfg: SwissRollConfig, op: str, order: str, seed: int):
+  from flax import nnx
+
+  from attngeo import nn
   pcfg = nn.PointFlowConfig.create(width=cfg.width, depth=cfg.depth, num_heads=cfg.heads, mlp_ratio=cfg.mlp_ratio,
                                    order=order, operator=op, learnable_operator=cfg.learnable_operator)
   return nn.PointFlow(pcfg, rngs=nnx.Rngs(seed))
 
 
-def train_config(cfg: SwissRollConfig, workdir: str) -> train.TrainConfig:
-  return train.TrainConfig(steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, warmup=cfg.warmup, seed=cfg.seed,
-                           workdir=workdir, ckpt_every=cfg.ckpt_every, log_every=50, progress=cfg.progress)
+def train_config(cfg: SwissRollConfig, workdir: str, seed: int):
+  from attngeo import train
+  return train.TrainConfig(steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, warmup=cfg.warmup,
+                           schedule=cfg.schedule, ema=cfg.ema, seed=seed, workdir=workdir,
+                           ckpt_every=cfg.ckpt_every, log_every=50, progress=cfg.progress)
 
 
-def run_condition(cfg: SwissRollConfig, op: str, order: str, source, cloud: np.ndarray) -> dict:
-  """Train, sample and probe one (operator, order); returns its result row (cached on disk)."""
-  workdir = os.path.join(cfg.out, "conditions", condition_name(op, order))
+def training_loss(power: float):
+  """Flow-matching loss with training times `t = 1 − (1 − u)^power` (`attngeo.flow.loss` when power = 1)."""
+  import jax
+  import jax.numpy as jnp
+
+  from attngeo import flow
+  if power == 1:
+    return lambda m, batch, rng: (flow.loss(m, batch["points"], rng), {})
+
+  def loss(m, batch, rng):
+    x1 = batch["points"]
+    k0, kt = jax.random.split(rng)
+    x0 = jax.random.normal(k0, x1.shape, x1.dtype)
+    t = 1 - (1 - jax.random.uniform(kt, (x1.shape[0],))) ** power
+    v = m(flow.interpolate(x0, x1, t), t)
+    return jnp.mean(jnp.square(v.astype(jnp.float32) - (x1 - x0))), {}
+  return loss
+
+
+_JITTED: dict = {}
+
+
+def jitted(name: str):
+  """Compiled model functions taking the model as an argument (`nnx.jit`), so that models of one
+  structure share a compilation: `qk(model, x)` → [(q, k)] per layer at t = 1, `sample(model, x0,
+  steps, solver)` → trajectory, `loss(model, x1, keys)` → mean flow-matching loss over keys."""
+  if not _JITTED:
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from attngeo import flow, nn
+    _JITTED["qk"] = nnx.jit(lambda model, x: nn.capture_qk(model, lambda: model(x, jnp.ones((x.shape[0],))))[1])
+    _JITTED["sample"] = nnx.jit(lambda model, x, steps, solver: flow.sample(model, x, steps=steps, solver=solver,
+                                                                             save_every=1)[1], static_argnums=(2, 3))
+    _JITTED["loss"] = nnx.jit(lambda model, x1, keys: jax.vmap(lambda k: flow.loss(model, x1, k))(keys).mean())
+  return _JITTED[name]
+
+
+def evaluation_loss(model, source, seed: int, sets: int = 16, draws: int = 8) -> float:
+  """Flow-matching loss on the first `sets` training sets, averaged over `draws` fixed (noise, t) draws."""
+  import jax
+  import jax.numpy as jnp
+  x1 = jnp.stack([source[i]["points"] for i in range(min(sets, len(source)))])
+  return float(jitted("loss")(model, x1, jax.random.split(jax.random.PRNGKey(seed + 2), draws)))
+
+
+def generate(model, cfg: SwissRollConfig, seed: int) -> tuple[np.ndarray, np.ndarray]:
+  """(frames [len(figure_times), m, 3] at `figure_times`, final samples [m, 3]) from fixed noise sets."""
+  import jax
+  noise = jax.random.normal(jax.random.PRNGKey(seed + 7), (cfg.sample_sets, cfg.set_size, 3))
+  traj = jitted("sample")(model, noise, cfg.sample_steps, cfg.solver)
+  traj = np.asarray(traj).reshape(cfg.sample_steps + 1, -1, 3)
+  return traj[[round(t * cfg.sample_steps) for t in cfg.figure_times]], traj[-1]
+
+
+_EFF = None
+
+
+def _eff(q, k, beta, alpha):
+  """Mean `e^H̄` of the operators of q, k [b, n, h, d] (jitted once per shape, shared by all models)."""
+  global _EFF
+  if _EFF is None:
+    import jax
+    import jax.numpy as jnp
+
+    from attngeo import markov, operators
+
+    def eff(q, k, beta, alpha):
+      p = operators.markov_matrix(q.astype(jnp.float32), k.astype(jnp.float32), beta=beta, alpha=alpha)
+      return markov.effective_neighbours(p).mean()
+    _EFF = jax.jit(eff)
+  return float(_EFF(q, k, beta, alpha))
+
+
+def eff_neighbours_by_size(model, cloud: np.ndarray, sizes, seed: int) -> dict[str, list[float]]:
+  """Per-layer head-mean `e^H̄` on sets of each size drawn from `cloud` (t = 1; ≤ 4 sets per size)."""
+  import jax.numpy as jnp
+
+  from attngeo import nn
+  rng, out = np.random.default_rng(seed), {}
+  for n in sizes:
+    sets = max(1, min(4, len(cloud) // n))
+    x = jnp.asarray(np.stack([cloud[rng.choice(len(cloud), n, replace=False)] for _ in range(sets)]))
+    qks = jitted("qk")(model, x)
+    h = qks[0][0].shape[2]
+    out[str(n)] = [_eff(q, k, *(jnp.broadcast_to(jnp.asarray(c, jnp.float32), (h,)) for c in m.coefficients()))
+                   for (q, k), m in zip(qks, nn.attention_modules(model))]
+  return out
+
+
+def run_condition(cfg: SwissRollConfig, op: str, order: str, seed: int, source, refs: References) -> dict:
+  """Train (or resume), sample, judge and probe one (operator, order, seed); returns its result row.
+
+  The row is cached in the condition folder's result.json under its evaluation key; a row made
+  with other settings is recomputed (training resumes from the final checkpoint, so only the
+  evaluation runs again).
+  """
+  workdir, key = condition_dir(cfg, op, order, seed), evaluation_key(cfg, op, order, seed)
   result_path = os.path.join(workdir, "result.json")
   if os.path.exists(result_path):
     with open(result_path) as f:
-      return json.load(f)
+      row = json.load(f)
+    if row.get("evaluation_key") == key:
+      return row
+  import jax.numpy as jnp
+  from flax import nnx
+
+  from attngeo import data, nn, probe, sample_metrics, train
   t0 = time.perf_counter()
-  model = build_model(cfg, op, order, cfg.seed)
-  tcfg = train_config(cfg, workdir)
-  loss_fn = lambda m, batch, rng: (flow.loss(m, batch["points"], rng), {})
-  result = train.train(model, loss_fn, data.loader(source, cfg.batch_size, cfg.seed), tcfg,
-                       desc=condition_name(op, order))
+  model = build_model(cfg, op, order, seed)
+  result = train.train(model, training_loss(cfg.time_power), data.loader(source, cfg.batch_size, seed),
+                       train_config(cfg, workdir, seed), desc=f"{op} {order} seed {seed}")
   model = result.model
-
-  noise = jax.random.normal(jax.random.PRNGKey(cfg.seed + 7), (cfg.sample_sets, cfg.set_size, 3))
-  _, traj = jax.jit(lambda x: flow.sample(model, x, steps=cfg.sample_steps, solver=cfg.solver,
-                                          save_every=cfg.sample_steps // 4))(noise)
-  traj = np.asarray(traj).reshape(traj.shape[0], -1, 3)
-  d_nn = nn_distance(traj[-1], cloud)
-
-  probe_x = jnp.stack([source[i]["points"] for i in range(cfg.probe_sets)])
-  per_layer = probe.model_stats(model, lambda: model(probe_x, jnp.ones((cfg.probe_sets,))))
-  row = dict(operator=op, order=order, d_nn=float(d_nn.mean()), **probe.summarise(per_layer),
-             final_loss=result.history[-1]["loss"], seconds=time.perf_counter() - t0,
-             per_layer=[{k: v.tolist() for k, v in layer.items()} for layer in per_layer])
-  np.save(os.path.join(workdir, "samples.npy"), traj)
+  if cfg.ema:
+    nnx.update(model, result.ema)          # judge and probe the EMA weights
+  t_train = time.perf_counter() - t0
+  frames, final = generate(model, cfg, seed)
+  quality = sample_metrics.sample_quality(final, refs.train, refs.fresh, refs.heldout)
+  floor = refs.floor
+  ratios = dict(d_nn_ratio=quality["d_nn_mean"] / floor["d_nn_mean"],
+                coverage_ratio=quality["coverage_mean"] / floor["coverage_mean"],
+                energy_ratio=quality["energy"] / floor["energy"])
+  probe_x = jnp.stack([source[i]["points"] for i in range(min(cfg.probe_sets, len(source)))])
+  per_layer = [probe.layer_stats(q, k, *m.coefficients(), causal=m.causal)     # = probe.model_stats, compiled
+               for (q, k), m in zip(jitted("qk")(model, probe_x), nn.attention_modules(model))]
+  summary = probe.summarise(per_layer)
+  row = dict(operator=op, order=order, seed=seed, **quality, **ratios, **summary,
+             eff_neighbours_norm=summary["eff_neighbours"] / cfg.set_size,
+             eff_neighbours_by_size=eff_neighbours_by_size(model, refs.train, cfg.probe_sizes, seed),
+             eval_loss=evaluation_loss(model, source, seed), train_seconds=t_train,
+             seconds=time.perf_counter() - t0, evaluation_key=key, training_key=training_key(cfg, op, order, seed),
+             per_layer=[{k: np.asarray(v).tolist() for k, v in layer.items()} for layer in per_layer])
+  np.save(os.path.join(workdir, "samples.npy"), frames)
   with open(result_path, "w") as f:
     json.dump(row, f, indent=1)
   return row
 
 
-def heat_figure(cfg: SwissRollConfig, cloud: np.ndarray, path: str) -> dict:
+# ----------------------------------------------------------------------------- figures
+
+def samples_figure(cfg: SwissRollConfig, rows: list[dict], refs: References, path: str) -> None:
+  """Figure 2: a row per condition (first seed), a panel per time; colour = position t along the roll.
+
+  Generated points are coloured by the roll parameter of the nearest training point to the
+  trajectory's final sample (so a colour follows a particle through time).
+  """
+  import jax
+
+  from attngeo import plotting, sample_metrics
+  from scipy.spatial import cKDTree
+  first = [r for r in rows if r["seed"] == cfg.seed]
+  grid = []
+  for r in first:
+    frames = np.load(os.path.join(condition_dir(cfg, r["operator"], r["order"], r["seed"]), "samples.npy"))
+    colour = refs.train_t[cKDTree(refs.train).query(frames[-1])[1]]
+    grid.append((f"{r['operator']}\n{ORDER_NAMES[r['order']]}", [(f, colour) for f in frames]))
+  noise = np.asarray(jax.random.normal(jax.random.PRNGKey(cfg.seed + 7), (cfg.sample_sets, cfg.set_size, 3)))
+  m = len(refs.oracle)
+  top = [(f"training set\n({len(refs.train)} points)", refs.train, refs.train_t),
+         (f"oracle: {m} fresh\npoints of the roll", refs.oracle, refs.oracle_t)]
+  dists = {"oracle": sample_metrics.nn_distance(refs.oracle, refs.train)}
+  for r in first:
+    frames = np.load(os.path.join(condition_dir(cfg, r["operator"], r["order"], r["seed"]), "samples.npy"))
+    dists[f"{r['operator']} {ORDER_NAMES[r['order']]}"] = sample_metrics.nn_distance(frames[-1], refs.train)
+  plotting.sample_grid(
+      path, grid, [f"t = {t:g}" for t in cfg.figure_times], top=top, noise=noise.reshape(-1, 3)[:m], nn_cdfs=dists,
+      colour_label="roll parameter t (generated: t of the final sample's nearest training point)",
+      title=f"Swiss-roll flow matching: {m} samples per condition at generative time t\n(x–z plane, looking down the "
+            f"roll's axis; {cfg.steps} training steps, seed {cfg.seed})")
+
+
+def heat_figure(cfg: SwissRollConfig, refs: References, path: str) -> dict:
   """Figure 1: heat from one point under the learned DMAP and ATTN walks, and their equilibria.
 
   The walk is the last layer's head-averaged operator `W = (1/H) Σ_h P^h` of the trained
-  `ffn_first` model, evaluated on `heat_points` training points as one set at t = 1.
+  FFN → MHSA model (first seed, EMA weights if any), evaluated on `heat_points` training points
+  as one set at t = 1; heat after s steps is `δ_source W^s`.
   """
+  import jax.numpy as jnp
+
+  from attngeo import markov, nn, operators, plotting, runs
+  order = "ffn_first" if "ffn_first" in cfg.orders else cfg.orders[0]
+  ops = [op for op in ("DMAP", "ATTN") if op in cfg.operators] or list(cfg.operators[:2])
   rng = np.random.default_rng(cfg.seed)
-  pts = cloud[rng.choice(len(cloud), cfg.heat_points, replace=False)]
-  source = int(np.argmin(pts[:, 0] ** 2 + (pts[:, 2] - pts[:, 2].max()) ** 2))  # a point on the outer sheet
+  pts = refs.train[rng.choice(len(refs.train), cfg.heat_points, replace=False)]
+  source = int(np.argmin(pts[:, 0] ** 2 + (pts[:, 2] - pts[:, 2].max()) ** 2))  # a point on the outer turn
   rows, out = [], {}
-  for op in ("DMAP", "ATTN"):
-    if op not in cfg.operators or "ffn_first" not in cfg.orders:
-      continue
-    workdir = os.path.join(cfg.out, "conditions", condition_name(op, "ffn_first"))
-    model = build_model(cfg, op, "ffn_first", cfg.seed)
-    model = runs.load_model(model, workdir)
+  steps = (1, 4, 16)
+  for op in ops:
+    workdir = condition_dir(cfg, op, order, cfg.seed)
+    model = runs.load_model(build_model(cfg, op, order, cfg.seed), workdir, use_ema=cfg.ema > 0)
     x = jnp.asarray(pts)[None]
     _, qks = nn.capture_qk(model, lambda: model(x, jnp.ones((1,))))
     q, k = qks[-1]
     beta, alpha = nn.attention_modules(model)[-1].coefficients()
-    w = operators.markov_matrix(q, k, beta=beta, alpha=alpha)[0].mean(0)      # head-averaged walk
+    w = operators.markov_matrix(q, k, beta=beta, alpha=alpha)[0].mean(0)      # head-averaged walk [n, n]
     pi = np.asarray(markov.stationary(w).pi)
     delta = jnp.zeros(len(pts)).at[source].set(1.0)
-    panels = [(f"t = {t}", np.asarray(markov.propagate(w, delta, t))) for t in (1, 4, 16)]
+    panels = [(f"after {s} step{'s' if s > 1 else ''}", np.asarray(markov.propagate(w, delta, s))) for s in steps]
     panels.append(("equilibrium π", pi))
-    rows.append((op, panels))
+    rows.append((f"{op}, {ORDER_NAMES[order]}", panels))
     out[op] = {"pi_max_over_min": float(pi.max() / max(pi.min(), 1e-30))}
-  if rows:
-    plotting.heat_panels(pts, rows, path, source=source)
+  plotting.heat_panels(
+      pts, rows, path, source=source,
+      title=(f"Heat from one point (★) under the learned walk W = mean over heads of P, last layer ({cfg.depth} of "
+             f"{cfg.depth}) of the trained PointFlow, on {cfg.heat_points} training points as one set at t = 1; "
+             "a step is one application of W"))
   return out
 
 
+# ----------------------------------------------------------------------------- tables
+
 ORDER_NAMES = {"ffn_first": "FFN → MHSA", "attn_first": "MHSA → FFN"}
-COLUMNS = [Col("operator", "Operator"), Col("order", "Order", ORDER_NAMES.get), Col("d_nn", "d_NN", ".4f"),
-           Col("eff_neighbours", "e^H̄", ".2f"), Col("eps_rev", "ε_rev", ".3g"), Col("rho_skew", "ρ_skew", ".3g"),
-           Col("curvature", "curvature", ".3g"), Col("final_loss", "final loss", ".3f")]
+NUMBERS = [Col("d_nn_mean", "d_NN", ".4f"), Col("d_nn_median", "d_NN med.", ".4f"),
+           Col("d_nn_ratio", "÷ floor", ".3f"),
+           Col("coverage_mean", "coverage", ".4f"), Col("coverage_ratio", "÷ floor", ".3f"),
+           Col("energy_ratio", "energy ÷ floor", ".2f"), Col("memorisation", "memo.", ".3f"),
+           Col("eff_neighbours", "e^H̄", ".2f"), Col("eff_neighbours_norm", "e^H̄/n", ".4f"),
+           Col("eps_rev", "ε_rev", ".3g"), Col("rho_skew", "ρ_skew", ".3g"), Col("curvature", "curvature", ".3g"),
+           Col("eval_loss", "loss", ".4f")]
+COLUMNS = [Col("operator", "Operator"), Col("order", "Order", lambda o: ORDER_NAMES.get(o, o))] + NUMBERS
 
 
-def write_tables(rows: list[dict], out: str, spacing: float) -> str:
-  note = f"Training-set median nearest-neighbour spacing: {spacing:.4f} (standardised coordinates)."
-  return report.write(out, "table1", rows, COLUMNS, payload=rows, note=note, quiet=True)
+def oracle_row(refs: References) -> dict:
+  f = refs.floor
+  return dict(operator="oracle (floor)", order="—", **f, d_nn_ratio=1.0, coverage_ratio=1.0, energy_ratio=1.0)
 
+
+def aggregate(rows: list[dict]) -> list[dict]:
+  """Per (operator, order): mean, sd (ddof 1) and the per-seed values of every numeric column."""
+  out = []
+  for op, order in dict.fromkeys((r["operator"], r["order"]) for r in rows):
+    group = [r for r in rows if r["operator"] == op and r["order"] == order]
+    agg = dict(operator=op, order=order, seeds=[r["seed"] for r in group])
+    for c in NUMBERS:
+      vals = np.array([r[c.key] for r in group], float)
+      agg[c.key], agg[c.key + "_sd"] = float(vals.mean()), float(vals.std(ddof=1)) if len(vals) > 1 else 0.0
+      agg[c.key + "_values"] = vals.tolist()
+    out.append(agg)
+  return out
+
+
+def welch_p(a: np.ndarray, b: np.ndarray) -> float:
+  """Two-sided p-value of Welch's t-test (unequal variances; Welch–Satterthwaite degrees of freedom).
+
+  Two constant samples: 0 if their values differ, else 1.
+  """
+  from scipy import stats
+  va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+  if va + vb == 0:
+    return 0.0 if a.mean() != b.mean() else 1.0
+  t = (a.mean() - b.mean()) / np.sqrt(va + vb)
+  df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+  return float(2 * stats.t.sf(abs(t), df))
+
+
+def differences(agg: list[dict], keys, level: float = 0.05) -> dict[str, list[dict]]:
+  """Per column, the pairs of conditions whose means differ beyond the seed-to-seed spread.
+
+  Welch's t-test (`welch_p`) on the per-seed values of each pair, Holm-corrected over the pairs
+  of a column (family-wise level `level`).
+  """
+  found = {}
+  for key in keys:
+    tests = []
+    for i in range(len(agg)):
+      for j in range(i + 1, len(agg)):
+        a, b = np.array(agg[i][key + "_values"]), np.array(agg[j][key + "_values"])
+        if len(a) >= 2 and len(b) >= 2:
+          tests.append((welch_p(a, b), i, j))
+    tests.sort()
+    rows, m = [], len(tests)
+    for rank, (p, i, j) in enumerate(tests):          # Holm: stop at the first non-rejection
+      if p > level / (m - rank):
+        break
+      hi, lo = (i, j) if agg[i][key] > agg[j][key] else (j, i)
+      rows.append(dict(higher=label(agg[hi]), lower=label(agg[lo]), p=p, ratio=agg[hi][key] / agg[lo][key]
+                       if agg[lo][key] else float("inf")))
+    found[key] = rows
+  return found
+
+
+def label(row: dict) -> str:
+  return f"{row['operator']} {ORDER_NAMES.get(row['order'], row['order'])}"
+
+
+def write_tables(cfg: SwissRollConfig, rows: list[dict], refs: References) -> tuple[str, dict]:
+  """table1.{md,csv,json}: one row per condition (mean ± sd over seeds when seeds > 1), oracle first."""
+  from scipy.spatial import cKDTree
+  spacing = float(np.median(cKDTree(refs.train).query(refs.train, k=2)[0][:, 1]))
+  m = len(refs.oracle)
+  note = (f"Sample quality of {m} generated points per condition in standardised coordinates; the oracle row is "
+          f"{m} fresh points of the generating distribution (the floor every ratio divides by); coverage and energy "
+          f"against 4000 further fresh points, memo. = mean d_NN to the training set ÷ to {cfg.num_points} held-out "
+          f"fresh points. e^H̄/n: ÷ the set size n = {cfg.set_size}. Training-set median nearest-neighbour spacing: "
+          f"{spacing:.4f}.")
+  extra = {}
+  if cfg.seeds == 1:
+    table = [oracle_row(refs)] + rows
+    payload = dict(oracle=refs.floor, conditions=rows)
+  else:
+    agg = aggregate(rows)
+    fmt = {c.key: c.fmt for c in NUMBERS}
+    table = [{**{k: format(v, fmt[k]) for k, v in oracle_row(refs).items() if k in fmt},
+              "operator": "oracle (floor)", "order": "—"}]
+    for a in agg:
+      table.append(dict(operator=a["operator"], order=a["order"],
+                        **{c.key: f"{a[c.key]:{c.fmt}} ± {a[c.key + '_sd']:{c.fmt}}" for c in NUMBERS}))
+    extra["differences"] = differences(agg, [c.key for c in NUMBERS])
+    extra["aggregated"] = agg
+    payload = dict(oracle=refs.floor, conditions=agg, per_seed=rows, differences=extra["differences"])
+    note += f" Mean ± sd over {cfg.seeds} training seeds {train_seeds(cfg)}."
+  cols = COLUMNS if cfg.seeds == 1 else COLUMNS[:2] + [Col(c.key, c.label, align="right") for c in NUMBERS]
+  md = report.write(cfg.out, "table1", table, cols, payload=payload, note=note, quiet=True)
+  if "differences" in extra:
+    lines = [f"Differences beyond the seed-to-seed spread ({cfg.seeds} seeds; Welch t-test, Holm over the "
+             f"{len(agg) * (len(agg) - 1) // 2} pairs of each column, level 0.05):", ""]
+    for c in NUMBERS:
+      pairs = extra["differences"][c.key]
+      lines.append(f"* {c.key}: " + (
+          "; ".join(f"{d['higher']} > {d['lower']} (×{d['ratio']:.3g}, p={d['p']:.2g})" for d in pairs) or "none"))
+    with open(os.path.join(cfg.out, "differences.md"), "w") as f:
+      f.write("\n".join(lines) + "\n")
+    md += "\n\n" + "\n".join(lines)
+  extra["median_spacing"] = spacing
+  return md, extra
+
+
+def verdict(rows: list[dict], refs: References, tolerance: float = 0.05) -> dict:
+  """Whether every condition is within `tolerance` of the oracle floor on both directions, unmemorised."""
+  worst_dnn = max(r["d_nn_ratio"] for r in rows)
+  worst_cov = max(r["coverage_ratio"] for r in rows)
+  lowest_memo = min(r["memorisation"] for r in rows)
+  ok = (worst_dnn <= 1 + tolerance and worst_cov <= 1 + tolerance
+        and lowest_memo >= refs.floor["memorisation"] - tolerance)
+  return dict(within_floor=bool(ok), worst_d_nn_ratio=worst_dnn, worst_coverage_ratio=worst_cov,
+              lowest_memorisation=lowest_memo, oracle_memorisation=refs.floor["memorisation"], tolerance=tolerance)
+
+
+# ----------------------------------------------------------------------------- the scan
 
 def run(cfg: SwissRollConfig) -> dict:
+  validate(cfg)
+  from attngeo import data, runs
   t0 = time.perf_counter()
   os.makedirs(cfg.out, exist_ok=True)
   runs.write_config(cfg.out, swissroll=cfg)
   source, cloud = data.point_sets(os.path.join(cfg.out, "data"), cloud="swiss_roll", num_points=cfg.num_points,
                                   seed=cfg.seed, set_size=cfg.set_size, num_sets=cfg.num_sets)
-  conditions = [(op, order) for order in cfg.orders for op in cfg.operators]
+  refs = references(cfg, cloud)
+  conditions = [(op, order, s) for s in train_seeds(cfg) for order in cfg.orders for op in cfg.operators]
   rows = []
-  for i, (op, order) in enumerate(conditions):
-    print(f"[{i + 1}/{len(conditions)}] {op} {order}", flush=True)
-    rows.append(run_condition(cfg, op, order, source, cloud))
-  spacing = median_spacing(cloud)
-  md = write_tables(rows, cfg.out, spacing)
-  sample_rows = [("training set", [("4000 points", cloud)])]
-  for r in rows:
-    traj = np.load(os.path.join(cfg.out, "conditions", condition_name(r["operator"], r["order"]), "samples.npy"))
-    times = np.linspace(0, 1, len(traj))
-    sample_rows.append((f"{r['operator']} {r['order']}", [(f"t = {t:.2f}", x) for t, x in zip(times, traj)]))
-  plotting.point_panels(sample_rows, os.path.join(cfg.out, "samples.png"))
-  heat = heat_figure(cfg, cloud, os.path.join(cfg.out, "heat.png"))
+  for i, (op, order, s) in enumerate(conditions):
+    print(f"[{i + 1}/{len(conditions)}] {op} {order} seed {s}", flush=True)
+    rows.append(run_condition(cfg, op, order, s, source, refs))
+  md, extra = write_tables(cfg, rows, refs)
+  samples_figure(cfg, rows, refs, os.path.join(cfg.out, "samples.png"))
+  heat = heat_figure(cfg, refs, os.path.join(cfg.out, "heat.png"))
+  check = verdict(rows, refs)
   wall = time.perf_counter() - t0
-  results = dict(config=dataclasses.asdict(cfg), conditions=rows, median_spacing=spacing, heat=heat, wall_seconds=wall)
+  agg = extra.pop("aggregated", None)
+  results = dict(config=dataclasses.asdict(cfg), oracle=refs.floor, conditions=agg or rows, verdict=check, heat=heat,
+                 wall_seconds=wall, **extra)
+  if agg:
+    results["per_seed"] = rows
   with open(os.path.join(cfg.out, "results.json"), "w") as f:
     json.dump(results, f, indent=1)
   print(md)
-  print(f"\nwrote {cfg.out}/table1.md, table1.csv, results.json, samples.png, heat.png; wall time {wall:.0f} s")
+  print(f"\nevery condition within {check['tolerance']:.0%} of the oracle floor on d_NN and coverage, memorisation "
+        f"ratio ≥ oracle's − {check['tolerance']}: {'yes' if check['within_floor'] else 'NO'} (worst d_NN ÷ floor "
+        f"{check['worst_d_nn_ratio']:.3f}, worst coverage ÷ floor {check['worst_coverage_ratio']:.3f}, lowest "
+        f"memo. {check['lowest_memorisation']:.3f} vs oracle {check['oracle_memorisation']:.3f})")
+  print(f"wrote {cfg.out}/table1.md, table1.csv, results.json, samples.png, heat.png"
+        f"{', differences.md' if cfg.seeds > 1 else ''}; wall time {wall:.0f} s")
   return results
 
 
 def parser() -> argparse.ArgumentParser:
   ap = argparse.ArgumentParser(prog="attngeo swissroll", description=__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
-  ap.add_argument("--full", action="store_true", help=f"paper-size budget: {FULL}")
-  config_lib.add_arguments(ap, SwissRollConfig)
+  ap.add_argument("--full", action="store_true",
+                  help=f"the longer budget, {FULL}, into runs/swissroll_full unless --out is given (default: off)")
+  config_lib.add_arguments(ap, SwissRollConfig, help=HELP)
   return ap
 
 
-def main(argv=None):
-  args = parser().parse_args(argv)
+def config_from_argv(argv=None, ap: argparse.ArgumentParser | None = None) -> SwissRollConfig:
+  """Parse and validate; a bad setting exits with one line (code 2) before any work."""
+  ap = ap or parser()
+  args = ap.parse_args(argv)
   base = dataclasses.replace(SwissRollConfig(), **FULL) if args.full else SwissRollConfig()
   if args.full and args.out is None:
     base = dataclasses.replace(base, out="runs/swissroll_full")
-  return run(config_lib.from_arguments(args, SwissRollConfig, base))
+  cfg = config_lib.from_arguments(args, SwissRollConfig, base)
+  try:
+    validate(cfg)
+  except ValueError as e:
+    ap.error(str(e))
+  return cfg
+
+
+def main(argv=None):
+  return run(config_from_argv(argv))
 
 
 if __name__ == "__main__":

