@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -38,7 +39,7 @@ def inputs(model, args, rng):
     if args.data.endswith(".npy"):
       tok = np.load(args.data)[: args.batch, : args.seq_len]
     elif os.path.exists(args.data):
-      raw = np.frombuffer(open(args.data, "rb").read(), np.uint8).astype(np.int32) % cfg.vocab_size
+      raw = np.frombuffer(pathlib.Path(args.data).read_bytes(), np.uint8).astype(np.int32) % cfg.vocab_size
       tok = np.stack([raw[i * args.seq_len:(i + 1) * args.seq_len] for i in range(args.batch)])
     else:
       tok = rng.integers(0, cfg.vocab_size, (args.batch, args.seq_len))
