@@ -94,21 +94,28 @@ def seed_values(result: dict) -> dict:
   return SEED_TABLE3 if tuple(result["chain"]) == SEED_CHAIN else {}
 
 
-def table_rows(summary: list[dict], seed: dict) -> list[dict]:
+def table_rows(summary: list[dict], seed: dict, control: list[dict] | None = None) -> list[dict]:
+  """Table 3's rows: per state and phase, mean ± sd over seeds; the seed's values and the control's
+  (the same state of the first-operator-throughout chain) beside the adapted rows."""
+  ctrl = {r["state"]: r for r in control or () if r["phase"] != "graft"}
   rows = []
   for r in summary:
     ref = seed.get(r["label"]) if r["phase"] != "graft" else None
+    c = ctrl.get(r["state"]) if r["phase"] != "graft" else None
     rows.append(dict(state=r["label"], operator=r["operator"], phase=r["phase"], steps=r["steps"], seeds=r["seeds"],
                      bpb=pm(r["bpb_mean"], r["bpb_sd"]), induction=pm(r["induction_mean"], r["induction_sd"]),
                      dac=pm(r["dac_max_contrast_mean"], r["dac_max_contrast_sd"], 3),
-                     core=pm(r["core_mean"], r["core_sd"]), seed_bpb=ref and ref[0], seed_induction=ref and ref[1],
-                     seed_core=ref and ref[2]))
+                     core=pm(r["core_mean"], r["core_sd"]),
+                     control_bpb=c and pm(c["bpb_mean"], c["bpb_sd"]),
+                     control_induction=c and pm(c["induction_mean"], c["induction_sd"]),
+                     seed_bpb=ref and ref[0], seed_induction=ref and ref[1], seed_core=ref and ref[2]))
   return rows
 
 
 COLS = [Col("state", "State"), Col("operator", "Operator"), Col("phase", "phase"), Col("steps", "steps"),
         Col("bpb", "val bpb ↓", align="right"), Col("induction", "induction ↑", align="right"),
         Col("dac", "DAC contrast (max)", align="right"), Col("core", "CORE ↑", align="right"),
+        Col("control_bpb", "control bpb", align="right"), Col("control_induction", "control induction", align="right"),
         Col("seed_bpb", "seed bpb", ".4f"), Col("seed_induction", "seed induction", ".4f"),
         Col("seed_core", "seed CORE", ".4f")]
 
@@ -116,9 +123,10 @@ PANELS = (("bpb", "validation bits per byte ↓"), ("induction", "induction accu
           ("dac_max_contrast", "DAC local contrast (max over heads)"), ("core", "CORE ↑"))
 
 
-def figure(result: dict, summary: list[dict], path: str, seed: dict) -> None:
+def figure(result: dict, summary: list[dict], path: str, seed: dict, control: list[dict] | None = None) -> None:
   """Every metric along the chain: per seed (thin) and mean ± sd; the graft jumps dashed, the
-  adaptations solid; the seed's d32 values (right axis) where the chain is the seed's."""
+  adaptations solid; the control chain (first operator throughout) in black; the seed's d32 values
+  (right axis, grey) where the chain is the seed's."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -139,6 +147,12 @@ def figure(result: dict, summary: list[dict], path: str, seed: dict) -> None:
     ax.errorbar(xs, [r[f"{key}_mean"] for r in summary], yerr=sd, fmt="none", ecolor="tab:blue", capsize=3)
     ax.scatter(xs, [r[f"{key}_mean"] for r in summary], c=["tab:red" if r["phase"] == "graft" else "tab:blue"
                                                           for r in summary], zorder=3, s=22)
+    ctrl = [r for r in control or () if r["phase"] != "graft" and r[f"{key}_mean"] is not None]
+    if ctrl:
+      ax.errorbar([r["state"] for r in ctrl], [r[f"{key}_mean"] for r in ctrl], fmt="s-", color="black", ms=3, lw=1,
+                  yerr=[0.0 if r[f"{key}_sd"] is None or math.isnan(r[f"{key}_sd"]) else r[f"{key}_sd"] for r in ctrl],
+                  capsize=2, label=f"control ({result['chain'][0]} throughout)")
+      ax.legend(fontsize=7, loc="best")
     col = {"bpb": 0, "induction": 1, "core": 2}.get(key)
     if seed and col is not None:
       twin = ax.twinx()
@@ -261,22 +275,31 @@ def cmd_adapt(args, ap) -> dict:
     print(f"source {cfg.source} ({source.kind}, key {source.key}); chain {' → '.join(map(adapt.operator_label, ops))}; "
           f"{cfg.adapt.steps} steps per state; seeds {list(cfg.seeds)}", flush=True)
     result = adapt.run(cfg, source, log=lambda line: print(line, flush=True))
+    control = None
+    if cfg.control and adapt.control_chain(ops) != ops:
+      print(f"control: {' → '.join(map(adapt.operator_label, adapt.control_chain(ops)))}", flush=True)
+      control = adapt.run(dataclasses.replace(cfg, chain=adapt.chain_text(adapt.control_chain(ops))),
+                          source, log=lambda line: print(line, flush=True))
   except (ValueError, FileNotFoundError) as e:
     ap.error(str(e))
   wall = time.perf_counter() - t0
   summary = adapt.summarise(result)
+  control_summary = adapt.summarise(control) if control else None
   seed = seed_values(result)
   model = source.model.cfg
   note = (f"Source: {cfg.source} ({source.kind}; depth {model.depth}, width {model.width}, context {model.seq_len}, "
           f"vocab {model.vocab_size}). Each state after the first: graft, then {cfg.adapt.steps} steps × "
           f"{cfg.adapt.batch_size} rows ({cfg.adapt.optimizer}, peak rate {cfg.adapt.lr:g}, {cfg.adapt.schedule}) "
           f"with a fresh optimizer; mean ± sd (ddof 1) over {len(cfg.seeds)} adaptation data orders; bpb on "
-          f"{cfg.eval_rows or 'all'} validation rows. {result['trained']} adaptations trained and "
-          f"{result['evaluated']} evaluations run in this call; wall time {wall:.0f} s."
+          f"{cfg.eval_rows or 'all'} validation rows. Control: the same schedule with {adapt.operator_label(ops[0])} in "
+          f"every state (no graft). {result['trained'] + (control or {}).get('trained', 0)} adaptations trained and "
+          f"{result['evaluated'] + (control or {}).get('evaluated', 0)} evaluations run in this call; "
+          f"wall time {wall:.0f} s."
           + (" Seed paper: nanochat d32, sequentially adapted (its Table 3)." if seed else ""))
-  payload = dict(config=dataclasses.asdict(cfg), summary=summary, wall_seconds=wall, **result)
-  md = report.write(cfg.out, "table3", table_rows(summary, seed), COLS, payload=payload, note=note)
+  payload = dict(config=dataclasses.asdict(cfg), summary=summary, control=control, control_summary=control_summary,
+                 wall_seconds=wall, **result)
+  md = report.write(cfg.out, "table3", table_rows(summary, seed, control_summary), COLS, payload=payload, note=note)
   os.replace(os.path.join(cfg.out, "table3.json"), os.path.join(cfg.out, "results.json"))
-  figure(result, summary, os.path.join(cfg.out, "chain.png"), seed)
+  figure(result, summary, os.path.join(cfg.out, "chain.png"), seed, control_summary)
   print(f"\nwrote {cfg.out}/table3.md, table3.csv, results.json, chain.png; wall time {wall:.0f} s")
   return {"markdown": md, **payload}

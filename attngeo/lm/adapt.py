@@ -68,6 +68,7 @@ class AdaptConfig:
   core_bundle: str | None = None       # DCLM eval bundle folder for CORE (None: skipped)
   core_max_per_task: int = -1          # CORE examples per task (-1: all)
   out: str = "runs/adapt"
+  control: bool = True                 # also run the matched-budget control: the chain's first operator throughout
   lm: LMConfig = dataclasses.field(default_factory=LMConfig)   # corpus settings of an imported source
   adapt: LMTrain = dataclasses.field(default_factory=lambda: LMTrain(steps=200, batch_size=16, warmup=20,
                                                                     ckpt_every=100, log_every=10))
@@ -118,6 +119,11 @@ def operator_name(op) -> str:
   return op if isinstance(op, str) else f"b{op[0]:g}a{op[1]:g}"
 
 
+def chain_text(ops) -> str:
+  """Inverse of `parse_chain`: ['ATTN', (0.5, 1.0)] → 'ATTN,0.5:1'."""
+  return ",".join(op if isinstance(op, str) else f"{op[0]:g}:{op[1]:g}" for op in ops)
+
+
 def operator_label(op) -> str:
   """'DMTN' → 'DMTN'; (0.5, 1.0) → '(β, α) = (0.5, 1)'."""
   return op if isinstance(op, str) else f"(β, α) = ({op[0]:g}, {op[1]:g})"
@@ -125,12 +131,13 @@ def operator_label(op) -> str:
 
 def state_labels(ops) -> list[str]:
   """The seed's state names: ATTN, DMTN, ATTN, DMTN → A0, M1, A1, M2 (letter per operator; the index
-  counts the states away from ATTN so far, that state included)."""
+  counts the states away from ATTN so far, that state included; a repeated name gets `.k`, k the state)."""
   labels, away = [], 0
-  for op in ops:
+  for k, op in enumerate(ops):
     if op != "ATTN":
       away += 1
-    labels.append(f"{LETTERS.get(op, 'S') if isinstance(op, str) else 'S'}{away}")
+    label = f"{LETTERS.get(op, 'S') if isinstance(op, str) else 'S'}{away}"
+    labels.append(label if label not in labels else f"{label}.{k}")     # repeats (ATTN, ATTN, …): A0, A0.1, …
   return labels
 
 
@@ -323,14 +330,15 @@ def run(cfg: AdaptConfig, source: Source, log=print) -> dict:
   records, trained = [], 0
   for seed in cfg.seeds:
     records.append(dict(seed=seed, state=0, label=labels[0], operator=ops[0], steps=0, graft=ev0, adapted=ev0,
-                        curve=[], train_seconds=0.0, reused=True, workdir=None, key=key0))
+                        curve=[], train_seconds=0.0, reused=True, workdir=None, key=key0, graft_key=key0))
     model, prev = nnx.clone(base), key0
     for k in range(1, len(ops)):
       graft(model, ops[k])
       gkey = runs.fingerprint(prev, ops[k])
       skey = runs.fingerprint(gkey, train_key(cfg, seed), corpus.key)
       workdir = os.path.join(cfg.out, "states", f"{labels[k]}_{operator_name(ops[k])}_s{seed}_{skey}")
-      ev_graft = metrics(evaluate(model, gkey))
+      same = ops[k] == ops[k - 1]           # a graft onto the same operator changes nothing
+      ev_graft = records[-1]["adapted"] if same else metrics(evaluate(model, gkey))
       done = _read_json(os.path.join(workdir, "state.json"))
       t0 = time.perf_counter()
       if cfg.adapt.steps == 0:
@@ -354,7 +362,7 @@ def run(cfg: AdaptConfig, source: Source, log=print) -> dict:
           f"{' (reused)' if reused else f' ({seconds:.0f} s)'}")
       records.append(dict(seed=seed, state=k, label=labels[k], operator=ops[k], steps=cfg.adapt.steps, graft=ev_graft,
                           adapted=ev, curve=[(h["step"], h["loss"]) for h in history], train_seconds=seconds,
-                          reused=reused, workdir=workdir, key=skey))
+                          reused=reused, workdir=workdir, key=skey, graft_key=records[-1]["key"] if same else gkey))
       prev = skey
   return {"chain": ops, "labels": labels, "records": records, "trained": trained, "evaluated": evaluate.computed,
           "corpus": corpus.key, "source": {"path": source.path, "kind": source.kind, "key": source.key}}
@@ -373,18 +381,27 @@ METRICS = ("bpb", "induction", "dac_max_contrast", "core")
 def summarise(result: dict) -> list[dict]:
   """Per state and phase (graft, adapted): mean and sd (ddof 1) over seeds of every metric.
 
-  State 0 has one row (`phase` "source"); the others two ("graft", "adapted")."""
+  State 0 has one row (`phase` "source"); the others two ("graft", "adapted"). A row whose model is
+  the same for every seed (state 0, the first graft) has sd None: one model, not a spread."""
   rows = []
   for k, (label, op) in enumerate(zip(result["labels"], result["chain"])):
     recs = [r for r in result["records"] if r["state"] == k]
     for phase in (("source",) if k == 0 else ("graft", "adapted")):
+      field, key = ("graft", "graft_key") if phase == "graft" else ("adapted", "key")
       row = dict(state=k, label=label, operator=operator_label(op), phase=phase, seeds=len(recs),
-                 steps=0 if phase != "adapted" else recs[0]["steps"])
+                 steps=0 if phase != "adapted" else recs[0]["steps"], shared=len({r[key] for r in recs}) == 1)
       for m in METRICS:
-        row[f"{m}_mean"], row[f"{m}_sd"] = _mean_sd(r["adapted" if phase == "source" else phase][m] for r in recs)
-        row[f"{m}_per_seed"] = [r["adapted" if phase == "source" else phase][m] for r in recs]
+        row[f"{m}_mean"], row[f"{m}_sd"] = _mean_sd(r[field][m] for r in recs)
+        row[f"{m}_sd"] = None if row["shared"] else row[f"{m}_sd"]
+        row[f"{m}_per_seed"] = [r[field][m] for r in recs]
       rows.append(row)
   return rows
+
+
+def control_chain(ops) -> list:
+  """The matched-budget control of a chain: its first operator in every state (the same grafts-free
+  schedule of fresh optimizers and adaptation steps)."""
+  return [ops[0]] * len(ops)
 
 
 def pm(mean, sd, digits: int = 4) -> str:
