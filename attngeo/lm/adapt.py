@@ -203,17 +203,21 @@ def load_source(cfg: AdaptConfig) -> Source:
   train` run, `cfg.lm`'s for an imported one; `cfg.data` overrides the corpus)."""
   from attngeo import runs
   from attngeo.lm import recipe, tokenizer as tok_lib
+  from attngeo.nn import registry
   path = cfg.source
   if os.path.exists(os.path.join(path, "lm.json")):
     model, tok, text = recipe.load(path)
     kind = "lm"
     if cfg.tokenizer:
       tok = tok_lib.load(cfg.tokenizer)
-  else:
-    model = runs.load_run(path)[0]
+  else:                                    # the model from config.json (an lm run's trainer config has more fields)
+    saved = runs.read_config(path)
+    if not saved.get("model"):
+      raise ValueError(f"{path}/config.json records no model config")
+    model = runs.load_model(registry.build(registry.config_from_dict(saved["model"])), path)
     tok = tok_lib.load(cfg.tokenizer or os.path.join(path, "tokenizer"))
     text = cfg.lm
-    kind = "imported" if runs.read_config(path).get("imported") else "run"
+    kind = "imported" if saved.get("imported") else "run"
   if cfg.data is not None:
     text = dataclasses.replace(text, data=cfg.data)
   text = dataclasses.replace(text, seq_len=model.cfg.seq_len)
