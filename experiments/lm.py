@@ -5,6 +5,7 @@
     attngeo lm sample RUN_DIR [--prompt TEXT] [--max-tokens 200] [--temperature 0.8] [--top-k 50]
     attngeo lm table2 [--seeds 0,1,2] [--conditions ATTN,DMTN,DMAP,ATAP,learnable] [--lm.X ...] [--out DIR]
     attngeo lm table2 --full --dry-run         the seed's d12 recipe: FLOPs/token, step-time estimates, launch line
+    attngeo lm adapt [--source RUN_DIR] [--chain ATTN,DMTN,ATTN,DMTN] [--adapt.steps N]   the seed's Table 3
 
 `train` writes a run folder (lm.json, tokenizer/, config.json, metrics.jsonl, ckpt/) and resumes a
 killed run from its last checkpoint. `eval` prints and writes RUN_DIR/eval.json: validation bits per
@@ -350,6 +351,8 @@ def parser() -> argparse.ArgumentParser:
                                                                  "(beta, alpha) from (0.5, 0.5))",
                                                    "seeds": "training seeds", "eval_rows": "validation rows for bpb (0: all)",
                                                    "out": "output folder", **{f"lm.{k}": v for k, v in HELP.items()}})
+  from attngeo.experiments import lm_adapt
+  lm_adapt.add_parser(sub)
   return ap
 
 
@@ -357,7 +360,9 @@ def main(argv=None):
   ap = parser()
   args = ap.parse_args(argv)
   sub = {a.dest: a for a in ap._actions if isinstance(a, argparse._SubParsersAction)}["command"].choices[args.command]
-  return {"train": cmd_train, "eval": cmd_eval, "sample": cmd_sample, "table2": cmd_table2}[args.command](args, sub)
+  from attngeo.experiments import lm_adapt
+  return {"train": cmd_train, "eval": cmd_eval, "sample": cmd_sample, "table2": cmd_table2,
+          "adapt": lm_adapt.cmd_adapt}[args.command](args, sub)
 
 
 if __name__ == "__main__":
