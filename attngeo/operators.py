@@ -303,6 +303,13 @@ def phase_heads(q, k):
   return jnp.concatenate([q, k], -1), jnp.concatenate([k, -q], -1)
 
 
+def magnetic_arguments(q, k, *, beta=0.0, coupling=1.0, scale=None, mask=None):
+  """Validated `(beta, coupling, scale, mask)` of the magnetic operator on q, k [b, n, h, d] (one-line errors)."""
+  _check_qk(q, k)
+  b, n, h, d = q.shape
+  return _coefficient("beta", beta, h), _coupling(coupling, h), _scale(scale, d), _check_mask(mask, b, h, n, n)
+
+
 def magnetic_transport(q, k, v, *, beta=0.0, coupling=1.0, causal: bool = False, mask=None, scale=None,
                        implementation: str | None = None, block_size: int = 512):
   """The magnetic operator `y_i = Σ_j K_ij e^{iθ_ij} v_j` (see above), as one fused phase attention.

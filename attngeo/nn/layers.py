@@ -7,23 +7,29 @@ Shapes use einsum letters: `b` batch, `n` tokens, `d` width (embed), `h` heads, 
 * `Attention` — multi-head attention `y = Σ_h W_O^h · transport(q^h, k^h, v^h; β_h, α_h)` under
   operator (β, α) (a named corner, fixed floats, or learnable per-head values), optional rotary
   embedding, QK-norm and q/k/v biases, causal or not. With `capture=True` it sows its post-rotary
-  q, k as `nnx.Intermediate` for geometry probes.
+  q, k as `nnx.Intermediate` for geometry probes. `operator="CMAP"` is the magnetic (U(1)) operator
+  (`operators.magnetic_transport`): magnitude DMAP's kernel on `m = W_+ x` (β, learnable or 0),
+  phase `θ_ij = γ·½ s (q_i·k_j − k_i·q_j)` — the antisymmetric part of `W_Q W_Kᵀ` — with coupling γ
+  (`coupling`; one learnable value per head when `learnable_operator`). Complex values: channels
+  (2c, 2c+1) of each head's v (columns of `W_V^h`) are one complex number (Re, Im), and the output
+  channels of each head pair the same way before `W_O^h`; the head dim must be even.
 * `Block` — pre-norm residual block, sub-layer order `attn_first` (MHSA→FFN) or `ffn_first`
   (FFN→MHSA), optionally adaLN-Zero modulated by a conditioning vector; `BlockConfig` is the one
   config every model nests.
-* `graft(model, operator)` — run the same weights under another (β, α); `capture_qk` — read every
-  layer's q, k during a forward pass.
+* `graft(model, operator)` — run the same weights under another (β, α) or CMAP (to and from the
+  family: a pure swap); `capture_qk` — read every layer's q, k during a forward pass.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from attngeo import operators
+from attngeo import kernels, operators
 
 ORDERS = ("attn_first", "ffn_first")
 
@@ -38,9 +44,15 @@ def param(rngs, shape, axes, *, std=None, zero=False, dtype=jnp.float32):
 
 
 def resolve_operator(operator) -> tuple[float, float]:
-  """A corner name ('DMAP', …) or a (β, α) pair of floats in [0, 1] -> (β, α)."""
+  """A corner name ('DMAP', …), 'CMAP' (its magnitude: (0, 0)) or a (β, α) pair of floats in [0, 1] -> (β, α)."""
+  if operators.is_magnetic(operator):
+    return operators.DMAP
   if isinstance(operator, str):
-    return operators.corner(operator)
+    try:
+      return operators.corner(operator)
+    except ValueError:
+      raise ValueError(f"operator must be one of {sorted(operators.CORNERS) + list(operators.MAGNETIC)} "
+                       f"or a (beta, alpha) pair; got {operator!r}") from None
   beta, alpha = (float(x) for x in operator)
   for name, x in (("beta", beta), ("alpha", alpha)):
     if not 0.0 <= x <= 1.0:
@@ -59,14 +71,15 @@ def rope(x, positions, base: float = 10_000.0):
 
 
 class Attention(nnx.Module):
-  """Multi-head attention `y = Σ_h W_O^h · transport(q^h, k^h, v^h; β_h, α_h)`.
+  """Multi-head attention `y = Σ_h W_O^h · transport(q^h, k^h, v^h; β_h, α_h)` (or CMAP's magnetic transport).
 
-  x: [b, n, d] -> [b, n, d]. Weights `wq, wk, wv`: [d, h, k]; `wo`: [h, k, d].
+  x: [b, n, d] -> [b, n, d]. Weights `wq, wk, wv`: [d, h, k]; `wo`: [h, k, d]. `coupling`: CMAP's γ
+  (initial value when learnable; unused by the family).
   """
 
   def __init__(self, width: int, num_heads: int, head_dim: int, *, operator="ATTN", learnable_operator=False,
                causal=False, use_rope=False, qk_norm=False, qkv_bias=False, implementation=None,
-               dtype=jnp.float32, rngs: nnx.Rngs):
+               coupling: float = 1.0, dtype=jnp.float32, rngs: nnx.Rngs):
     self.num_heads, self.head_dim, self.causal = num_heads, head_dim, causal
     self.use_rope, self.qk_norm, self.qkv_bias = use_rope, qk_norm, qkv_bias
     self.implementation, self.dtype, self.capture = implementation, dtype, False
@@ -79,22 +92,29 @@ class Attention(nnx.Module):
     if qk_norm:
       self.q_norm = nnx.RMSNorm(head_dim, dtype=dtype, rngs=rngs)
       self.k_norm = nnx.RMSNorm(head_dim, dtype=dtype, rngs=rngs)
-    self.learnable_operator = learnable_operator
+    self.learnable_operator, self.coupling_init = learnable_operator, float(coupling)
     self.set_operator(operator)
 
   def set_operator(self, operator):
-    """Switch (β, α) in place — the weights are untouched (grafting)."""
+    """Switch (β, α) — or to/from CMAP — in place; the weights are untouched (grafting)."""
     beta, alpha = resolve_operator(operator)
-    if self.learnable_operator:
-      self.beta = nnx.Param(jnp.full((self.num_heads,), beta), axes=("heads",))
-      self.alpha = nnx.Param(jnp.full((self.num_heads,), alpha), axes=("heads",))
+    self.magnetic = operators.is_magnetic(operator)
+    if self.magnetic and self.head_dim % 2:
+      raise ValueError(f"operator CMAP needs an even head_dim (channel pairs are complex values); got {self.head_dim}")
+    per_head = lambda x: nnx.Param(jnp.full((self.num_heads,), x), axes=("heads",))
+    if self.learnable_operator:            # learnable: per-head Params (CMAP: β and γ; its α is 0 by definition)
+      self.beta = per_head(beta)
+      self.alpha = nnx.data(None if self.magnetic else per_head(alpha))
+      self.coupling = nnx.data(per_head(self.coupling_init) if self.magnetic else None)
     else:
       self.beta, self.alpha = beta, alpha
+      self.coupling = self.coupling_init if self.magnetic else None
 
   def coefficients(self):
-    """(β, α): floats, or per-head arrays [h] clipped to [0, 1] when learnable."""
+    """(β, α): floats, or per-head arrays [h] clipped to [0, 1] when learnable (CMAP: its magnitude's, α = 0)."""
     if self.learnable_operator:
-      return jnp.clip(self.beta[...], 0.0, 1.0), jnp.clip(self.alpha[...], 0.0, 1.0)
+      alpha = 0.0 if self.magnetic else jnp.clip(self.alpha[...], 0.0, 1.0)
+      return jnp.clip(self.beta[...], 0.0, 1.0), alpha
     return self.beta, self.alpha
 
   def qkv(self, x):
@@ -116,8 +136,14 @@ class Attention(nnx.Module):
     if self.capture:
       self.sow(nnx.Intermediate, "qk", (q, k))
     beta, alpha = self.coefficients()
-    y = operators.transport(q, k, v, beta=beta, alpha=alpha, causal=self.causal, mask=mask,
-                            implementation=self.implementation)
+    if self.magnetic:
+      coupling = self.coupling[...] if self.learnable_operator else self.coupling
+      impl = self.implementation if self.implementation in kernels.PHASE_IMPLEMENTATIONS else None
+      y = operators.magnetic_transport(q, k, v, beta=beta, coupling=coupling, causal=self.causal, mask=mask,
+                                       implementation=impl)
+    else:
+      y = operators.transport(q, k, v, beta=beta, alpha=alpha, causal=self.causal, mask=mask,
+                              implementation=self.implementation)
     return jnp.einsum("bnhk,hkd->bnd", y, self.wo[...].astype(self.dtype))
 
 
@@ -142,7 +168,7 @@ class Mlp(nnx.Module):
 
 @dataclasses.dataclass(frozen=True)
 class BlockConfig:
-  """What every transformer block shares. `operator`: corner name or (β, α)."""
+  """What every transformer block shares. `operator`: corner name, (β, α), or 'CMAP' (coupling γ = `coupling`)."""
   width: int = 128
   num_heads: int = 4
   head_dim: int | None = None          # default width // num_heads
@@ -151,6 +177,7 @@ class BlockConfig:
   order: str = "attn_first"           # attn_first: MHSA→FFN; ffn_first: FFN→MHSA
   operator: Any = "ATTN"
   learnable_operator: bool = False
+  coupling: float = 1.0               # CMAP's phase coupling γ (initial value when learnable); unused by the family
   use_rope: bool = False
   qk_norm: bool = False
   qkv_bias: bool = False
@@ -163,6 +190,10 @@ class BlockConfig:
     if self.head_dim is None and self.width % self.num_heads:
       raise ValueError(f"num_heads={self.num_heads} does not divide width={self.width}")
     resolve_operator(self.operator)
+    if operators.is_magnetic(self.operator) and self.dh % 2:
+      raise ValueError(f"operator CMAP needs an even head_dim (channel pairs are complex values); got {self.dh}")
+    if isinstance(self.coupling, str) or not math.isfinite(float(self.coupling)):
+      raise ValueError(f"coupling must be a finite number (CMAP's phase coupling); got {self.coupling!r}")
     return self
 
   @property
@@ -213,7 +244,7 @@ class Block(nnx.Module):
     self.attn = Attention(cfg.width, cfg.num_heads, cfg.dh, operator=cfg.operator,
                           learnable_operator=cfg.learnable_operator, causal=causal, use_rope=cfg.use_rope,
                           qk_norm=cfg.qk_norm, qkv_bias=cfg.qkv_bias, implementation=cfg.implementation,
-                          dtype=dtype, rngs=rngs)
+                          coupling=cfg.coupling, dtype=dtype, rngs=rngs)
     self.mlp = Mlp(cfg.width, int(cfg.width * cfg.mlp_ratio), cfg.mlp_act, dtype, rngs=rngs)
     if self.adaln:
       self.ada_w = param(rngs, (cond_dim, 6 * cfg.width), ("cond", "embed"), zero=True)
