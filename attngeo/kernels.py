@@ -276,6 +276,7 @@ def _join_pairs(y):
   return jnp.stack([y[..., :half], y[..., half:]], -1).reshape(y.shape)
 
 
+@functools.partial(jax.jit, static_argnums=(8, 9))
 def _einsum_phase(q, k, v, bias, qt, kt, c, mask, causal, scale):
   """Dense reference path: materialises the [b, h, t, s] logits and phases (autodiff backward)."""
   s = jnp.einsum("bthd,bshd->bhts", q, k, preferred_element_type=jnp.float32) * scale
@@ -395,6 +396,7 @@ def _phase_flash_bwd(causal, scale, bq, bk, res, dout):
 _phase_flash.defvjp(_phase_flash_fwd, _phase_flash_bwd)
 
 
+@functools.partial(jax.jit, static_argnums=(8, 9, 10))
 def _blockwise_phase(q, k, v, bias, qt, kt, c, mask, causal, scale, block_size):
   """Flash-style phase attention in pure JAX; pads n to a multiple of the block size."""
   b, t, h, _ = q.shape
@@ -456,6 +458,7 @@ def phase_attention(q, k, v, qt, kt, coupling, *, bias=None, mask=None, causal=F
   return jnp.where(jnp.transpose(valid, (0, 2, 1))[..., None], out, jnp.zeros((), out.dtype))
 
 
+@functools.partial(jax.jit, static_argnames=("causal", "scale", "block_size"))
 def log_normaliser(q, k, *, bias=None, mask=None, causal=False, scale=None, block_size=512):
   """`lse_i = log Σ_j exp(scale·q_i·k_j + bias_j)` over the unmasked keys: [b, t, h] float32.
 

@@ -13,8 +13,11 @@ from j to i multiplies by e^{+iθ_ij}. π is K's stationary law (`Σπ = 1`), `�
 * Curvature of the connection: the circulation `F_ijk = θ_ij + θ_jk + θ_ki` around a triangle,
   wrapped to (−π, π] (gauge invariant). For CMAP's bilinear phase `θ_ij = c·ω(z_i, z_j)`,
   `z = [q, k]`, `ω(z, z') = q·k' − k·q'`, `c = γ s/2`, it is `c·ω(z_j − z_i, z_k − z_i)` before wrapping:
-  the symplectic area of the triangle. Weighted by the 3-cycle law `w_ijk = K_ij K_jk K_ki / tr K³`,
-  the mean holonomy is the Wilson loop `Σ w_ijk e^{iF_ijk} = tr(K_θ³) / tr(K³)`.
+  the symplectic area of the triangle. Its distribution is read over proper triangles (i, j, k
+  distinct) under the 3-cycle law `w_ijk ∝ K_ij K_jk K_ki`; the mean holonomy `Σ w e^{iF}` is the
+  Wilson loop. (Over all closed 3-walks, the degenerate ones carrying no flux, it is
+  `tr(K_θ³) / tr(K³)`.) For a reversible K both orientations of a triangle weigh the same, so the
+  Wilson loop is real.
 * Frustration index (Bandeira–Singer–Spielman's, for U(1)) `ν = min_{|x_i| = 1} ½ Σ_ij W_ij |x_i −
   e^{iθ_ij} x_j|²` ∈ [0, 2]: 0 iff θ is pure gauge (θ_ij = φ_i − φ_j) on the support of K. Its
   relaxation to `Σ π_i |x_i|² = 1` is `λ_min(Δ_θ) = 1 − λ_max(H) ≤ ν`; rounding the top eigenvector
@@ -30,6 +33,7 @@ q, k for given triangles).
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -69,18 +73,25 @@ def gauge(theta, phi):
 # ----------------------------------------------------------------------------- Hermitian form, spectrum
 
 def flows(p, pi=None):
-  """Symmetrised flows `W_ij = ½(π_i P_ij + π_j P_ji)` [..., n, n] and π [..., n]."""
+  """Symmetrised flows `W_ij = ½(π_i P_ij + π_j P_ji)` [..., n, n] and π [..., n] (`markov.stationary` if None)."""
   pi = markov.stationary(p).pi if pi is None else pi
   f = pi[..., :, None] * p
   return 0.5 * (f + jnp.swapaxes(f, -1, -2)), pi
 
 
+@jax.jit
+def _hermitian(p, theta, pi):
+  """(H, W_θ, π, Π^{−1/2}) of the module docstring."""
+  w, pi = flows(p, pi)
+  r = jax.lax.rsqrt(jnp.maximum(pi, _TINY))
+  wt = w * jnp.exp(1j * theta.astype(w.dtype))
+  return r[..., :, None] * wt * r[..., None, :], wt, pi, r
+
+
 def hermitian_form(p, theta, pi=None) -> jax.Array:
   """`H = Π^{−1/2} (W ⊙ e^{iθ}) Π^{−1/2}` [..., n, n] complex; `Π^{1/2} K_θ Π^{−1/2}` for reversible K."""
   _check_pair(p, theta)
-  w, pi = flows(p, pi)
-  r = jax.lax.rsqrt(jnp.maximum(pi, _TINY))
-  return (r[..., :, None] * w * r[..., None, :]) * jnp.exp(1j * theta.astype(w.dtype))
+  return _hermitian(p, theta, pi)[0]
 
 
 def laplacian(p, theta, pi=None) -> jax.Array:
@@ -89,9 +100,15 @@ def laplacian(p, theta, pi=None) -> jax.Array:
   return jnp.eye(h.shape[-1], dtype=h.dtype) - h
 
 
+@jax.jit
+def _spectrum(p, theta, pi):
+  return jnp.linalg.eigvalsh(_hermitian(p, theta, pi)[0])[..., ::-1]
+
+
 def spectrum(p, theta, k: int | None = None, pi=None) -> jax.Array:
   """Real eigenvalues of H [..., k], descending (dense `eigh`); those of `Δ_θ` are `1 − λ`."""
-  lam = jnp.linalg.eigvalsh(hermitian_form(p, theta, pi))[..., ::-1]
+  _check_pair(p, theta)
+  lam = _spectrum(p, theta, pi)
   return lam if k is None else lam[..., :k]
 
 
@@ -109,10 +126,13 @@ def frustration(p, theta, pi=None) -> Frustration:
   eigenvector of H)` (x_i = 1 where u_i = 0). ν = 0 iff θ is pure gauge on the support of K.
   """
   _check_pair(p, theta)
-  w, pi = flows(p, pi)
-  r = jax.lax.rsqrt(jnp.maximum(pi, _TINY))
-  wt = w * jnp.exp(1j * theta.astype(w.dtype))
-  lam, vec = jnp.linalg.eigh(r[..., :, None] * wt * r[..., None, :])
+  return _frustration(p, theta, pi)
+
+
+@jax.jit
+def _frustration(p, theta, pi):
+  h, wt, pi, r = _hermitian(p, theta, pi)
+  lam, vec = jnp.linalg.eigh(h)
   u = vec[..., -1] * r
   mod = jnp.abs(u)
   x = jnp.where(mod > _TINY, u / jnp.maximum(mod, _TINY), 1.0)
@@ -147,10 +167,10 @@ def triangle_circulation(q, k, triangles, *, coupling=1.0, scale=None) -> jax.Ar
 
 
 class Curvature(NamedTuple):
-  """Distribution of the circulation under the 3-cycle law `w_ijk = K_ij K_jk K_ki / tr K³`.
+  """Distribution of the circulation F over proper triangles under the 3-cycle law `w_ijk ∝ K_ij K_jk K_ki`.
 
-  wilson [...] complex: `Σ w e^{iF}` (= tr K_θ³ / tr K³); mean_abs [...]: `Σ w |F|`; rms [...]: `(Σ w F²)^{1/2}`;
-  hist [..., bins]: weights per bin of F over (−π, π], edges [bins + 1].
+  wilson [...] complex: `Σ w e^{iF}`; mean_abs [...]: `Σ w |F|`; rms [...]: `(Σ w F²)^{1/2}` (radians);
+  hist [..., bins]: the weight of each bin `(e_b, e_{b+1}]` of (−π, π]; edges [bins + 1].
   """
   wilson: jax.Array
   mean_abs: jax.Array
@@ -160,17 +180,25 @@ class Curvature(NamedTuple):
 
 
 def curvature(p, theta, bins: int = 24) -> Curvature:
-  """Circulation distribution over all triangles of a dense walk (n³ terms, n² at a time)."""
+  """Circulation distribution over all proper triangles of a dense walk (n³ terms, n² at a time)."""
   _check_pair(p, theta)
   if int(bins) < 1:
     raise ValueError(f"bins must be a positive integer; got {bins}")
+  return _curvature(p, theta, int(bins))
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _curvature(p, theta, bins):
   lead, n = p.shape[:-2], p.shape[-1]
   pf, tf = p.reshape((-1, n, n)).astype(jnp.float32), theta.reshape((-1, n, n)).astype(jnp.float32)
   edges = jnp.linspace(-jnp.pi, jnp.pi, int(bins) + 1)
 
   def one(pk, tk):
+    distinct = ~jnp.eye(n, dtype=bool)
+
     def row(i):                                             # all triangles through vertex i: [n, n] (j, k)
       w = pk[i][:, None] * pk * pk[:, i][None, :]
+      w = jnp.where(distinct & distinct[i][:, None] & distinct[i][None, :], w, 0.0)
       f = wrap(tk[i][:, None] + tk + tk[:, i][None, :])
       idx = jnp.clip(jnp.searchsorted(edges, f, side="left") - 1, 0, int(bins) - 1)
       hist = jnp.zeros(int(bins), jnp.float32).at[idx.ravel()].add(w.ravel())
@@ -201,10 +229,14 @@ def isometry_defect(p, theta, chunk: int = 64) -> jax.Array:
   n = p.shape[-1]
   total = 0.0
   for start in range(0, n, chunk):
-    rows = np.arange(start, min(start + chunk, n))
-    d, _ = connection.isometry_defect(edge_transports(theta, rows))
-    total = total + jnp.sum(p[..., rows, :] * d, (-2, -1))
+    stop = min(start + chunk, n)
+    total = total + _weighted_defect(p[..., start:stop, :], theta[..., start:stop, :])
   return total / n
+
+
+@jax.jit
+def _weighted_defect(p_rows, theta_rows):
+  return jnp.sum(p_rows * connection.isometry_defect(edge_transports(theta_rows))[0], (-2, -1))
 
 
 def connection_laplacian_matrix(p, theta) -> jax.Array:
@@ -312,7 +344,7 @@ def summary(q, k, *, beta=0.0, coupling=1.0, scale=None, mask=None) -> dict[str,
   p = operators.markov_matrix(q, k, beta=beta, alpha=0.0, mask=mask, scale=scale)
   theta = operators.phases(q, k, coupling=coupling, scale=scale)
   fr = frustration(p, theta)
-  cv = curvature(p, theta, bins=1)
+  cv = curvature(p, theta)
   stats = {"lambda_max": 1.0 - fr.lower, "frustration_lower": fr.lower, "frustration_upper": fr.upper,
            "wilson": jnp.real(cv.wilson), "mean_abs_circulation": cv.mean_abs,
            "isometry_defect": isometry_defect(p, theta)}
