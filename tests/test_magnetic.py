@@ -16,7 +16,7 @@ from flax import nnx
 
 from attngeo import magnetic as mg
 from attngeo import markov
-from attngeo import nn, operators as op
+from attngeo import kernels, nn, operators as op
 
 B, N, H, D, E = 2, 29, 3, 8, 6
 IMPLS = ["einsum", "blockwise"]
@@ -119,6 +119,15 @@ def test_blockwise_gradients_match_the_dense_path():
   for a, b in zip(jax.jit(jax.grad(fused, range(5)))(*args), jax.jit(jax.grad(dense, range(5)))(*args)):
     assert float(jnp.abs(b).min() if b.ndim == 1 else jnp.abs(b).max()) > 1e-3       # real gradients
     np.testing.assert_allclose(a, b, atol=2e-5, rtol=2e-4)
+
+
+def test_fused_sincos_is_float32_accurate():
+  x = np.concatenate([np.linspace(-7, 7, 20001), np.random.default_rng(0).uniform(-1e3, 1e3, 20000),
+                      [0.0, np.pi, -np.pi, np.pi / 2, 2 * np.pi]]).astype(np.float32)
+  s, c = kernels.sincos(jnp.asarray(x))
+  x64 = x.astype(np.float64)
+  assert np.abs(np.asarray(s, np.float64) - np.sin(x64)).max() < 5e-7
+  assert np.abs(np.asarray(c, np.float64) - np.cos(x64)).max() < 5e-7
 
 
 @pytest.mark.parametrize("impl", IMPLS)
