@@ -254,3 +254,258 @@ def attention(q, k, v, *, bias=None, mask=None, causal=False, scale=None, implem
   b, t, h, _ = q.shape
   valid = jnp.any(jnp.broadcast_to(mask, (mask.shape[0], mask.shape[1], t, k.shape[1])), -1)   # [b|1, h|1, t]
   return jnp.where(jnp.transpose(valid, (0, 2, 1))[..., None], out, jnp.zeros((), out.dtype))
+
+
+# ---- phase attention (the magnetic operator, `attngeo.operators.magnetic_transport`).
+#
+#   y_i = Σ_j P_ij e^{iθ_ij} v_j,   P_ij = softmax_j(scale·q_i·k_j + bias_j, masked),   θ_ij = c_h·qt_i·kt_j,
+#
+# with the value channel pairs (2c, 2c+1) of v read as complex numbers v_re + i·v_im. Inside the kernels
+# the pairs are split into the layout [re (e/2), im (e/2)]: `va = [v_re, v_im]`, `vb = [−v_im, v_re]`, so
+# `y = (P cos θ)·va + (P sin θ)·vb` in that layout (two real matmuls, float32 accumulation).
+# Backward, with G = dy = G_re + i·G_im, `ga = [G_re, G_im]`, `gb = [G_im, −G_re]`:
+#   A_ij = conj(G_i)·v_j:  Re A = ga·va,  Im A = −ga·vb;
+#   dP_ij = Re(e^{iθ_ij} A_ij) = cos·Re A − sin·Im A,   dL_ij = P_ij (dP_ij − δ_i),   δ_i = Re⟨G_i, y_i⟩;
+#   dθ_ij = Re(i P_ij e^{iθ_ij} A_ij) = −P_ij (sin·Re A + cos·Im A);
+#   dv_j = Σ_i P_ij e^{−iθ_ij} G_i = (P cos θ)ᵀ·ga + (P sin θ)ᵀ·gb   (layout [re, im]).
+# dL gives dq, dk, dbias exactly as in `_flash_bwd`; dθ gives dqt = c·dθ·kt, dkt = c·dθᵀ·qt, dc = Σ dθ ⊙ (qt·kt).
+
+_TWO_PI_HI = 6.28125                     # 2π = HI + LO, HI exact in 9 bits: n·HI is exact (Cody–Waite)
+_TWO_PI_LO = 2 * math.pi - _TWO_PI_HI
+
+
+def sincos(x):
+  """(sin x, cos x) of a float32 array in one fused elementwise pass.
+
+  XLA's CPU sin and cos cost about four exponentials each; this costs about one. x is reduced to
+  r ∈ [−π, π] (Cody–Waite, two-word 2π), sin and cos of h = r/2 are Taylor polynomials of degree
+  11 and 12 (truncation < 6e-8 on |h| ≤ π/2), and `sin r = 2 sin h cos h`, `cos r = cos²h − sin²h`.
+  Absolute error ≤ 5e-7 for |x| ≤ 1e3 (a few float32 ulps; float64 inputs get the same float32-grade
+  accuracy).
+  """
+  n = jnp.round(x * (1 / (2 * math.pi)))
+  h = 0.5 * ((x - n * _TWO_PI_HI) - n * _TWO_PI_LO)
+  h2 = h * h
+  s = h * (1 + h2 * (-1 / 6 + h2 * (1 / 120 + h2 * (-1 / 5040 + h2 * (1 / 362880 + h2 * (-1 / 39916800))))))
+  c = 1 + h2 * (-1 / 2 + h2 * (1 / 24 + h2 * (-1 / 720 + h2 * (1 / 40320 + h2 * (-1 / 3628800 + h2 / 479001600)))))
+  return 2 * s * c, c * c - s * s
+
+
+def _split_pairs(v):
+  """[..., e] with complex pairs (2c, 2c+1) -> (va, vb) = ([re, im], [−im, re]) in float layout [..., e]."""
+  re, im = v[..., 0::2], v[..., 1::2]
+  return jnp.concatenate([re, im], -1), jnp.concatenate([-im, re], -1)
+
+
+def _join_pairs(y):
+  """Layout [..., re (e/2), im (e/2)] -> interleaved complex pairs [..., e]."""
+  half = y.shape[-1] // 2
+  return jnp.stack([y[..., :half], y[..., half:]], -1).reshape(y.shape)
+
+
+@functools.partial(jax.jit, static_argnums=(8, 9))
+def _einsum_phase(q, k, v, bias, qt, kt, c, mask, causal, scale):
+  """Dense reference path: materialises the [b, h, t, s] logits and phases (autodiff backward)."""
+  s = jnp.einsum("bthd,bshd->bhts", q, k, preferred_element_type=jnp.float32) * scale
+  if bias is not None:
+    s = s + jnp.transpose(bias, (0, 2, 1))[:, :, None, :]
+  p = jax.nn.softmax(apply_masks(s, mask, causal), axis=-1)
+  theta = jnp.einsum("bthf,bshf->bhts", qt, kt, preferred_element_type=jnp.float32) * c[None, :, None, None]
+  va, vb = _split_pairs(v)
+  pv = lambda w, x: jnp.einsum("bhts,bshe->bthe", w.astype(v.dtype), x, preferred_element_type=jnp.float32)
+  sin, cos = sincos(theta)
+  return _join_pairs(pv(p * cos, va) + pv(p * sin, vb)).astype(v.dtype)
+
+
+def _phase_block(qb, kb, biasb, qtb, ktb, c, maskb, causal, scale, iq, ik, bq, bk):
+  """Logits s, raw phase products qt·kt and phases θ of one [b, h, bq, bk] block."""
+  s = _block_logits(qb, kb, biasb, maskb, causal, scale, iq, ik, bq, bk)
+  raw = jnp.einsum("bhqf,bhkf->bhqk", qtb, ktb, preferred_element_type=jnp.float32)
+  return s, raw, raw * c[None, :, None, None]
+
+
+def _phase_fwd_impl(q, k, v, bias, qt, kt, c, mask, causal, scale, bq, bk):
+  """q [b,h,T,D], k [b,h,S,D], v [b,h,S,e] (layout [re, im]), bias [b,h,S], qt/kt [b,h,·,F], c [h]
+  -> out [b,h,T,e] (layout [re, im]), lse [b,h,T]."""
+  vr, vi = jnp.split(v, 2, -1)
+  va, vb = v, jnp.concatenate([-vi, vr], -1)
+  kblocks, vablocks, vbblocks = _blocks(k, bk), _blocks(va, bk), _blocks(vb, bk)
+  biasblocks, ktblocks = _blocks(bias, bk), _blocks(kt, bk)
+  nk = kblocks.shape[0]
+
+  def per_query_block(args):
+    iq, qb, qtb = args
+    b, h = qb.shape[:2]
+    init = (jnp.zeros((b, h, bq, v.shape[-1]), jnp.float32),
+            jnp.full((b, h, bq), _NEG, jnp.float32), jnp.zeros((b, h, bq), jnp.float32))
+
+    def step(carry, ik):
+      o, mx, l = carry
+      s, _, theta = _phase_block(qb, kblocks[ik], biasblocks[ik], qtb, ktblocks[ik], c,
+                                 _mask_block(mask, iq, ik, bq, bk), causal, scale, iq, ik, bq, bk)
+      mx_new = jnp.maximum(mx, s.max(-1))
+      p = jnp.exp(s - mx_new[..., None])
+      corr = jnp.exp(mx - mx_new)
+      pv = lambda w, x: jnp.einsum("bhqk,bhke->bhqe", w.astype(v.dtype), x, preferred_element_type=jnp.float32)
+      sin, cos = sincos(theta)
+      o = o * corr[..., None] + pv(p * cos, vablocks[ik]) + pv(p * sin, vbblocks[ik])
+      return (o, mx_new, l * corr + p.sum(-1)), None
+
+    (o, mx, l), _ = jax.lax.scan(step, init, jnp.arange(nk))
+    return (o / l[..., None]).astype(v.dtype), mx + jnp.log(l)
+
+  nq = q.shape[2] // bq
+  out, lse = jax.lax.map(per_query_block, (jnp.arange(nq), _blocks(q, bq), _blocks(qt, bq)))
+  return _unblocks(out), _unblocks(lse)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(8, 9, 10, 11))
+def _phase_flash(q, k, v, bias, qt, kt, c, mask, causal, scale, bq, bk):
+  return _phase_fwd_impl(q, k, v, bias, qt, kt, c, mask, causal, scale, bq, bk)[0]
+
+
+def _phase_flash_fwd(q, k, v, bias, qt, kt, c, mask, causal, scale, bq, bk):
+  out, lse = _phase_fwd_impl(q, k, v, bias, qt, kt, c, mask, causal, scale, bq, bk)
+  return out, (q, k, v, bias, qt, kt, c, mask, out, lse)
+
+
+def _phase_flash_bwd(causal, scale, bq, bk, res, dout):
+  """Recompute each block of P and θ from the saved log-normaliser (see the derivation above)."""
+  q, k, v, bias, qt, kt, c, mask, out, lse = res
+  f32 = lambda x: x.astype(jnp.float32)
+  delta = jnp.sum(f32(dout) * f32(out), -1)                                          # [b,h,T]
+  gr, gi = jnp.split(f32(dout), 2, -1)
+  ga, gb = jnp.concatenate([gr, gi], -1), jnp.concatenate([gi, -gr], -1)
+  vr, vi = jnp.split(f32(v), 2, -1)
+  va, vb = jnp.concatenate([vr, vi], -1), jnp.concatenate([-vi, vr], -1)
+  qbs, qtbs, lses, deltas = _blocks(q, bq), _blocks(qt, bq), _blocks(lse, bq), _blocks(delta, bq)
+  gabs, gbbs = _blocks(ga, bq), _blocks(gb, bq)
+  cb = c[None, :, None, None]
+  nq = qbs.shape[0]
+
+  def per_key_block(carry, args):
+    dq_acc, dqt_acc = carry
+    ik, kb, ktb, vab, vbb, biasb = args
+
+    def step(carry, iq):
+      dk, dkt, dv, dbias, dc = carry
+      qb, qtb, gab, gbb = qbs[iq], qtbs[iq], gabs[iq], gbbs[iq]
+      s, raw, theta = _phase_block(qb, kb, biasb, qtb, ktb, c, _mask_block(mask, iq, ik, bq, bk),
+                                   causal, scale, iq, ik, bq, bk)
+      p = jnp.exp(s - lses[iq][..., None])
+      sin, cos = sincos(theta)
+      pc, ps = p * cos, p * sin
+      dv = dv + jnp.einsum("bhqk,bhqe->bhke", pc, gab) + jnp.einsum("bhqk,bhqe->bhke", ps, gbb)
+      are = jnp.einsum("bhqe,bhke->bhqk", gab, vab)
+      aim = -jnp.einsum("bhqe,bhke->bhqk", gab, vbb)
+      ds = p * (cos * are - sin * aim - deltas[iq][..., None])
+      dtheta = -(ps * are + pc * aim)
+      dq_blk = jnp.einsum("bhqk,bhkd->bhqd", ds, f32(kb)) * scale
+      dk = dk + jnp.einsum("bhqk,bhqd->bhkd", ds, f32(qb)) * scale
+      dqt_blk = jnp.einsum("bhqk,bhkf->bhqf", dtheta, f32(ktb)) * cb
+      dkt = dkt + jnp.einsum("bhqk,bhqf->bhkf", dtheta, f32(qtb)) * cb
+      dc = dc + jnp.sum(dtheta * raw, (0, 2, 3))
+      return (dk, dkt, dv, dbias + ds.sum(2), dc), (dq_blk, dqt_blk)
+
+    b, h = kb.shape[:2]
+    init = (jnp.zeros(kb.shape, jnp.float32), jnp.zeros(ktb.shape, jnp.float32), jnp.zeros(vab.shape, jnp.float32),
+            jnp.zeros((b, h, bk), jnp.float32), jnp.zeros((h,), jnp.float32))
+    (dk, dkt, dv, dbias, dc), (dq_blocks, dqt_blocks) = jax.lax.scan(step, init, jnp.arange(nq))
+    return (dq_acc + _unblocks(dq_blocks), dqt_acc + _unblocks(dqt_blocks)), (dk, dkt, dv, dbias, dc)
+
+  (dq, dqt), (dks, dkts, dvs, dbiases, dcs) = jax.lax.scan(
+      per_key_block, (jnp.zeros(q.shape, jnp.float32), jnp.zeros(qt.shape, jnp.float32)),
+      (jnp.arange(k.shape[2] // bk), _blocks(k, bk), _blocks(kt, bk), _blocks(va, bk), _blocks(vb, bk),
+       _blocks(bias, bk)))
+  return (dq.astype(q.dtype), _unblocks(dks).astype(k.dtype), _unblocks(dvs).astype(v.dtype),
+          _unblocks(dbiases).astype(bias.dtype), dqt.astype(qt.dtype), _unblocks(dkts).astype(kt.dtype),
+          dcs.sum(0).astype(c.dtype), None)
+
+
+_phase_flash.defvjp(_phase_flash_fwd, _phase_flash_bwd)
+
+
+@functools.partial(jax.jit, static_argnums=(8, 9, 10))
+def _blockwise_phase(q, k, v, bias, qt, kt, c, mask, causal, scale, block_size):
+  """Flash-style phase attention in pure JAX; pads n to a multiple of the block size."""
+  b, t, h, _ = q.shape
+  n = k.shape[1]
+  bq, bk = min(block_size, t), min(block_size, n)
+  tp, npad = -(-t // bq) * bq, -(-n // bk) * bk
+  tr = lambda x: jnp.transpose(x, (0, 2, 1, 3))
+  qh, kh, qth, kth = tr(q), tr(k), tr(qt), tr(kt)
+  vh = tr(jnp.concatenate([v[..., 0::2], v[..., 1::2]], -1))                    # layout [re, im]
+  bias_t = jnp.zeros((b, h, n), jnp.float32) if bias is None else jnp.transpose(bias, (0, 2, 1)).astype(jnp.float32)
+  padq = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, tp - t), (0, 0)))
+  padk = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, npad - n), (0, 0)))
+  if tp != t:
+    qh, qth = padq(qh), padq(qth)
+  if npad != n:
+    kh, kth, vh = padk(kh), padk(kth), padk(vh)
+    bias_t = jnp.pad(bias_t, ((0, 0), (0, 0), (0, npad - n)), constant_values=_NEG)
+  if mask is not None:
+    mb = jnp.broadcast_to(mask, (mask.shape[0], mask.shape[1], t, n))
+    mask = jnp.pad(mb, ((0, 0), (0, 0), (0, tp - t), (0, npad - n)))
+  out = _phase_flash(qh, kh, vh, bias_t, qth, kth, c, mask, causal, scale, bq, bk)
+  return _join_pairs(jnp.transpose(out[:, :, :t], (0, 2, 1, 3)))
+
+
+PHASE_IMPLEMENTATIONS = ("einsum", "blockwise")
+
+
+def phase_attention(q, k, v, qt, kt, coupling, *, bias=None, mask=None, causal=False, scale=None,
+                    implementation=None, block_size=512):
+  """Attention with a U(1) phase on the values: `y_i = Σ_j P_ij e^{iθ_ij} v_j` (the magnetic operator's kernel).
+
+  `P_ij = softmax_j(scale·q_i·k_j + bias_j, masked)` exactly as in `attention`; `θ_ij = c_h·qt_i·kt_j`
+  with the per-head coupling `c`; value channel pairs `(v[..., 2c], v[..., 2c+1])` are the real and
+  imaginary parts of complex values (the output uses the same pairing).
+
+  q: [b, t, h, D]; k: [b, s, h, D]; v: [b, s, h, e], e even; qt: [b, t, h, F]; kt: [b, s, h, F];
+  coupling: scalar or [h]; bias: [b, s, h] or None; mask: bool, broadcastable to [b, h, t, s].
+  implementation: "einsum" (materialises [b, h, t, s]) | "blockwise" (online softmax, recomputing
+  custom VJP, O(n) memory; gradients for q, k, v, bias, qt, kt and the coupling) | None (einsum
+  below 512 keys, else blockwise). Returns [b, t, h, e] in v's dtype, float32 accumulation; a query
+  row whose keys are all masked returns 0.
+  """
+  implementation = implementation or ("blockwise" if k.shape[1] >= 512 else "einsum")
+  scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+  c = jnp.broadcast_to(jnp.asarray(coupling, jnp.float32), (q.shape[2],))
+  if implementation == "einsum":
+    out = _einsum_phase(q, k, v, bias, qt, kt, c, mask, causal, scale)
+  elif implementation == "blockwise":
+    if int(block_size) < 1:
+      raise ValueError(f"block_size must be a positive integer; got {block_size}")
+    out = _blockwise_phase(q, k, v, bias, qt, kt, c, mask, causal, scale, int(block_size))
+  else:
+    raise ValueError(f"implementation must be one of {PHASE_IMPLEMENTATIONS} or None for phase attention; "
+                     f"got {implementation!r}")
+  if mask is None:
+    return out
+  b, t, h, _ = q.shape
+  valid = jnp.any(jnp.broadcast_to(mask, (mask.shape[0], mask.shape[1], t, k.shape[1])), -1)   # [b|1, h|1, t]
+  return jnp.where(jnp.transpose(valid, (0, 2, 1))[..., None], out, jnp.zeros((), out.dtype))
+
+
+@functools.partial(jax.jit, static_argnames=("causal", "scale", "block_size"))
+def log_normaliser(q, k, *, bias=None, mask=None, causal=False, scale=None, block_size=512):
+  """`lse_i = log Σ_j exp(scale·q_i·k_j + bias_j)` over the unmasked keys: [b, t, h] float32.
+
+  The softmax's log-normaliser, from the blockwise forward pass (online max and sum over key
+  blocks, O(n) memory; `_NEG`-scale values for fully masked rows). Shapes as in `attention`.
+  """
+  b, t, h, _ = q.shape
+  n = k.shape[1]
+  scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+  bq, bk = min(int(block_size), t), min(int(block_size), n)
+  tp, npad = -(-t // bq) * bq, -(-n // bk) * bk
+  tr = lambda x: jnp.transpose(x, (0, 2, 1, 3))
+  qh = jnp.pad(tr(q), ((0, 0), (0, 0), (0, tp - t), (0, 0)))
+  kh = jnp.pad(tr(k), ((0, 0), (0, 0), (0, npad - n), (0, 0)))
+  bias_t = jnp.zeros((b, h, n), jnp.float32) if bias is None else jnp.transpose(bias, (0, 2, 1)).astype(jnp.float32)
+  bias_t = jnp.pad(bias_t, ((0, 0), (0, 0), (0, npad - n)), constant_values=_NEG)
+  if mask is not None:
+    mb = jnp.broadcast_to(mask, (mask.shape[0], mask.shape[1], t, n))
+    mask = jnp.pad(mb, ((0, 0), (0, 0), (0, tp - t), (0, npad - n)))
+  _, lse = _flash_fwd_impl(qh, kh, jnp.zeros((b, h, npad, 1), jnp.float32), bias_t, mask, causal, scale, bq, bk)
+  return jnp.transpose(lse[:, :, :t], (0, 2, 1))

@@ -24,6 +24,24 @@ DMAP needs only `m_i · ½ m_j − ¼ s‖m_j‖²` (head dim d), ATTN is plain 
 member needs 2·d. `transport` runs that single attention through an interchangeable kernel of `attngeo.kernels`
 (`"einsum"`, `"xla"`, `"cudnn"`, `"blockwise"`).
 `logits` and `markov_matrix` are the dense reference, written from the formula above.
+
+The magnetic (U(1)) lift, CMAP — a fifth operator beside the square (`magnetic_transport`; dense
+`magnetic_matrix`, `phases`). It keeps the definite, exact part of the family as a magnitude,
+`K = P(β, α = 0)` (DMAP's kernel at β = 0, the default), and moves the free antisymmetric logit out
+of the softmax into a phase on the values, with a coupling γ (`coupling`: fixed or per head):
+
+    θ_ij = γ · ½ s (q_i·k_j − k_i·q_j)                 (antisymmetric: θ_ji = −θ_ij),
+    y_i  = Σ_j K_ij e^{iθ_ij} v_j,                      v_j ∈ C^{e/2}: channel pairs (2c, 2c+1) = (Re, Im).
+
+Conventions: the transport from key j to query i multiplies by e^{+iθ_ij}; the output uses the same
+channel pairing (e must be even). γ = 0 is exactly the magnitude operator. K is reversible
+(π_i K_ij = π_j K_ji) and θ antisymmetric, so Π^{1/2} (K ⊙ e^{iθ}) Π^{−1/2} is Hermitian (unmasked, or
+any symmetric mask): the magnetic walk has a real spectrum in [−1, 1] (read-outs in `attngeo.magnetic`).
+A gauge change θ_ij → θ_ij + φ_j − φ_i is a unitary similarity (spectrum unchanged); the triangle
+circulations θ_ij + θ_jk + θ_ki, the curvature of the connection, are gauge invariant. θ is bilinear,
+`θ_ij = c·[q_i, k_i]·[k_j, −q_j]` with `c = γ s/2`, so CMAP is ONE fused phase attention
+(`kernels.phase_attention`): the magnitude's augmented heads and key bias exactly as `transport`
+builds them, plus the phase heads `[q, k]`, `[k, −q]`.
 """
 from __future__ import annotations
 
@@ -239,3 +257,106 @@ def rownorm(full, *, causal: bool = False, mask=None):
   mask = _check_mask(mask, b, h, n, n)
   p = jax.nn.softmax(kernels.apply_masks(full, mask, causal), axis=-1)
   return p if mask is None else jnp.where(jnp.any(mask, -1, keepdims=True), p, 0.0)
+
+
+# ----------------------------------------------------------------------------- the magnetic operator (CMAP)
+#
+# The magnetic operator CMAP (module docstring): magnitude P(β, α = 0), U(1) phase θ on complex value pairs.
+
+MAGNETIC = ("CMAP",)
+
+
+def is_magnetic(operator) -> bool:
+  """True for the name of the magnetic operator ('CMAP', case-insensitive)."""
+  return isinstance(operator, str) and operator.upper() in MAGNETIC
+
+
+def _coupling(x, heads: int):
+  """γ as a Python float (static) or a finite array broadcastable to [h]."""
+  if isinstance(x, str):
+    raise TypeError(f"coupling must be a number or a per-head array; got the string {x!r}")
+  if isinstance(x, (int, float, np.floating, np.integer)):
+    x = float(x)
+    if not np.isfinite(x):
+      raise ValueError(f"coupling must be finite; got {x}")
+    return x
+  x = jnp.asarray(x)
+  _checks.check_floating("coupling", x)
+  if x.ndim > 1 or (x.ndim == 1 and x.shape[0] not in (1, heads)):
+    raise ValueError(f"coupling must be a scalar or a per-head array of shape [{heads}]; got shape {x.shape}")
+  _checks.check_finite("coupling", x)
+  return x
+
+
+def _check_magnetic_values(k, v):
+  _checks.check_rank("v", v, 4, "[batch, seq, heads, value_dim]")
+  _checks.check_floating("v", v)
+  if v.shape[:3] != k.shape[:3]:
+    raise ValueError(f"v must be [b, n, h, e] matching k's {k.shape[:3]}; got {v.shape}")
+  if v.shape[-1] % 2:
+    raise ValueError(f"v's last axis must be even (channel pairs (2c, 2c+1) are complex values); got {v.shape[-1]}")
+  _checks.check_finite("v", v)
+
+
+def phase_heads(q, k):
+  """Phase heads `(qt, kt) = ([q, k], [k, −q])` [b, n, h, 2d]: `qt_i·kt_j = q_i·k_j − k_i·q_j`."""
+  return jnp.concatenate([q, k], -1), jnp.concatenate([k, -q], -1)
+
+
+def magnetic_arguments(q, k, *, beta=0.0, coupling=1.0, scale=None, mask=None):
+  """Validated `(beta, coupling, scale, mask)` of the magnetic operator on q, k [b, n, h, d] (one-line errors)."""
+  _check_qk(q, k)
+  b, n, h, d = q.shape
+  return _coefficient("beta", beta, h), _coupling(coupling, h), _scale(scale, d), _check_mask(mask, b, h, n, n)
+
+
+def magnetic_transport(q, k, v, *, beta=0.0, coupling=1.0, causal: bool = False, mask=None, scale=None,
+                       implementation: str | None = None, block_size: int = 512):
+  """The magnetic operator `y_i = Σ_j K_ij e^{iθ_ij} v_j` (see above), as one fused phase attention.
+
+  Args:
+    q, k: [b, n, h, d] queries and keys.
+    v: [b, n, h, e] values, e even; channel pairs (2c, 2c+1) are one complex value (Re, Im).
+    beta: β of the magnitude `K = P(β, α = 0)`: scalar or per-head [h] in [0, 1]; 0 is DMAP's kernel.
+    coupling: γ, scalar or per-head [h], any finite real; 0 gives exactly `transport(..., alpha=0)`.
+    causal, mask, scale, block_size: as in `transport`.
+    implementation: "einsum" | "blockwise" | None (einsum below 512 keys, else blockwise).
+  Returns:
+    [b, n, h, e] in v's dtype (float32 accumulation); the phase matrix never exists beyond a block
+    on the blockwise path. A row whose keys are all masked is 0.
+  """
+  _check_qk(q, k)
+  _check_magnetic_values(k, v)
+  b, n, h, d = q.shape
+  if n == 0 or d == 0:
+    raise ValueError(f"q, k, v need at least one token and one channel; got [b, n, h, d] = {q.shape}")
+  if implementation not in (None,) + kernels.PHASE_IMPLEMENTATIONS:
+    raise ValueError(f"implementation must be one of {kernels.PHASE_IMPLEMENTATIONS} or None for the magnetic "
+                     f"operator; got {implementation!r}")
+  mask = _check_mask(mask, b, h, n, n)
+  beta, coupling = _coefficient("beta", beta, h), _coupling(coupling, h)
+  scale = _scale(scale, d)
+  if isinstance(coupling, float) and coupling == 0.0:
+    return transport(q, k, v, beta=beta, alpha=0.0, causal=causal, mask=mask, scale=scale,
+                     implementation=implementation, block_size=block_size)
+  aug = augment(q, k, beta=beta, alpha=0.0, scale=scale)
+  qt, kt = phase_heads(q, k)
+  c = jnp.asarray(coupling, jnp.float32) * (0.5 * scale)
+  return kernels.phase_attention(aug.q, aug.k, v, qt, kt, c, bias=aug.bias, mask=mask, causal=causal, scale=scale,
+                                 implementation=implementation, block_size=block_size)
+
+
+def phases(q, k, *, coupling=1.0, scale=None):
+  """Dense phases `θ_ij = γ · ½ s (q_i·k_j − k_i·q_j)`: [b, h, n, n] float32, antisymmetric."""
+  _check_qk(q, k)
+  h, d = q.shape[2], q.shape[3]
+  coupling, scale = _coupling(coupling, h), _scale(scale, d)
+  qk = jnp.einsum("bihd,bjhd->bhij", q.astype(jnp.float32), k.astype(jnp.float32))
+  g = jnp.asarray(coupling, jnp.float32)[..., None, None]
+  return g * 0.5 * scale * (qk - jnp.swapaxes(qk, -1, -2))
+
+
+def magnetic_matrix(q, k, *, beta=0.0, coupling=1.0, causal: bool = False, mask=None, scale=None):
+  """Dense reference `K ⊙ e^{iθ}`: [b, h, n, n] complex64, `K = markov_matrix(β, α = 0)` (small n only)."""
+  p = markov_matrix(q, k, beta=beta, alpha=0.0, causal=causal, mask=mask, scale=scale)
+  return p * jnp.exp(1j * phases(q, k, coupling=coupling, scale=scale))

@@ -1,13 +1,16 @@
 """Forward+backward time and peak memory of every operator under every attention kernel.
 
     attngeo bench [--seqs 256,1024,4096] [--batch 8] [--heads 8] [--head-dim 64] [--repeats 3]
-                  [--long 16384] [--dtype float32|bfloat16] [--out DIR]
+                  [--operators ATTN,DMAP,DMTN,ATAP,CMAP] [--long 16384] [--dtype float32|bfloat16] [--out DIR]
 
 For each (seq, operator, implementation) it prints the median wall time of a jitted
 `grad(sum(transport(q, k, v)))` over `--repeats` runs, the compiled program's peak memory
 (XLA's memory analysis: arguments + outputs + temporaries), and the ratio to the fastest
-standard-attention (ATTN) path at that sequence length. `--long N` adds the blockwise path at
-batch 1, seq N, where a materialised P alone would need b·h·N²·4 bytes. Writes bench_operators.{md,csv,json}.
+standard-attention (ATTN) path at that sequence length. CMAP, the magnetic operator
+(`operators.magnetic_transport`, coupling 1), runs on its own phase kernels (einsum, blockwise);
+the note under the table gives its ratio to ATTN per sequence length. `--long N` adds the blockwise
+path at batch 1, seq N, where a materialised P alone would need b·h·N²·4 bytes. Writes
+bench_operators.{md,csv,json}.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from attngeo.experiments import report, timing
 from attngeo.experiments.report import Col
 
 CORNERS = ("ATTN", "DMAP", "DMTN", "ATAP")
+OPERATORS = CORNERS + ("CMAP",)
 
 
 def measure(name, impl, b, n, h, d, repeats, block_size=512, dtype="float32"):
@@ -24,28 +28,37 @@ def measure(name, impl, b, n, h, d, repeats, block_size=512, dtype="float32"):
   import jax.numpy as jnp
 
   from attngeo import operators as op
-  beta, alpha = op.corner(name)
   ks = jax.random.split(jax.random.PRNGKey(0), 3)
   q, k, v = [jax.random.normal(kk, (b, n, h, d), jnp.dtype(dtype)) for kk in ks]
+  if op.is_magnetic(name):
+    def loss(q, k, v):
+      return jnp.sum(op.magnetic_transport(q, k, v, coupling=1.0, implementation=impl, block_size=block_size))
+  else:
+    beta, alpha = op.corner(name)
 
-  def loss(q, k, v):
-    return jnp.sum(op.transport(q, k, v, beta=beta, alpha=alpha, implementation=impl, block_size=block_size))
+    def loss(q, k, v):
+      return jnp.sum(op.transport(q, k, v, beta=beta, alpha=alpha, implementation=impl, block_size=block_size))
 
   return timing.timed(jax.grad(loss, (0, 1, 2)), (q, k, v), repeats)
 
 
-def available_impls():
+def available_impls(name="ATTN"):
   import jax
+
+  from attngeo import kernels
+  if name in OPERATORS[len(CORNERS):]:
+    return list(kernels.PHASE_IMPLEMENTATIONS)
   impls = ["einsum", "xla", "blockwise"]
   if jax.default_backend() == "gpu":
     impls.insert(2, "cudnn")
   return impls
 
 
-def run(seqs, batch, heads, head_dim, repeats, long_seq, dtype="float32"):
+def run(seqs, batch, heads, head_dim, repeats, long_seq, dtype="float32", operators=OPERATORS):
   from tqdm import tqdm
   rows = []
-  configs = [(n, name, impl) for n in seqs for name in CORNERS for impl in available_impls()]
+  names = ("ATTN",) + tuple(x for x in operators if x != "ATTN")     # ATTN always: the ratios' reference
+  configs = [(n, name, impl) for n in seqs for name in names for impl in available_impls(name)]
   for n, name, impl in tqdm(configs, desc="bench_operators"):
     try:
       t, mem = measure(name, impl, batch, n, heads, head_dim, repeats, dtype=dtype)
@@ -77,6 +90,9 @@ def parser():
   ap.add_argument("--heads", type=config.positive_int, default=8, help="attention heads")
   ap.add_argument("--head-dim", type=config.positive_int, default=64, help="head dimension")
   ap.add_argument("--repeats", type=config.positive_int, default=3, help="timed runs per cell (median reported)")
+  ap.add_argument("--operators", type=config.choice_list(OPERATORS), default=",".join(OPERATORS),
+                  help=f"operators to time, comma-separated subset of {','.join(OPERATORS)} (default: all; "
+                       "ATTN is always timed as the reference)")
   ap.add_argument("--long", type=config.nonnegative_int, default=16384,
                   help="sequence length of the blockwise long-sequence row (0 skips it)")
   ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
@@ -89,12 +105,17 @@ def main(argv=None):
   a = parser().parse_args(argv)
   import jax
   print(f"backend={jax.default_backend()} devices={jax.device_count()} dtype={a.dtype}")
-  rows = run(list(a.seqs), a.batch, a.heads, a.head_dim, a.repeats, a.long, a.dtype)
-  note = ""
+  rows = run(list(a.seqs), a.batch, a.heads, a.head_dim, a.repeats, a.long, a.dtype, a.operators)
+  notes = []
+  if "CMAP" in a.operators:
+    best = {n: min((r["ratio_to_best_attn"] for r in rows if r["seq"] == n and r["operator"] == "CMAP"),
+                   default=float("nan")) for n in a.seqs}
+    notes.append("CMAP (magnetic) fwd+bwd ÷ best ATTN: " + ", ".join(f"{v:.2f}× at seq {n}" for n, v in best.items()))
   if a.long:
     r = rows[-1]
-    note = (f"blockwise seq={r['seq']}: peak {r['peak_bytes'] / 2**30:.2f} GiB "
-            f"(a materialised P alone: {r['dense_p_bytes'] / 2**30:.1f} GiB)")
+    notes.append(f"blockwise seq={r['seq']}: peak {r['peak_bytes'] / 2**30:.2f} GiB "
+                 f"(a materialised P alone: {r['dense_p_bytes'] / 2**30:.1f} GiB)")
+  note = "; ".join(notes)
   report.write(a.out, "bench_operators", rows, COLUMNS, note=note)
 
 

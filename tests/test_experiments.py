@@ -12,7 +12,7 @@ def test_bench_operators(tmp_path):
   bench_operators.main(["--seqs", "64", "--batch", "1", "--heads", "2", "--head-dim", "8", "--repeats", "1",
                         "--long", "128", "--out", str(tmp_path)])
   rows = json.loads((tmp_path / "bench_operators.json").read_text())
-  assert len(rows) == 4 * 3 + 1 and all(r["seconds"] > 0 for r in rows)
+  assert len(rows) == 4 * 3 + 2 + 1 and all(r["seconds"] > 0 for r in rows)     # CMAP: einsum, blockwise
   assert min(r["ratio_to_best_attn"] for r in rows if r["operator"] == "ATTN") == 1.0
 
 

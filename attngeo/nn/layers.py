@@ -10,11 +10,17 @@ Shapes use einsum letters: `b` batch, `n` tokens, `d` width (embed), `h` heads, 
   q, k as `nnx.Intermediate` for geometry probes. Options that public checkpoints need (GPT-2,
   nanochat; see `attngeo.interop`): grouped key/value heads (GQA), an output bias, rotary base /
   direction / pairing, parameter-free QK-norm with a q/k gain, and a gated value embedding.
+  `operator="CMAP"` is the magnetic (U(1)) operator (`operators.magnetic_transport`): magnitude
+  DMAP's kernel on `m = W_+ x` (β, learnable or 0), phase `θ_ij = γ·½ s (q_i·k_j − k_i·q_j)` — the
+  antisymmetric part of `W_Q W_Kᵀ` — with coupling γ (`coupling`; one learnable value per head when
+  `learnable_operator`). Complex values: channels (2c, 2c+1) of each head's v (columns of `W_V^h`)
+  are one complex number (Re, Im), and the output channels of each head pair the same way before
+  `W_O^h`; the head dim must be even.
 * `Block` — pre-norm residual block, sub-layer order `attn_first` (MHSA→FFN) or `ffn_first`
   (FFN→MHSA), optionally adaLN-Zero modulated by a conditioning vector; `BlockConfig` is the one
   config every model nests.
-* `graft(model, operator)` — run the same weights under another (β, α); `capture_qk` — read every
-  layer's q, k during a forward pass.
+* `graft(model, operator)` — run the same weights under another (β, α) or CMAP (to and from the
+  family: a pure swap); `capture_qk` — read every layer's q, k during a forward pass.
 * Distance form (`distance_form=True`): DMAP parametrised by `W_+ = (W_Q + W_K)/√2` alone (`wp`, with
   bias `b_+ = (b_Q + b_K)/√2`), half of attention's query–key parameters; `m = W_+ x + b_+` and
   `P_ij ∝ exp(−¼ s ‖m_i − m_j‖²)`. `fold_distance(model)` rewrites a model's q/k weights into it
@@ -45,7 +51,7 @@ def param(rngs, shape, axes, *, std=None, zero=False, dtype=jnp.float32):
 
 
 def _check_distance_form(operator, learnable_operator, qk_norm, num_kv_heads=None, num_heads=None):
-  if resolve_operator(operator) != (0.0, 0.0) or learnable_operator:
+  if resolve_operator(operator) != (0.0, 0.0) or operators.is_magnetic(operator) or learnable_operator:
     raise ValueError(f"distance_form holds W_+ only, so its operator is a fixed DMAP; got operator={operator!r}, "
                      f"learnable_operator={learnable_operator}")
   if qk_norm:
@@ -55,9 +61,15 @@ def _check_distance_form(operator, learnable_operator, qk_norm, num_kv_heads=Non
 
 
 def resolve_operator(operator) -> tuple[float, float]:
-  """A corner name ('DMAP', …) or a (β, α) pair of floats in [0, 1] -> (β, α)."""
+  """A corner name ('DMAP', …), 'CMAP' (its magnitude: (0, 0)) or a (β, α) pair of floats in [0, 1] -> (β, α)."""
+  if operators.is_magnetic(operator):
+    return operators.DMAP
   if isinstance(operator, str):
-    return operators.corner(operator)
+    try:
+      return operators.corner(operator)
+    except ValueError:
+      raise ValueError(f"operator must be one of {sorted(operators.CORNERS) + list(operators.MAGNETIC)} "
+                       f"or a (beta, alpha) pair; got {operator!r}") from None
   beta, alpha = (float(x) for x in operator)
   for name, x in (("beta", beta), ("alpha", alpha)):
     if not 0.0 <= x <= 1.0:
@@ -98,11 +110,12 @@ def rope(x, positions, base: float = 10_000.0, *, sign: int = 1, style: str = "h
 
 
 class Attention(nnx.Module):
-  """Multi-head attention `y = Σ_h W_O^h · transport(q^h, k^h, v^h; β_h, α_h)`.
+  """Multi-head attention `y = Σ_h W_O^h · transport(q^h, k^h, v^h; β_h, α_h)` (or CMAP's magnetic transport).
 
   x: [b, n, d] -> [b, n, d]. Weights `wq`: [d, h, k]; `wk, wv`: [d, g, k] (g = `num_kv_heads`,
   default h; each group of h/g query heads shares one key/value head, as `repeat_interleave`);
-  `wo`: [h, k, d]. Optional biases `bq` [h, k], `bk, bv` [g, k], `bo` [d].
+  `wo`: [h, k, d]. Optional biases `bq` [h, k], `bk, bv` [g, k], `bo` [d]. `coupling`: CMAP's γ
+  (initial value when learnable; unused by the family).
 
   QK-norm with a learned scale comes before the rotation; a parameter-free one after it
   (nanochat's order — the two agree for an exact rotation, which preserves each head vector's
@@ -117,9 +130,9 @@ class Attention(nnx.Module):
 
   def __init__(self, width: int, num_heads: int, head_dim: int, *, operator="ATTN", learnable_operator=False,
                causal=False, use_rope=False, qk_norm=False, qkv_bias=False, implementation=None,
-               dtype=jnp.float32, num_kv_heads: int | None = None, out_bias=False, rope_base=10_000.0,
-               rope_sign=1, rope_style="half", rope_dtype=None, qk_norm_scale=True, qk_gain=1.0, norm_eps=1e-6,
-               value_gate=0, distance_form=False, rngs: nnx.Rngs):
+               coupling: float = 1.0, dtype=jnp.float32, num_kv_heads: int | None = None, out_bias=False,
+               rope_base=10_000.0, rope_sign=1, rope_style="half", rope_dtype=None, qk_norm_scale=True,
+               qk_gain=1.0, norm_eps=1e-6, value_gate=0, distance_form=False, rngs: nnx.Rngs):
     kv_heads = num_kv_heads or num_heads
     if distance_form:
       _check_distance_form(operator, learnable_operator, qk_norm, kv_heads, num_heads)
@@ -146,24 +159,31 @@ class Attention(nnx.Module):
       self.bo = param(rngs, (width,), ("embed",), zero=True)
     if value_gate:
       self.ve_gate = param(rngs, (value_gate, kv_heads), (None, "heads"), zero=True)
-    self.learnable_operator = learnable_operator
+    self.learnable_operator, self.coupling_init = learnable_operator, float(coupling)
     self.set_operator(operator)
 
   def set_operator(self, operator):
-    """Switch (β, α) in place — the weights are untouched (grafting)."""
+    """Switch (β, α) — or to/from CMAP — in place; the weights are untouched (grafting)."""
     beta, alpha = resolve_operator(operator)
-    if self.distance_form and (beta, alpha) != (0.0, 0.0):
+    if self.distance_form and ((beta, alpha) != (0.0, 0.0) or operators.is_magnetic(operator)):
       raise ValueError(f"a distance-form Attention (W_+ only) runs DMAP only; got operator {operator!r}")
-    if self.learnable_operator:
-      self.beta = nnx.Param(jnp.full((self.num_heads,), beta), axes=("heads",))
-      self.alpha = nnx.Param(jnp.full((self.num_heads,), alpha), axes=("heads",))
+    self.magnetic = operators.is_magnetic(operator)
+    if self.magnetic and self.head_dim % 2:
+      raise ValueError(f"operator CMAP needs an even head_dim (channel pairs are complex values); got {self.head_dim}")
+    per_head = lambda x: nnx.Param(jnp.full((self.num_heads,), x), axes=("heads",))
+    if self.learnable_operator:            # learnable: per-head Params (CMAP: β and γ; its α is 0 by definition)
+      self.beta = per_head(beta)
+      self.alpha = nnx.data(None if self.magnetic else per_head(alpha))
+      self.coupling = nnx.data(per_head(self.coupling_init) if self.magnetic else None)
     else:
       self.beta, self.alpha = beta, alpha
+      self.coupling = self.coupling_init if self.magnetic else None
 
   def coefficients(self):
-    """(β, α): floats, or per-head arrays [h] clipped to [0, 1] when learnable."""
+    """(β, α): floats, or per-head arrays [h] clipped to [0, 1] when learnable (CMAP: its magnitude's, α = 0)."""
     if self.learnable_operator:
-      return jnp.clip(self.beta[...], 0.0, 1.0), jnp.clip(self.alpha[...], 0.0, 1.0)
+      alpha = 0.0 if self.magnetic else jnp.clip(self.alpha[...], 0.0, 1.0)
+      return jnp.clip(self.beta[...], 0.0, 1.0), alpha
     return self.beta, self.alpha
 
   def qkv(self, x, value_embed=None, positions=None):
@@ -205,18 +225,31 @@ class Attention(nnx.Module):
     if self.capture:
       self.sow(nnx.Intermediate, "qk", (q, k))
     beta, alpha = self.coefficients()
-    y = operators.transport(q, k, v, beta=beta, alpha=alpha, causal=self.causal, mask=mask,
-                            implementation=self.implementation)
+    if self.magnetic:
+      coupling = self.coupling[...] if self.learnable_operator else self.coupling
+      impl = self.implementation if self.implementation in kernels.PHASE_IMPLEMENTATIONS else None
+      y = operators.magnetic_transport(q, k, v, beta=beta, coupling=coupling, causal=self.causal, mask=mask,
+                                       implementation=impl)
+    else:
+      y = operators.transport(q, k, v, beta=beta, alpha=alpha, causal=self.causal, mask=mask,
+                              implementation=self.implementation)
     out = jnp.einsum("bnhk,hkd->bnd", y, self.wo[...].astype(self.dtype))
     return out + self.bo[...].astype(self.dtype) if self.out_bias else out
 
   # -- incremental decoding: a cache of the augmented keys (`operators.augment`), so each new token
-  # costs one row of attention under any operator. The augmented key, value and key bias of token j
-  # depend on (q_j, k_j, v_j) alone, and the query-only terms the augmentation drops are row shifts.
+  # costs one row of attention under any operator of the family. The augmented key, value and key
+  # bias of token j depend on (q_j, k_j, v_j) alone, and the query-only terms the augmentation drops
+  # are row shifts.
+
+  def _check_decodable(self):
+    if self.distance_form or not self.causal or self.magnetic:
+      raise ValueError("KV-cache decoding needs a causal attention of the (β, α) family in the (q, k) form "
+                       "(not distance_form, not CMAP)")
 
   def init_cache(self, batch: int, length: int) -> dict:
     """Zero cache for `length` positions: augmented keys `k` [b, T, h, D], values `v` [b, T, h, k],
     key bias `bias` [b, T, h] (absent when the operator has none)."""
+    self._check_decodable()
     probe = jnp.zeros((batch, length, self.num_heads, self.head_dim), self.dtype)
     beta, alpha = self.coefficients()
     aug = jax.eval_shape(lambda q: operators.augment(q, q, beta=beta, alpha=alpha, scale=1.0), probe)
@@ -231,8 +264,7 @@ class Attention(nnx.Module):
     Each query attends causally to the cached positions ≤ its own (and ≥ its own − `window`);
     equal to `__call__` (causal, same window) on the whole prefix, row by row.
     """
-    if self.distance_form or not self.causal:
-      raise ValueError("KV-cache decoding needs a causal attention in the (q, k) form")
+    self._check_decodable()
     n, length = x.shape[1], cache["k"].shape[1]
     q, k, v = self.qkv(x, value_embed, pos + jnp.arange(n))
     beta, alpha = self.coefficients()
@@ -280,7 +312,7 @@ class Mlp(nnx.Module):
 
 @dataclasses.dataclass(frozen=True)
 class BlockConfig:
-  """What every transformer block shares. `operator`: corner name or (β, α)."""
+  """What every transformer block shares. `operator`: corner name, (β, α), or 'CMAP' (coupling γ = `coupling`)."""
   width: int = 128
   num_heads: int = 4
   head_dim: int | None = None          # default width // num_heads
@@ -289,6 +321,7 @@ class BlockConfig:
   order: str = "attn_first"           # attn_first: MHSA→FFN; ffn_first: FFN→MHSA
   operator: Any = "ATTN"
   learnable_operator: bool = False
+  coupling: float = 1.0               # CMAP's phase coupling γ (initial value when learnable); unused by the family
   use_rope: bool = False
   qk_norm: bool = False
   qkv_bias: bool = False
@@ -328,6 +361,10 @@ class BlockConfig:
     resolve_operator(self.operator)
     if self.distance_form:
       _check_distance_form(self.operator, self.learnable_operator, self.qk_norm, self.num_kv_heads, self.num_heads)
+    if operators.is_magnetic(self.operator) and self.dh % 2:
+      raise ValueError(f"operator CMAP needs an even head_dim (channel pairs are complex values); got {self.dh}")
+    if isinstance(self.coupling, str) or not math.isfinite(float(self.coupling)):
+      raise ValueError(f"coupling must be a finite number (CMAP's phase coupling); got {self.coupling!r}")
     return self
 
   @property
@@ -388,7 +425,7 @@ class Block(nnx.Module):
     self.attn = Attention(cfg.width, cfg.num_heads, cfg.dh, operator=cfg.operator,
                           learnable_operator=cfg.learnable_operator, causal=causal, use_rope=cfg.use_rope,
                           qk_norm=cfg.qk_norm, qkv_bias=cfg.qkv_bias, implementation=cfg.implementation,
-                          dtype=dtype, num_kv_heads=cfg.num_kv_heads, out_bias=cfg.out_bias,
+                          coupling=cfg.coupling, dtype=dtype, num_kv_heads=cfg.num_kv_heads, out_bias=cfg.out_bias,
                           rope_base=cfg.rope_base, rope_sign=cfg.rope_sign, rope_style=cfg.rope_style,
                           rope_dtype=None if cfg.rope_dtype is None else jnp.dtype(cfg.rope_dtype),
                           qk_norm_scale=cfg.qk_norm_scale, qk_gain=cfg.qk_gain, norm_eps=cfg.norm_eps,

@@ -1,0 +1,351 @@
+"""Read-outs of the magnetic (U(1)) walk `K_θ = K ⊙ e^{iθ}` (`operators.magnetic_transport`, CMAP).
+
+Conventions: `K` `[..., n, n]` is the row-stochastic magnitude, `θ` `[..., n, n]` the antisymmetric
+phases (θ_ji = −θ_ij; `operators.phases`), and `(K_θ v)_i = Σ_j K_ij e^{iθ_ij} v_j`: the transport
+from j to i multiplies by e^{+iθ_ij}. π is K's stationary law (`Σπ = 1`), `Π = diag(π)`.
+
+* Hermitian form `H = Π^{−1/2} W_θ Π^{−1/2}`, `W_ij = ½(π_i K_ij + π_j K_ji)` (the flows, symmetrised),
+  `W_θ = W ⊙ e^{iθ}`. For a reversible K (every α = 0 magnitude, unmasked or under a symmetric
+  mask) `W_ij = π_i K_ij` and `H = Π^{1/2} K_θ Π^{−1/2}`: K_θ is similar to a Hermitian matrix, so the
+  magnetic walk has a real spectrum in [−1, 1]. Otherwise H is the additive reversibilisation (as in
+  `markov.eigenbasis`). The magnetic Laplacian is `Δ_θ = I − H` (spectrum in [0, 2]).
+* Gauge: `θ_ij → θ_ij + φ_j − φ_i` is `H → U* H U`, `U = diag(e^{iφ})`: the spectrum is invariant.
+* Curvature of the connection: the circulation `F_ijk = θ_ij + θ_jk + θ_ki` around a triangle,
+  wrapped to (−π, π] (gauge invariant). For CMAP's bilinear phase `θ_ij = c·ω(z_i, z_j)`,
+  `z = [q, k]`, `ω(z, z') = q·k' − k·q'`, `c = γ s/2`, it is `c·ω(z_j − z_i, z_k − z_i)` before wrapping:
+  the symplectic area of the triangle. Its distribution is read over proper triangles (i, j, k
+  distinct) under the 3-cycle law `w_ijk ∝ K_ij K_jk K_ki`; the mean holonomy `Σ w e^{iF}` is the
+  Wilson loop. (Over all closed 3-walks, the degenerate ones carrying no flux, it is
+  `tr(K_θ³) / tr(K³)`.) For a reversible K both orientations of a triangle weigh the same, so the
+  Wilson loop is real.
+* Frustration index (Bandeira–Singer–Spielman's, for U(1)) `ν = min_{|x_i| = 1} ½ Σ_ij W_ij |x_i −
+  e^{iθ_ij} x_j|²` ∈ [0, 2]: 0 iff θ is pure gauge (θ_ij = φ_i − φ_j) on the support of K. Its
+  relaxation to `Σ π_i |x_i|² = 1` is `λ_min(Δ_θ) = 1 − λ_max(H) ≤ ν`; rounding the top eigenvector
+  of H to unit moduli gives an upper bound. `frustration` returns both.
+* Connection walk (`attngeo.connection`): the edge transport of each channel pair is the rotation
+  `R(θ_ij)` — an exact isometry (defect 0); `I − [K_ij R(θ_ij)]` is the real form of `I − K_θ`.
+
+Dense functions take `(p, theta)` arrays (small n). Matrix-free: `stationary` (π from the
+kernel's log-normaliser), `hermitian_operator` (H applied through the fused phase kernel, O(n)
+memory), `hermitian_eigenvalues` (a thin solver over any Hermitian matvec; `real_embedding` turns
+it into a real symmetric one for a real symmetric eigensolver) and `triangle_circulation` (F from
+q, k for given triangles).
+"""
+from __future__ import annotations
+
+import functools
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from attngeo import _checks, connection, kernels, markov, operators
+
+_TINY = 1e-30
+
+
+def _check_pair(p, theta):
+  _checks.check_stochastic("P", p)
+  _checks.check_square("theta", theta)
+  _checks.check_floating("theta", theta)
+  if jnp.shape(theta) != jnp.shape(p):
+    raise ValueError(f"theta must have P's shape {jnp.shape(p)}; got {jnp.shape(theta)}")
+  _checks.check_finite("theta", theta)
+  if _checks.is_concrete(theta):
+    t = np.asarray(theta, np.float64)
+    err = np.max(np.abs(t + np.swapaxes(t, -1, -2)), initial=0.0)
+    if err > 1e-4 * max(1.0, float(np.max(np.abs(t), initial=0.0))):
+      raise ValueError(f"theta must be antisymmetric (theta_ji = -theta_ij); deviates by up to {err:.3g}")
+
+
+def wrap(x):
+  """Angles mapped to (−π, π]."""
+  return jnp.pi - jnp.mod(jnp.pi - x, 2 * jnp.pi)
+
+
+def gauge(theta, phi):
+  """The gauge-transformed phases `θ_ij + φ_j − φ_i` for a potential φ `[..., n]`."""
+  return theta + phi[..., None, :] - phi[..., :, None]
+
+
+# ----------------------------------------------------------------------------- Hermitian form, spectrum
+
+def flows(p, pi=None):
+  """Symmetrised flows `W_ij = ½(π_i P_ij + π_j P_ji)` [..., n, n] and π [..., n] (`markov.stationary` if None)."""
+  pi = markov.stationary(p).pi if pi is None else pi
+  f = pi[..., :, None] * p
+  return 0.5 * (f + jnp.swapaxes(f, -1, -2)), pi
+
+
+@jax.jit
+def _hermitian(p, theta, pi):
+  """(H, W_θ, π, Π^{−1/2}) of the module docstring."""
+  w, pi = flows(p, pi)
+  r = jax.lax.rsqrt(jnp.maximum(pi, _TINY))
+  wt = w * jnp.exp(1j * theta.astype(w.dtype))
+  return r[..., :, None] * wt * r[..., None, :], wt, pi, r
+
+
+def hermitian_form(p, theta, pi=None) -> jax.Array:
+  """`H = Π^{−1/2} (W ⊙ e^{iθ}) Π^{−1/2}` [..., n, n] complex; `Π^{1/2} K_θ Π^{−1/2}` for reversible K."""
+  _check_pair(p, theta)
+  return _hermitian(p, theta, pi)[0]
+
+
+def laplacian(p, theta, pi=None) -> jax.Array:
+  """Normalised magnetic Laplacian `Δ_θ = I − H` [..., n, n] complex (Hermitian, spectrum in [0, 2])."""
+  h = hermitian_form(p, theta, pi)
+  return jnp.eye(h.shape[-1], dtype=h.dtype) - h
+
+
+@jax.jit
+def _spectrum(p, theta, pi):
+  return jnp.linalg.eigvalsh(_hermitian(p, theta, pi)[0])[..., ::-1]
+
+
+def spectrum(p, theta, k: int | None = None, pi=None) -> jax.Array:
+  """Real eigenvalues of H [..., k], descending (dense `eigh`); those of `Δ_θ` are `1 − λ`."""
+  _check_pair(p, theta)
+  lam = _spectrum(p, theta, pi)
+  return lam if k is None else lam[..., :k]
+
+
+class Frustration(NamedTuple):
+  """`lower = 1 − λ_max(H) ≤ ν ≤ upper` [...]; `x` [..., n] the unit-modulus section attaining `upper`."""
+  lower: jax.Array
+  upper: jax.Array
+  x: jax.Array
+
+
+def frustration(p, theta, pi=None) -> Frustration:
+  """Bounds on the U(1) frustration index ν (module docstring) from the top eigenvector of H.
+
+  `upper` is the frustration energy `1 − Re x* W_θ x` of `x_i = u_i/|u_i|`, `u = Π^{−1/2}·(top
+  eigenvector of H)` (x_i = 1 where u_i = 0). ν = 0 iff θ is pure gauge on the support of K.
+  """
+  _check_pair(p, theta)
+  return _frustration(p, theta, pi)
+
+
+@jax.jit
+def _frustration(p, theta, pi):
+  h, wt, pi, r = _hermitian(p, theta, pi)
+  lam, vec = jnp.linalg.eigh(h)
+  u = vec[..., -1] * r
+  mod = jnp.abs(u)
+  x = jnp.where(mod > _TINY, u / jnp.maximum(mod, _TINY), 1.0)
+  energy = jnp.sum(pi, -1) - jnp.real(jnp.einsum("...i,...ij,...j->...", jnp.conj(x), wt, x))
+  return Frustration(1.0 - lam[..., -1], energy, x)
+
+
+# ----------------------------------------------------------------------------- curvature of the connection
+
+def circulation(theta, i, j, k) -> jax.Array:
+  """Wrapped circulations `F = θ_ij + θ_jk + θ_ki` [..., T] for index arrays i, j, k [T]."""
+  return wrap(theta[..., i, j] + theta[..., j, k] + theta[..., k, i])
+
+
+def triangle_circulation(q, k, triangles, *, coupling=1.0, scale=None) -> jax.Array:
+  """Matrix-free `F_ijk` [b, h, T] (wrapped) of CMAP for triangles [T, 3] from q, k [b, n, h, d].
+
+  Each θ_ab = γ·½ s (q_a·k_b − k_a·q_b) is formed from the three tokens only: O(T·d) work at any n.
+  """
+  _, coupling, scale, _ = operators.magnetic_arguments(q, k, coupling=coupling, scale=scale)
+  tri = np.asarray(triangles)
+  if tri.ndim != 2 or tri.shape[1] != 3 or not np.issubdtype(tri.dtype, np.integer):
+    raise ValueError(f"triangles must be an integer array [T, 3]; got {tri.dtype} {tri.shape}")
+  qf, kf = q.astype(jnp.float32), k.astype(jnp.float32)
+  g = jnp.asarray(coupling, jnp.float32)[..., None] * 0.5 * scale                      # [] or [h, 1]
+
+  def theta(a, b):
+    dot = lambda x, y: jnp.einsum("bthd,bthd->bht", x[:, a], y[:, b])
+    return g * (dot(qf, kf) - dot(kf, qf))
+  i, j, l = tri[:, 0], tri[:, 1], tri[:, 2]
+  return wrap(theta(i, j) + theta(j, l) + theta(l, i))
+
+
+class Curvature(NamedTuple):
+  """Distribution of the circulation F over proper triangles under the 3-cycle law `w_ijk ∝ K_ij K_jk K_ki`.
+
+  wilson [...] complex: `Σ w e^{iF}`; mean_abs [...]: `Σ w |F|`; rms [...]: `(Σ w F²)^{1/2}` (radians);
+  hist [..., bins]: the weight of each bin `(e_b, e_{b+1}]` of (−π, π]; edges [bins + 1].
+  """
+  wilson: jax.Array
+  mean_abs: jax.Array
+  rms: jax.Array
+  hist: jax.Array
+  edges: jax.Array
+
+
+def curvature(p, theta, bins: int = 24) -> Curvature:
+  """Circulation distribution over all proper triangles of a dense walk (n³ terms, n² at a time)."""
+  _check_pair(p, theta)
+  if int(bins) < 1:
+    raise ValueError(f"bins must be a positive integer; got {bins}")
+  return _curvature(p, theta, int(bins))
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _curvature(p, theta, bins):
+  lead, n = p.shape[:-2], p.shape[-1]
+  pf, tf = p.reshape((-1, n, n)).astype(jnp.float32), theta.reshape((-1, n, n)).astype(jnp.float32)
+  edges = jnp.linspace(-jnp.pi, jnp.pi, int(bins) + 1)
+
+  def one(pk, tk):
+    distinct = ~jnp.eye(n, dtype=bool)
+
+    def row(i):                                             # all triangles through vertex i: [n, n] (j, k)
+      w = pk[i][:, None] * pk * pk[:, i][None, :]
+      w = jnp.where(distinct & distinct[i][:, None] & distinct[i][None, :], w, 0.0)
+      f = wrap(tk[i][:, None] + tk + tk[:, i][None, :])
+      idx = jnp.clip(jnp.searchsorted(edges, f, side="left") - 1, 0, int(bins) - 1)
+      hist = jnp.zeros(int(bins), jnp.float32).at[idx.ravel()].add(w.ravel())
+      return jnp.stack([w.sum(), jnp.sum(w * jnp.cos(f)), jnp.sum(w * jnp.sin(f)), jnp.sum(w * jnp.abs(f)),
+                        jnp.sum(w * f * f)]), hist
+    sums, hists = jax.lax.map(row, jnp.arange(n))
+    tot = jnp.maximum(sums[:, 0].sum(), _TINY)
+    s = sums.sum(0) / tot
+    return s[1] + 1j * s[2], s[3], jnp.sqrt(s[4]), hists.sum(0) / tot
+
+  wil, mabs, rms, hist = jax.vmap(one)(pf, tf)
+  return Curvature(wil.reshape(lead), mabs.reshape(lead), rms.reshape(lead), hist.reshape(lead + (int(bins),)), edges)
+
+
+# ----------------------------------------------------------------------------- connection-walk read-outs
+
+def edge_transports(theta, rows=None) -> jax.Array:
+  """Per-edge transports `R(θ_ij) = [[cos, −sin], [sin, cos]]` [..., rows, n, 2, 2] on one (Re, Im) pair."""
+  if rows is not None:
+    theta = theta[..., rows, :]
+  c, s = jnp.cos(theta), jnp.sin(theta)
+  return jnp.stack([jnp.stack([c, -s], -1), jnp.stack([s, c], -1)], -2)
+
+
+def isometry_defect(p, theta, chunk: int = 64) -> jax.Array:
+  """`Σ_ij P_ij δ(R(θ_ij)) / n` [...] with `connection.isometry_defect`: 0 (every transport is a rotation)."""
+  _check_pair(p, theta)
+  n = p.shape[-1]
+  total = 0.0
+  for start in range(0, n, chunk):
+    stop = min(start + chunk, n)
+    total = total + _weighted_defect(p[..., start:stop, :], theta[..., start:stop, :])
+  return total / n
+
+
+@jax.jit
+def _weighted_defect(p_rows, theta_rows):
+  return jnp.sum(p_rows * connection.isometry_defect(edge_transports(theta_rows))[0], (-2, -1))
+
+
+def connection_laplacian_matrix(p, theta) -> jax.Array:
+  """Dense real `I − [P_ij R(θ_ij)]` [..., 2n, 2n] (block (i, j) is 2×2): the real form of `I − K_θ`."""
+  _check_pair(p, theta)
+  n = p.shape[-1]
+  blocks = p[..., :, :, None, None] * edge_transports(theta)                            # [..., i, j, 2, 2]
+  blocks = jnp.swapaxes(blocks, -3, -2).reshape(p.shape[:-2] + (2 * n, 2 * n))           # [..., (i a), (j b)]
+  return jnp.eye(2 * n, dtype=blocks.dtype) - blocks
+
+
+# ----------------------------------------------------------------------------- matrix-free
+
+def stationary(q, k, *, beta=0.0, scale=None, mask=None, block_size: int = 512) -> jax.Array:
+  """π [b, n, h] of the magnitude `K = P(β, α = 0)`, matrix-free: `π_i ∝ exp(lse_i + bias_i)`.
+
+  With the augmented logit `scale·qa_i·ka_j + bias_j` (`operators.augment`, α = 0) equal to
+  `s S_ij − ½ s g_j`, `π_i K_ij ∝ exp(s S_ij − ½ s g_i − ½ s g_j)` is symmetric, and its row sum is
+  `exp(lse_i + bias_i)`. Exact for a symmetric mask (or none).
+  """
+  beta, _, scale, mask = operators.magnetic_arguments(q, k, beta=beta, scale=scale, mask=mask)
+  aug = operators.augment(q.astype(jnp.float32), k.astype(jnp.float32), beta=beta, alpha=0.0, scale=scale)
+  lse = kernels.log_normaliser(aug.q, aug.k, bias=aug.bias, mask=mask, scale=scale, block_size=block_size)
+  logw = lse + aug.bias
+  return jax.nn.softmax(logw, axis=1)
+
+
+def hermitian_operator(q, k, *, beta=0.0, coupling=1.0, scale=None, mask=None, batch: int = 0, head: int = 0,
+                       implementation: str | None = None, block_size: int = 512):
+  """`u ↦ H u` for one (batch, head) slice of CMAP, matrix-free through `kernels.phase_attention`.
+
+  `H u = Π^{1/2} K_θ Π^{−1/2} u`, K_θ applied as the magnetic transport of u's real and imaginary
+  parts (one channel pair per column). Returns a function of a complex numpy array [n] or [n, m]
+  (jitted; float32 inside) giving the same shape in complex128 — the matvec for
+  `hermitian_eigenvalues`. Memory O(n·m). Masks must be symmetric for H to be Hermitian.
+  """
+  beta, coupling, scale, mask = operators.magnetic_arguments(q, k, beta=beta, coupling=coupling, scale=scale,
+                                                                 mask=mask)
+  b, n, h, _ = q.shape
+  if not (0 <= batch < b and 0 <= head < h):
+    raise ValueError(f"batch and head must index [b, h] = {(b, h)}; got {(batch, head)}")
+  sl = lambda x: x[batch:batch + 1, :, head:head + 1].astype(jnp.float32)
+  qs, ks = sl(q), sl(k)
+  pick = lambda x: x if isinstance(x, float) else jnp.broadcast_to(jnp.asarray(x), (h,))[head:head + 1]
+  beta, coupling = pick(beta), pick(coupling)
+  ms = None if mask is None else jnp.broadcast_to(mask, (b, h, n, n))[batch:batch + 1, head:head + 1]
+  root = jnp.sqrt(stationary(qs, ks, beta=beta, scale=scale, mask=ms, block_size=block_size)[0, :, 0])   # [n]
+
+  @jax.jit
+  def apply(re, im):                                                         # [n, m] each
+    x = jnp.stack([re, im], -1) / root[:, None, None]                        # [n, m, 2]: Π^{-1/2} u
+    v = x.reshape(1, n, 1, -1)
+    y = operators.magnetic_transport(qs, ks, v, beta=beta, coupling=coupling, scale=scale, mask=ms,
+                                     implementation=implementation, block_size=block_size)
+    y = y.reshape(n, -1, 2) * root[:, None, None]
+    return y[..., 0], y[..., 1]
+
+  def matvec(u):
+    u = np.asarray(u)
+    cols = u.reshape(n, -1)
+    re, im = apply(jnp.asarray(cols.real, jnp.float32), jnp.asarray(cols.imag, jnp.float32))
+    return (np.asarray(re, np.float64) + 1j * np.asarray(im, np.float64)).reshape(u.shape)
+  return matvec
+
+
+def real_embedding(matvec):
+  """`x = [a; b] ↦ [Re H(a + ib); Im H(a + ib)]` on R^{2n}: real symmetric when H is Hermitian.
+
+  Its spectrum is H's with every eigenvalue twice (u and iu) — the form a real symmetric
+  (e.g. Lanczos) eigensolver takes.
+  """
+  def apply(x):
+    x = np.asarray(x)
+    n = x.shape[0] // 2
+    y = matvec(x[:n] + 1j * x[n:])
+    return np.concatenate([y.real, y.imag], 0)
+  return apply
+
+
+def hermitian_eigenvalues(matvec, n: int, num: int = 6, *, which: str = "LA", tol: float = 1e-6) -> np.ndarray:
+  """`num` eigenvalues of a Hermitian operator given by its matvec ([n] complex -> [n] complex).
+
+  which: "LA" (largest, descending) or "SA" (smallest, ascending). Implicitly restarted Lanczos
+  (`scipy.sparse.linalg.eigsh`, ARPACK) on the complex operator; only matvecs are used.
+  """
+  from scipy.sparse.linalg import LinearOperator, eigsh
+  if which not in ("LA", "SA"):
+    raise ValueError(f"which must be 'LA' or 'SA'; got {which!r}")
+  if not 1 <= int(num) < n:
+    raise ValueError(f"num must lie in [1, n) = [1, {n}); got {num}")
+  op = LinearOperator((n, n), matvec=matvec, matmat=matvec, dtype=np.complex128)
+  v0 = np.ones(n, np.complex128) / math.sqrt(n)
+  lam = np.sort(eigsh(op, k=int(num), which=which, tol=tol, v0=v0, return_eigenvectors=False))
+  return lam[::-1] if which == "LA" else lam
+
+
+# ----------------------------------------------------------------------------- one layer's summary
+
+def summary(q, k, *, beta=0.0, coupling=1.0, scale=None, mask=None) -> dict[str, np.ndarray]:
+  """Per-head [h] read-outs of CMAP on (q, k) [b, n, h, d] (dense: small n), averaged over the batch.
+
+  `lambda_max` λ_max(H) (1 iff unfrustrated), `frustration_lower` / `frustration_upper` (bounds on ν),
+  `wilson` Re of the 3-cycle Wilson loop, `mean_abs_circulation` (radians), `isometry_defect` (0).
+  """
+  p = operators.markov_matrix(q, k, beta=beta, alpha=0.0, mask=mask, scale=scale)
+  theta = operators.phases(q, k, coupling=coupling, scale=scale)
+  fr = frustration(p, theta)
+  cv = curvature(p, theta)
+  stats = {"lambda_max": 1.0 - fr.lower, "frustration_lower": fr.lower, "frustration_upper": fr.upper,
+           "wilson": jnp.real(cv.wilson), "mean_abs_circulation": cv.mean_abs,
+           "isometry_defect": isometry_defect(p, theta)}
+  return {key: np.asarray(v).mean(0) for key, v in stats.items()}

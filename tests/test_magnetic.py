@@ -1,0 +1,388 @@
+"""The magnetic (U(1)) operator CMAP and its read-outs, against float64/complex128 numpy written here.
+
+Theorems checked: γ = 0 is the magnitude operator; the magnetic walk of a reversible magnitude has
+a real spectrum equal to the Hermitian form's; the spectrum is gauge invariant; the frustration of a
+triangle of flux Φ is 1 − cos(Φ/3); the circulation of the bilinear phase is a symplectic area; the
+Wilson loop is tr(K_θ³)/tr(K³); every edge transport is a rotation (isometry defect 0).
+"""
+import itertools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from attngeo import magnetic as mg
+from attngeo import markov
+from attngeo import kernels, nn, operators as op
+
+B, N, H, D, E = 2, 29, 3, 8, 6
+IMPLS = ["einsum", "blockwise"]
+
+
+def qkv(seed=0, n=N, d=D, e=E, b=B):
+  ks = jax.random.split(jax.random.PRNGKey(seed), 3)
+  return [jax.random.normal(kk, (b, n, H, w)) for kk, w in zip(ks, (d, d, e))]
+
+
+def reference(q, k, v, beta=0.0, coupling=1.0, causal=False, mask=None):
+  """y_i = Σ_j K_ij e^{iθ_ij} v_j in complex128, from the definition: K = rownorm(exp(s S + ½ s (g_i − g_j)))."""
+  q, k, v = (np.asarray(x, np.float64).transpose(0, 2, 1, 3) for x in (q, k, v))   # [b, h, n, ·]
+  s = 1 / math.sqrt(q.shape[-1])
+  beta = np.broadcast_to(np.asarray(beta, np.float64), (q.shape[1],))[None, :, None, None]
+  gamma = np.broadcast_to(np.asarray(coupling, np.float64), (q.shape[1],))[None, :, None, None]
+  m, n = (q + k) / math.sqrt(2), (q - k) / math.sqrt(2)
+  dot = lambda a, c: np.einsum("bhid,bhjd->bhij", a, c)
+  sym = 0.5 * dot(m, m) - beta * 0.5 * dot(n, n)
+  g = 0.5 * (m * m).sum(-1) - beta[..., 0] * 0.5 * (n * n).sum(-1)
+  logit = s * (sym + 0.5 * (g[..., :, None] - g[..., None, :]))
+  keep = np.ones(logit.shape, bool)
+  if causal:
+    keep &= np.tril(np.ones(logit.shape[-2:], bool))
+  if mask is not None:
+    keep &= np.asarray(mask)
+  w = np.where(keep, np.exp(logit - np.where(keep, logit, -np.inf).max(-1, keepdims=True)), 0.0)
+  kmat = w / np.maximum(w.sum(-1, keepdims=True), 1e-300)
+  theta = gamma * 0.5 * s * (dot(q, k) - dot(k, q))
+  vc = v[..., 0::2] + 1j * v[..., 1::2]
+  y = np.einsum("bhij,bhje->bhie", kmat * np.exp(1j * theta), vc).transpose(0, 2, 1, 3)
+  out = np.empty(y.shape[:-1] + (2 * y.shape[-1],))
+  out[..., 0::2], out[..., 1::2] = y.real, y.imag
+  return out
+
+
+def dense_out(q, k, v, beta=0.0, coupling=1.0, causal=False, mask=None):
+  """The same through the library's dense complex matrix (a differentiable jnp path)."""
+  kt = op.magnetic_matrix(q, k, beta=beta, coupling=coupling, causal=causal, mask=mask)
+  y = jnp.einsum("bhij,bjhe->bihe", kt, v[..., 0::2] + 1j * v[..., 1::2])
+  return jnp.stack([y.real, y.imag], -1).reshape(v.shape)
+
+
+# ----------------------------------------------------------------------------- the operator
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_matches_complex_reference(impl):
+  q, k, v = qkv()
+  for beta, coupling, causal in [(0.0, 1.3, False), (0.4, np.array([0.0, -0.7, 2.5], np.float32), True)]:
+    out = op.magnetic_transport(q, k, v, beta=beta, coupling=coupling, causal=causal, implementation=impl,
+                                block_size=8)
+    np.testing.assert_allclose(out, reference(q, k, v, beta, coupling, causal), atol=2e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_key_mask_and_fully_masked_rows(impl):
+  n = 37                                                        # not a multiple of the block: padding too
+  q, k, v = qkv(1, n=n)
+  mask = jax.random.bernoulli(jax.random.PRNGKey(4), 0.5, (B, H, n, n))
+  mask = mask.at[:, :, 5].set(False).at[0, 1, 20].set(False)   # dead rows: the family's convention is 0
+  out = op.magnetic_transport(q, k, v, coupling=0.8, mask=mask, implementation=impl, block_size=16)
+  np.testing.assert_array_equal(out[:, 5], 0.0)
+  np.testing.assert_array_equal(out[0, 20, 1], 0.0)
+  np.testing.assert_allclose(out, reference(q, k, v, 0.0, 0.8, mask=mask), atol=2e-6, rtol=1e-5)
+  np.testing.assert_array_equal(op.magnetic_matrix(q, k, coupling=0.8, mask=mask)[:, :, 5], 0.0)
+
+
+def test_zero_coupling_is_exactly_the_magnitude_operator():
+  q, k, v = qkv(2)
+  for beta in (0.0, 0.6):
+    fam = op.transport(q, k, v, beta=beta, alpha=0.0, causal=True)
+    np.testing.assert_array_equal(op.magnetic_transport(q, k, v, beta=beta, coupling=0.0, causal=True), fam)
+    for impl in IMPLS:                     # a traced zero runs the phase kernel: θ = 0 to the last bit
+      out = jax.jit(lambda g: op.magnetic_transport(q, k, v, beta=beta, coupling=g, causal=True,
+                                                    implementation=impl, block_size=8))(jnp.zeros(H))
+      np.testing.assert_allclose(out, fam, atol=1e-6)
+  phase = op.magnetic_transport(q, k, v, coupling=0.5) - op.transport(q, k, v, beta=0.0, alpha=0.0)
+  assert float(jnp.abs(phase).max()) > 1e-2
+
+
+def test_depends_on_w_plus_and_the_antisymmetric_part_only():
+  """q' = (1+t)q + tk, k' = (1−t)k − tq keeps m = (q+k)/√2 and q_i·k_j − k_i·q_j: CMAP (β = 0) is unchanged."""
+  q, k, v = qkv(3)
+  t = 0.37
+  q2, k2 = (1 + t) * q + t * k, (1 - t) * k - t * q
+  np.testing.assert_allclose(op.magnetic_transport(q2, k2, v), op.magnetic_transport(q, k, v), atol=2e-5)
+  assert float(jnp.abs(op.transport(q2, k2, v) - op.transport(q, k, v)).max()) > 1e-2     # ATTN is not
+
+
+def test_blockwise_gradients_match_the_dense_path():
+  """d/d(q, k, v, γ, β) through the recomputing VJP = autodiff of the dense complex matrix (causal and key mask)."""
+  causal = True
+  q, k, v = qkv(4, n=20)
+  mask = jax.random.bernoulli(jax.random.PRNGKey(3), 0.5, (B, 1, 20, 20)) | jnp.eye(20, dtype=bool)
+  g0, b0 = jnp.array([0.5, 1.0, -2.0]), jnp.array([0.2, 0.5, 0.9])
+  f = lambda fn: (lambda *a: jnp.sum(jnp.sin(fn(*a))))
+  fused = f(lambda q, k, v, g, b_: op.magnetic_transport(q, k, v, beta=b_, coupling=g, causal=causal, mask=mask,
+                                                         implementation="blockwise", block_size=8))
+  dense = f(lambda q, k, v, g, b_: dense_out(q, k, v, b_, g, causal, mask))
+  args = (q, k, v, g0, b0)
+  for a, b in zip(jax.jit(jax.grad(fused, range(5)))(*args), jax.jit(jax.grad(dense, range(5)))(*args)):
+    assert float(jnp.abs(b).min() if b.ndim == 1 else jnp.abs(b).max()) > 1e-3       # real gradients
+    np.testing.assert_allclose(a, b, atol=2e-5, rtol=2e-4)
+
+
+def test_fused_sincos_is_float32_accurate():
+  x = np.concatenate([np.linspace(-7, 7, 20001), np.random.default_rng(0).uniform(-1e3, 1e3, 20000),
+                      [0.0, np.pi, -np.pi, np.pi / 2, 2 * np.pi]]).astype(np.float32)
+  s, c = kernels.sincos(jnp.asarray(x))
+  x64 = x.astype(np.float64)
+  assert np.abs(np.asarray(s, np.float64) - np.sin(x64)).max() < 5e-7
+  assert np.abs(np.asarray(c, np.float64) - np.cos(x64)).max() < 5e-7
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_bf16_with_float32_accumulation(impl):
+  """16-bit inputs: the error of CMAP is within 3× that of ATTN on the same inputs (both against float32)."""
+  ks = jax.random.split(jax.random.PRNGKey(10), 3)
+  for mult in (1.0, 10.0):
+    q, k, v = [(jax.random.normal(kk, (B, 64, H, 16)) * (mult if i < 2 else 1.0) / 2).astype(jnp.bfloat16)
+               for i, kk in enumerate(ks)]
+    q32, k32, v32 = (x.astype(jnp.float32) for x in (q, k, v))
+    out = op.magnetic_transport(q, k, v, coupling=0.5, implementation=impl, block_size=16)
+    assert out.dtype == jnp.bfloat16
+    err = float(jnp.abs(out.astype(jnp.float32) - reference(q32, k32, v32, 0.0, 0.5)).max() / jnp.abs(v32).max())
+    attn = op.transport(q, k, v, implementation=impl, block_size=16).astype(jnp.float32)
+    attn_err = float(jnp.abs(attn - op.transport(q32, k32, v32, implementation="einsum")).max() / jnp.abs(v32).max())
+    assert err <= 3 * attn_err + 1e-3, (mult, err, attn_err)
+
+
+# ----------------------------------------------------------------------------- spectrum and gauge
+
+def _walk(seed=6, n=16, coupling=1.5, beta=0.0):
+  q, k, _ = qkv(seed, n=n, b=1)
+  return q, k, op.markov_matrix(q, k, beta=beta, alpha=0.0), op.phases(q, k, coupling=coupling)
+
+
+def test_the_magnetic_walk_has_a_real_spectrum_equal_to_the_hermitian_forms():
+  _, _, p, theta = _walk()
+  kt = np.asarray(p, np.float64) * np.exp(1j * np.asarray(theta, np.float64))            # [1, h, n, n]
+  for h in range(H):
+    ev = np.linalg.eigvals(kt[0, h])
+    assert np.abs(ev.imag).max() < 1e-6                                # K_θ itself is not Hermitian ...
+    assert np.abs(kt[0, h] - kt[0, h].conj().T).max() > 1e-2
+    # ... but similar to D^{1/2} K_θ D^{-1/2}, D = diag(π) with π the left Perron vector of K (numpy)
+    w, vl = np.linalg.eig(np.asarray(p[0, h], np.float64).T)
+    pi = np.abs(vl[:, np.argmax(w.real)].real)
+    pi /= pi.sum()
+    herm = np.sqrt(pi)[:, None] * kt[0, h] / np.sqrt(pi)[None, :]
+    np.testing.assert_allclose(herm, herm.conj().T, atol=1e-7)
+    ref = np.linalg.eigvalsh(herm)[::-1]
+    np.testing.assert_allclose(mg.spectrum(p, theta)[0, h], ref, atol=3e-6)
+    np.testing.assert_allclose(np.sort(ev.real)[::-1], ref, atol=3e-6)
+  lam = mg.spectrum(p, theta)
+  assert float(lam.max()) < 1 - 1e-3 and float(lam.min()) > -1      # frustrated: λ_max < 1
+  np.testing.assert_allclose(mg.spectrum(p, jnp.zeros_like(theta))[..., 0], 1.0, atol=1e-5)   # γ = 0: λ₀ = 1
+
+
+def test_spectrum_is_gauge_invariant_and_not_invariant_otherwise():
+  _, _, p, theta = _walk(7)
+  phi = jax.random.uniform(jax.random.PRNGKey(1), theta.shape[:-1], minval=-4, maxval=4)
+  np.testing.assert_allclose(mg.spectrum(p, mg.gauge(theta, phi)), mg.spectrum(p, theta), atol=3e-6)
+  other = jax.random.normal(jax.random.PRNGKey(2), theta.shape)
+  other = theta + 0.5 * (other - jnp.swapaxes(other, -1, -2))        # an antisymmetric change that is not gauge
+  assert float(jnp.abs(mg.spectrum(p, other) - mg.spectrum(p, theta)).max()) > 1e-2
+  tri = np.array([[0, 3, 7], [2, 9, 4], [5, 1, 11]])
+  np.testing.assert_allclose(mg.circulation(mg.gauge(theta, phi), *tri.T), mg.circulation(theta, *tri.T), atol=2e-5)
+
+
+def test_laplacian_is_one_minus_the_hermitian_form():
+  _, _, p, theta = _walk(8)
+  lap = mg.laplacian(p, theta)
+  np.testing.assert_allclose(lap, jnp.conj(jnp.swapaxes(lap, -1, -2)), atol=1e-6)
+  np.testing.assert_allclose(jnp.linalg.eigvalsh(lap), 1 - mg.spectrum(p, theta), atol=3e-6)   # ascending
+
+
+# ----------------------------------------------------------------------------- frustration and curvature
+
+def _triangle(flux, weights=(1.0, 1.0, 1.0)):
+  """A 3-cycle walk (symmetric weights, no self-loops) with phases θ_01 = θ_12 = θ_20 = flux/3."""
+  w = np.zeros((3, 3))
+  for (i, j), x in zip([(0, 1), (1, 2), (2, 0)], weights):
+    w[i, j] = w[j, i] = x
+  t = np.zeros((3, 3))
+  for i, j in [(0, 1), (1, 2), (2, 0)]:
+    t[i, j], t[j, i] = flux / 3, -flux / 3
+  return jnp.asarray(w / w.sum(1, keepdims=True), jnp.float32), jnp.asarray(t, jnp.float32)
+
+
+def test_frustration_of_a_triangle_is_one_minus_cos_flux_over_three():
+  for flux in (0.0, 1.0, 2.0, 3.0, math.pi):
+    p, theta = _triangle(flux)
+    fr = mg.frustration(p, theta)
+    nu = 1 - math.cos(flux / 3)
+    np.testing.assert_allclose(float(fr.lower), nu, atol=2e-6)
+    if flux < 3.1:                       # at Φ = π the top eigenvalue is double: rounding only bounds ν above
+      np.testing.assert_allclose(float(fr.upper), nu, atol=2e-6)
+    assert float(fr.upper) >= nu - 2e-6
+    f = mg.circulation(theta, *np.array([[0], [1], [2]]))[0]
+    np.testing.assert_allclose(np.exp(1j * float(f)), np.exp(1j * flux), atol=1e-6)
+
+
+def test_frustration_bounds_bracket_a_brute_force_minimum():
+  rng = np.random.default_rng(0)
+  w = rng.uniform(0.2, 1.0, (4, 4))
+  w = w + w.T
+  np.fill_diagonal(w, 0)
+  p = jnp.asarray(w / w.sum(1, keepdims=True), jnp.float32)
+  a = rng.uniform(-3, 3, (4, 4))
+  theta = jnp.asarray(a - a.T, jnp.float32)
+  pi = w.sum(1) / w.sum()
+  flow = pi[:, None] * np.asarray(p, np.float64)
+  grid = np.linspace(-np.pi, np.pi, 97)[:-1]
+  phis = np.stack(np.meshgrid(grid, grid, grid, indexing="ij"), -1).reshape(-1, 3)
+  x = np.exp(1j * np.concatenate([np.zeros((len(phis), 1)), phis], 1))  # x_0 = 1 fixes the global phase
+  z = np.exp(1j * np.asarray(theta, np.float64))
+  best = float(np.min(0.5 * np.sum(flow * np.abs(x[:, :, None] - z * x[:, None, :]) ** 2, (1, 2))))
+  fr = mg.frustration(p, theta)
+  assert float(fr.lower) <= best + 1e-6 and best <= float(fr.upper) + 1e-6, (float(fr.lower), best, float(fr.upper))
+  assert float(fr.lower) > 0.05                                        # this θ is frustrated
+  exact = mg.frustration(p, mg.gauge(jnp.zeros_like(theta), jnp.asarray(rng.normal(size=4), jnp.float32)))
+  np.testing.assert_allclose([float(exact.lower), float(exact.upper)], 0.0, atol=2e-6)   # pure gauge: ν = 0
+
+
+def test_circulation_is_the_symplectic_area_of_the_triangle():
+  q, k, _ = qkv(9, n=16, b=1)
+  g, s = 0.8, 1 / math.sqrt(D)
+  theta = op.phases(q, k, coupling=g)
+  rng = np.random.default_rng(1)
+  tri = np.stack([rng.choice(16, 3, replace=False) for _ in range(40)])
+  z = np.concatenate([np.asarray(q, np.float64), np.asarray(k, np.float64)], -1)[0].transpose(1, 0, 2)   # [h, n, 2d]
+  dot = lambda a, c: np.einsum("htd,htd->ht", a, c)
+  omega = lambda a, c: dot(a[..., :D], c[..., D:]) - dot(a[..., D:], c[..., :D])
+  area = g * 0.5 * s * omega(z[:, tri[:, 1]] - z[:, tri[:, 0]], z[:, tri[:, 2]] - z[:, tri[:, 0]])
+  wrapped = np.angle(np.exp(1j * area))
+  np.testing.assert_allclose(np.exp(1j * np.asarray(mg.triangle_circulation(q, k, tri, coupling=g)[0])),
+                             np.exp(1j * wrapped), atol=2e-5)
+  np.testing.assert_allclose(np.exp(1j * np.asarray(mg.circulation(theta, *tri.T)[0])), np.exp(1j * wrapped), atol=2e-5)
+
+
+def test_curvature_distribution_against_an_explicit_triangle_sum():
+  q, k, p, theta = _walk(10, coupling=2.0)
+  cv = mg.curvature(p, theta, bins=24)
+  kk, tt = np.asarray(p, np.float64)[0], np.asarray(theta, np.float64)[0]
+  for h in range(H):
+    tot = wil = mabs = 0.0
+    hist = np.zeros(24)
+    for i, j, l in itertools.permutations(range(16), 3):                # proper triangles: distinct vertices
+      w = kk[h, i, j] * kk[h, j, l] * kk[h, l, i]
+      f = np.angle(np.exp(1j * (tt[h, i, j] + tt[h, j, l] + tt[h, l, i])))
+      tot, wil, mabs = tot + w, wil + w * np.exp(1j * f), mabs + w * abs(f)
+      hist[math.ceil((f + np.pi) / (2 * np.pi / 24)) - 1] += w          # bins (e_b, e_b+1]
+    kt = kk[h] * np.exp(1j * tt[h])                                    # closed 3-walks: degenerate ones carry no flux
+    np.testing.assert_allclose(wil + (np.trace(kk[h] @ kk[h] @ kk[h]) - tot), np.trace(kt @ kt @ kt), atol=1e-12)
+    np.testing.assert_allclose(complex(cv.wilson[0, h]), wil / tot, atol=2e-6)
+    assert abs(float(jnp.imag(cv.wilson[0, h]))) < 1e-6     # reversible K: both orientations weigh the same
+    np.testing.assert_allclose(float(cv.mean_abs[0, h]), mabs / tot, atol=2e-6)
+    np.testing.assert_allclose(cv.hist[0, h], hist / tot, atol=2e-6)
+
+
+# ----------------------------------------------------------------------------- connection walk
+
+def test_edge_transports_are_exact_isometries():
+  _, _, p, theta = _walk(11)
+  np.testing.assert_allclose(mg.isometry_defect(p, theta), 0.0, atol=1e-6)
+  r = mg.edge_transports(theta)
+  np.testing.assert_allclose(jnp.swapaxes(r, -1, -2) @ r, jnp.broadcast_to(jnp.eye(2), r.shape), atol=1e-6)
+  v = jax.random.normal(jax.random.PRNGKey(0), (2,))
+  z = (v[0] + 1j * v[1]) * jnp.exp(1j * theta[0, 0, 2, 5])              # R(θ) acts as e^{iθ} on (Re, Im)
+  np.testing.assert_allclose(r[0, 0, 2, 5] @ v, jnp.array([z.real, z.imag]), atol=1e-6)
+
+
+def test_real_connection_laplacian_is_the_complex_one():
+  _, _, p, theta = _walk(12)
+  lap = np.asarray(mg.connection_laplacian_matrix(p, theta), np.float64)[0, 1]
+  kt = np.asarray(p, np.float64)[0, 1] * np.exp(1j * np.asarray(theta, np.float64)[0, 1])
+  ev = 1 - np.linalg.eigvals(kt)
+  ref = np.sort_complex(np.concatenate([ev, ev.conj()]))
+  np.testing.assert_allclose(np.sort_complex(np.linalg.eigvals(lap)), ref, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- matrix-free
+
+def test_matrix_free_spectrum_matches_dense():
+  q, k, p, theta = _walk(13, coupling=1.2, beta=0.3)
+  np.testing.assert_allclose(mg.stationary(q, k, beta=0.3, block_size=8)[0].T, markov.stationary(p).pi[0], atol=1e-6)
+  matvec = mg.hermitian_operator(q, k, beta=0.3, coupling=1.2, head=2, implementation="blockwise", block_size=8)
+  dense = mg.spectrum(p, theta)[0, 2]
+  np.testing.assert_allclose(mg.hermitian_eigenvalues(matvec, 16, 4), dense[:4], atol=2e-5)
+  np.testing.assert_allclose(mg.hermitian_eigenvalues(matvec, 16, 3, which="SA"), dense[::-1][:3], atol=2e-5)
+  emb = mg.real_embedding(matvec)
+  mat = np.stack([emb(e) for e in np.eye(32)], 1)                      # [32, 32]: real symmetric, spectrum doubled
+  np.testing.assert_allclose(mat, mat.T, atol=1e-6)
+  np.testing.assert_allclose(np.linalg.eigvalsh(mat)[::-1], np.repeat(dense, 2), atol=2e-5)
+
+
+def test_summary_reports_the_read_outs():
+  q, k, _ = qkv(14, n=16, b=1)
+  s = mg.summary(q, k, coupling=1.0)
+  assert set(s) == {"lambda_max", "frustration_lower", "frustration_upper", "wilson", "mean_abs_circulation",
+                    "isometry_defect"}
+  assert all(v.shape == (H,) for v in s.values())
+  assert np.all(s["frustration_lower"] <= s["frustration_upper"] + 1e-6) and np.all(s["isometry_defect"] < 1e-6)
+  zero = mg.summary(q, k, coupling=0.0)
+  np.testing.assert_allclose(zero["frustration_upper"], 0.0, atol=2e-6)
+  np.testing.assert_allclose(zero["wilson"], 1.0, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- the model option
+
+def test_attention_option_and_grafting_to_and_from_the_family():
+  x = jax.random.normal(jax.random.PRNGKey(2), (2, 12, 16))
+  build = lambda operator, **kw: nn.Attention(16, 2, 8, operator=operator, coupling=0.6, rngs=nnx.Rngs(0), **kw)
+  att = build("ATTN")
+  q, k, v = att.qkv(x)
+  ref = jnp.einsum("bnhk,hkd->bnd", reference(q, k, v, 0.0, 0.6), att.wo[...])
+  nn.graft(att, "CMAP")
+  np.testing.assert_allclose(att(x), ref, atol=2e-5)
+  np.testing.assert_allclose(build("CMAP")(x), ref, atol=2e-5)
+  nn.graft(att, "DMAP")
+  np.testing.assert_allclose(att(x), build("DMAP")(x), atol=1e-6)
+  learn = build("CMAP", learnable_operator=True)
+  learn.coupling[...] = jnp.array([0.6, -1.1])
+  ref = jnp.einsum("bnhk,hkd->bnd", reference(q, k, v, 0.0, [0.6, -1.1]), att.wo[...])
+  np.testing.assert_allclose(learn(x), ref, atol=2e-5)
+  grads = nnx.grad(lambda m: jnp.sum(m(x) ** 2))(learn)
+  assert float(jnp.abs(grads.coupling[...]).min()) > 1e-4
+  cfg = nn.GPTConfig.from_depth(1, vocab_size=16, head_dim=8, width=16, operator="CMAP", coupling=0.6)
+  assert nn.config_from_dict(nn.config_dict(cfg)) == cfg
+
+
+# ----------------------------------------------------------------------------- bad input
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(coupling="strong"), "coupling must be a number"),
+    (dict(coupling=float("nan")), "coupling must be finite"),
+    (dict(coupling=np.ones(5, np.float32)), "per-head array of shape"),
+    (dict(beta=1.5), "beta must lie in"),
+    (dict(implementation="xla"), "implementation must be one of .* for the magnetic operator"),
+    (dict(implementation="blockwise", block_size=0), "block_size must be a positive integer"),
+    (dict(mask=np.ones((2, 3, 4, 4), bool)), "does not broadcast"),
+])
+def test_bad_arguments(kwargs, match):
+  q, k, v = qkv()
+  with pytest.raises((ValueError, TypeError), match=match):
+    op.magnetic_transport(q, k, v, **kwargs)
+
+
+def test_bad_shapes_and_diagnostic_inputs():
+  q, k, v = qkv()
+  with pytest.raises(ValueError, match="last axis must be even"):
+    op.magnetic_transport(q, k, v[..., :5])
+  with pytest.raises(ValueError, match="v must be finite"):
+    op.magnetic_transport(q, k, v.at[0, 0, 0, 0].set(jnp.nan))
+  _, _, p, theta = _walk()
+  with pytest.raises(ValueError, match="theta must be antisymmetric"):
+    mg.spectrum(p, jnp.abs(theta))
+  with pytest.raises(ValueError, match="theta must have P's shape"):
+    mg.frustration(p, theta[..., :4, :4])
+  with pytest.raises(ValueError, match="row-stochastic"):
+    mg.curvature(2 * p, theta)
+  with pytest.raises(ValueError, match=r"triangles must be an integer array \[T, 3\]"):
+    mg.triangle_circulation(q, k, np.zeros((4, 2), int))
+  with pytest.raises(ValueError, match="which must be"):
+    mg.hermitian_eigenvalues(lambda u: u, 8, 2, which="LM")
+  with pytest.raises(ValueError, match="even head_dim"):
+    nn.Attention(16, 2, 7, operator="CMAP", rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match="coupling must be a finite number"):
+    nn.BlockConfig(operator="CMAP", coupling=float("inf")).validate()
