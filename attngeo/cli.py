@@ -4,6 +4,7 @@
     attngeo bench [...]                  operator kernel benchmark
     attngeo heat [...]                   heat flow on a sampled Swiss roll (Figure 1)
     attngeo probe CHECKPOINT [...]       per-layer geometry of a trained model
+    attngeo study connection [...]       the connection-Laplacian paper's claims across model sizes
 """
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ COMMANDS = {
     "heat": ("attngeo.experiments.heat_swissroll", "heat flow of a Gaussian Markov walk on a Swiss roll (Figure 1)"),
     "curvature": ("attngeo.experiments.curvature", "Bakry-Emery estimators against the sphere and torus"),
     "probe": ("attngeo.experiments.probe", "per-layer Markov/Bakry-Emery/connection diagnostics of a checkpoint"),
+    "bench-probe": ("attngeo.experiments.bench_probe", "probe time and memory at the d12 shape; training-hook overhead"),
+    "study": ("attngeo.experiments.study", "studies that train, probe and compare models: study connection"),
 }
 
 

@@ -187,16 +187,18 @@ def _factor_ranks(wv, wo, support, rtol):
   return r_o, r_v
 
 
-def _pinned_or_generic(wv, wo, support, key, r_o, r_v, draws, rtol):
-  h, k = wv.shape[1], wv.shape[2]
+def _pinned_or_generic(wv, wo, support, expo, r_o, r_v, rtol):
+  """Rank of the mixture on `support` from the factor ranks, else the max over random draws:
+  `expo` `[draws, h]` standard exponentials (normalised on the support: Dirichlet(1, …, 1) gates)."""
+  k = wv.shape[2]
   m = support.sum() * k
 
   def generic(_):
-    def one(kk):
-      g = jax.random.exponential(kk, (h,)) * support                       # Dirichlet(1, …, 1) once normalised
+    def one(e):
+      g = e * support
       g = g / jnp.maximum(g.sum(), _TINY)
       return _rank(jnp.einsum("dhk,h,hke->ed", wv, g, wo, precision=_HI), rtol)
-    return jnp.max(jax.vmap(one)(jax.random.split(key, draws)))
+    return jnp.max(jax.vmap(one)(expo))
 
   pinned = (r_o == m) | (r_v == m)
   rank = jax.lax.cond(pinned, lambda _: jnp.where(r_o == m, r_v, r_o), generic, None)
@@ -218,7 +220,7 @@ def mixture_rank(wv, wo, support, key, *, draws: int = 2, rtol: float = 1e-12) -
   _check_factors(wv, wo)
   wv, wo = wv.astype(jnp.float32), wo.astype(jnp.float32)
   r_o, r_v = _factor_ranks(wv, wo, support, rtol)
-  return _pinned_or_generic(wv, wo, support, key, r_o, r_v, draws, rtol)
+  return _pinned_or_generic(wv, wo, support, jax.random.exponential(key, (draws, wv.shape[1])), r_o, r_v, rtol)
 
 
 class EffectiveDefect(NamedTuple):
@@ -260,11 +262,16 @@ def effective_isometry_defect(p, wv, wo, *, key=None, samples: int = 32, rtol: f
 @functools.partial(jax.jit, static_argnames=("samples", "rtol", "chunk"))
 def _effective(p, wv, wo, key, tables, *, samples, rtol, chunk):
   h, n, k = p.shape[0], p.shape[-1], wv.shape[2]
+  draws = 2
   wv, wo = wv.astype(jnp.float32), wo.astype(jnp.float32)
-  k_full, k_rows, k_cols, k_rank = jax.random.split(key, 4)
+  # one draw of uniforms for everything random (one RNG program to compile): Gumbel noise for the
+  # two categorical draws, exponentials for the Dirichlet gates of the rank draws
+  u = jax.random.uniform(key, (2 * samples * n + (samples + 1) * draws * h,), minval=_TINY, maxval=1.0)
+  gumbel = -jnp.log(-jnp.log(u[:2 * samples * n])).reshape(2, samples, n)
+  expo = -jnp.log(u[2 * samples * n:]).reshape(samples + 1, draws, h)
   every = jnp.ones((h,), bool)
   r_o, r_v = _factor_ranks(wv, wo, every, rtol)
-  r_full = _pinned_or_generic(wv, wo, every, k_full, r_o, r_v, 2, rtol)
+  r_full = _pinned_or_generic(wv, wo, every, expo[-1], r_o, r_v, rtol)
   pt = jnp.transpose(p.astype(jnp.float32), (1, 2, 0))                      # [n, n, h]
 
   def row(pi):                                                              # pi [n, h]: row i of every head
@@ -282,15 +289,15 @@ def _effective(p, wv, wo, key, tables, *, samples, rtol, chunk):
   sampled_mass = rest_rows.sum() / n
 
   def sampled(_):
-    i = jax.random.categorical(k_rows, jnp.log(rest_rows), shape=(samples,))
-    j = jax.random.categorical(k_cols, jnp.log(rest[i]))                   # one column per sampled row
+    i = jnp.argmax(jnp.log(rest_rows) + gumbel[0], -1)                     # rows ∝ their off-support mass
+    j = jnp.argmax(jnp.log(rest[i]) + gumbel[1], -1)                       # then a column ∝ W_ij in the row
     pij = pt[i, j]                                                          # [samples, h]
     g = pij / jnp.maximum(pij.sum(-1, keepdims=True), _TINY)
     support = pij > 0
     # full-rank factors (rank H·k each): every sub-support S is pinned at |S|·k; else rank each support
     ranks = jax.lax.cond((r_o == h * k) & (r_v == h * k), lambda _: support.sum(-1) * k,
-                         lambda _: jax.lax.map(lambda a: mixture_rank(wv, wo, a[0], a[1], rtol=rtol),
-                                               (support, jax.random.split(k_rank, samples))), None)
+                         lambda _: jax.lax.map(lambda a: _pinned_or_generic(wv, wo, a[0], a[1], *_factor_ranks(
+                             wv, wo, a[0], rtol), rtol), (support, expo[:-1])), None)
     tr, f2 = gated_traces(g, tables)
     d, c = _defect(tr, f2, ranks)
     return d.mean(), d.std(ddof=1) / np.sqrt(samples), c.mean()

@@ -204,61 +204,52 @@ def model_report(model, run, *, layers=None, heads=None, samples: int = 32, seed
   return rows
 
 
-def summary(model, run, *, samples: int = 8, seed: int = 0, num_moduli: int = 16) -> dict[str, jax.Array]:
-  """Layer means of the `model_report` read-outs (`SUMMARY_KEYS`), traceable: jit it whole."""
+def summary(model, run, *, samples: int = 32, seed: int = 0, num_moduli: int = 16) -> dict[str, jax.Array]:
+  """Layer means of the `model_report` read-outs (`SUMMARY_KEYS`) as device scalars, without a host sync.
+
+  The same compiled per-layer programs as `model_report`, dispatched asynchronously: the caller
+  decides when to wait (`jax.device_get`).
+  """
   mods, _, _ = _validate(model, None, None, samples, num_moduli)
   _, qks = nn.capture_qk(model, run)
   key = jax.random.PRNGKey(seed)
   per_layer, prev = [], None
   for idx, ((q, k), m) in enumerate(zip(qks, mods)):
-    q, k, wv, wo, beta, alpha = _layer_inputs(q, k, m, None)
-    out, w, moduli = _layer_impl(q, k, wv, wo, beta, alpha, jax.random.fold_in(key, idx), causal=m.causal,
-                                 samples=samples, num_moduli=num_moduli)
+    out, w, moduli = _layer(*_layer_inputs(q, k, m, None), jax.random.fold_in(key, idx), causal=m.causal,
+                            samples=samples, num_moduli=num_moduli)
     if prev is not None:
-      per_layer[-1].update(_pair_impl(prev[0], w, prev[1], moduli))
+      per_layer[-1].update(_pair(prev[0], w, prev[1], moduli))
     per_layer.append(out)
     prev = (w, moduli)
   return {key: jnp.mean(jnp.stack([jnp.mean(r[key]) for r in per_layer if key in r]))
           for key in SUMMARY_KEYS if any(key in r for r in per_layer)}
 
 
-def hook(run, batch, every: int = 100, *, samples: int = 8, defer: bool = True):
+def hook(run, batch, every: int = 100, *, samples: int = 32, defer: bool = True):
   """A `train.train` hook: every `every` steps, the layer means of the probe (`summary`) on a fixed batch.
 
-  `run(model, batch)` runs the model on `batch` (a pytree of arrays, passed to the compiled
-  program as an argument, so the model's own input checks see a traced value). The summary is
-  one compiled program (compiled at the first probe step). With `defer` (default) the hook only
-  dispatches it — JAX runs it asynchronously and the training loop goes on — and returns its
+  `run(model, batch)` runs the model on `batch`. The probe's per-layer programs are compiled at
+  the first probe step (and shared with `model_report`). With `defer` (default) the hook only
+  dispatches them — JAX runs them asynchronously and the training loop goes on — and returns the
   values at its next call (the next log step), with `probe/step` naming the step they were
-  measured at; `hook.flush()` returns a still pending result. Keys are `probe/<name>`
-  (`SUMMARY_KEYS`), TensorBoard-friendly.
+  measured at; `hook.flush()` returns a still pending result. With `defer=False` it waits and
+  returns them at once. Keys are `probe/<name>` (`SUMMARY_KEYS`), TensorBoard-friendly.
   """
-  from flax import nnx
   if every < 1:
     raise ValueError(f"every must be a positive number of steps; got {every}")
-  state = {"fn": None, "graphdef": None, "pending": None}
-
-  def compiled(model):
-    graphdef, params = nnx.split(model)
-    if state["fn"] is None or graphdef != state["graphdef"]:
-      def program(p, x):
-        m = nnx.merge(graphdef, p)
-        return summary(m, lambda: run(m, x), samples=samples)
-      state["fn"], state["graphdef"] = jax.jit(program), graphdef
-    return state["fn"](params, batch)
+  pending = []
 
   def collect():
-    step, values = state["pending"]
-    state["pending"] = None
+    step, values = pending.pop()
     return {"probe/step": step, **{f"probe/{k}": float(v) for k, v in jax.device_get(values).items()}}
 
   def fn(step, model):
-    out = collect() if state["pending"] is not None else None
+    out = collect() if pending else None
     if step % every == 0:
-      state["pending"] = (step, compiled(model))
+      pending.append((step, summary(model, lambda: run(model, batch), samples=samples)))
       if not defer:
         out = collect()
     return out
 
-  fn.flush = lambda: collect() if state["pending"] is not None else None
+  fn.flush = lambda: collect() if pending else None
   return fn

@@ -34,7 +34,7 @@ def train_tiny(workdir, hooks=()):
 @pytest.fixture(scope="module")
 def gpt_run(tmp_path_factory):
   wd = str(tmp_path_factory.mktemp("gpt"))
-  hook = probe.hook(lambda m, x: m(x), jnp.asarray(TOKENS["tokens"][:2, :16]), every=5)
+  hook = probe.hook(lambda m, x: m(x), jnp.asarray(TOKENS["tokens"][:1, :12]), every=5)
   res = train_tiny(wd, hooks=(hook,))
   return wd, res, hook
 
@@ -110,7 +110,7 @@ def test_probe_cli_writes_all_outputs(gpt_run, tmp_path, capsys):
   wd, _, _ = gpt_run
   text = tmp_path / "text.txt"
   text.write_text("the quick brown fox jumps over the lazy dog " * 20)
-  rows = probe_cli.main([wd, "--data", str(text), "--batch", "2", "--seq-len", "24", "--out", str(tmp_path / "p"),
+  rows = probe_cli.main([wd, "--data", str(text), "--batch", "1", "--seq-len", "12", "--out", str(tmp_path / "p"),
                          "--layers", "0,2", "--no-progress"])
   assert [r["layer"] for r in rows] == [0, 2]
   for name in ("probe.json", "probe.md", "probe.csv", "probe.png"):
@@ -149,10 +149,10 @@ def test_training_hook_logs_probe_metrics_without_changing_training(gpt_run, tmp
 
 def test_hook_summary_is_the_mean_of_the_report(gpt_run):
   _, res, _ = gpt_run
-  x = jnp.asarray(TOKENS["tokens"][:2, :16])
-  hook = probe.hook(lambda m, b: m(b), x, every=1, defer=False, samples=8)
+  x = jnp.asarray(TOKENS["tokens"][:1, :12])
+  hook = probe.hook(lambda m, b: m(b), x, every=1, defer=False)
   got = hook(1, res.model)
-  rows = probe.model_report(res.model, lambda: res.model(x), samples=8, progress=False)
+  rows = probe.model_report(res.model, lambda: res.model(x), progress=False)
   for key in ("effective_isometry_defect", "head_isometry_defect", "next_js_divergence", "curvature"):
     vals = [np.mean(r[key]) for r in rows if r[key] is not None]
     np.testing.assert_allclose(got[f"probe/{key}"], np.mean(vals), rtol=1e-4)
