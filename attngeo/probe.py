@@ -143,13 +143,18 @@ def _selection(name: str, value, size: int) -> list[int]:
 
 
 def _layer_inputs(q, k, m, heads):
-  """(q, k, wv, wo, β [h], α [h]) of one Attention restricted to `heads` (None: all)."""
+  """(q, k, wv, wo, β [h], α [h]) of one Attention restricted to `heads` (None: all), on one device.
+
+  The probe of a layer is a single-device program; placing its inputs on the default device also
+  keeps one compiled program per shape whatever sharding the model's arrays carry (a trained
+  model's mesh shardings would otherwise key a second compilation).
+  """
   beta, alpha = _coefficients(*m.coefficients(), m.num_heads)
   wv, wo = m.wv[...], m.wo[...]
   if heads is not None:
-    hs = jnp.asarray(heads)
+    hs = np.asarray(heads)
     q, k, wv, wo, beta, alpha = q[:, :, hs], k[:, :, hs], wv[:, hs], wo[hs], beta[hs], alpha[hs]
-  return q, k, wv, wo, beta, alpha
+  return jax.device_put((q, k, wv, wo, beta, alpha), jax.devices()[0])
 
 
 def _validate(model, layers, heads, samples, num_moduli):

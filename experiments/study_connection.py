@@ -164,8 +164,20 @@ def non_embedding_params(model) -> int:
 
 
 def build(size: Size, seed: int):
+  """The model of `size` initialised from `seed`, built as one compiled program, on the default device."""
+  from flax import nnx
+
   from attngeo.nn import registry
-  return registry.build(size.model_config, seed)
+  return nnx.jit(registry.build, static_argnums=(0, 1))(size.model_config, seed)
+
+
+def to_default_device(model):
+  """Move a trained model's arrays off the training mesh onto the default device (in place), so
+  probing and evaluation reuse the programs compiled for the freshly built model."""
+  import jax
+  from flax import nnx
+  nnx.update(model, jax.device_put(nnx.state(model), jax.devices()[0]))
+  return model
 
 
 # ----------------------------------------------------------------------------- one model
@@ -252,6 +264,7 @@ def model_result(cfg: StudyConfig, fam: Family, size: Size, seed: int) -> dict:
                            progress=cfg.progress)
   res = train.train(model, fam.loss_fn(), data.loader(fam.train_source, fam.batch, seed), tcfg, desc=name)
   t_train = time.perf_counter() - t0
+  to_default_device(res.model)
   rows = probe.model_report(res.model, fam.probe_run(res.model), samples=cfg.probe_samples, seed=seed, progress=False)
   out = dict(name=name, family=size.family, size=size.label, seed=seed, params=non_embedding_params(model),
              depth=len(rows), train_loss=res.history[-1]["loss"], held_out=fam.held_out(res.model),

@@ -52,22 +52,29 @@ def test_bad_configuration_is_one_line():
     study.StudyConfig(encoder_widths=(8, 16)).validate()
 
 
-def test_study_end_to_end_smoke(tmp_path, capsys):
+def smoke_argv(out, families):
   # shapes shared with tests/test_probe.py's models (width 16, 2 heads, 12 tokens, samples 32): one compile each
-  argv = ["--seeds", "0", "--decoder-depths", "2", "--decoder-aspect", "8", "--decoder-head-dim", "8",
-          "--seq-len", "12", "--decoder-steps", "2", "--decoder-batch", "2", "--encoder-widths", "16",
-          "--encoder-depths", "2", "--encoder-heads", "2", "--set-size", "12", "--num-sets", "4",
-          "--encoder-steps", "2", "--encoder-batch", "2", "--probe-batch", "1", "--probe-samples", "32",
-          "--warmup", "1", "--progress", "false", "--out", str(tmp_path)]
-  payload = study.main(argv)
+  return ["--families", families, "--seeds", "0", "--decoder-depths", "2", "--decoder-aspect", "8",
+          "--decoder-head-dim", "8", "--seq-len", "12", "--decoder-steps", "2", "--decoder-batch", "2",
+          "--encoder-widths", "16", "--encoder-depths", "2", "--encoder-heads", "2", "--set-size", "12",
+          "--num-sets", "4", "--encoder-steps", "2", "--encoder-batch", "2", "--probe-batch", "1",
+          "--probe-samples", "32", "--warmup", "1", "--progress", "false", "--out", str(out)]
+
+
+def test_study_smoke_decoder(tmp_path, capsys):
+  payload = study.main(smoke_argv(tmp_path, "decoder"))
   for name in ("study.md", "study.json", "study.png", "study_stability.csv", "study_isometry.csv", "study_scale.csv"):
     assert os.path.getsize(tmp_path / name) > 0
-  saved = json.loads((tmp_path / "study.json").read_text())
-  assert {m["family"] for m in saved["models"]} == {"decoder", "encoder"}
-  for m in saved["models"]:
-    assert len(m["trained"]) == len(m["init"]) == 2 and m["params"] > 0
-    assert 0 <= m["trained"][0]["effective_isometry_defect"] <= 1
+  (m,) = json.loads((tmp_path / "study.json").read_text())["models"]
+  assert m["family"] == "decoder" and len(m["trained"]) == len(m["init"]) == 2 and m["params"] > 0
+  assert 0 <= m["trained"][0]["effective_isometry_defect"] <= 1 and m["held_out"] > 0
   assert "Stability of the effective walk" in capsys.readouterr().out
-  # a rerun reuses the finished models (cached result.json) and rewrites the same tables
-  again = study.main(argv)
+  assert payload["summary"][0]["family"] == "decoder"
+
+
+@pytest.mark.slow
+def test_study_end_to_end_both_families_and_rerun(tmp_path):
+  payload = study.main(smoke_argv(tmp_path, "decoder,encoder"))
+  assert {m["family"] for m in payload["models"]} == {"decoder", "encoder"}
+  again = study.main(smoke_argv(tmp_path, "decoder,encoder"))        # reuses the finished models
   assert [m["trained"] for m in again["models"]] == [m["trained"] for m in payload["models"]]
