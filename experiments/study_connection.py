@@ -17,6 +17,10 @@ initialisation (the baseline a claim must beat), and reports per model and layer
   log10(non-embedding parameters), trained and at initialisation.
 
     attngeo study connection [--seeds 0,1] [--decoder-depths 3,5,8] [--encoder-widths 32,64,128] ...
+    attngeo study connection --runs runs/gpt2,runs/gpt2-medium --probe-tokens heldout.npy --seq-len 1024
+
+The second form probes existing run folders (trained elsewhere, or public checkpoints imported with
+`attngeo import`) and their random initialisation instead of training: the same tables and figure.
 
 Writes study.md (tables), study.json (every per-layer row), study.png (one curve per size, trained
 solid, initialisation dashed) and models/<name>/ (run folders, reused on a rerun) under --out.
@@ -70,6 +74,9 @@ class StudyConfig:
   # probing: held-out sequences / sets, edges sampled per input for partial gate supports
   probe_batch: int = 2
   probe_samples: int = 16
+  probe_tokens: str | None = None
+  # instead of training: already-trained run folders (attngeo.train, or imported public checkpoints)
+  runs: tuple[str, ...] = ()
   out: str = "runs/study_connection"
   progress: bool = True
 
@@ -92,6 +99,11 @@ class StudyConfig:
         raise ValueError(f"{name} must be positive; got {getattr(self, name)}")
     if self.probe_samples < 2:
       raise ValueError(f"probe_samples must be at least 2; got {self.probe_samples}")
+    for path in self.runs:
+      if not os.path.exists(os.path.join(path, "config.json")):
+        raise ValueError(f"runs: {path} is not a run folder (no config.json)")
+    if self.probe_tokens is not None and not (self.probe_tokens.endswith(".npy") and os.path.exists(self.probe_tokens)):
+      raise ValueError(f"probe_tokens must be an existing .npy of token ids [b, n]; got {self.probe_tokens!r}")
     return self
 
 
@@ -100,6 +112,10 @@ HELP = {"families": f"model families to study, subset of {FAMILIES}",
         "decoder_depths": "GPT depths (the size knob: width = aspect·depth rounded to head_dim)",
         "encoder_widths": "PointFlow widths, zipped with encoder_depths and encoder_heads",
         "probe_samples": "edges sampled per input for partial gate supports, ≥ 2",
+        "probe_tokens": "decoders: .npy of token ids [b, n] to probe on (imported checkpoints: their tokenizer's "
+                        "ids of held-out text); none: held-out bytes",
+        "runs": "comma-separated run folders (trained or imported) to probe with their random initialisation "
+                "instead of training the sizes above",
         "out": "output folder"}
 
 
@@ -194,6 +210,8 @@ class Family:
       held = ByteWindows(text[cut:], cfg.seq_len, 16 + cfg.probe_batch, seed=2)
       rows = np.stack([held[i]["tokens"] for i in range(len(held))])
       self.eval_batch, self.probe_batch = rows[:16], rows[16:, :-1]
+      if cfg.probe_tokens:
+        self.probe_batch = np.load(cfg.probe_tokens)[:cfg.probe_batch, :cfg.seq_len].astype(np.int32)
     else:
       from attngeo import data
       source, _ = data.point_sets(os.path.join(cfg.out, "data"), cloud="swiss_roll", num_points=4000, seed=123,
@@ -275,6 +293,30 @@ def model_result(cfg: StudyConfig, fam: Family, size: Size, seed: int) -> dict:
   return out
 
 
+def run_folder_result(cfg: StudyConfig, fams: dict, path: str) -> dict:
+  """Probe an existing run folder's model (trained or imported) and its random initialisation (seed
+  `seeds[0]`); no training, no held-out loss."""
+  from flax import nnx
+
+  from attngeo import nn, probe, runs
+  from attngeo.nn import registry
+  model, _, mcfg = runs.load_run(path)
+  if not isinstance(model, (nn.GPT, nn.PointFlow)):
+    raise ValueError(f"{path}: the study probes GPT (decoder) and PointFlow (encoder) runs; got {type(model).__name__}")
+  family = "decoder" if isinstance(model, nn.GPT) else "encoder"
+  fam = fams.setdefault(family, Family(family, cfg))
+  to_default_device(model)
+  t0 = time.perf_counter()
+  rows = probe.model_report(model, fam.probe_run(model), samples=cfg.probe_samples, progress=cfg.progress,
+                            desc=os.path.basename(path))
+  init = nnx.jit(registry.build, static_argnums=(0, 1))(mcfg, cfg.seeds[0])
+  init_rows = probe.model_report(init, fam.probe_run(init), samples=cfg.probe_samples, progress=False)
+  name = os.path.basename(os.path.normpath(path))
+  return dict(name=name, family=family, size=name, seed=cfg.seeds[0], params=non_embedding_params(model),
+              depth=len(rows), train_loss=None, held_out=None, held_out_init=None, train_seconds=0.0,
+              seconds=time.perf_counter() - t0, trained=rows, init=init_rows)
+
+
 # ----------------------------------------------------------------------------- statistics
 
 def series(rows: list[dict], key: str) -> np.ndarray:
@@ -317,9 +359,9 @@ def summary_rows(results: list[dict]) -> list[dict]:
   for family, size in keys:
     group = [r for r in results if (r["family"], r["size"]) == (family, size)]
     for state in ("trained", "init"):
+      losses = [g["held_out" if state == "trained" else "held_out_init"] for g in group]
       row = dict(family=family, size=size, state=state, params=group[0]["params"], depth=group[0]["depth"],
-                 seeds=len(group), held_out=float(np.mean([g["held_out" if state == "trained" else "held_out_init"]
-                                                           for g in group])))
+                 seeds=len(group), held_out=None if None in losses else float(np.mean(losses)))
       for key, _ in QUANTITIES:
         for field in ("mean", "slope", "first", "last"):
           row[f"{key}:{field}"] = float(np.mean([model_stats(g)[state][key][field] for g in group]))
@@ -413,14 +455,18 @@ def run(cfg: StudyConfig) -> dict:
   os.makedirs(cfg.out, exist_ok=True)
   from attngeo import runs
   runs.write_config(cfg.out, study=cfg)
-  results = []
-  all_sizes = sizes(cfg)
-  fams = {}
-  total = len(all_sizes) * len(cfg.seeds)
-  for i, (size, seed) in enumerate((s, seed) for s in all_sizes for seed in cfg.seeds):
-    fam = fams.setdefault(size.family, Family(size.family, cfg))
-    print(f"[{i + 1}/{total}] {size.family} {size.label} seed {seed}", flush=True)
-    results.append(model_result(cfg, fam, size, seed))
+  results, fams = [], {}
+  if cfg.runs:
+    for i, path in enumerate(cfg.runs):
+      print(f"[{i + 1}/{len(cfg.runs)}] {path}", flush=True)
+      results.append(run_folder_result(cfg, fams, path))
+  else:
+    all_sizes = sizes(cfg)
+    total = len(all_sizes) * len(cfg.seeds)
+    for i, (size, seed) in enumerate((s, seed) for s in all_sizes for seed in cfg.seeds):
+      fam = fams.setdefault(size.family, Family(size.family, cfg))
+      print(f"[{i + 1}/{total}] {size.family} {size.label} seed {seed}", flush=True)
+      results.append(model_result(cfg, fam, size, seed))
   md = tables(results, cfg.out)
   figure(results, os.path.join(cfg.out, "study.png"))
   wall = time.perf_counter() - t0

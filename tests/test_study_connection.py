@@ -50,6 +50,8 @@ def test_bad_configuration_is_one_line():
   assert e.value.code == 2
   with pytest.raises(ValueError, match="same length"):
     study.StudyConfig(encoder_widths=(8, 16)).validate()
+  with pytest.raises(ValueError, match="not a run folder"):
+    study.StudyConfig(runs=("/nonexistent",)).validate()
 
 
 def smoke_argv(out, families):
@@ -70,6 +72,15 @@ def test_study_smoke_decoder(tmp_path, capsys):
   assert 0 <= m["trained"][0]["effective_isometry_defect"] <= 1 and m["held_out"] > 0
   assert "Stability of the effective walk" in capsys.readouterr().out
   assert payload["summary"][0]["family"] == "decoder"
+  # the run-folder form (imported checkpoints): the saved model, reloaded and probed, gives the same rows
+  folder = tmp_path / "models" / m["name"]
+  again = study.main(smoke_argv(tmp_path / "again", "decoder") + ["--runs", str(folder)])
+  (r,) = again["models"]
+  assert r["size"] == m["name"] and r["held_out"] is None
+  np.testing.assert_allclose([x["effective_isometry_defect"] for x in r["trained"]],
+                             [x["effective_isometry_defect"] for x in m["trained"]], rtol=1e-5)
+  np.testing.assert_allclose([x["next_js_divergence"] for x in r["trained"][:-1]],
+                             [x["next_js_divergence"] for x in m["trained"][:-1]], rtol=1e-5)
 
 
 @pytest.mark.slow
