@@ -72,20 +72,21 @@ def test_study_smoke_decoder(tmp_path, capsys):
   assert 0 <= m["trained"][0]["effective_isometry_defect"] <= 1 and m["held_out"] > 0
   assert "Stability of the effective walk" in capsys.readouterr().out
   assert payload["summary"][0]["family"] == "decoder"
+
+
+@pytest.mark.slow
+def test_study_end_to_end_both_families_rerun_and_run_folders(tmp_path):
+  payload = study.main(smoke_argv(tmp_path, "decoder,encoder"))
+  assert {m["family"] for m in payload["models"]} == {"decoder", "encoder"}
+  again = study.main(smoke_argv(tmp_path, "decoder,encoder"))        # reuses the finished models
+  assert [m["trained"] for m in again["models"]] == [m["trained"] for m in payload["models"]]
   # the run-folder form (imported checkpoints): the saved model, reloaded and probed, gives the same rows
+  m = payload["models"][0]
   folder = tmp_path / "models" / m["name"]
-  again = study.main(smoke_argv(tmp_path / "again", "decoder") + ["--runs", str(folder)])
-  (r,) = again["models"]
+  reloaded = study.main(smoke_argv(tmp_path / "again", "decoder") + ["--runs", str(folder)])
+  (r,) = reloaded["models"]
   assert r["size"] == m["name"] and r["held_out"] is None
   np.testing.assert_allclose([x["effective_isometry_defect"] for x in r["trained"]],
                              [x["effective_isometry_defect"] for x in m["trained"]], rtol=1e-5)
   np.testing.assert_allclose([x["next_js_divergence"] for x in r["trained"][:-1]],
                              [x["next_js_divergence"] for x in m["trained"][:-1]], rtol=1e-5)
-
-
-@pytest.mark.slow
-def test_study_end_to_end_both_families_and_rerun(tmp_path):
-  payload = study.main(smoke_argv(tmp_path, "decoder,encoder"))
-  assert {m["family"] for m in payload["models"]} == {"decoder", "encoder"}
-  again = study.main(smoke_argv(tmp_path, "decoder,encoder"))        # reuses the finished models
-  assert [m["trained"] for m in again["models"]] == [m["trained"] for m in payload["models"]]
