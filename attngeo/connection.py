@@ -127,30 +127,42 @@ def isometry_defect(t, rtol: float = 1e-6) -> tuple[jax.Array, jax.Array]:
 
 
 def head_isometry_defect(wv, wo, rtol: float = 1e-6) -> tuple[jax.Array, jax.Array]:
-  """`isometry_defect(T^h)` of every head `[h]` from its k×k core, without forming T^h.
+  """`isometry_defect(T^h)` of every head `[h]` from k×k blocks, without forming T^h.
 
-  `O_h = Q₁R₁` and `V_hᵀ = Q₂R₂` (thin QR) give `T^h = Q₁ (R₁R₂ᵀ) Q₂ᵀ`, so the singular values
-  of T^h are those of the k×k matrix `R₁R₂ᵀ`. Returns (defect [h], scale c [h]).
+  The nonzero eigenvalues of `T^hᵀT^h = V_hᵀ (O_hᵀO_h) V_h` are those of `A B` with
+  `A = O_hᵀO_h`, `B = V_h V_hᵀ` (k×k), i.e. of the symmetric `B^{1/2} A B^{1/2}`. Returns
+  (defect [h], scale c [h]).
   """
   _check_factors(wv, wo)
   wv, wo = wv.astype(jnp.float32), wo.astype(jnp.float32)
-  r1 = jnp.linalg.qr(jnp.transpose(wo, (0, 2, 1)), mode="r")                # O_h   [h, d, k] -> [h, k', k]
-  r2 = jnp.linalg.qr(jnp.transpose(wv, (1, 0, 2)), mode="r")                # V_hᵀ  [h, d, k] -> [h, k', k]
-  s = jnp.linalg.svd(jnp.matmul(r1, jnp.swapaxes(r2, -1, -2), precision=_HI), compute_uv=False)
-  return _defect_from_eigenvalues(s**2, rtol)
+  a = jnp.einsum("hke,hle->hkl", wo, wo, precision=_HI)                    # O_hᵀO_h  [h, k, k]
+  b = jnp.einsum("dhk,dhl->hkl", wv, wv, precision=_HI)                    # V_h V_hᵀ [h, k, k]
+  lb, ub = jnp.linalg.eigh(b)
+  half = jnp.matmul(ub * jnp.sqrt(jnp.maximum(lb, 0.0))[:, None, :], jnp.swapaxes(ub, -1, -2), precision=_HI)
+  core = jnp.matmul(jnp.matmul(half, a, precision=_HI), half, precision=_HI)
+  lam = jnp.linalg.eigvalsh(0.5 * (core + jnp.swapaxes(core, -1, -2)))
+  return _defect_from_eigenvalues(jnp.maximum(lam, 0.0), rtol)
 
 
 class TransportTables(NamedTuple):
-  """Trace tables of a layer's head transports: `gram[a, b] = tr(T^aᵀT^b)` `[h, h]`,
-  `quartic[a, b, c, d] = tr(T^aᵀT^b T^cᵀT^d)` `[h, h, h, h]`."""
+  """What the effective defect needs of a layer's head transports, computed once per layer:
+  `gram[a, b] = tr(T^aᵀT^b)` `[h, h]`, `quartic[a, b, c, d] = tr(T^aᵀT^b T^cᵀT^d)` `[h, h, h, h]`,
+  the ranks of the stacked factors `rank_o = rank O`, `rank_v = rank V` and `rank`, the rank of
+  the mixture with every head gating (`mixture_rank`)."""
   gram: jax.Array
   quartic: jax.Array
+  rank_o: jax.Array
+  rank_v: jax.Array
+  rank: jax.Array
 
 
-def transport_tables(wv, wo) -> TransportTables:
+def transport_tables(wv, wo, *, key=None, rtol: float = 1e-12) -> TransportTables:
   """`TransportTables` from `wv` `[d, h, k]`, `wo` `[h, k, d]` through the k×k blocks
-  `A_ab = O_aᵀO_b`, `B_ab = V_a V_bᵀ` (H³k³ work and H²k² memory per head a, never d×d per pair)."""
+  `A_ab = O_aᵀO_b`, `B_ab = V_a V_bᵀ` (H³k³ work and H²k² memory per head a, never d×d per pair).
+  `key`, `rtol`: the random draws and the cut of `mixture_rank` (draws only when the factor ranks
+  do not pin the rank)."""
   _check_factors(wv, wo)
+  key = jax.random.PRNGKey(0) if key is None else key
   wv, wo = wv.astype(jnp.float32), wo.astype(jnp.float32)
   a = jnp.einsum("ake,ble->abkl", wo, wo, precision=_HI)                   # A_ab [h, h, k, k]
   b = jnp.einsum("dak,dbl->abkl", wv, wv, precision=_HI)                   # B_ab [h, h, k, k]
@@ -161,7 +173,10 @@ def transport_tables(wv, wo) -> TransportTables:
     right = jnp.einsum("cdkl,dlm->cdkm", a, b[:, i], precision=_HI)         # A_cd B_di
     return jnp.einsum("bckm,cdmk->bcd", left, right, precision=_HI)
 
-  return TransportTables(gram, jax.lax.map(row, jnp.arange(a.shape[0])))
+  every = jnp.ones((wv.shape[1],), bool)
+  r_o, r_v = _factor_ranks(wv, wo, every, rtol)
+  rank = _pinned_or_generic(wv, wo, every, jax.random.exponential(key, (2, wv.shape[1])), r_o, r_v, rtol)
+  return TransportTables(gram, jax.lax.map(row, jnp.arange(a.shape[0])), r_o, r_v, rank)
 
 
 def gated_traces(g, tables: TransportTables) -> tuple[jax.Array, jax.Array]:
@@ -255,7 +270,7 @@ def effective_isometry_defect(p, wv, wo, *, key=None, samples: int = 32, rtol: f
   if samples < 2:
     raise ValueError(f"samples must be at least 2 (a standard error needs two); got {samples}")
   key = jax.random.PRNGKey(0) if key is None else key
-  tables = transport_tables(wv, wo) if tables is None else tables
+  tables = transport_tables(wv, wo, key=jax.random.fold_in(key, 1), rtol=rtol) if tables is None else tables
   return _effective(p, wv, wo, key, tables, samples=samples, rtol=rtol, chunk=chunk)
 
 
@@ -266,12 +281,10 @@ def _effective(p, wv, wo, key, tables, *, samples, rtol, chunk):
   wv, wo = wv.astype(jnp.float32), wo.astype(jnp.float32)
   # one draw of uniforms for everything random (one RNG program to compile): Gumbel noise for the
   # two categorical draws, exponentials for the Dirichlet gates of the rank draws
-  u = jax.random.uniform(key, (2 * samples * n + (samples + 1) * draws * h,), minval=_TINY, maxval=1.0)
+  u = jax.random.uniform(key, (2 * samples * n + samples * draws * h,), minval=_TINY, maxval=1.0)
   gumbel = -jnp.log(-jnp.log(u[:2 * samples * n])).reshape(2, samples, n)
-  expo = -jnp.log(u[2 * samples * n:]).reshape(samples + 1, draws, h)
-  every = jnp.ones((h,), bool)
-  r_o, r_v = _factor_ranks(wv, wo, every, rtol)
-  r_full = _pinned_or_generic(wv, wo, every, expo[-1], r_o, r_v, rtol)
+  expo = -jnp.log(u[2 * samples * n:]).reshape(samples, draws, h)
+  r_o, r_v, r_full = tables.rank_o, tables.rank_v, tables.rank
   pt = jnp.transpose(p.astype(jnp.float32), (1, 2, 0))                      # [n, n, h]
 
   def row(pi):                                                              # pi [n, h]: row i of every head
@@ -297,7 +310,7 @@ def _effective(p, wv, wo, key, tables, *, samples, rtol, chunk):
     # full-rank factors (rank H·k each): every sub-support S is pinned at |S|·k; else rank each support
     ranks = jax.lax.cond((r_o == h * k) & (r_v == h * k), lambda _: support.sum(-1) * k,
                          lambda _: jax.lax.map(lambda a: _pinned_or_generic(wv, wo, a[0], a[1], *_factor_ranks(
-                             wv, wo, a[0], rtol), rtol), (support, expo[:-1])), None)
+                             wv, wo, a[0], rtol), rtol), (support, expo)), None)
     tr, f2 = gated_traces(g, tables)
     d, c = _defect(tr, f2, ranks)
     return d.mean(), d.std(ddof=1) / np.sqrt(samples), c.mean()

@@ -164,3 +164,14 @@ def test_layer_stats_of_exact_operator_are_zero():
   st = probe.layer_stats(q, k, 0.0, 0.0)
   assert np.all(st["eps_rev"] < 1e-5) and np.all(st["rho_skew"] < 1e-5)
   assert np.all((st["eff_neighbours"] >= 1) & (st["eff_neighbours"] <= 20))
+
+
+@pytest.mark.parametrize("shape", [(30, 8), (6, 10)])
+def test_principal_coordinates_are_the_svd_ones_up_to_sign(shape):
+  x = np.random.default_rng(1).standard_normal(shape) * np.array([5.0, 3.0, 2.0] + [0.5] * (shape[1] - 3))
+  xc = x - x.mean(0)
+  u, s, _ = np.linalg.svd(xc, full_matrices=False)
+  ref = u[:, :3] * s[:3]
+  got = np.asarray(probe._principal_coordinates(jnp.asarray(x, jnp.float32)))
+  got = got * np.sign(np.sum(got * ref, 0))                                # one sign per column
+  np.testing.assert_allclose(got, ref, rtol=1e-3, atol=1e-4 * np.abs(ref).max())
