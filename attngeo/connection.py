@@ -242,14 +242,19 @@ class EffectiveDefect(NamedTuple):
   """The effective transport's defect, W-weighted over edges: `mean = Σ_ij W_ij δ(T_ij) / n`.
 
   `stderr`: standard error of the sampled part (0 when every edge has the all-heads support);
-  `scale`: `Σ_ij W_ij c_ij / n`, the mean scale c; `rank`: generic rank of the all-heads mixture;
-  `sampled_mass`: the share of W on edges with another gate support (estimated by sampling).
+  `scale`: `Σ_ij W_ij c_ij / n`, the mean scale c; `rank`: generic rank r of the all-heads mixture;
+  `sampled_mass`: the share of W on edges with another gate support (estimated by sampling);
+  `participation`: `Σ_ij W_ij (tr M_ij)² / ‖M_ij‖_F² / n`, the mean participation ratio of the
+  eigenvalues of `M = TᵀT` — the number of directions T_ij acts on with comparable gain
+  (`δ² = 1 − participation / r` edge by edge, so it tells a non-isometric gain profile apart
+  from a gated mixture that acts on few of its r directions).
   """
   mean: jax.Array
   stderr: jax.Array
   scale: jax.Array
   rank: jax.Array
   sampled_mass: jax.Array
+  participation: jax.Array
 
 
 def effective_isometry_defect(p, wv, wo, *, key=None, samples: int = 32, rtol: float = 1e-12,
@@ -295,9 +300,11 @@ def _effective(p, wv, wo, key, tables, *, samples, rtol, chunk):
     tr, f2 = gated_traces(g, tables)
     d, c = _defect(tr, f2, r_full)
     rest = jnp.where(full, 0.0, w)
-    return jnp.sum(jnp.where(full, w * d, 0.0)), jnp.sum(jnp.where(full, w * c, 0.0)), rest
+    part = tr**2 / jnp.maximum(f2, _TINY)
+    return (jnp.sum(jnp.where(full, w * d, 0.0)), jnp.sum(jnp.where(full, w * c, 0.0)),
+            jnp.sum(jnp.where(full, w * part, 0.0)), rest)
 
-  d_sum, c_sum, rest = jax.lax.map(row, pt, batch_size=min(chunk, n))       # rest [n, n]: W off full support
+  d_sum, c_sum, p_sum, rest = jax.lax.map(row, pt, batch_size=min(chunk, n))  # rest [n, n]: W off full support
   rest_rows = rest.sum(-1)
   sampled_mass = rest_rows.sum() / n
 
@@ -313,12 +320,13 @@ def _effective(p, wv, wo, key, tables, *, samples, rtol, chunk):
                              wv, wo, a[0], rtol), rtol), (support, expo)), None)
     tr, f2 = gated_traces(g, tables)
     d, c = _defect(tr, f2, ranks)
-    return d.mean(), d.std(ddof=1) / np.sqrt(samples), c.mean()
+    return d.mean(), d.std(ddof=1) / np.sqrt(samples), c.mean(), (tr**2 / jnp.maximum(f2, _TINY)).mean()
 
   zero = jnp.zeros((), jnp.float32)
-  d_mean, d_se, c_mean = jax.lax.cond(sampled_mass > 0, sampled, lambda _: (zero, zero, zero), None)
+  d_mean, d_se, c_mean, p_mean = jax.lax.cond(sampled_mass > 0, sampled, lambda _: (zero,) * 4, None)
   return EffectiveDefect(mean=d_sum.sum() / n + sampled_mass * d_mean, stderr=sampled_mass * d_se,
-                         scale=c_sum.sum() / n + sampled_mass * c_mean, rank=r_full, sampled_mass=sampled_mass)
+                         scale=c_sum.sum() / n + sampled_mass * c_mean, rank=r_full, sampled_mass=sampled_mass,
+                         participation=p_sum.sum() / n + sampled_mass * p_mean)
 
 
 def effective_isometry_defect_dense(p, transports, rtol: float = 1e-6, chunk: int = 64) -> jax.Array:

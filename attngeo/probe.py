@@ -11,7 +11,9 @@ For each attention layer (q, k captured during one forward pass; dense P per hea
   averaged over the batch: `spectral_gap` `1 − |λ₁(W)|`, `walk_eps_rev`; `head_isometry_defect`
   `[h]` (k×k cores); `effective_isometry_defect` of `T_ij = Σ_h g^h_ij T^h` (trace tables, exact
   on every edge with all heads gating; `_se` its standard error from the sampled partial-support
-  edges, 0 when there are none), `effective_scale`, `effective_rank`, `partial_support_mass`;
+  edges, 0 when there are none), `effective_scale`, `effective_rank` r, `effective_participation`
+  (mean participation ratio `(tr TᵀT)²/‖TᵀT‖_F²` of T_ij: δ² = 1 − participation/r edge by
+  edge), `partial_support_mass`;
 * `next_relative_change`, `next_js_divergence`, `next_spectral_distance` — stability of W to the
   next probed layer (`next_layer`), spectra from `connection.walk_moduli`.
 
@@ -124,6 +126,7 @@ def _layer_impl(q, k, wv, wo, beta, alpha, key, *, causal, samples, num_moduli):
              effective_isometry_defect=eff.mean.mean(),
              effective_isometry_defect_se=jnp.sqrt(jnp.sum(eff.stderr**2)) / b,
              effective_scale=eff.scale.mean(), effective_rank=eff.rank[0],
+             effective_participation=eff.participation.mean(),
              partial_support_mass=eff.sampled_mass.mean())
   return out, w, moduli
 

@@ -45,7 +45,8 @@ from attngeo.experiments.report import Col
 FAMILIES = ("decoder", "encoder")
 STABILITY = (("next_relative_change", "ΔW rel. Frobenius"), ("next_js_divergence", "row JS"),
              ("next_spectral_distance", "spectral dist."))
-ISOMETRY = (("head_isometry_defect", "δ heads"), ("effective_isometry_defect", "δ effective"))
+ISOMETRY = (("head_isometry_defect", "δ heads"), ("effective_isometry_defect", "δ effective"),
+            ("effective_participation", "participation (eff.)"))
 QUANTITIES = STABILITY + ISOMETRY
 
 
@@ -77,6 +78,7 @@ class StudyConfig:
   probe_tokens: str | None = None
   # instead of training: already-trained run folders (attngeo.train, or imported public checkpoints)
   runs: tuple[str, ...] = ()
+  reprobe: bool = False
   out: str = "runs/study_connection"
   progress: bool = True
 
@@ -114,6 +116,8 @@ HELP = {"families": f"model families to study, subset of {FAMILIES}",
         "probe_samples": "edges sampled per input for partial gate supports, ≥ 2",
         "probe_tokens": "decoders: .npy of token ids [b, n] to probe on (imported checkpoints: their tokenizer's "
                         "ids of held-out text); none: held-out bytes",
+        "reprobe": "re-probe finished models from their checkpoints (and their initialisation) instead of "
+                   "reusing the cached read-outs",
         "runs": "comma-separated run folders (trained or imported) to probe with their random initialisation "
                 "instead of training the sizes above",
         "out": "output folder"}
@@ -270,7 +274,19 @@ def model_result(cfg: StudyConfig, fam: Family, size: Size, seed: int) -> dict:
   path = os.path.join(workdir, "result.json")
   if os.path.exists(path):
     with open(path) as f:
-      return json.load(f)
+      cached = json.load(f)
+    if not cfg.reprobe:
+      return cached
+    from attngeo import runs
+    model = to_default_device(runs.load_run(workdir)[0])
+    init_model = build(size, seed)
+    cached.update(trained=probe.model_report(model, fam.probe_run(model), samples=cfg.probe_samples, seed=seed,
+                                             progress=False),
+                  init=probe.model_report(init_model, fam.probe_run(init_model), samples=cfg.probe_samples, seed=seed,
+                                          progress=False))
+    with open(path, "w") as f:
+      json.dump(cached, f, indent=1)
+    return cached
   t0 = time.perf_counter()
   init_model = build(size, seed)
   init_rows = probe.model_report(init_model, fam.probe_run(init_model), samples=cfg.probe_samples, seed=seed,
@@ -346,7 +362,7 @@ def scale_trend(results: list[dict], family: str, state: str, key: str, field: s
   """Slope of a model-level statistic against log10(non-embedding parameters) over every model of a family."""
   pts = [(math.log10(r["params"]), model_stats(r)[state][key][field]) for r in results if r["family"] == family]
   xs, ys = np.array([p[0] for p in pts]), np.array([p[1] for p in pts])
-  if len(set(xs.tolist())) < 2:
+  if len(set(xs.tolist())) < 2 or not np.all(np.isfinite(ys)):
     return float("nan")
   return float(np.polyfit(xs, ys, 1)[0])
 
@@ -430,7 +446,10 @@ def figure(results: list[dict], path: str):
       for size, colour in zip(labels, colours):
         group = [r for r in results if r["family"] == family and r["size"] == size]
         for state, style in (("trained", "-"), ("init", "--")):
-          vals = np.mean([series(g[state], key) for g in group], 0)
+          per_seed = [series(g[state], key) for g in group]
+          if not all(len(v) for v in per_seed):
+            continue
+          vals = np.mean(per_seed, 0)
           x = np.arange(len(vals)) / max(len(vals) - 1, 1)
           name = f"{size} ({group[0]['params'] / 1e6:.2g}M)" if state == "trained" else None
           ax.plot(x, vals, style, color=colour, marker="o" if state == "trained" else None, ms=3, label=name,

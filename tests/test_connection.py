@@ -128,6 +128,11 @@ def test_effective_defect_from_tables_equals_the_per_edge_definition(d, h, k):
   p = random_p(h, h=h, n=9)
   got = conn.effective_isometry_defect(p, wv, wo, chunk=4)
   np.testing.assert_allclose(got.mean, dense_effective_defect64(p, wv, wo), rtol=2e-5)
+  t = np.einsum("dhk,hke->hed", np.float64(wv), np.float64(wo))
+  pn = np.float64(p)
+  lam = np.linalg.svd(np.einsum("hij,hde->ijde", pn / pn.sum(0), t), compute_uv=False) ** 2
+  participation = (pn.mean(0) * lam.sum(-1) ** 2 / (lam**2).sum(-1)).sum() / pn.shape[-1]
+  np.testing.assert_allclose(got.participation, participation, rtol=2e-5)
   assert float(got.stderr) == 0 and float(got.sampled_mass) == 0 and int(got.rank) == min(d, h * k)
 
 

@@ -80,6 +80,11 @@ def test_study_end_to_end_both_families_rerun_and_run_folders(tmp_path):
   assert {m["family"] for m in payload["models"]} == {"decoder", "encoder"}
   again = study.main(smoke_argv(tmp_path, "decoder,encoder"))        # reuses the finished models
   assert [m["trained"] for m in again["models"]] == [m["trained"] for m in payload["models"]]
+  # --reprobe: the models reloaded from their checkpoints probe as the trained models in memory did
+  fresh = study.main(smoke_argv(tmp_path, "decoder,encoder") + ["--reprobe", "true"])
+  for a, b in zip(fresh["models"], payload["models"]):
+    np.testing.assert_allclose([x["effective_participation"] for x in a["trained"]],
+                               [x["effective_participation"] for x in b["trained"]], rtol=1e-5)
   # the run-folder form (imported checkpoints): the saved model, reloaded and probed, gives the same rows
   m = payload["models"][0]
   folder = tmp_path / "models" / m["name"]
