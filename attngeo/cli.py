@@ -28,6 +28,8 @@ COMMANDS = {
     "export": ("attngeo.experiments.import_export:export_main", "a run's GPT back to the nanochat or GPT-2 layout"),
     "sit": ("attngeo.experiments.sit", "SiT on images; the ATTN->DMTN->DMAP transfer (Figures 3-5)"),
     "lm": ("attngeo.experiments.lm", "language models: train, eval (bpb, induction, DAC, CORE), sample, Table 2"),
+    "bench-probe": ("attngeo.experiments.bench_probe", "probe time and memory at the d12 shape; training-hook overhead"),
+    "study": ("attngeo.experiments.study", "studies that train, probe and compare models: study connection"),
 }
 
 # Errors that mean "the input is wrong", reported in one line (anything else is a bug: traceback).

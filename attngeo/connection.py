@@ -1,7 +1,7 @@
 """Multi-head attention as one connection walk (seed "From Self-Attention to Connection Laplacian").
 
 Column convention: tokens x_j ∈ R^d, head h has attention `P^h` `[n, n]` and transport
-`T^h = W_O^h W_V^h` `[d, d]` (rank ≤ d_h). The layer output is
+`T^h = W_O^h W_V^h = O_h V_h` `[d, d]` (`O_h` `[d, k]`, `V_h` `[k, d]`, rank ≤ k). The layer output is
 
     y_i = Σ_h Σ_j P^h_ij T^h x_j = H Σ_j W_ij T_ij x_j,
     W_ij = (1/H) Σ_h P^h_ij                       (the walk: row-stochastic),
@@ -11,18 +11,45 @@ A single head has the constant transport T_ij = T^1. The random-walk connection 
 `(Δ F)_i = F_i − Σ_j W_ij T_ij F_j` for vector fields F `[n, d]` — `I − (W ⊗ T)` — applied here
 as `F − (1/H) Σ_h P^h F T^hᵀ` without forming any per-edge T_ij.
 
-Diagnostics: scaled-isometry defect `δ(T) = min_c ‖TᵀT − cI‖_F / ‖TᵀT‖_F` on T's row space (T
-has rank ≤ d_h, so isometry is judged where it acts); walk reversibility (`markov.reversibility`);
-layer-to-layer stability of walks (relative Frobenius change, mean row Jensen–Shannon divergence,
-spectral distance). Layouts follow `attngeo.nn`: `wv` `[d, h, k]` (v = x·wv), `wo` `[h, k, d]`.
+**Scaled-isometry defect** `δ(T) = min_c ‖TᵀT − cI‖_F / ‖TᵀT‖_F` on T's row space (T has rank
+≤ k, so isometry is judged where it acts). With the r nonzero eigenvalues λ of `M = TᵀT`,
+`c = tr M / r` and `δ² = 1 − (tr M)² / (r ‖M‖_F²)`: δ needs two traces and a rank, nothing else.
+
+**Trace tables: the effective defect without per-edge d×d work.** `M_ij = Σ_ab g^a g^b T^aᵀT^b`,
+so `tr M_ij = gᵀ G g` and `‖M_ij‖_F² = Σ_abcd g^a g^b g^c g^d K_abcd` with, once per layer,
+
+    G_ab = tr(T^aᵀT^b) = tr(A_ab B_ba),   K_abcd = tr(T^aᵀT^b T^cᵀT^d) = tr(A_ab B_bc A_cd B_da),
+    A_ab = O_aᵀO_b,  B_ab = V_a V_bᵀ   ([k, k] blocks: H³k³ work, never d×d per edge).
+
+The rank of a gated mixture `T(g) = Σ_h g^h T^h` is *not* the sum of the heads' ranks (the row
+space of a mixture can be smaller than the sum of the row spaces), but it is a polynomial
+condition on g: on each gate support S = {h : g^h > 0} it equals the mixture's generic rank r(S)
+(its value at a random g supported on S) except on a proper algebraic subset of gates (measure
+zero). So δ(T_ij) is exact from (G, K, r(S_ij)). Softmax gates are positive on every unmasked
+edge, so one support — all heads — carries the walk; edges where some head's weight is exactly 0
+(underflow, head-specific masks) have other supports, whose share of W is estimated by sampling
+edges from W (importance sampling) with a reported standard error. This is the exact-arithmetic
+row space: a small but real singular value counts (a head with gate 10⁻⁴ still widens the row
+space), whereas the dense reference `effective_isometry_defect_dense` cuts eigenvalues below
+`rtol`·max numerically and so agrees only where every nonzero eigenvalue clears that cut.
+
+**Layer stability** of walks: relative Frobenius change, mean row Jensen–Shannon divergence, and
+the ℓ² distance between the k largest eigenvalue moduli (`walk_moduli`). Layouts follow
+`attngeo.nn`: `wv` `[d, h, k]` (v = x·wv), `wo` `[h, k, d]`.
 """
 from __future__ import annotations
+
+import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from attngeo import _checks, markov
+
+_HI = jax.lax.Precision.HIGHEST
+_TINY = 1e-30
 
 
 def _check_heads(p, transports):
@@ -35,11 +62,15 @@ def _check_heads(p, transports):
     raise ValueError(f"P has {p.shape[0]} heads but transports has {transports.shape[0]}")
 
 
-def head_transports(wv, wo) -> jax.Array:
-  """`T^h = W_O^h W_V^h` `[h, d, d]` (column convention) from `wv` `[d, h, k]`, `wo` `[h, k, d]`."""
+def _check_factors(wv, wo):
   if wv.ndim != 3 or wo.ndim != 3 or wv.shape[1:] != wo.shape[:2] or wv.shape[0] != wo.shape[2]:
     raise ValueError(f"wv must be [d, h, k] and wo [h, k, d] with matching h, k, d; got {wv.shape}, {wo.shape}")
-  return jnp.einsum("dhk,hke->hed", wv, wo)
+
+
+def head_transports(wv, wo) -> jax.Array:
+  """`T^h = W_O^h W_V^h` `[h, d, d]` (column convention) from `wv` `[d, h, k]`, `wo` `[h, k, d]`."""
+  _check_factors(wv, wo)
+  return jnp.einsum("dhk,hke->hed", wv, wo, precision=_HI)
 
 
 def walk(p) -> jax.Array:
@@ -48,7 +79,7 @@ def walk(p) -> jax.Array:
   return p.mean(-3)
 
 
-def gates(p, eps: float = 1e-30) -> jax.Array:
+def gates(p, eps: float = _TINY) -> jax.Array:
   """`g^h_ij = P^h_ij / Σ_h' P^h'_ij` `[h, n, n]` (0 where no head attends)."""
   return p / jnp.maximum(p.sum(0, keepdims=True), eps)
 
@@ -59,28 +90,249 @@ def edge_transports(p, transports, rows=None) -> jax.Array:
   g = gates(p)
   if rows is not None:
     g = g[:, rows]
-  return jnp.einsum("hij,hde->ijde", g, transports)
+  return jnp.einsum("hij,hde->ijde", g, transports, precision=_HI)
 
 
-def isometry_defect(t, rtol: float = 1e-6) -> jax.Array:
-  """`min_c ‖TᵀT − cI‖_F / ‖TᵀT‖_F` on the row space of T `[..., d, d]`: 0 iff T is a scaled isometry there.
+# ----------------------------------------------------------------------------- isometry defect
 
-  With the nonzero eigenvalues λ of TᵀT (those above `rtol`·max), c = mean λ and the defect is
-  `sqrt(Σ (λ − mean λ)² / Σ λ²)`. Returns (defect [...], scale c [...]).
-  """
-  lam = jnp.linalg.eigvalsh(jnp.swapaxes(t, -1, -2) @ t)
-  keep = lam > rtol * jnp.max(lam, -1, keepdims=True)
+def _row_space(lam, rtol):
+  """Mask of the eigenvalues λ `[..., m]` of TᵀT counted as nonzero: λ > rtol·max λ."""
+  return lam > rtol * jnp.max(lam, -1, keepdims=True)
+
+
+def _defect(trace, frob2, rank):
+  """`δ = sqrt(1 − tr² / (r ‖M‖_F²))` and `c = tr / r` (δ = 0 for M = 0)."""
+  rank = jnp.maximum(rank, 1)
+  ratio = trace**2 / (rank * jnp.maximum(frob2, _TINY))
+  return jnp.sqrt(jnp.clip(1.0 - ratio, 0.0, 1.0)), trace / rank
+
+
+def _defect_from_eigenvalues(lam, rtol):
+  keep = _row_space(lam, rtol)
   r = jnp.maximum(keep.sum(-1), 1)
   mean = jnp.sum(jnp.where(keep, lam, 0.0), -1) / r
   num = jnp.sum(jnp.where(keep, (lam - mean[..., None]) ** 2, 0.0), -1)
-  den = jnp.maximum(jnp.sum(jnp.where(keep, lam**2, 0.0), -1), 1e-30)
+  den = jnp.maximum(jnp.sum(jnp.where(keep, lam**2, 0.0), -1), _TINY)
   return jnp.sqrt(num / den), mean
 
 
-def effective_isometry_defect(p, transports, chunk: int = 64) -> jax.Array:
-  """W-weighted mean over edges of `isometry_defect(T_ij)`: `Σ_ij W_ij δ(T_ij) / n`.
+def isometry_defect(t, rtol: float = 1e-6) -> tuple[jax.Array, jax.Array]:
+  """`min_c ‖TᵀT − cI‖_F / ‖TᵀT‖_F` on the row space of T `[..., d, d]`: 0 iff T is a scaled isometry there.
 
-  Computed in chunks of `chunk` query rows, so at most chunk·n·d² transports exist at once.
+  With the nonzero eigenvalues λ of TᵀT (those above `rtol`·max), c = mean λ and the defect is
+  `sqrt(Σ (λ − mean λ)² / Σ λ²)`. Dense (one d×d eigensolve per matrix). Returns (defect [...], scale c [...]).
+  """
+  lam = jnp.linalg.eigvalsh(jnp.matmul(jnp.swapaxes(t, -1, -2), t, precision=_HI))
+  return _defect_from_eigenvalues(lam, rtol)
+
+
+def head_isometry_defect(wv, wo, rtol: float = 1e-6) -> tuple[jax.Array, jax.Array]:
+  """`isometry_defect(T^h)` of every head `[h]` from k×k blocks, without forming T^h.
+
+  The nonzero eigenvalues of `T^hᵀT^h = V_hᵀ (O_hᵀO_h) V_h` are those of `A B` with
+  `A = O_hᵀO_h`, `B = V_h V_hᵀ` (k×k), i.e. of the symmetric `B^{1/2} A B^{1/2}`. Returns
+  (defect [h], scale c [h]).
+  """
+  _check_factors(wv, wo)
+  wv, wo = wv.astype(jnp.float32), wo.astype(jnp.float32)
+  a = jnp.einsum("hke,hle->hkl", wo, wo, precision=_HI)                    # O_hᵀO_h  [h, k, k]
+  b = jnp.einsum("dhk,dhl->hkl", wv, wv, precision=_HI)                    # V_h V_hᵀ [h, k, k]
+  lb, ub = jnp.linalg.eigh(b)
+  half = jnp.matmul(ub * jnp.sqrt(jnp.maximum(lb, 0.0))[:, None, :], jnp.swapaxes(ub, -1, -2), precision=_HI)
+  core = jnp.matmul(jnp.matmul(half, a, precision=_HI), half, precision=_HI)
+  lam = jnp.linalg.eigvalsh(0.5 * (core + jnp.swapaxes(core, -1, -2)))
+  return _defect_from_eigenvalues(jnp.maximum(lam, 0.0), rtol)
+
+
+class TransportTables(NamedTuple):
+  """What the effective defect needs of a layer's head transports, computed once per layer:
+  `gram[a, b] = tr(T^aᵀT^b)` `[h, h]`, `quartic[a, b, c, d] = tr(T^aᵀT^b T^cᵀT^d)` `[h, h, h, h]`,
+  the ranks of the stacked factors `rank_o = rank O`, `rank_v = rank V` and `rank`, the rank of
+  the mixture with every head gating (`mixture_rank`)."""
+  gram: jax.Array
+  quartic: jax.Array
+  rank_o: jax.Array
+  rank_v: jax.Array
+  rank: jax.Array
+
+
+def transport_tables(wv, wo, *, key=None, rtol: float = 1e-12) -> TransportTables:
+  """`TransportTables` from `wv` `[d, h, k]`, `wo` `[h, k, d]` through the k×k blocks
+  `A_ab = O_aᵀO_b`, `B_ab = V_a V_bᵀ` (H³k³ work and H²k² memory per head a, never d×d per pair).
+  `key`, `rtol`: the random draws and the cut of `mixture_rank` (draws only when the factor ranks
+  do not pin the rank)."""
+  _check_factors(wv, wo)
+  key = jax.random.PRNGKey(0) if key is None else key
+  wv, wo = wv.astype(jnp.float32), wo.astype(jnp.float32)
+  a = jnp.einsum("ake,ble->abkl", wo, wo, precision=_HI)                   # A_ab [h, h, k, k]
+  b = jnp.einsum("dak,dbl->abkl", wv, wv, precision=_HI)                   # B_ab [h, h, k, k]
+  gram = jnp.einsum("abkl,balk->ab", a, b, precision=_HI)
+
+  def row(i):                                                               # K[i, :, :, :]
+    left = jnp.einsum("bkl,bclm->bckm", a[i], b, precision=_HI)             # A_ib B_bc
+    right = jnp.einsum("cdkl,dlm->cdkm", a, b[:, i], precision=_HI)         # A_cd B_di
+    return jnp.einsum("bckm,cdmk->bcd", left, right, precision=_HI)
+
+  every = jnp.ones((wv.shape[1],), bool)
+  r_o, r_v = _factor_ranks(wv, wo, every, rtol)
+  rank = _pinned_or_generic(wv, wo, every, jax.random.exponential(key, (2, wv.shape[1])), r_o, r_v, rtol)
+  return TransportTables(gram, jax.lax.map(row, jnp.arange(a.shape[0])), r_o, r_v, rank)
+
+
+def gated_traces(g, tables: TransportTables) -> tuple[jax.Array, jax.Array]:
+  """`(tr M, ‖M‖_F²)` `[...]` of `M = T(g)ᵀT(g)`, `T(g) = Σ_h g^h T^h`, for gates g `[..., h]`."""
+  h = tables.gram.shape[0]
+  t = jnp.einsum("...a,ab,...b->...", g, tables.gram, g, precision=_HI)
+  u = (g[..., :, None] * g[..., None, :]).reshape(g.shape[:-1] + (h * h,))
+  f2 = jnp.sum(jnp.matmul(u, tables.quartic.reshape(h * h, h * h), precision=_HI) * u, -1)
+  return t, f2
+
+
+def _rank(x, rtol):
+  """Numerical rank of x `[..., m, n]`: singular values with `σ² > rtol·σ_max²`."""
+  return _row_space(jnp.linalg.svd(x, compute_uv=False) ** 2, rtol).sum(-1)
+
+
+def _factor_ranks(wv, wo, support, rtol):
+  """(rank O_S, rank V_S) of the supported heads' stacked factors (unsupported heads zeroed)."""
+  h, k = wv.shape[1], wv.shape[2]
+  sel = support.astype(jnp.float32)[:, None]
+  r_o = _rank((wo * sel[:, :, None]).reshape(h * k, -1), rtol)             # O_Sᵀ [m, d]
+  r_v = _rank((wv * sel[None]).reshape(wv.shape[0], h * k), rtol)          # V_Sᵀ [d, m]
+  return r_o, r_v
+
+
+def _pinned_or_generic(wv, wo, support, expo, r_o, r_v, rtol):
+  """Rank of the mixture on `support` from the factor ranks, else the max over random draws:
+  `expo` `[draws, h]` standard exponentials (normalised on the support: Dirichlet(1, …, 1) gates)."""
+  k = wv.shape[2]
+  m = support.sum() * k
+
+  def generic(_):
+    def one(e):
+      g = e * support
+      g = g / jnp.maximum(g.sum(), _TINY)
+      return _rank(jnp.einsum("dhk,h,hke->ed", wv, g, wo, precision=_HI), rtol)
+    return jnp.max(jax.vmap(one)(expo))
+
+  pinned = (r_o == m) | (r_v == m)
+  rank = jax.lax.cond(pinned, lambda _: jnp.where(r_o == m, r_v, r_o), generic, None)
+  return jnp.where(jnp.any(support), rank, 0)
+
+
+def mixture_rank(wv, wo, support, key, *, draws: int = 2, rtol: float = 1e-12) -> jax.Array:
+  """Rank of `T(g) = Σ_h g^h T^h = O D_g V` for gates g > 0 on `support` `[h]` (bool).
+
+  `O = [O_h]` `[d, m]`, `V = [V_h]` `[m, d]`, `D_g = diag(g^h I_k)` over the m = |S|·k supported head
+  dimensions, invertible. If O is injective (rank m), `rank T(g) = rank V` for *every* such g; if
+  V is surjective (rank m), `rank T(g) = rank O` — the usual case (H·k ≤ d, full-rank weights)
+  needs two factor ranks and no draw. Otherwise (H·k > d, or degenerate weights) the rank is
+  generic: its value at a random g (Dirichlet on the support) with probability 1; a draw can only
+  under-count numerically, so the maximum over `draws` draws is taken. Ranks count singular
+  values (not eigenvalues of TᵀT, which square the conditioning) with `σ² > rtol·σ_max²`; float32
+  SVD leaves structural zeros below ~3·10⁻⁷·σ_max at d = 768, under the default cut σ = 10⁻⁶·σ_max.
+  """
+  _check_factors(wv, wo)
+  wv, wo = wv.astype(jnp.float32), wo.astype(jnp.float32)
+  r_o, r_v = _factor_ranks(wv, wo, support, rtol)
+  return _pinned_or_generic(wv, wo, support, jax.random.exponential(key, (draws, wv.shape[1])), r_o, r_v, rtol)
+
+
+class EffectiveDefect(NamedTuple):
+  """The effective transport's defect, W-weighted over edges: `mean = Σ_ij W_ij δ(T_ij) / n`.
+
+  `stderr`: standard error of the sampled part (0 when every edge has the all-heads support);
+  `scale`: `Σ_ij W_ij c_ij / n`, the mean scale c; `rank`: generic rank r of the all-heads mixture;
+  `sampled_mass`: the share of W on edges with another gate support (estimated by sampling);
+  `participation`: `Σ_ij W_ij (tr M_ij)² / ‖M_ij‖_F² / n`, the mean participation ratio of the
+  eigenvalues of `M = TᵀT` — the number of directions T_ij acts on with comparable gain
+  (`δ² = 1 − participation / r` edge by edge, so it tells a non-isometric gain profile apart
+  from a gated mixture that acts on few of its r directions).
+  """
+  mean: jax.Array
+  stderr: jax.Array
+  scale: jax.Array
+  rank: jax.Array
+  sampled_mass: jax.Array
+  participation: jax.Array
+
+
+def effective_isometry_defect(p, wv, wo, *, key=None, samples: int = 32, rtol: float = 1e-12,
+                              chunk: int = 64, tables: TransportTables | None = None) -> EffectiveDefect:
+  """W-weighted mean `Σ_ij W_ij δ(T_ij) / n` of the effective transport's defect, from trace tables.
+
+  p: per-head attention `[h, n, n]`; wv `[d, h, k]`, wo `[h, k, d]`. Edges whose gates are all
+  positive (every unmasked softmax edge) get δ exactly from `(G, K, r)`, `chunk` query rows at a
+  time (chunk·n·h² memory). Edges with a partial support (some head exactly 0) carry mass
+  `sampled_mass`; `samples` of them are drawn from W (key `key`), each gets its own support's
+  generic rank, and their mean enters with its standard error (`samples` ≥ 2). `rtol`: the rank
+  cut of `mixture_rank`. Jit-compatible (validation only on concrete inputs). Returns `EffectiveDefect`.
+  """
+  _check_factors(wv, wo)
+  _checks.check_stochastic("P", p)
+  if p.ndim != 3 or p.shape[0] != wv.shape[1]:
+    raise ValueError(f"P must be [heads, n, n] with heads = {wv.shape[1]} (wv's); got shape {p.shape}")
+  if samples < 2:
+    raise ValueError(f"samples must be at least 2 (a standard error needs two); got {samples}")
+  key = jax.random.PRNGKey(0) if key is None else key
+  tables = transport_tables(wv, wo, key=jax.random.fold_in(key, 1), rtol=rtol) if tables is None else tables
+  return _effective(p, wv, wo, key, tables, samples=samples, rtol=rtol, chunk=chunk)
+
+
+@functools.partial(jax.jit, static_argnames=("samples", "rtol", "chunk"))
+def _effective(p, wv, wo, key, tables, *, samples, rtol, chunk):
+  h, n, k = p.shape[0], p.shape[-1], wv.shape[2]
+  draws = 2
+  wv, wo = wv.astype(jnp.float32), wo.astype(jnp.float32)
+  # one draw of uniforms for everything random (one RNG program to compile): Gumbel noise for the
+  # two categorical draws, exponentials for the Dirichlet gates of the rank draws
+  u = jax.random.uniform(key, (2 * samples * n + samples * draws * h,), minval=_TINY, maxval=1.0)
+  gumbel = -jnp.log(-jnp.log(u[:2 * samples * n])).reshape(2, samples, n)
+  expo = -jnp.log(u[2 * samples * n:]).reshape(samples, draws, h)
+  r_o, r_v, r_full = tables.rank_o, tables.rank_v, tables.rank
+  pt = jnp.transpose(p.astype(jnp.float32), (1, 2, 0))                      # [n, n, h]
+
+  def row(pi):                                                              # pi [n, h]: row i of every head
+    s = pi.sum(-1)
+    g = pi / jnp.maximum(s, _TINY)[:, None]
+    w = s / h
+    full = jnp.all(pi > 0, -1)
+    tr, f2 = gated_traces(g, tables)
+    d, c = _defect(tr, f2, r_full)
+    rest = jnp.where(full, 0.0, w)
+    part = tr**2 / jnp.maximum(f2, _TINY)
+    return (jnp.sum(jnp.where(full, w * d, 0.0)), jnp.sum(jnp.where(full, w * c, 0.0)),
+            jnp.sum(jnp.where(full, w * part, 0.0)), rest)
+
+  d_sum, c_sum, p_sum, rest = jax.lax.map(row, pt, batch_size=min(chunk, n))  # rest [n, n]: W off full support
+  rest_rows = rest.sum(-1)
+  sampled_mass = rest_rows.sum() / n
+
+  def sampled(_):
+    i = jnp.argmax(jnp.log(rest_rows) + gumbel[0], -1)                     # rows ∝ their off-support mass
+    j = jnp.argmax(jnp.log(rest[i]) + gumbel[1], -1)                       # then a column ∝ W_ij in the row
+    pij = pt[i, j]                                                          # [samples, h]
+    g = pij / jnp.maximum(pij.sum(-1, keepdims=True), _TINY)
+    support = pij > 0
+    # full-rank factors (rank H·k each): every sub-support S is pinned at |S|·k; else rank each support
+    ranks = jax.lax.cond((r_o == h * k) & (r_v == h * k), lambda _: support.sum(-1) * k,
+                         lambda _: jax.lax.map(lambda a: _pinned_or_generic(wv, wo, a[0], a[1], *_factor_ranks(
+                             wv, wo, a[0], rtol), rtol), (support, expo)), None)
+    tr, f2 = gated_traces(g, tables)
+    d, c = _defect(tr, f2, ranks)
+    return d.mean(), d.std(ddof=1) / np.sqrt(samples), c.mean(), (tr**2 / jnp.maximum(f2, _TINY)).mean()
+
+  zero = jnp.zeros((), jnp.float32)
+  d_mean, d_se, c_mean, p_mean = jax.lax.cond(sampled_mass > 0, sampled, lambda _: (zero,) * 4, None)
+  return EffectiveDefect(mean=d_sum.sum() / n + sampled_mass * d_mean, stderr=sampled_mass * d_se,
+                         scale=c_sum.sum() / n + sampled_mass * c_mean, rank=r_full, sampled_mass=sampled_mass,
+                         participation=p_sum.sum() / n + sampled_mass * p_mean)
+
+
+def effective_isometry_defect_dense(p, transports, rtol: float = 1e-6, chunk: int = 64) -> jax.Array:
+  """Dense reference: `Σ_ij W_ij isometry_defect(T_ij) / n` with every T_ij formed and eigensolved.
+
+  n²·d³ work (chunks of `chunk` query rows: chunk·n·d² memory); small models and tests only.
   """
   _check_heads(p, transports)
   n = p.shape[-1]
@@ -88,10 +340,12 @@ def effective_isometry_defect(p, transports, chunk: int = 64) -> jax.Array:
   total = 0.0
   for start in range(0, n, chunk):
     rows = np.arange(start, min(start + chunk, n))
-    d, _ = isometry_defect(edge_transports(p, transports, rows))
+    d, _ = isometry_defect(edge_transports(p, transports, rows), rtol)
     total = total + jnp.sum(w[rows] * d)
   return total / n
 
+
+# ----------------------------------------------------------------------------- Laplacian
 
 def connection_laplacian_apply(p, transports, f) -> jax.Array:
   """`(ΔF)_i = F_i − Σ_j W_ij T_ij F_j = F − (1/H) Σ_h P^h F T^hᵀ` for F `[n, d]`; no T_ij formed."""
@@ -109,31 +363,37 @@ def connection_laplacian_matrix(p, transports) -> jax.Array:
   return jnp.eye(n * d) - blocks.reshape(n * d, n * d)
 
 
+# ----------------------------------------------------------------------------- layer stability
+
 def relative_change(w1, w2) -> jax.Array:
   """`‖W₂ − W₁‖_F / ‖W₁‖_F` [...]."""
   return jnp.linalg.norm(w2 - w1, axis=(-2, -1)) / jnp.linalg.norm(w1, axis=(-2, -1))
 
 
-def row_js_divergence(w1, w2, eps: float = 1e-30) -> jax.Array:
-  """Mean over rows of the Jensen–Shannon divergence (nats, ≤ log 2) between the rows of two walks."""
+def row_js_divergence(w1, w2) -> jax.Array:
+  """Mean over rows of the Jensen–Shannon divergence (nats, ≤ log 2) between the rows of two walks:
+  `JS = ½ KL(w₁‖m) + ½ KL(w₂‖m)`, `m = (w₁ + w₂)/2` (`jax.scipy.special.rel_entr`)."""
   m = 0.5 * (w1 + w2)
-  kl = lambda a, b: jnp.sum(jnp.where(a > 0, a * (jnp.log(jnp.maximum(a, eps)) - jnp.log(jnp.maximum(b, eps))), 0.0), -1)
-  return (0.5 * kl(w1, m) + 0.5 * kl(w2, m)).mean(-1)
+  rel = jax.scipy.special.rel_entr
+  return (0.5 * jnp.sum(rel(w1, m), -1) + 0.5 * jnp.sum(rel(w2, m), -1)).mean(-1)
 
 
-def spectral_distance(w1, w2, k: int = 16) -> jax.Array:
-  """ℓ² distance between the k largest eigenvalue moduli of two walks (CPU eigensolver)."""
-  return jnp.linalg.norm(_moduli(w1, k) - _moduli(w2, k), axis=-1)
+def walk_moduli(w, k: int = 16, *, triangular: bool = False) -> jax.Array:
+  """The k largest eigenvalue moduli `[..., k]` of a walk, descending (λ₀ = 1).
 
-
-def _moduli(w, k):
+  The one place the probe and the study take spectra: `markov.spectrum` (swap in an iterative
+  solver there), except for a triangular walk (causal attention), whose eigenvalues are exactly
+  its diagonal.
+  """
+  if triangular:
+    return -jnp.sort(-jnp.abs(jnp.diagonal(w, axis1=-2, axis2=-1)), -1)[..., :k]
   return jnp.abs(markov.spectrum(w, k))
 
 
-def stability(walks: list, k: int = 16) -> list[dict[str, float]]:
+def stability(walks: list, k: int = 16, *, triangular: bool = False) -> list[dict[str, float]]:
   """Per consecutive layer pair: relative Frobenius change, row JS divergence, spectral distance
-  (each walk's spectrum computed once)."""
-  moduli = [_moduli(w, k) for w in walks]
+  (ℓ² between the k largest eigenvalue moduli; each walk's spectrum computed once)."""
+  moduli = [walk_moduli(w, k, triangular=triangular) for w in walks]
   out = []
   for (w1, w2), (m1, m2) in zip(zip(walks[:-1], walks[1:]), zip(moduli[:-1], moduli[1:])):
     out.append(dict(relative_change=float(jnp.mean(relative_change(w1, w2))),

@@ -1,18 +1,28 @@
 """Geometry probe of a model: per-layer Markov, Bakry–Émery and connection-walk read-outs.
 
-For each attention layer (q, k captured during a forward pass; dense P per head, so small n):
+For each attention layer (q, k captured during one forward pass; dense P per head `[b, h, n, n]`):
 
 * `eff_neighbours` `e^{H̄}`, `eps_rev` `ε_rev`, `rho_skew` `ρ_skew` (parametric logits, double
-  centred) — per head, averaged over the batch;
+  centred) — per head `[h]`, averaged over the batch;
 * `curvature` — median over tokens of the Bakry–Émery bound (`geometry.family_curvature`, n = ∞,
   τ = 1) of the head-averaged walk W over the family of the top-3 principal coordinates of
-  `m = (q + k)/√2` (the coordinates in which DMAP is a Gaussian kernel);
-* with the layer's value/output weights (`model_report`): spectral gap `1 − |λ₁(W)|`, walk
-  reversibility, isometry defect of headwise and effective transports (`attngeo.connection`), and
-  stability of W to the next layer.
+  `m = (q + k)/√2` (the coordinates in which DMAP is a Gaussian kernel), averaged over the batch;
+* from the walk `W = (1/H) Σ_h P^h` and the layer's value/output weights (`attngeo.connection`),
+  averaged over the batch: `spectral_gap` `1 − |λ₁(W)|`, `walk_eps_rev`; `head_isometry_defect`
+  `[h]` (k×k cores); `effective_isometry_defect` of `T_ij = Σ_h g^h_ij T^h` (trace tables, exact
+  on every edge with all heads gating; `_se` its standard error from the sampled partial-support
+  edges, 0 when there are none), `effective_scale`, `effective_rank` r, `effective_participation`
+  (mean participation ratio `(tr TᵀT)²/‖TᵀT‖_F²` of T_ij: δ² = 1 − participation/r edge by
+  edge), `partial_support_mass`;
+* `next_relative_change`, `next_js_divergence`, `next_spectral_distance` — stability of W to the
+  next probed layer (`next_layer`), spectra from `connection.walk_moduli`.
 
-Causal note: under a causal mask the walk drains into token 0 (π = δ₀, ε_rev = 0 by definition);
-read ρ_skew and the transports there, not ε_rev.
+Nothing is d×d per edge: a layer costs the dense P (b·h·n²), H³k³ for the trace tables, n²·H⁴ for
+their contraction and one spectrum of W. `model_report` takes any module tree containing
+`attngeo.nn.Attention` layers (`wv` `[d, h, k]`, `wo` `[h, k, d]`); `hook` logs the layer means
+during training. Causal note: under a causal mask the walk drains into token 0 (π = δ₀, ε_rev = 0
+by definition) and W is triangular (its spectrum is its diagonal); read ρ_skew and the transports
+there, not ε_rev.
 """
 from __future__ import annotations
 
@@ -24,12 +34,24 @@ import numpy as np
 
 from attngeo import connection, geometry, markov, nn, operators
 
+SUMMARY_KEYS = ("eff_neighbours", "eps_rev", "rho_skew", "curvature", "spectral_gap", "walk_eps_rev",
+                "head_isometry_defect", "effective_isometry_defect", "next_relative_change", "next_js_divergence",
+                "next_spectral_distance")
+
 
 def _principal_coordinates(x, k: int = 3):
-  """Top-k principal coordinates of x `[n, D]` (centred): `[n, k]`."""
+  """Top-k principal coordinates of x `[n, D]` (centred): `[n, k]` (`U_k Σ_k` of its SVD, up to signs).
+
+  From the eigenvectors of the smaller Gram matrix (D×D covariance or n×n kernel), not an SVD
+  of x: the top k are well separated from round-off and the eigensolver is several times faster.
+  """
   x = x - x.mean(0)
-  u, s, _ = jnp.linalg.svd(x, full_matrices=False)
-  return u[:, :k] * s[:k]
+  n, dim = x.shape
+  if dim <= n:
+    _, v = jnp.linalg.eigh(jnp.matmul(x.T, x, precision=jax.lax.Precision.HIGHEST))
+    return jnp.matmul(x, v[:, ::-1][:, :k], precision=jax.lax.Precision.HIGHEST)
+  lam, u = jnp.linalg.eigh(jnp.matmul(x, x.T, precision=jax.lax.Precision.HIGHEST))
+  return u[:, ::-1][:, :k] * jnp.sqrt(jnp.maximum(lam[::-1][:k], 0.0))
 
 
 @jax.jit
@@ -39,8 +61,13 @@ def _curvature(w, m):
   return jnp.median(geometry.family_curvature(w, f, tau=1.0), -1)
 
 
-@functools.partial(jax.jit, static_argnames="causal")
-def _stats(q, k, beta, alpha, causal):
+def _coefficients(beta, alpha, h):
+  as_heads = lambda x: jnp.broadcast_to(jnp.asarray(x, jnp.float32), (h,))
+  return as_heads(beta), as_heads(alpha)
+
+
+def _stats_impl(q, k, beta, alpha, causal):
+  q, k = q.astype(jnp.float32), k.astype(jnp.float32)
   lg = operators.logits(q, k, beta=beta, alpha=alpha).full
   p = operators.rownorm(lg, causal=causal)
   m = ((q + k) / jnp.sqrt(2.0)).reshape(q.shape[0], q.shape[1], -1)
@@ -50,17 +77,13 @@ def _stats(q, k, beta, alpha, causal):
              "curvature": _curvature(p.mean(1), m).mean()}
 
 
-def _dense(q, k, beta, alpha, causal):
-  h = q.shape[2]
-  beta = jnp.broadcast_to(jnp.asarray(beta, jnp.float32), (h,))
-  alpha = jnp.broadcast_to(jnp.asarray(alpha, jnp.float32), (h,))
-  p, stats = _stats(q.astype(jnp.float32), k.astype(jnp.float32), beta, alpha, causal)
-  return p, {key: np.asarray(v) for key, v in stats.items()}
+_stats = functools.partial(jax.jit, static_argnames="causal")(_stats_impl)
 
 
 def layer_stats(q, k, beta, alpha, causal: bool = False) -> dict[str, np.ndarray]:
   """Per-head [h] `eff_neighbours`, `eps_rev`, `rho_skew` and the scalar `curvature` of one layer."""
-  return _dense(q, k, beta, alpha, causal)[1]
+  beta, alpha = _coefficients(beta, alpha, q.shape[2])
+  return {key: np.asarray(v) for key, v in _stats(q, k, beta, alpha, causal)[1].items()}
 
 
 def model_stats(model, run) -> list[dict[str, np.ndarray]]:
@@ -71,41 +94,178 @@ def model_stats(model, run) -> list[dict[str, np.ndarray]]:
 
 
 def summarise(per_layer: list[dict]) -> dict[str, float]:
-  """Mean over layers (and heads) of each numeric statistic."""
-  keys = [k for k, v in per_layer[0].items() if np.ndim(v) <= 1]
-  return {key: float(np.mean([np.mean(layer[key]) for layer in per_layer])) for key in keys}
+  """Mean over layers (and heads) of each numeric statistic present in the rows."""
+  keys = [k for k, v in per_layer[0].items() if np.ndim(v) <= 1 and k != "layer"]
+  out = {}
+  for key in keys:
+    vals = [np.mean(layer[key]) for layer in per_layer if layer.get(key) is not None]
+    out[key] = float(np.mean(vals))
+  return out
 
 
-def model_report(model, run, sample: int = 0) -> list[dict]:
-  """Full per-layer report (stats + walk + transports + stability) on batch element `sample`."""
-  _, qks = nn.capture_qk(model, run)
+# ----------------------------------------------------------------------------- full per-layer read-outs
+
+def _layer_impl(q, k, wv, wo, beta, alpha, key, *, causal, samples, num_moduli):
+  """All read-outs of one layer: (dict of arrays, walks [b, n, n], moduli [b, num_moduli])."""
+  p, stats = _stats_impl(q, k, beta, alpha, causal)
+  head_d, head_c = connection.head_isometry_defect(wv, wo)
+  tables = connection.transport_tables(wv, wo, key=jax.random.fold_in(key, 1))
+
+  def per_sample(args):
+    ph, kk = args
+    w = ph.mean(0)
+    moduli = connection.walk_moduli(w, num_moduli, triangular=causal)
+    eff = connection.effective_isometry_defect(ph, wv, wo, key=kk, samples=samples, tables=tables)
+    return (w, moduli, markov.reversibility(w), eff)
+
+  keys = jax.random.split(key, p.shape[0])
+  w, moduli, walk_rev, eff = jax.lax.map(per_sample, (p, keys))
+  b = p.shape[0]
+  out = dict(stats, spectral_gap=jnp.mean(1.0 - moduli[:, 1]), walk_eps_rev=walk_rev.mean(),
+             head_isometry_defect=head_d, head_scale=head_c,
+             effective_isometry_defect=eff.mean.mean(),
+             effective_isometry_defect_se=jnp.sqrt(jnp.sum(eff.stderr**2)) / b,
+             effective_scale=eff.scale.mean(), effective_rank=eff.rank[0],
+             effective_participation=eff.participation.mean(),
+             partial_support_mass=eff.sampled_mass.mean())
+  return out, w, moduli
+
+
+_layer = functools.partial(jax.jit, static_argnames=("causal", "samples", "num_moduli"))(_layer_impl)
+
+
+def _pair_impl(w1, w2, m1, m2):
+  """Stability of walks w1 → w2 `[b, n, n]` with moduli m1, m2 `[b, k]`, averaged over the batch."""
+  return {"next_relative_change": connection.relative_change(w1, w2).mean(),
+          "next_js_divergence": connection.row_js_divergence(w1, w2).mean(),
+          "next_spectral_distance": jnp.linalg.norm(m1 - m2, axis=-1).mean()}
+
+
+_pair = jax.jit(_pair_impl)
+
+
+def _selection(name: str, value, size: int) -> list[int]:
+  if value is None:
+    return list(range(size))
+  idx = [int(i) for i in value]
+  if not idx or any(not 0 <= i < size for i in idx) or len(set(idx)) != len(idx):
+    raise ValueError(f"{name} must be distinct indices in [0, {size}); got {list(value)}")
+  return idx
+
+
+def _layer_inputs(q, k, m, heads):
+  """(q, k, wv, wo, β [h], α [h]) of one Attention restricted to `heads` (None: all), on one device.
+
+  The probe of a layer is a single-device program; placing its inputs on the default device also
+  keeps one compiled program per shape whatever sharding the model's arrays carry (a trained
+  model's mesh shardings would otherwise key a second compilation).
+  """
+  beta, alpha = _coefficients(*m.coefficients(), m.num_heads)
+  wv, wo = m.wv[...], m.wo[...]
+  if heads is not None:
+    hs = np.asarray(heads)
+    q, k, wv, wo, beta, alpha = q[:, :, hs], k[:, :, hs], wv[:, hs], wo[hs], beta[hs], alpha[hs]
+  return jax.device_put((q, k, wv, wo, beta, alpha), jax.devices()[0])
+
+
+def _validate(model, layers, heads, samples, num_moduli):
   mods = nn.attention_modules(model)
-  rows, walks = [], []
-  for (q, k), m in zip(qks, mods):
-    p, stats = _dense(q, k, *m.coefficients(), m.causal)
-    ph = p[sample]                                                           # [h, n, n]
-    w = connection.walk(ph)
-    t = connection.head_transports(m.wv[...], m.wo[...])
-    head_defect, _ = connection.isometry_defect(t)
-    row = {key: v.tolist() for key, v in stats.items()}
-    row.update(spectral_gap=float(markov.spectral_gap(w)), walk_eps_rev=float(markov.reversibility(w)),
-               head_isometry_defect=np.asarray(head_defect).tolist(),
-               effective_isometry_defect=float(connection.effective_isometry_defect(ph, t)))
+  if not mods:
+    raise ValueError(f"model ({type(model).__name__}) contains no attngeo.nn.Attention layer to probe")
+  layers = _selection("layers", layers, len(mods))
+  if heads is not None:
+    heads = _selection("heads", heads, min(mods[i].num_heads for i in layers))
+  if samples < 2:
+    raise ValueError(f"samples must be at least 2; got {samples}")
+  if num_moduli < 2:
+    raise ValueError(f"num_moduli must be at least 2 (the gap needs λ₁); got {num_moduli}")
+  return mods, layers, heads
+
+
+def model_report(model, run, *, layers=None, heads=None, samples: int = 32, seed: int = 0, num_moduli: int = 16,
+                 progress: bool = True, desc: str = "probe") -> list[dict]:
+  """Per-layer read-outs (see the module docstring) of `model` while `run()` executes it.
+
+  Args:
+    model: any NNX module tree containing `attngeo.nn.Attention` layers (GPT, DiT, PointFlow,
+      imported checkpoints), indexed in `nn.attention_modules` order.
+    run: zero-argument callable running the model on the probe batch (q, k are captured).
+    layers: indices of the layers to probe (default all); stability is to the next probed one.
+    heads: head indices to keep in every probed layer (default all): the walk and the effective
+      transport are then those of the kept heads.
+    samples: edges drawn per batch element for the partial-support part of the effective defect.
+    seed: key of that sampling. num_moduli: eigenvalue moduli kept for the spectral distance.
+    progress: a tqdm bar per layer.
+  Returns:
+    one dict per probed layer: `layer`, per-head lists, scalars, and `next_*` (None on the last).
+  """
+  from tqdm.auto import tqdm
+  mods, layers, heads = _validate(model, layers, heads, samples, num_moduli)
+  _, qks = nn.capture_qk(model, run)
+  key = jax.random.PRNGKey(seed)
+  rows, prev = [], None
+  for idx in tqdm(layers, desc=desc, disable=not progress, leave=False, dynamic_ncols=True):
+    q, k, wv, wo, beta, alpha = _layer_inputs(*qks[idx], mods[idx], heads)
+    out, w, moduli = _layer(q, k, wv, wo, beta, alpha, jax.random.fold_in(key, idx), causal=mods[idx].causal,
+                            samples=samples, num_moduli=num_moduli)
+    if prev is not None:
+      rows[-1].update({kk: float(v) for kk, v in jax.device_get(_pair(prev[0], w, prev[1], moduli)).items()},
+                      next_layer=idx)
+    row = {"layer": idx}
+    row.update({kk: (np.asarray(v).tolist() if np.ndim(v) else np.asarray(v).item())
+                for kk, v in jax.device_get(out).items()})
     rows.append(row)
-    walks.append(w)
-  for row, st in zip(rows, connection.stability(walks)):
-    row.update({f"next_{key}": v for key, v in st.items()})
+    prev = (w, moduli)
+  rows[-1].update(next_layer=None, next_relative_change=None, next_js_divergence=None, next_spectral_distance=None)
   return rows
 
 
-def hook(inputs_fn, every: int = 100):
-  """A `train.train` hook: every `every` steps, the layer-mean probe summary of `inputs_fn(model)`.
+def summary(model, run, *, samples: int = 32, seed: int = 0, num_moduli: int = 16) -> dict[str, jax.Array]:
+  """Layer means of the `model_report` read-outs (`SUMMARY_KEYS`) as device scalars, without a host sync.
 
-  `inputs_fn(model)` returns a zero-argument callable running the model on a small fixed batch.
-  Logged keys are prefixed `probe/`.
+  The same compiled per-layer programs as `model_report`, dispatched asynchronously: the caller
+  decides when to wait (`jax.device_get`).
   """
+  mods, _, _ = _validate(model, None, None, samples, num_moduli)
+  _, qks = nn.capture_qk(model, run)
+  key = jax.random.PRNGKey(seed)
+  per_layer, prev = [], None
+  for idx, ((q, k), m) in enumerate(zip(qks, mods)):
+    out, w, moduli = _layer(*_layer_inputs(q, k, m, None), jax.random.fold_in(key, idx), causal=m.causal,
+                            samples=samples, num_moduli=num_moduli)
+    if prev is not None:
+      per_layer[-1].update(_pair(prev[0], w, prev[1], moduli))
+    per_layer.append(out)
+    prev = (w, moduli)
+  return {key: jnp.mean(jnp.stack([jnp.mean(r[key]) for r in per_layer if key in r]))
+          for key in SUMMARY_KEYS if any(key in r for r in per_layer)}
+
+
+def hook(run, batch, every: int = 100, *, samples: int = 32, defer: bool = True):
+  """A `train.train` hook: every `every` steps, the layer means of the probe (`summary`) on a fixed batch.
+
+  `run(model, batch)` runs the model on `batch`. The probe's per-layer programs are compiled at
+  the first probe step (and shared with `model_report`). With `defer` (default) the hook only
+  dispatches them — JAX runs them asynchronously and the training loop goes on — and returns the
+  values at its next call (the next log step), with `probe/step` naming the step they were
+  measured at; `hook.flush()` returns a still pending result. With `defer=False` it waits and
+  returns them at once. Keys are `probe/<name>` (`SUMMARY_KEYS`), TensorBoard-friendly.
+  """
+  if every < 1:
+    raise ValueError(f"every must be a positive number of steps; got {every}")
+  pending = []
+
+  def collect():
+    step, values = pending.pop()
+    return {"probe/step": step, **{f"probe/{k}": float(v) for k, v in jax.device_get(values).items()}}
+
   def fn(step, model):
-    if step % every:
-      return None
-    return {f"probe/{k}": v for k, v in summarise(model_stats(model, inputs_fn(model))).items()}
+    out = collect() if pending else None
+    if step % every == 0:
+      pending.append((step, summary(model, lambda: run(model, batch), samples=samples)))
+      if not defer:
+        out = collect()
+    return out
+
+  fn.flush = lambda: collect() if pending else None
   return fn

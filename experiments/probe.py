@@ -1,34 +1,50 @@
 """Per-layer geometry of a trained model: Markov, Bakry–Émery and connection-walk read-outs.
 
-    attngeo probe RUN_DIR [--data swiss_roll|sphere|random|FILE.npy|FILE.txt] [--batch 4] [--set-size 256]
-                          [--seq-len 64] [--step N] [--out DIR]
+    attngeo probe RUN_DIR [--data swiss_roll|sphere|torus|random|FILE.npy|FILE.txt] [--batch 4]
+                          [--set-size 256] [--seq-len 64] [--step N] [--layers 0,3] [--heads 0,1]
+                          [--samples 32] [--out DIR]
 
-RUN_DIR is a run folder written by `attngeo.train` (config.json + ckpt/): GPT, DiT or PointFlow.
-Inputs: PointFlow takes point sets drawn from a generated cloud or an [n, dim] .npy file (t = 1);
-GPT takes byte tokens of a text file, a .npy of token ids [b, n], or random tokens; DiT takes a
-.npy of images [b, H, W, C] or Gaussian noise (t = 1, null class). Writes probe.json, probe.md and
-probe.png (per-layer curves) to --out (default RUN_DIR/probe) and prints the table.
+RUN_DIR is a run folder written by `attngeo.train` (config.json + ckpt/) — GPT, DiT, PointFlow, or a
+checkpoint imported into a run folder. Inputs: PointFlow takes point sets drawn from a generated
+cloud or an [n, dim] .npy file (t = 1, the data end); GPT takes byte tokens of a text file, a .npy
+of token ids [b, n], or random tokens; DiT takes a .npy of images [b, H, W, C] or Gaussian noise
+(t = 1, null class). Prints the per-layer table and writes probe.md / probe.csv / probe.json (every
+read-out, per head where it is per head) and probe.png (one panel per quantity against the layer)
+to --out (default RUN_DIR/probe). See `attngeo.probe` for the definitions.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pathlib
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-from attngeo import data, nn, plotting, probe, runs
+from attngeo.experiments import report
+from attngeo.experiments.report import Col
 
-COLUMNS = [("eff_neighbours", "e^H̄"), ("eps_rev", "ε_rev"), ("rho_skew", "ρ_skew"), ("spectral_gap", "gap"),
-           ("curvature", "curv"), ("head_isometry_defect", "δ heads"), ("effective_isometry_defect", "δ eff"),
-           ("next_relative_change", "ΔW next"), ("next_js_divergence", "JS next")]
+# (key, label, per-head?) — the quantities of the table and of the figure's panels
+QUANTITIES = [("eff_neighbours", "e^H̄", True), ("eps_rev", "ε_rev", True), ("rho_skew", "ρ_skew", True),
+              ("curvature", "curvature", False), ("spectral_gap", "spectral gap", False),
+              ("head_isometry_defect", "δ heads", True), ("effective_isometry_defect", "δ effective", False),
+              ("next_relative_change", "ΔW next (rel. Frobenius)", False),
+              ("next_js_divergence", "JS next (nats)", False), ("next_spectral_distance", "spectral dist. next", False)]
+
+
+def _indices(text: str | None):
+  if text is None:
+    return None
+  try:
+    return [int(x) for x in text.split(",") if x.strip()]
+  except ValueError:
+    return "bad"
 
 
 def inputs(model, args, rng):
   """A zero-argument callable running `model` on a batch built from --data."""
+  import jax.numpy as jnp
+
+  from attngeo import data, nn
   cfg = model.cfg
   if isinstance(model, nn.PointFlow):
     cloud = data.load_cloud(args.data, 4000, args.seed)
@@ -40,6 +56,8 @@ def inputs(model, args, rng):
       tok = np.load(args.data)[: args.batch, : args.seq_len]
     elif os.path.exists(args.data):
       raw = np.frombuffer(pathlib.Path(args.data).read_bytes(), np.uint8).astype(np.int32) % cfg.vocab_size
+      if len(raw) < args.batch * args.seq_len:
+        raise ValueError(f"{args.data} has {len(raw)} bytes; --batch × --seq-len needs {args.batch * args.seq_len}")
       tok = np.stack([raw[i * args.seq_len:(i + 1) * args.seq_len] for i in range(args.batch)])
     else:
       tok = rng.integers(0, cfg.vocab_size, (args.batch, args.seq_len))
@@ -53,59 +71,116 @@ def inputs(model, args, rng):
   raise ValueError(f"no probe inputs for {type(model).__name__}")
 
 
-def to_markdown(rows) -> str:
-  lines = ["| layer | " + " | ".join(label for _, label in COLUMNS) + " |",
-           "|---:|" + "---:|" * len(COLUMNS)]
-  for i, r in enumerate(rows):
-    cells = [f"{float(np.mean(r[key])):.4g}" if key in r else "—" for key, _ in COLUMNS]
-    lines.append(f"| {i} | " + " | ".join(cells) + " |")
-  return "\n".join(lines)
+def table_rows(rows: list[dict]) -> list[dict]:
+  """Per-layer rows with head means (the table's cells) and the effective defect's ± error."""
+  out = []
+  for r in rows:
+    row = {"layer": r["layer"]}
+    for key, _, _ in QUANTITIES:
+      row[key] = None if r.get(key) is None else float(np.mean(r[key]))
+    se = r.get("effective_isometry_defect_se") or 0.0
+    row["effective"] = f"{row['effective_isometry_defect']:.4g}" + (f" ± {se:.2g}" if se > 0 else "")
+    out.append(row)
+  return out
 
 
-def plot(rows, path, title: str = ""):
+COLUMNS = [Col("layer", "layer")] + [
+    Col("effective", label, align="right") if key == "effective_isometry_defect" else Col(key, label, ".4g")
+    for key, label, _ in QUANTITIES]
+
+
+def plot(rows: list[dict], path: str, title: str):
+  """One panel per quantity against the layer (integer ticks); per-head values as faint dots."""
+  import matplotlib
+  matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  keys = [k for k, _ in COLUMNS]
-  fig, axes = plt.subplots(1, len(keys), figsize=(2.2 * len(keys), 2.7))
-  for ax, (key, label) in zip(axes, COLUMNS):
-    xs = [i for i, r in enumerate(rows) if key in r]
-    ax.plot(xs, [float(np.mean(rows[i][key])) for i in xs], "o-")
-    ax.set_title(label, fontsize=9)
-    ax.set_xlabel("layer", fontsize=8)
-    ax.set_xticks(range(len(rows)))                       # layers are integers
-    ax.set_xlim(-0.5, len(rows) - 0.5)
-  if title:
-    fig.suptitle(title, fontsize=10)
+  from matplotlib.ticker import MaxNLocator
+  ncols = 5
+  nrows = -(-len(QUANTITIES) // ncols)
+  fig, axes = plt.subplots(nrows, ncols, figsize=(3.2 * ncols, 2.7 * nrows), squeeze=False)
+  layers = [r["layer"] for r in rows]
+  for ax, (key, label, per_head) in zip(axes.flat, QUANTITIES):
+    xs = [r["layer"] for r in rows if r.get(key) is not None]
+    vals = [r[key] for r in rows if r.get(key) is not None]
+    if per_head:
+      for x, v in zip(xs, vals):
+        ax.plot([x] * len(v), v, ".", color="0.65", ms=4)
+    means = [float(np.mean(v)) for v in vals]
+    if key == "effective_isometry_defect":
+      ax.errorbar(xs, means, yerr=[r.get("effective_isometry_defect_se") or 0 for r in rows], fmt="o-", color="C0",
+                  capsize=3)
+    else:
+      ax.plot(xs, means, "o-", color="C0")
+    ax.set_title(label + (" (heads: dots)" if per_head else ""), fontsize=9)
+    ax.set_xlabel("layer → next probed" if key.startswith("next_") else "layer", fontsize=8)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlim(min(layers) - 0.5, max(layers) + 0.5)
+    ax.tick_params(labelsize=7)
+    ax.grid(alpha=0.3)
+  for ax in list(axes.flat)[len(QUANTITIES):]:
+    ax.axis("off")
+  fig.suptitle(title, fontsize=11)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)
 
 
-def main(argv=None):
+def parser() -> argparse.ArgumentParser:
   ap = argparse.ArgumentParser(prog="attngeo probe", description=__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
-  ap.add_argument("run_dir")
-  ap.add_argument("--data", default="swiss_roll")
-  ap.add_argument("--batch", type=int, default=4)
-  ap.add_argument("--set-size", type=int, default=256)
-  ap.add_argument("--seq-len", type=int, default=64)
-  ap.add_argument("--step", type=int, default=None)
-  ap.add_argument("--seed", type=int, default=0)
-  ap.add_argument("--out", default=None)
+  ap.add_argument("run_dir", help="run folder with config.json and ckpt/ (written by attngeo.train or an import)")
+  ap.add_argument("--data", default="swiss_roll",
+                  help="PointFlow: swiss_roll | sphere | torus | FILE.npy [n, dim]; GPT: FILE.txt (bytes) | "
+                       "FILE.npy token ids [b, n] | random; DiT: FILE.npy images | noise (default: swiss_roll)")
+  ap.add_argument("--batch", type=int, default=4, help="sets / sequences / images probed, ≥ 1 (default: 4)")
+  ap.add_argument("--set-size", type=int, default=256, help="points per set for PointFlow, ≥ 2 (default: 256)")
+  ap.add_argument("--seq-len", type=int, default=64, help="tokens per sequence for GPT, ≥ 2 (default: 64)")
+  ap.add_argument("--step", type=int, default=None, help="checkpoint step to load (default: the latest)")
+  ap.add_argument("--layers", default=None, help="comma-separated attention-layer indices (default: all)")
+  ap.add_argument("--heads", default=None, help="comma-separated head indices kept in every layer (default: all)")
+  ap.add_argument("--samples", type=int, default=32,
+                  help="edges sampled per input for the partial-support part of the effective defect, ≥ 2 (default: 32)")
+  ap.add_argument("--seed", type=int, default=0, help="seed of the inputs and of the edge sampling (default: 0)")
+  ap.add_argument("--out", default=None, help="output folder (default: RUN_DIR/probe)")
+  ap.add_argument("--no-progress", action="store_true", help="no per-layer progress bar (default: shown)")
+  return ap
+
+
+def main(argv=None):
+  ap = parser()
   a = ap.parse_args(argv)
-  model, _, mcfg = runs.load_run(a.run_dir, a.step)
-  rows = probe.model_report(model, inputs(model, a, np.random.default_rng(a.seed)))
+  for name, value, low in (("--batch", a.batch, 1), ("--set-size", a.set_size, 2), ("--seq-len", a.seq_len, 2),
+                           ("--samples", a.samples, 2)):
+    if value < low:
+      ap.error(f"{name} must be at least {low}; got {value}")
+  layers, heads = _indices(a.layers), _indices(a.heads)
+  if layers == "bad" or heads == "bad":
+    ap.error(f"--layers and --heads take comma-separated integers; got {a.layers!r}, {a.heads!r}")
+  from attngeo import nn, probe, runs
+  try:
+    model, _, mcfg = runs.load_run(a.run_dir, a.step)
+  except (FileNotFoundError, ValueError) as e:
+    ap.error(str(e))
+  mods = nn.attention_modules(model)
+  for name, idx, size in (("--layers", layers, len(mods)), ("--heads", heads, min((m.num_heads for m in mods), default=0))):
+    if idx is not None and (not idx or any(not 0 <= i < size for i in idx) or len(set(idx)) != len(idx)):
+      ap.error(f"{name} must be distinct indices in [0, {size}); got {idx}")
+  try:
+    run = inputs(model, a, np.random.default_rng(a.seed))
+  except ValueError as e:
+    ap.error(str(e))
+  rows = probe.model_report(model, run, layers=layers, heads=heads, samples=a.samples, seed=a.seed,
+                            progress=not a.no_progress)
   out = a.out or os.path.join(a.run_dir, "probe")
-  os.makedirs(out, exist_ok=True)
-  md = to_markdown(rows)
-  with open(os.path.join(out, "probe.json"), "w") as f:
-    json.dump({"model": type(mcfg).__name__, "layers": rows}, f, indent=1)
-  with open(os.path.join(out, "probe.md"), "w") as f:
-    f.write(md + "\n")
-  name = os.path.basename(os.path.normpath(a.run_dir))
-  plot(rows, os.path.join(out, "probe.png"), title=f"Per-layer geometry of the "
-       f"{type(mcfg).__name__.removesuffix('Config')} run {name} (mean over heads and inputs)")
-  print(md)
-  print(f"\nwrote {out}/probe.json, probe.md, probe.png")
+  title = f"{os.path.basename(os.path.abspath(a.run_dir))} — {type(model).__name__}, {len(mods)} attention layers"
+  note = (f"{title}; inputs: {a.data}, batch {a.batch}; heads {heads if heads is not None else 'all'}. "
+          "Per-head quantities are head means (per head in probe.json); δ effective ± its standard error "
+          "where edges with a partial gate support were sampled.")
+  report.write(out, "probe", table_rows(rows), COLUMNS, note=note,
+               payload={"run": os.path.abspath(a.run_dir), "model": type(mcfg).__name__, "data": a.data,
+                        "batch": a.batch, "heads": heads, "layers": rows})
+  plot(rows, os.path.join(out, "probe.png"), title)
+  print(f"\nwrote {out}/probe.md, probe.csv, probe.json, probe.png")
   return rows
 
 

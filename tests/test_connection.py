@@ -1,9 +1,10 @@
-"""attngeo.connection: connection-walk identities with known answers."""
+"""attngeo.connection: connection-walk identities with known answers; trace tables against dense float64."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from scipy.spatial.distance import jensenshannon
 
 from attngeo import connection as conn, markov, nn, operators as op
 
@@ -15,6 +16,33 @@ def random_p(seed, h=3, n=7):
 def random_orthogonal(seed, d):
   q, _ = jnp.linalg.qr(jax.random.normal(jax.random.PRNGKey(seed), (d, d)))
   return q
+
+
+def random_factors(seed, d, h, k):
+  ka, kb = jax.random.split(jax.random.PRNGKey(seed))
+  return jax.random.normal(ka, (d, h, k)), jax.random.normal(kb, (h, k, d))
+
+
+def defect_from_lam(lam, rtol):
+  """δ from eigenvalues λ [..., d] of TᵀT (float64): the definition, independently of the package."""
+  keep = lam > rtol * lam[..., -1:]
+  r = np.maximum(keep.sum(-1), 1)
+  mean = (lam * keep).sum(-1) / r
+  num = (((lam - mean[..., None]) ** 2) * keep).sum(-1)
+  den = np.maximum((lam**2 * keep).sum(-1), 1e-300)
+  return np.sqrt(num / den)
+
+
+def dense_effective_defect64(p, wv, wo, rtol=1e-14):
+  """The per-edge definition in float64: every T_ij formed, its singular values σ (λ = σ² resolved
+  far below float32 round-off: a product of random factors has σ_min/σ_max ~ 10⁻⁵); W-weighted mean."""
+  t = np.einsum("dhk,hke->hed", np.float64(wv), np.float64(wo))
+  p = np.float64(p)
+  s = p.sum(0)
+  g = p / np.where(s > 0, s, 1.0)
+  tij = np.einsum("hij,hde->ijde", g, t)
+  lam = np.linalg.svd(tij, compute_uv=False)[..., ::-1] ** 2
+  return float((p.mean(0) * defect_from_lam(lam, rtol)).sum() / p.shape[-1])
 
 
 def test_attention_output_is_the_connection_walk():
@@ -50,6 +78,117 @@ def test_isometry_defect_of_orthogonal_and_scaled_maps():
   np.testing.assert_allclose(d, np.sqrt(((lam - lam.mean()) ** 2).sum() / (lam**2).sum()), rtol=1e-5)
 
 
+def test_a_small_but_real_singular_value_is_in_the_row_space():
+  """σ = (1, 1, 0.2, 0) rotated: λ = (1, 1, 0.04) is the row space; the structural 0 is not.
+
+  A row-space cut above λ = 0.04 (4 % of the largest) would drop 0.2 and report a perfect isometry.
+  """
+  u, v = random_orthogonal(3, 4), random_orthogonal(4, 4)
+  t = u @ jnp.diag(jnp.array([1.0, 1.0, 0.2, 0.0])) @ v.T
+  expected = defect_from_lam(np.array([0.0, 0.04, 1.0, 1.0]), 1e-10)
+  assert expected > 0.5
+  np.testing.assert_allclose(conn.isometry_defect(t)[0], expected, rtol=1e-4)
+  # the same map as one head of head dim 3 (factors O = U Σ, V = Vᵀ restricted to the row space)
+  wo = (u[:, :3] * jnp.array([1.0, 1.0, 0.2])).T[None]                    # [h=1, k=3, d=4]
+  wv = v[:, :3][:, None, :]                                                # [d=4, h=1, k=3]
+  np.testing.assert_allclose(conn.head_isometry_defect(wv, wo)[0], [expected], rtol=1e-4)
+  np.testing.assert_allclose(conn.effective_isometry_defect(jnp.full((1, 5, 5), 0.2), wv, wo).mean, expected,
+                             rtol=1e-4)
+
+
+def test_head_defect_from_k_by_k_cores_matches_dense():
+  wv, wo = random_factors(5, 12, 3, 4)
+  d_dense, c_dense = conn.isometry_defect(conn.head_transports(wv, wo))
+  d, c = conn.head_isometry_defect(wv, wo)
+  np.testing.assert_allclose(d, d_dense, rtol=1e-5)
+  np.testing.assert_allclose(c, c_dense, rtol=1e-5)
+
+
+def test_trace_tables_match_dense_traces():
+  wv, wo = random_factors(6, 10, 3, 4)
+  t = np.einsum("dhk,hke->hed", np.float64(wv), np.float64(wo))
+  gram = np.einsum("aij,bij->ab", t, t)                                    # tr(T^aᵀT^b)
+  x = np.einsum("aji,bjk->abik", t, t)                                     # T^aᵀT^b
+  quartic = np.einsum("abij,cdji->abcd", x, x)                             # tr(T^aᵀT^b T^cᵀT^d)
+  tab = conn.transport_tables(wv, wo)
+  np.testing.assert_allclose(tab.gram, gram, rtol=2e-5, atol=1e-5 * np.abs(gram).max())
+  np.testing.assert_allclose(tab.quartic, quartic, rtol=2e-5, atol=1e-5 * np.abs(quartic).max())
+  g = np.array([0.2, 0.5, 0.3])
+  tg = np.einsum("h,hde->de", g, t)
+  m = tg.T @ tg
+  tr, f2 = conn.gated_traces(jnp.asarray(g, jnp.float32), tab)
+  np.testing.assert_allclose([tr, f2], [np.trace(m), (m**2).sum()], rtol=2e-5)
+
+
+@pytest.mark.parametrize("d,h,k", [(16, 2, 8), (8, 3, 4)])
+def test_effective_defect_from_tables_equals_the_per_edge_definition(d, h, k):
+  """H·k = d (rank pinned by the factors) and H·k > d (generic rank by random draws); H·k < d is
+  the single head of the small-singular-value test."""
+  wv, wo = random_factors(d + h, d, h, k)
+  p = random_p(h, h=h, n=9)
+  got = conn.effective_isometry_defect(p, wv, wo, chunk=4)
+  np.testing.assert_allclose(got.mean, dense_effective_defect64(p, wv, wo), rtol=2e-5)
+  t = np.einsum("dhk,hke->hed", np.float64(wv), np.float64(wo))
+  pn = np.float64(p)
+  lam = np.linalg.svd(np.einsum("hij,hde->ijde", pn / pn.sum(0), t), compute_uv=False) ** 2
+  participation = (pn.mean(0) * lam.sum(-1) ** 2 / (lam**2).sum(-1)).sum() / pn.shape[-1]
+  np.testing.assert_allclose(got.participation, participation, rtol=2e-5)
+  assert float(got.stderr) == 0 and float(got.sampled_mass) == 0 and int(got.rank) == min(d, h * k)
+
+
+def test_dense_float32_reference_agrees_when_the_row_space_is_well_conditioned():
+  """With orthonormal head factors and moderate gates every nonzero λ clears the float32 cut."""
+  d, h, k = 12, 3, 2
+  o = random_orthogonal(7, d)[:, : h * k].reshape(d, h, k)
+  v = random_orthogonal(8, d)[:, : h * k].reshape(d, h, k)
+  wv, wo = v, jnp.transpose(o, (1, 2, 0)) * jnp.array([1.0, 2.0, 0.5])[:, None, None]
+  p = jax.nn.softmax(0.3 * jax.random.normal(jax.random.PRNGKey(9), (h, 8, 8)), -1)
+  dense = conn.effective_isometry_defect_dense(p, conn.head_transports(wv, wo), chunk=4)
+  np.testing.assert_allclose(conn.effective_isometry_defect(p, wv, wo).mean, dense, rtol=2e-5)
+  np.testing.assert_allclose(dense, dense_effective_defect64(p, wv, wo), rtol=2e-5)
+
+
+def test_partial_supports_are_sampled_within_their_error_bar():
+  """Edges where some head is exactly 0 (underflow, head masks) carry their own rank; their share
+  of W is estimated from edges drawn from W: each estimate within 4 standard errors of the truth,
+  and the mean of 16 independent estimates within 4 standard errors of that mean (no bias)."""
+  d, h, k, n = 8, 3, 4, 13
+  wv, wo = random_factors(11, d, h, k)
+  p = random_p(12, h=h, n=n)
+  # scattered zeros, plus rows 0-3 where head 0 sees only the diagonal and head 1 only keys 0-3:
+  # rows differ in off-support mass, so sampling rows by anything but their mass biases the mean
+  keep = jax.random.bernoulli(jax.random.PRNGKey(13), 0.95, p.shape) | jnp.eye(n, dtype=bool)
+  keep = keep.at[0, :4].set(False).at[0, :4, :4].set(jnp.eye(4, dtype=bool)).at[1, :4, 4:].set(False)
+  p = p * keep
+  p = p / p.sum(-1, keepdims=True)
+  truth = dense_effective_defect64(p, wv, wo)
+  est = [conn.effective_isometry_defect(p, wv, wo, samples=64, key=jax.random.PRNGKey(s)) for s in range(16)]
+  means, ses = np.array([e.mean for e in est]), np.array([e.stderr for e in est])
+  pn = np.asarray(p, np.float64)
+  partial_mass = (pn.mean(0) * ~np.all(pn > 0, 0)).sum() / n
+  np.testing.assert_allclose(est[0].sampled_mass, partial_mass, rtol=1e-5)
+  assert np.all(ses > 0) and np.all(ses < 0.01)
+  assert np.all(np.abs(means - truth) < 4 * ses)
+  assert abs(means.mean() - truth) < 4 * np.sqrt(np.sum(ses**2)) / len(est)
+
+
+def test_rank_of_a_gated_mixture_is_not_the_sum_of_head_ranks():
+  """T¹ = e₁e₁ᵀ, T² = e₁e₂ᵀ: row spaces span 2 dimensions, every mixture has rank 1."""
+  d = 4
+  e = jnp.eye(d)
+  wo = jnp.stack([e[0][None], e[0][None]])                                 # O_h = e₁  [h=2, k=1, d]
+  wv = jnp.stack([e[0], e[1]], 0).T[:, :, None]                            # V_1 = e₁ᵀ, V_2 = e₂ᵀ  [d, 2, 1]
+  key = jax.random.PRNGKey(0)
+  assert int(conn.mixture_rank(wv, wo, jnp.array([True, True]), key)) == 1
+  # the generic branch (H·k > d): compare with float64 numpy at a random mixture
+  wv, wo = random_factors(15, 5, 3, 3)
+  g = np.array([0.5, 0.3, 0.2])
+  ref = np.linalg.matrix_rank(np.einsum("dhk,h,hke->ed", np.float64(wv), g, np.float64(wo)))
+  assert int(conn.mixture_rank(wv, wo, jnp.array([True, True, True]), key)) == ref == 5
+  # a single supported head of head dim 3 has rank 3
+  assert int(conn.mixture_rank(wv, wo, jnp.array([False, True, False]), key)) == 3
+
+
 def test_block_laplacian_of_identity_transport_is_walk_laplacian_kron_identity():
   p = random_p(3)
   d = 3
@@ -58,14 +197,12 @@ def test_block_laplacian_of_identity_transport_is_walk_laplacian_kron_identity()
   np.testing.assert_allclose(conn.connection_laplacian_matrix(p, t), jnp.kron(jnp.eye(7) - w, jnp.eye(d)), atol=1e-6)
 
 
-def test_laplacian_apply_matches_matrix_and_chunked_matches_dense():
+def test_laplacian_apply_matches_matrix():
   p = random_p(4, h=2, n=9)
   t = jax.random.normal(jax.random.PRNGKey(5), (2, 4, 4))
   f = jax.random.normal(jax.random.PRNGKey(6), (9, 4))
   np.testing.assert_allclose(conn.connection_laplacian_apply(p, t, f),
                              (conn.connection_laplacian_matrix(p, t) @ f.reshape(-1)).reshape(9, 4), atol=1e-5)
-  dense = jnp.sum(conn.walk(p) * conn.isometry_defect(conn.edge_transports(p, t))[0]) / 9
-  np.testing.assert_allclose(conn.effective_isometry_defect(p, t, chunk=4), dense, rtol=1e-5)
 
 
 def test_symmetric_walk_is_reversible_and_stability_of_equal_layers_is_zero():
@@ -78,6 +215,19 @@ def test_symmetric_walk_is_reversible_and_stability_of_equal_layers_is_zero():
   assert st[1]["relative_change"] > 0.1 and 0 < st[1]["js_divergence"] <= np.log(2)
 
 
+def test_row_js_divergence_matches_scipy():
+  w1, w2 = conn.walk(random_p(20)), conn.walk(random_p(21))
+  w2 = w2.at[0].set(jnp.eye(7)[3])                                         # a row with zeros
+  ref = np.mean([jensenshannon(a, b) ** 2 for a, b in zip(np.float64(w1), np.float64(w2))])
+  np.testing.assert_allclose(conn.row_js_divergence(w1, w2), ref, rtol=1e-5)
+
+
+def test_triangular_walk_moduli_are_its_diagonal_spectrum():
+  causal = op.rownorm(jax.random.normal(jax.random.PRNGKey(22), (1, 2, 9, 9)), causal=True)[0].mean(0)
+  np.testing.assert_allclose(conn.walk_moduli(causal, 5, triangular=True), jnp.abs(markov.spectrum(causal, 5)),
+                             atol=1e-5)
+
+
 def test_bad_inputs():
   p = random_p(8, h=2)
   with pytest.raises(ValueError, match="2 heads but transports has 3"):
@@ -88,3 +238,8 @@ def test_bad_inputs():
     conn.head_transports(jnp.zeros((4, 2, 3)), jnp.zeros((2, 2, 4)))
   with pytest.raises(ValueError, match="F must be"):
     conn.connection_laplacian_apply(p, jnp.zeros((2, 4, 4)), jnp.zeros((7, 3)))
+  wv, wo = random_factors(0, 4, 3, 2)
+  with pytest.raises(ValueError, match="heads = 3"):
+    conn.effective_isometry_defect(p, wv, wo)
+  with pytest.raises(ValueError, match="samples must be at least 2"):
+    conn.effective_isometry_defect(random_p(8, h=3), wv, wo, samples=1)

@@ -1,4 +1,4 @@
-"""attngeo.probe and `attngeo probe`: on a tiny trained GPT, every output; the training hook."""
+"""attngeo.probe and `attngeo probe`: read-outs against dense references, selection, the CLI, the hook."""
 import json
 import os
 
@@ -11,7 +11,7 @@ from flax import nnx
 
 from helpers import Batches
 
-from attngeo import nn, probe, train
+from attngeo import nn, operators, probe, train
 from attngeo.experiments import probe as probe_cli
 
 
@@ -19,41 +19,143 @@ def gpt_loss(m, b, r):
   return optax.softmax_cross_entropy_with_integer_labels(m(b["tokens"][:, :-1]), b["tokens"][:, 1:]).mean(), {}
 
 
+TOKENS = {"tokens": np.random.default_rng(0).integers(0, 32, (4, 33)).astype(np.int32)}
+
+
+def tiny_gpt():
+  return nn.GPT(nn.GPTConfig.from_depth(3, vocab_size=32, head_dim=8, width=16, operator="DMTN"), rngs=nnx.Rngs(0))
+
+
+def train_tiny(workdir, hooks=()):
+  cfg = train.TrainConfig(steps=10, batch_size=4, workdir=workdir, log_every=5, progress=False)
+  return train.train(tiny_gpt(), gpt_loss, Batches(TOKENS), cfg, hooks=hooks)
+
+
 @pytest.fixture(scope="module")
 def gpt_run(tmp_path_factory):
   wd = str(tmp_path_factory.mktemp("gpt"))
-  tok = {"tokens": np.random.default_rng(0).integers(0, 32, (4, 33)).astype(np.int32)}
-  model = nn.GPT(nn.GPTConfig.from_depth(3, vocab_size=32, head_dim=8, width=16, operator="DMTN"), rngs=nnx.Rngs(0))
-  x = jnp.asarray(tok["tokens"][:2, :16])
-  hook = probe.hook(lambda m: (lambda: m(x)), every=5)
-  res = train.train(model, gpt_loss, Batches(tok), train.TrainConfig(steps=10, batch_size=4, workdir=wd,
-                                                                      log_every=5, progress=False), hooks=(hook,))
-  return wd, res
+  hook = probe.hook(lambda m, x: m(x), jnp.asarray(TOKENS["tokens"][:1, :12]), every=5)
+  res = train_tiny(wd, hooks=(hook,))
+  return wd, res, hook
+
+
+def dense_layer_reference(q, k, m, heads=None):
+  """The probe's walk-level read-outs of one layer from first principles, in float64 where it matters."""
+  beta, alpha = m.coefficients()
+  p = np.float64(operators.markov_matrix(q, k, beta=beta, alpha=alpha, causal=m.causal))[0]   # [h, n, n]
+  wv, wo = np.float64(m.wv[...]), np.float64(m.wo[...])
+  if heads is not None:
+    p, wv, wo = p[heads], wv[:, heads], wo[heads]
+  t = np.einsum("dhk,hke->hed", wv, wo)
+  w = p.mean(0)
+  g = p / np.where(w > 0, p.sum(0), 1.0)                                   # masked edges: T_ij = 0, weight 0
+  tij = np.einsum("hij,hde->ijde", g, t)
+  lam = np.linalg.svd(tij, compute_uv=False) ** 2
+  keep = lam > 1e-14 * lam[..., :1]
+  r = np.maximum(keep.sum(-1), 1)
+  frob2 = np.maximum((lam**2 * keep).sum(-1), 1e-300)
+  delta = np.sqrt(np.clip(1 - (lam * keep).sum(-1) ** 2 / (r * frob2), 0, 1))
+  ev = np.sort(np.abs(np.linalg.eigvals(w)))[::-1]
+  head_lam = np.linalg.svd(t, compute_uv=False) ** 2
+  hk = head_lam > 1e-10 * head_lam[:, :1]
+  head = np.sqrt(1 - (head_lam * hk).sum(-1) ** 2 / (hk.sum(-1) * (head_lam**2 * hk).sum(-1)))
+  return dict(w=w, effective=(w * delta).sum() / w.shape[0], gap=1 - ev[1], head=head)
+
+
+def test_report_matches_dense_per_edge_reference_on_a_causal_and_a_bidirectional_model():
+  gpt = tiny_gpt()
+  x = jnp.asarray(TOKENS["tokens"][:1, :12])
+  pf = nn.PointFlow(nn.PointFlowConfig.create(width=16, depth=2, num_heads=2, operator="DMTN"), rngs=nnx.Rngs(1))
+  pts = jax.random.normal(jax.random.PRNGKey(2), (1, 12, 3))
+  for model, run in ((gpt, lambda: gpt(x)), (pf, lambda: pf(pts, jnp.ones((1,))))):
+    rows = probe.model_report(model, run, progress=False)
+    _, qks = nn.capture_qk(model, run)
+    mods = nn.attention_modules(model)
+    refs = [dense_layer_reference(q, k, m) for (q, k), m in zip(qks, mods)]
+    for row, ref in zip(rows, refs):
+      np.testing.assert_allclose(row["effective_isometry_defect"], ref["effective"], rtol=2e-5)
+      np.testing.assert_allclose(row["head_isometry_defect"], ref["head"], rtol=2e-5)
+      np.testing.assert_allclose(row["spectral_gap"], ref["gap"], rtol=1e-4, atol=1e-5)
+      assert row["effective_isometry_defect_se"] == 0 and row["partial_support_mass"] == 0
+    for row, a, b in zip(rows, refs[:-1], refs[1:]):
+      np.testing.assert_allclose(row["next_relative_change"], np.linalg.norm(b["w"] - a["w"]) / np.linalg.norm(a["w"]),
+                                 rtol=1e-4)
+
+
+def test_selected_single_head_has_its_head_defect_as_effective_defect():
+  """One head: T_ij = T^h on every edge, so δ_eff = δ(T^h) and W = P^h; layers=[0, 2] pairs 0 with 2."""
+  model = tiny_gpt()
+  x = jnp.asarray(TOKENS["tokens"][:1, :12])
+  full = probe.model_report(model, lambda: model(x), progress=False)
+  one = probe.model_report(model, lambda: model(x), layers=[0, 2], heads=[1], progress=False)
+  assert [r["layer"] for r in one] == [0, 2] and one[0]["next_layer"] == 2 and one[1]["next_layer"] is None
+  for r, f in zip(one, (full[0], full[2])):
+    assert len(r["head_isometry_defect"]) == 1
+    np.testing.assert_allclose(r["head_isometry_defect"][0], f["head_isometry_defect"][1], rtol=1e-5)
+    np.testing.assert_allclose(r["effective_isometry_defect"], f["head_isometry_defect"][1], rtol=1e-4)
+  _, qks = nn.capture_qk(model, lambda: model(x))
+  mods = nn.attention_modules(model)
+  ws = [dense_layer_reference(*qks[i], mods[i], heads=[1])["w"] for i in (0, 2)]
+  np.testing.assert_allclose(one[0]["next_relative_change"], np.linalg.norm(ws[1] - ws[0]) / np.linalg.norm(ws[0]),
+                             rtol=1e-4)
+  with pytest.raises(ValueError, match="layers must be distinct indices in"):
+    probe.model_report(model, lambda: model(x), layers=[3])
+  with pytest.raises(ValueError, match="heads must be distinct indices in"):
+    probe.model_report(model, lambda: model(x), heads=[0, 0])
+  with pytest.raises(ValueError, match="contains no attngeo.nn.Attention"):
+    probe.model_report(nnx.Linear(2, 2, rngs=nnx.Rngs(0)), lambda: None)
 
 
 def test_probe_cli_writes_all_outputs(gpt_run, tmp_path, capsys):
-  wd, _ = gpt_run
+  wd, _, _ = gpt_run
   text = tmp_path / "text.txt"
   text.write_text("the quick brown fox jumps over the lazy dog " * 20)
-  rows = probe_cli.main([wd, "--data", str(text), "--batch", "2", "--seq-len", "24", "--out", str(tmp_path / "p")])
-  assert len(rows) == 3
-  for name in ("probe.json", "probe.md", "probe.png"):
+  rows = probe_cli.main([wd, "--data", str(text), "--batch", "1", "--seq-len", "12", "--out", str(tmp_path / "p"),
+                         "--layers", "0,2", "--no-progress"])
+  assert [r["layer"] for r in rows] == [0, 2]
+  for name in ("probe.json", "probe.md", "probe.csv", "probe.png"):
     assert os.path.getsize(tmp_path / "p" / name) > 0
   saved = json.loads((tmp_path / "p" / "probe.json").read_text())
   layer = saved["layers"][0]
-  for key in ("eff_neighbours", "eps_rev", "rho_skew", "spectral_gap", "curvature", "head_isometry_defect",
-              "effective_isometry_defect", "next_relative_change", "next_js_divergence", "next_spectral_distance"):
+  for key, _, _ in probe_cli.QUANTITIES:
     assert key in layer
-  assert len(layer["head_isometry_defect"]) == 2
+  assert len(layer["head_isometry_defect"]) == 2 and layer["next_layer"] == 2
   assert all(0 <= v <= 1 for v in layer["rho_skew"])
   assert "| layer |" in capsys.readouterr().out
 
 
-def test_training_hook_logs_probe_metrics(gpt_run):
-  wd, res = gpt_run
-  assert "probe/eps_rev" in res.history[0] and "probe/rho_skew" in res.history[1]
+def test_probe_cli_rejects_bad_arguments(gpt_run, tmp_path, capsys):
+  wd, _, _ = gpt_run
+  for argv in ([str(tmp_path)], [wd, "--layers", "7"], [wd, "--heads", "x"], [wd, "--samples", "1"]):
+    with pytest.raises(SystemExit) as e:
+      probe_cli.main(argv)
+    assert e.value.code == 2
+  err = capsys.readouterr().err
+  assert "not a run folder" in err and "--layers must be distinct indices in [0, 3)" in err
+
+
+def test_training_hook_logs_probe_metrics_without_changing_training(gpt_run, tmp_path):
+  wd, res, hook = gpt_run
+  # deferred: the probe dispatched at step 5 is collected at step 10; the one at step 10 waits in flush()
+  assert res.history[1]["probe/step"] == 5 and "probe/step" not in res.history[0]
+  keys = {f"probe/{k}" for k in probe.SUMMARY_KEYS}
+  assert keys <= set(res.history[1])
   with open(os.path.join(wd, "metrics.jsonl")) as f:
-    assert "probe/curvature" in json.loads(f.readline())
+    assert keys <= set(json.loads(f.readlines()[1]))
+  assert hook.flush()["probe/step"] == 10 and hook.flush() is None
+  plain = train_tiny(str(tmp_path / "plain"))
+  assert [r["loss"] for r in plain.history] == [r["loss"] for r in res.history]
+
+
+def test_hook_summary_is_the_mean_of_the_report(gpt_run):
+  _, res, _ = gpt_run
+  x = jnp.asarray(TOKENS["tokens"][:1, :12])
+  hook = probe.hook(lambda m, b: m(b), x, every=1, defer=False)
+  got = hook(1, res.model)
+  rows = probe.model_report(res.model, lambda: res.model(x), progress=False)
+  for key in ("effective_isometry_defect", "head_isometry_defect", "next_js_divergence", "curvature"):
+    vals = [np.mean(r[key]) for r in rows if r[key] is not None]
+    np.testing.assert_allclose(got[f"probe/{key}"], np.mean(vals), rtol=1e-4)
 
 
 def test_layer_stats_of_exact_operator_are_zero():
@@ -64,6 +166,12 @@ def test_layer_stats_of_exact_operator_are_zero():
   assert np.all((st["eff_neighbours"] >= 1) & (st["eff_neighbours"] <= 20))
 
 
-def test_probe_rejects_a_folder_without_a_run(tmp_path):
-  with pytest.raises(FileNotFoundError, match="not a run folder"):
-    probe_cli.main([str(tmp_path)])
+@pytest.mark.parametrize("shape", [(30, 8), (6, 10)])
+def test_principal_coordinates_are_the_svd_ones_up_to_sign(shape):
+  x = np.random.default_rng(1).standard_normal(shape) * np.array([5.0, 3.0, 2.0] + [0.5] * (shape[1] - 3))
+  xc = x - x.mean(0)
+  u, s, _ = np.linalg.svd(xc, full_matrices=False)
+  ref = u[:, :3] * s[:3]
+  got = np.asarray(probe._principal_coordinates(jnp.asarray(x, jnp.float32)))
+  got = got * np.sign(np.sum(got * ref, 0))                                # one sign per column
+  np.testing.assert_allclose(got, ref, rtol=1e-3, atol=1e-4 * np.abs(ref).max())

@@ -1,0 +1,207 @@
+"""Probe benchmark: wall time and peak memory of `probe.model_report` at real-model scale, and the
+training hook's overhead, against the targets of the probe issue.
+
+    attngeo bench-probe [--cases d12,swissroll,hook] [--seq 1024] [--vocab 50304] [--steps 300] [--every 50]
+
+* `d12` — a GPT of nanochat's d12 shape (12 layers, 6 heads of 128, width 768), sequence `--seq`,
+  batch 1, random init and random tokens: the whole report (every read-out of every layer, per-
+  layer progress bar). Target ≤ 120 s and ≤ 4 GiB on 2 CPU cores.
+* `swissroll` — the Swiss-roll PointFlow (width 64, depth 2, 2 heads), 4 sets of 256 points:
+  cold (with compilation) and warm (median of 3). Target ≤ 5 s warm. Also the dense per-edge
+  reference (`connection.effective_isometry_defect_dense`, batch element 0) with `--dense`.
+* `hook` — the same PointFlow trained `--steps` steps (batch 8) without a hook, with `probe.hook`
+  every `--every` steps deferred (default) and synchronous; overhead = extra wall time per step
+  (the hook's program compiled beforehand). Target: a few per cent at every = 50.
+
+Each case runs in its own process (`--case` internally), so its peak resident memory is its own.
+Run under `flock /tmp/attngeo-heavy.lock` on a shared machine. Writes bench_probe.{md,csv,json}.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+from attngeo.experiments import report
+from attngeo.experiments.report import Col
+
+CASES = ("d12", "swissroll", "hook")
+TARGETS = {"d12": "≤ 120 s, ≤ 4 GiB", "swissroll": "≤ 5 s warm", "hook": "overhead ≤ 5 % at every = 50"}
+
+
+def _pointflow(seed=0):
+  from flax import nnx
+
+  from attngeo import nn
+  return nn.PointFlow(nn.PointFlowConfig.create(width=64, depth=2, num_heads=2, mlp_ratio=2.0, order="ffn_first"),
+                      rngs=nnx.Rngs(seed))
+
+
+def _sets(batch, size=256, seed=0):
+  import numpy as np
+
+  from attngeo import data
+  cloud = data.swiss_roll(4000, 123)
+  rng = np.random.default_rng(seed)
+  return np.stack([cloud[rng.choice(len(cloud), size, replace=False)] for _ in range(batch)])
+
+
+def case_d12(a) -> dict:
+  import jax.numpy as jnp
+  import numpy as np
+  from flax import nnx
+
+  from attngeo import nn, probe
+  cfg = nn.GPTConfig.from_depth(12, vocab_size=a.vocab, seq_len=a.seq)
+  model = nn.GPT(cfg, rngs=nnx.Rngs(0))
+  tok = jnp.asarray(np.random.default_rng(0).integers(0, a.vocab, (1, a.seq)), jnp.int32)
+  t0 = time.perf_counter()
+  rows = probe.model_report(model, lambda: model(tok), desc="d12 probe")
+  seconds = time.perf_counter() - t0
+  return dict(case="d12", shape=f"12 layers × 6 heads, width {cfg.width}, n = {a.seq}, batch 1", cold_s=seconds,
+              layers=len(rows), effective_isometry_defect=float(np.mean([r["effective_isometry_defect"] for r in rows])))
+
+
+def case_swissroll(a) -> dict:
+  import statistics
+
+  import jax.numpy as jnp
+  import numpy as np
+
+  from attngeo import connection, nn, operators, probe
+  model = _pointflow()
+  x = jnp.asarray(_sets(4))
+  run = lambda: model(x, jnp.ones((4,)))
+  t0 = time.perf_counter()
+  rows = probe.model_report(model, run, progress=False)
+  cold = time.perf_counter() - t0
+  warm = []
+  for _ in range(3):
+    t0 = time.perf_counter()
+    probe.model_report(model, run, progress=False)
+    warm.append(time.perf_counter() - t0)
+  row = dict(case="swissroll", shape="PointFlow width 64, depth 2, 2 heads, 4 sets × 256", cold_s=cold,
+             warm_s=statistics.median(warm), layers=len(rows))
+  if not a.dense:
+    return row
+  # the dense per-edge reference on batch element 0 (what `attngeo probe` computed before the trace tables)
+  _, qks = nn.capture_qk(model, run)
+  layers = [(operators.markov_matrix(q[:1], k[:1], beta=m.coefficients()[0], alpha=m.coefficients()[1])[0], m)
+            for (q, k), m in zip(qks, nn.attention_modules(model))]
+  t0 = time.perf_counter()
+  dense = [float(connection.effective_isometry_defect_dense(p, connection.head_transports(m.wv[...], m.wo[...])))
+           for p, m in layers]
+  dense_s = time.perf_counter() - t0
+  exact = [float(connection.effective_isometry_defect(p, m.wv[...], m.wo[...]).mean) for p, m in layers]
+  return dict(row, dense_defect_s=dense_s,
+              dense_rel_diff=float(np.max(np.abs(np.array(exact) - dense) / np.array(dense))))
+
+
+def case_hook(a) -> dict:
+  import jax.numpy as jnp
+
+  from attngeo import data, flow, probe, train
+  sets = _sets(64, seed=1)
+  records = [{"points": s} for s in sets]
+  loss_fn = lambda m, batch, rng: (flow.loss(m, batch["points"], rng), {})
+  probe_x = jnp.asarray(sets[:2])
+  run_probe = lambda m, x: m(x, jnp.ones((x.shape[0],)))
+
+  def timed_train(hook):
+    model = _pointflow()
+    if hook is not None:               # compile the hook's program before timing (it is cached by graph)
+      hook(a.every, model)
+      hook.flush()
+    cfg = train.TrainConfig(steps=a.steps, batch_size=8, lr=1e-3, warmup=10, log_every=10, progress=False)
+    t0 = time.perf_counter()
+    train.train(model, loss_fn, data.loader(records, 8, 0), cfg, hooks=() if hook is None else (hook,))
+    return (time.perf_counter() - t0) / a.steps
+
+  base = timed_train(None)
+  deferred = timed_train(probe.hook(run_probe, probe_x, every=a.every, defer=True))
+  sync = timed_train(probe.hook(run_probe, probe_x, every=a.every, defer=False))
+  return dict(case="hook", shape=f"PointFlow Swiss roll, {a.steps} steps, probe every {a.every}",
+              step_ms=1e3 * base, deferred_overhead=deferred / base - 1, sync_overhead=sync / base - 1)
+
+
+def run_case(name: str, argv: list[str]) -> dict:
+  """Run one case in a child process; its peak resident memory from the kernel's accounting."""
+  with subprocess.Popen([sys.executable, "-m", "attngeo.experiments.bench_probe", "--case", name] + argv,
+                        stdout=subprocess.PIPE, text=True) as proc:
+    out = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+  if proc.returncode:
+    raise RuntimeError(f"bench-probe case {name} failed (exit {proc.returncode})")
+  row = json.loads(out.strip().splitlines()[-1])
+  row["peak_gib"] = usage.ru_maxrss * 1024 / 2**30                      # ru_maxrss is in KiB on Linux
+  return row
+
+
+def verdict(row: dict) -> str:
+  if row["case"] == "d12":
+    return "met" if row["cold_s"] <= 120 and row["peak_gib"] <= 4 else "missed"
+  if row["case"] == "swissroll":
+    return "met" if row["warm_s"] <= 5 else "missed"
+  return "met" if row["deferred_overhead"] <= 0.05 else "missed"
+
+
+def _pct(x):
+  return f"{100 * x:+.1f} %"
+
+
+COLUMNS = [Col("case"), Col("shape"), Col("cold_s", "cold s (incl. compile)", ".1f"), Col("warm_s", "warm s", ".2f"),
+           Col("peak_gib", "peak RSS GiB", ".2f"), Col("dense_defect_s", "dense δ_eff s", ".1f"),
+           Col("dense_rel_diff", "rel. diff. to dense", ".1e"),
+           Col("step_ms", "train step ms", ".1f"), Col("deferred_overhead", "hook overhead (deferred)", _pct),
+           Col("sync_overhead", "hook overhead (sync)", _pct), Col("target"), Col("verdict")]
+
+
+def parser() -> argparse.ArgumentParser:
+  ap = argparse.ArgumentParser(prog="attngeo bench-probe", description=__doc__,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated subset of {CASES} (default: all)")
+  ap.add_argument("--seq", type=int, default=1024, help="d12 sequence length, ≥ 2 (default: 1024)")
+  ap.add_argument("--vocab", type=int, default=50304, help="d12 vocabulary size, ≥ 2 (default: 50304)")
+  ap.add_argument("--steps", type=int, default=300, help="hook case: training steps, ≥ 10 (default: 300)")
+  ap.add_argument("--every", type=int, default=50, help="hook case: probe interval in steps, ≥ 10 (default: 50)")
+  ap.add_argument("--dense", action="store_true",
+                  help="swissroll case: also time the dense per-edge effective defect (minutes; default: off)")
+  ap.add_argument("--out", default="runs/bench_probe", help="output folder (default: runs/bench_probe)")
+  ap.add_argument("--case", default=None, choices=CASES, help=argparse.SUPPRESS)
+  return ap
+
+
+def main(argv=None):
+  ap = parser()
+  argv = sys.argv[1:] if argv is None else list(argv)
+  a = ap.parse_args(argv)
+  for name, value, low in (("--seq", a.seq, 2), ("--vocab", a.vocab, 2), ("--steps", a.steps, 10),
+                           ("--every", a.every, 10)):
+    if value < low:
+      ap.error(f"{name} must be at least {low}; got {value}")
+  if a.case:                                             # child process: one case, one JSON line
+    row = {"d12": case_d12, "swissroll": case_swissroll, "hook": case_hook}[a.case](a)
+    print(json.dumps(row), flush=True)
+    return row
+  cases = [c for c in a.cases.split(",") if c]
+  if not cases or any(c not in CASES for c in cases):
+    ap.error(f"--cases must be a comma-separated subset of {CASES}; got {a.cases!r}")
+  passthrough = ["--seq", str(a.seq), "--vocab", str(a.vocab), "--steps", str(a.steps), "--every", str(a.every)]
+  passthrough += ["--dense"] if a.dense else []
+  rows = []
+  for name in cases:
+    row = run_case(name, passthrough)
+    row.update(target=TARGETS[name], verdict=None)
+    row["verdict"] = verdict(row)
+    rows.append(row)
+  report.write(a.out, "bench_probe", rows, COLUMNS, note=f"{os.cpu_count()} CPU cores visible; each case in its own "
+               "process (peak RSS is that process's). Time the machine alone (flock /tmp/attngeo-heavy.lock).")
+  return rows
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,523 @@
+"""The second seed paper's empirical claims, measured across model sizes (`attngeo study connection`).
+
+"From Self-Attention to Connection Laplacian" reports that in trained Transformers (124M–8B,
+encoders and decoders) (a) effective attention graphs converge to stable operators in deeper
+layers, (b) learned transports self-organise into approximate scaled isometries, and (c) both
+strengthen with scale. This study trains models at several sizes — decoders (causal GPT, byte-level
+text) and encoders (bidirectional PointFlow on Swiss-roll point sets) — for `seeds` seeds each,
+probes every model (`attngeo.probe.model_report`) and the same architecture at random
+initialisation (the baseline a claim must beat), and reports per model and layer:
+
+* stability of the effective walk W_ℓ → W_ℓ₊₁: relative Frobenius change, mean row Jensen–Shannon
+  divergence, spectral distance (ℓ² between the 16 largest eigenvalue moduli);
+* the scaled-isometry defect `min_c ‖TᵀT − cI‖_F/‖TᵀT‖_F` of the head transports (mean over
+  heads) and of the effective transport `T_ij = Σ_h g^h_ij T^h` (W-weighted over edges);
+* their trend in depth — least-squares slope against relative depth x ∈ [0, 1], and the means over
+  the first and last thirds — and in scale: slope of each model-level statistic against
+  log10(non-embedding parameters), trained and at initialisation.
+
+    attngeo study connection [--seeds 0,1] [--decoder-depths 3,5,8] [--encoder-widths 32,64,128] ...
+    attngeo study connection --runs runs/gpt2,runs/gpt2-medium --probe-tokens heldout.npy --seq-len 1024
+
+The second form probes existing run folders (trained elsewhere, or public checkpoints imported with
+`attngeo import`) and their random initialisation instead of training: the same tables and figure.
+
+Writes study.md (tables), study.json (every per-layer row), study.png (one curve per size, trained
+solid, initialisation dashed) and models/<name>/ (run folders, reused on a rerun) under --out.
+Decoder text: until the project's text corpus lands (`attngeo.data.text`), the bytes of Python's
+own `pydoc_data.topics` (≈ 466 kB, vocabulary 256) through `ByteWindows` below — to be replaced.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import time
+
+import numpy as np
+
+from attngeo import config as config_lib
+from attngeo.experiments import report
+from attngeo.experiments.report import Col
+
+FAMILIES = ("decoder", "encoder")
+STABILITY = (("next_relative_change", "ΔW rel. Frobenius"), ("next_js_divergence", "row JS"),
+             ("next_spectral_distance", "spectral dist."))
+ISOMETRY = (("head_isometry_defect", "δ heads"), ("effective_isometry_defect", "δ effective"),
+            ("effective_participation", "participation (eff.)"))
+QUANTITIES = STABILITY + ISOMETRY
+
+
+@dataclasses.dataclass
+class StudyConfig:
+  families: tuple[str, ...] = FAMILIES
+  seeds: tuple[int, ...] = (0, 1)
+  # decoders: GPTConfig.from_depth(depth, aspect, head_dim) on bytes (vocabulary 256)
+  decoder_depths: tuple[int, ...] = (3, 5, 8)
+  decoder_aspect: int = 32
+  decoder_head_dim: int = 16
+  seq_len: int = 128
+  decoder_steps: int = 300
+  decoder_batch: int = 8
+  decoder_lr: float = 3e-3
+  # encoders: PointFlow sizes, zipped: (width, depth, heads)
+  encoder_widths: tuple[int, ...] = (32, 64, 128)
+  encoder_depths: tuple[int, ...] = (3, 4, 6)
+  encoder_heads: tuple[int, ...] = (2, 4, 8)
+  set_size: int = 256
+  num_sets: int = 2048
+  encoder_steps: int = 300
+  encoder_batch: int = 8
+  encoder_lr: float = 2e-3
+  warmup: int = 30
+  # probing: held-out sequences / sets, edges sampled per input for partial gate supports
+  probe_batch: int = 2
+  probe_samples: int = 16
+  probe_tokens: str | None = None
+  # instead of training: already-trained run folders (attngeo.train, or imported public checkpoints)
+  runs: tuple[str, ...] = ()
+  reprobe: bool = False
+  out: str = "runs/study_connection"
+  progress: bool = True
+
+  def validate(self):
+    if not self.families or any(f not in FAMILIES for f in self.families):
+      raise ValueError(f"families must be a non-empty subset of {FAMILIES}; got {self.families}")
+    if not self.seeds:
+      raise ValueError("seeds must name at least one seed")
+    if not (len(self.encoder_widths) == len(self.encoder_depths) == len(self.encoder_heads)):
+      raise ValueError("encoder_widths, encoder_depths and encoder_heads must have the same length (zipped sizes)")
+    for name in ("decoder_depths", "encoder_depths"):
+      if any(d < 2 for d in getattr(self, name)):
+        raise ValueError(f"{name} must be ≥ 2 (stability needs two layers); got {getattr(self, name)}")
+    for w, h in zip(self.encoder_widths, self.encoder_heads):
+      if w % h:
+        raise ValueError(f"encoder heads {h} must divide width {w}")
+    for name in ("seq_len", "decoder_steps", "decoder_batch", "set_size", "encoder_steps", "encoder_batch",
+                 "probe_batch", "num_sets"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"{name} must be positive; got {getattr(self, name)}")
+    if self.probe_samples < 2:
+      raise ValueError(f"probe_samples must be at least 2; got {self.probe_samples}")
+    for path in self.runs:
+      if not os.path.exists(os.path.join(path, "config.json")):
+        raise ValueError(f"runs: {path} is not a run folder (no config.json)")
+    if self.probe_tokens is not None and not (self.probe_tokens.endswith(".npy") and os.path.exists(self.probe_tokens)):
+      raise ValueError(f"probe_tokens must be an existing .npy of token ids [b, n]; got {self.probe_tokens!r}")
+    return self
+
+
+HELP = {"families": f"model families to study, subset of {FAMILIES}",
+        "seeds": "training/initialisation seeds, comma-separated",
+        "decoder_depths": "GPT depths (the size knob: width = aspect·depth rounded to head_dim)",
+        "encoder_widths": "PointFlow widths, zipped with encoder_depths and encoder_heads",
+        "probe_samples": "edges sampled per input for partial gate supports, ≥ 2",
+        "probe_tokens": "decoders: .npy of token ids [b, n] to probe on (imported checkpoints: their tokenizer's "
+                        "ids of held-out text); none: held-out bytes",
+        "reprobe": "re-probe finished models from their checkpoints (and their initialisation) instead of "
+                   "reusing the cached read-outs",
+        "runs": "comma-separated run folders (trained or imported) to probe with their random initialisation "
+                "instead of training the sizes above",
+        "out": "output folder"}
+
+
+# ----------------------------------------------------------------------------- data
+
+class ByteWindows:
+  """Random-access source of `{"tokens": [seq_len + 1] int32}` byte windows of a text (grain source).
+
+  TO BE REPLACED by the project's text corpus and tokenizer (`attngeo.data.text`) when it lands.
+  Record i is the window at a fixed pseudo-random offset (seeded), so a source is reproducible.
+  """
+
+  def __init__(self, data: np.ndarray, seq_len: int, count: int, seed: int = 0):
+    if len(data) <= seq_len + 1:
+      raise ValueError(f"text of {len(data)} bytes is too short for windows of {seq_len + 1}")
+    self.data, self.seq_len = data, seq_len
+    self.offsets = np.random.default_rng(seed).integers(0, len(data) - seq_len - 1, count)
+
+  def __len__(self):
+    return len(self.offsets)
+
+  def __getitem__(self, i):
+    o = self.offsets[i]
+    return {"tokens": self.data[o:o + self.seq_len + 1].astype(np.int32)}
+
+
+def stdlib_text() -> np.ndarray:
+  """The bytes of Python's `pydoc_data.topics` (the reference manual's topics), uint8 — stand-in corpus."""
+  from pydoc_data import topics
+  return np.frombuffer("\n\n".join(topics.topics[k] for k in sorted(topics.topics)).encode(), np.uint8)
+
+
+# ----------------------------------------------------------------------------- models
+
+@dataclasses.dataclass(frozen=True)
+class Size:
+  family: str
+  label: str
+  model_config: object
+
+
+def sizes(cfg: StudyConfig) -> list[Size]:
+  from attngeo import nn
+  out = []
+  if "decoder" in cfg.families:
+    for d in cfg.decoder_depths:
+      mc = nn.GPTConfig.from_depth(d, aspect=cfg.decoder_aspect, head_dim=cfg.decoder_head_dim, vocab_size=256,
+                                   seq_len=cfg.seq_len, operator="ATTN")
+      out.append(Size("decoder", f"d{d}w{mc.width}", mc))
+  if "encoder" in cfg.families:
+    for w, d, h in zip(cfg.encoder_widths, cfg.encoder_depths, cfg.encoder_heads):
+      mc = nn.PointFlowConfig.create(width=w, depth=d, num_heads=h, mlp_ratio=2.0, order="ffn_first", operator="ATTN")
+      out.append(Size("encoder", f"d{d}w{w}", mc))
+  return out
+
+
+def non_embedding_params(model) -> int:
+  """Parameters of the transformer blocks (embeddings, read-in/out and time embedding excluded)."""
+  import jax
+  from flax import nnx
+  return int(sum(np.size(x) for x in jax.tree.leaves(nnx.state(model.blocks, nnx.Param))))
+
+
+def build(size: Size, seed: int):
+  """The model of `size` initialised from `seed`, built as one compiled program, on the default device."""
+  from flax import nnx
+
+  from attngeo.nn import registry
+  return nnx.jit(registry.build, static_argnums=(0, 1))(size.model_config, seed)
+
+
+def to_default_device(model):
+  """Move a trained model's arrays off the training mesh onto the default device (in place), so
+  probing and evaluation reuse the programs compiled for the freshly built model."""
+  import jax
+  from flax import nnx
+  nnx.update(model, jax.device_put(nnx.state(model), jax.devices()[0]))
+  return model
+
+
+# ----------------------------------------------------------------------------- one model
+
+class Family:
+  """Data, loss, held-out evaluation and probe inputs of one family."""
+
+  def __init__(self, name: str, cfg: StudyConfig):
+    self.name, self.cfg = name, cfg
+    if name == "decoder":
+      text = stdlib_text()
+      cut = int(0.9 * len(text))
+      self.train_source = ByteWindows(text[:cut], cfg.seq_len, 4096, seed=1)
+      held = ByteWindows(text[cut:], cfg.seq_len, 16 + cfg.probe_batch, seed=2)
+      rows = np.stack([held[i]["tokens"] for i in range(len(held))])
+      self.eval_batch, self.probe_batch = rows[:16], rows[16:, :-1]
+      if cfg.probe_tokens:
+        self.probe_batch = np.load(cfg.probe_tokens)[:cfg.probe_batch, :cfg.seq_len].astype(np.int32)
+    else:
+      from attngeo import data
+      source, _ = data.point_sets(os.path.join(cfg.out, "data"), cloud="swiss_roll", num_points=4000, seed=123,
+                                  set_size=cfg.set_size, num_sets=cfg.num_sets + 16 + cfg.probe_batch)
+      self.train_source = [source[i] for i in range(cfg.num_sets)]
+      held = np.stack([source[cfg.num_sets + i]["points"] for i in range(16 + cfg.probe_batch)])
+      self.eval_batch, self.probe_batch = held[:16], held[16:]
+
+  @property
+  def steps(self):
+    return self.cfg.decoder_steps if self.name == "decoder" else self.cfg.encoder_steps
+
+  @property
+  def batch(self):
+    return self.cfg.decoder_batch if self.name == "decoder" else self.cfg.encoder_batch
+
+  @property
+  def lr(self):
+    return self.cfg.decoder_lr if self.name == "decoder" else self.cfg.encoder_lr
+
+  def loss_fn(self):
+    import optax
+
+    from attngeo import flow
+    if self.name == "decoder":
+      def loss(m, batch, rng):
+        tok = batch["tokens"]
+        return optax.softmax_cross_entropy_with_integer_labels(m(tok[:, :-1]), tok[:, 1:]).mean(), {}
+      return loss
+    return lambda m, batch, rng: (flow.loss(m, batch["points"], rng), {})
+
+  def held_out(self, model) -> float:
+    """Decoders: bits per byte on held-out windows; encoders: flow-matching loss on held-out sets."""
+    import jax
+    import jax.numpy as jnp
+    if self.name == "decoder":
+      tok = jnp.asarray(self.eval_batch)
+      nats = self.loss_fn()(model, {"tokens": tok}, None)[0]
+      return float(nats) / math.log(2)
+    from attngeo import flow
+    return float(flow.loss(model, jnp.asarray(self.eval_batch), jax.random.PRNGKey(7)))
+
+  def probe_run(self, model):
+    import jax.numpy as jnp
+    x = jnp.asarray(self.probe_batch)
+    if self.name == "decoder":
+      return lambda: model(x)
+    return lambda: model(x, jnp.ones((x.shape[0],)))
+
+
+def model_result(cfg: StudyConfig, fam: Family, size: Size, seed: int) -> dict:
+  """Train (or reuse) one model, probe it and its initialisation; cached in models/<name>/result.json."""
+  from attngeo import data, probe, train
+  name = f"{size.family}_{size.label}_s{seed}"
+  workdir = os.path.join(cfg.out, "models", name)
+  path = os.path.join(workdir, "result.json")
+  if os.path.exists(path):
+    with open(path) as f:
+      cached = json.load(f)
+    if not cfg.reprobe:
+      return cached
+    from attngeo import runs
+    model = to_default_device(runs.load_run(workdir)[0])
+    init_model = build(size, seed)
+    cached.update(trained=probe.model_report(model, fam.probe_run(model), samples=cfg.probe_samples, seed=seed,
+                                             progress=False),
+                  init=probe.model_report(init_model, fam.probe_run(init_model), samples=cfg.probe_samples, seed=seed,
+                                          progress=False))
+    with open(path, "w") as f:
+      json.dump(cached, f, indent=1)
+    return cached
+  t0 = time.perf_counter()
+  init_model = build(size, seed)
+  init_rows = probe.model_report(init_model, fam.probe_run(init_model), samples=cfg.probe_samples, seed=seed,
+                                 progress=False)
+  init_loss = fam.held_out(init_model)
+  model = build(size, seed)
+  tcfg = train.TrainConfig(steps=fam.steps, batch_size=fam.batch, lr=fam.lr, warmup=min(cfg.warmup, fam.steps // 2),
+                           seed=seed, workdir=workdir, ckpt_every=0, keep=1, log_every=max(fam.steps // 10, 1),
+                           progress=cfg.progress)
+  res = train.train(model, fam.loss_fn(), data.loader(fam.train_source, fam.batch, seed), tcfg, desc=name)
+  t_train = time.perf_counter() - t0
+  to_default_device(res.model)
+  rows = probe.model_report(res.model, fam.probe_run(res.model), samples=cfg.probe_samples, seed=seed, progress=False)
+  out = dict(name=name, family=size.family, size=size.label, seed=seed, params=non_embedding_params(model),
+             depth=len(rows), train_loss=res.history[-1]["loss"], held_out=fam.held_out(res.model),
+             held_out_init=init_loss, train_seconds=t_train, seconds=time.perf_counter() - t0,
+             trained=rows, init=init_rows)
+  with open(path, "w") as f:
+    json.dump(out, f, indent=1)
+  return out
+
+
+def run_folder_result(cfg: StudyConfig, fams: dict, path: str) -> dict:
+  """Probe an existing run folder's model (trained or imported) and its random initialisation (seed
+  `seeds[0]`); no training, no held-out loss."""
+  from flax import nnx
+
+  from attngeo import nn, probe, runs
+  from attngeo.nn import registry
+  model, _, mcfg = runs.load_run(path)
+  if not isinstance(model, (nn.GPT, nn.PointFlow)):
+    raise ValueError(f"{path}: the study probes GPT (decoder) and PointFlow (encoder) runs; got {type(model).__name__}")
+  family = "decoder" if isinstance(model, nn.GPT) else "encoder"
+  fam = fams.setdefault(family, Family(family, cfg))
+  to_default_device(model)
+  t0 = time.perf_counter()
+  rows = probe.model_report(model, fam.probe_run(model), samples=cfg.probe_samples, progress=cfg.progress,
+                            desc=os.path.basename(path))
+  init = nnx.jit(registry.build, static_argnums=(0, 1))(mcfg, cfg.seeds[0])
+  init_rows = probe.model_report(init, fam.probe_run(init), samples=cfg.probe_samples, progress=False)
+  name = os.path.basename(os.path.normpath(path))
+  return dict(name=name, family=family, size=name, seed=cfg.seeds[0], params=non_embedding_params(model),
+              depth=len(rows), train_loss=None, held_out=None, held_out_init=None, train_seconds=0.0,
+              seconds=time.perf_counter() - t0, trained=rows, init=init_rows)
+
+
+# ----------------------------------------------------------------------------- statistics
+
+def series(rows: list[dict], key: str) -> np.ndarray:
+  """Per-layer values of `key` (head means; the last layer's missing `next_*` dropped)."""
+  return np.array([float(np.mean(r[key])) for r in rows if r.get(key) is not None])
+
+
+def depth_trend(values: np.ndarray) -> dict:
+  """Slope against relative depth x_i = i/(m − 1) ∈ [0, 1], and first- / last-third means."""
+  m = len(values)
+  if m < 2:                                    # one value: no trend in depth
+    v = float(values[0]) if m else float("nan")
+    return dict(mean=v, slope=float("nan"), first=v, last=v)
+  x = np.arange(m) / (m - 1)
+  slope = float(np.polyfit(x, values, 1)[0])
+  first, last = values[x <= 1 / 3 + 1e-9], values[x >= 2 / 3 - 1e-9]
+  return dict(mean=float(values.mean()), slope=slope, first=float(first.mean()), last=float(last.mean()))
+
+
+def model_stats(result: dict) -> dict:
+  """{state: {quantity: depth_trend}} for state in (trained, init)."""
+  return {state: {key: depth_trend(series(result[state], key)) for key, _ in QUANTITIES}
+          for state in ("trained", "init")}
+
+
+def scale_trend(results: list[dict], family: str, state: str, key: str, field: str) -> float:
+  """Slope of a model-level statistic against log10(non-embedding parameters) over every model of a family."""
+  pts = [(math.log10(r["params"]), model_stats(r)[state][key][field]) for r in results if r["family"] == family]
+  xs, ys = np.array([p[0] for p in pts]), np.array([p[1] for p in pts])
+  if len(set(xs.tolist())) < 2 or not np.all(np.isfinite(ys)):
+    return float("nan")
+  return float(np.polyfit(xs, ys, 1)[0])
+
+
+def summary_rows(results: list[dict]) -> list[dict]:
+  """One row per (family, size, state): seed means of each quantity's depth trend."""
+  rows = []
+  keys = sorted({(r["family"], r["size"]) for r in results}, key=lambda fs: (fs[0], min(
+      r["params"] for r in results if (r["family"], r["size"]) == fs)))
+  for family, size in keys:
+    group = [r for r in results if (r["family"], r["size"]) == (family, size)]
+    for state in ("trained", "init"):
+      losses = [g["held_out" if state == "trained" else "held_out_init"] for g in group]
+      row = dict(family=family, size=size, state=state, params=group[0]["params"], depth=group[0]["depth"],
+                 seeds=len(group), held_out=None if None in losses else float(np.mean(losses)))
+      for key, _ in QUANTITIES:
+        for field in ("mean", "slope", "first", "last"):
+          row[f"{key}:{field}"] = float(np.mean([model_stats(g)[state][key][field] for g in group]))
+      rows.append(row)
+  return rows
+
+
+def scale_rows(results: list[dict]) -> list[dict]:
+  rows = []
+  for family in sorted({r["family"] for r in results}):
+    for state in ("trained", "init"):
+      row = dict(family=family, state=state)
+      for key, _ in QUANTITIES:
+        row[f"{key}:mean"] = scale_trend(results, family, state, key, "mean")
+        row[f"{key}:last"] = scale_trend(results, family, state, key, "last")
+        row[f"{key}:slope"] = scale_trend(results, family, state, key, "slope")
+      rows.append(row)
+  return rows
+
+
+def _fmt(x):
+  return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3g}"
+
+
+def _first_last(key):
+  return lambda row: f"{_fmt(row[f'{key}:first'])} → {_fmt(row[f'{key}:last'])}"
+
+
+def tables(results: list[dict], out: str) -> str:
+  rows = summary_rows(results)
+  for r in rows:
+    for key, _ in QUANTITIES:
+      r[f"{key}:fl"] = _first_last(key)(r)
+  base = [Col("family"), Col("size"), Col("state"), Col("params", "non-emb. params", lambda p: f"{p / 1e6:.2f}M"),
+          Col("depth", "layers"), Col("held_out", "held-out (bpb / FM loss)", ".3f")]
+  stab = base + [c for key, label in STABILITY for c in (
+      Col(f"{key}:fl", f"{label} first → last third", align="right"), Col(f"{key}:slope", "slope", ".3g"))]
+  iso = base[:5] + [c for key, label in ISOMETRY for c in (
+      Col(f"{key}:mean", f"{label} mean", ".3f"), Col(f"{key}:fl", "first → last third", align="right"),
+      Col(f"{key}:slope", "slope", ".3g"))]
+  srows = scale_rows(results)
+  scale = [Col("family"), Col("state")] + [c for key, label in QUANTITIES for c in (
+      Col(f"{key}:mean", f"{label}: mean", ".3g"), Col(f"{key}:slope", "depth slope", ".3g"))]
+  parts = ["## Stability of the effective walk W_ℓ → W_ℓ₊₁ (seed means; slope against relative depth)",
+           report.write(out, "study_stability", rows, stab, quiet=True),
+           "## Scaled-isometry defects of the transports (seed means)",
+           report.write(out, "study_isometry", rows, iso, quiet=True),
+           "## Trends in scale: change per decade of non-embedding parameters (least squares over every model)",
+           report.write(out, "study_scale", srows, scale, quiet=True)]
+  return "\n\n".join(parts)
+
+
+def figure(results: list[dict], path: str):
+  """Rows: quantities; columns: families; one curve per size against relative depth (trained solid, init dashed)."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  families = [f for f in FAMILIES if any(r["family"] == f for r in results)]
+  fig, axes = plt.subplots(len(QUANTITIES), len(families), figsize=(5.2 * len(families), 2.3 * len(QUANTITIES)),
+                           squeeze=False)
+  for c, family in enumerate(families):
+    labels = sorted({r["size"] for r in results if r["family"] == family},
+                    key=lambda s: min(r["params"] for r in results if r["size"] == s and r["family"] == family))
+    colours = plt.cm.viridis(np.linspace(0.1, 0.85, len(labels)))
+    for (key, label), ax in zip(QUANTITIES, axes[:, c]):
+      for size, colour in zip(labels, colours):
+        group = [r for r in results if r["family"] == family and r["size"] == size]
+        for state, style in (("trained", "-"), ("init", "--")):
+          per_seed = [series(g[state], key) for g in group]
+          if not all(len(v) for v in per_seed):
+            continue
+          vals = np.mean(per_seed, 0)
+          x = np.arange(len(vals)) / max(len(vals) - 1, 1)
+          name = f"{size} ({group[0]['params'] / 1e6:.2g}M)" if state == "trained" else None
+          ax.plot(x, vals, style, color=colour, marker="o" if state == "trained" else None, ms=3, label=name,
+                  alpha=1.0 if state == "trained" else 0.6)
+      ax.set_title(f"{family}: {label}", fontsize=9)
+      ax.set_xlabel("relative depth (layer / last)" if not key.startswith("next_") else "relative depth of pair ℓ→ℓ+1",
+                    fontsize=8)
+      ax.tick_params(labelsize=7)
+      ax.grid(alpha=0.3)
+    axes[0, c].legend(fontsize=7, title="trained (solid), init (dashed)", title_fontsize=7)
+  fig.suptitle("Connection-walk stability and isometry defects across sizes", fontsize=11)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- driver
+
+def run(cfg: StudyConfig) -> dict:
+  cfg.validate()
+  t0 = time.perf_counter()
+  os.makedirs(cfg.out, exist_ok=True)
+  from attngeo import runs
+  runs.write_config(cfg.out, study=cfg)
+  results, fams = [], {}
+  if cfg.runs:
+    for i, path in enumerate(cfg.runs):
+      print(f"[{i + 1}/{len(cfg.runs)}] {path}", flush=True)
+      results.append(run_folder_result(cfg, fams, path))
+  else:
+    all_sizes = sizes(cfg)
+    total = len(all_sizes) * len(cfg.seeds)
+    for i, (size, seed) in enumerate((s, seed) for s in all_sizes for seed in cfg.seeds):
+      fam = fams.setdefault(size.family, Family(size.family, cfg))
+      print(f"[{i + 1}/{total}] {size.family} {size.label} seed {seed}", flush=True)
+      results.append(model_result(cfg, fam, size, seed))
+  md = tables(results, cfg.out)
+  figure(results, os.path.join(cfg.out, "study.png"))
+  wall = time.perf_counter() - t0
+  note = (f"Wall time {wall:.0f} s ({sum(r['train_seconds'] for r in results):.0f} s in model runs; cached models "
+          f"count their original time). Trained models: {len(results)}; each also probed at initialisation.")
+  with open(os.path.join(cfg.out, "study.md"), "w") as f:
+    f.write(md + "\n\n" + note + "\n")
+  payload = dict(config=dataclasses.asdict(cfg), wall_seconds=wall, summary=summary_rows(results),
+                 scale=scale_rows(results), models=results)
+  with open(os.path.join(cfg.out, "study.json"), "w") as f:
+    json.dump(payload, f, indent=1)
+  print(md + "\n\n" + note)
+  print(f"\nwrote {cfg.out}/study.md, study.json, study.png")
+  return payload
+
+
+def parser() -> argparse.ArgumentParser:
+  ap = argparse.ArgumentParser(prog="attngeo study connection", description=__doc__,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  config_lib.add_arguments(ap, StudyConfig, help=HELP)
+  return ap
+
+
+def main(argv=None):
+  ap = parser()
+  cfg = config_lib.from_arguments(ap.parse_args(argv), StudyConfig)
+  try:
+    cfg.validate()
+  except ValueError as e:
+    ap.error(str(e))
+  return run(cfg)
+
+
+if __name__ == "__main__":
+  main()
