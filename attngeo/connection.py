@@ -127,7 +127,7 @@ def spectral_distance(w1, w2, k: int = 16) -> jax.Array:
 
 
 def _moduli(w, k):
-  return jnp.abs(markov.spectrum(w, k))
+  return jnp.abs(markov.spectrum(w, k).values)
 
 
 def stability(walks: list, k: int = 16) -> list[dict[str, float]]:

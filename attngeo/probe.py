@@ -88,7 +88,7 @@ def model_report(model, run, sample: int = 0) -> list[dict]:
     t = connection.head_transports(m.wv[...], m.wo[...])
     head_defect, _ = connection.isometry_defect(t)
     row = {key: v.tolist() for key, v in stats.items()}
-    row.update(spectral_gap=float(markov.spectral_gap(w)), walk_eps_rev=float(markov.reversibility(w)),
+    row.update(spectral_gap=float(markov.spectral_gap(w).gap), walk_eps_rev=float(markov.reversibility(w)),
                head_isometry_defect=np.asarray(head_defect).tolist(),
                effective_isometry_defect=float(connection.effective_isometry_defect(ph, t)))
     rows.append(row)
