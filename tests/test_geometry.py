@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from jax.test_util import check_grads
 
-from attngeo import data, geometry as geo, operators as op
+from attngeo import data, geometry as geo, operators as op, surfaces
 
 A = np.array([0.3, -0.5, 0.81]) / np.linalg.norm([0.3, -0.5, 0.81])
 
@@ -150,11 +150,35 @@ def test_finite_dimension_lowers_curvature_and_family_bound_is_above():
   assert np.all(np.asarray(geo.family_curvature(p, f)) >= geo.graph_curvature(p) - 1e-4)
 
 
-def test_bandwidth_estimates_intrinsic_dimension():
-  eps, dim = geo.bandwidth(data.sphere(2000, seed=0))
-  assert 1.6 < dim < 2.5 and eps > 0
-  eps, dim = geo.bandwidth(data.flat_torus(2000, seed=0))
-  assert 1.6 < dim < 2.5   # the max-slope rule overshoots a little on the torus
+def test_bandwidth_sheet_rule_keeps_the_walk_on_the_swiss_roll():
+  """The sheet rule's ε puts ≤ 1e-3 of the walk's mass between the roll's layers (ground truth from the roll
+  parameter t: points more than half a turn apart), where the max-slope rule's ε puts > 1e-2 there."""
+  n = 2000
+  x = data.swiss_roll(n, 123).astype(np.float64)
+  t = surfaces.swiss_roll_parameters(n, 123)
+  far = np.abs(t[:, None] - t[None]) > np.pi
+  d2 = np.sum((x[:, None] - x[None]) ** 2, -1)
+
+  def between_layers(eps):
+    k = np.exp(-d2 / eps)
+    return float(((k / k.sum(1, keepdims=True)) * far).sum(1).mean())
+
+  bw = geo.bandwidth(x)
+  assert bw.rule == "sheet" and bw.eps < bw.eps_max_slope
+  assert between_layers(bw.eps) <= 1e-3
+  assert between_layers(bw.eps_max_slope) > 1e-2
+  assert 1.8 < bw.dimension < 2.2
+  old = geo.bandwidth(x, rule="max_slope")
+  assert old.rule == "max_slope" and old.eps == bw.eps_max_slope
+
+
+@pytest.mark.parametrize("points,dim", [(lambda: data.sphere(1500, seed=0), 2), (lambda: data.flat_torus(1500, seed=0), 2),
+                                        (lambda: surfaces.sphere(1500, seed=0, dim=5).points, 4)])
+def test_bandwidth_dimension_and_rule_without_layers(points, dim):
+  """Without layers no pair short-circuits: the max-slope ε stands; the off-diagonal kernel-sum slope gives d."""
+  bw = geo.bandwidth(points())
+  assert bw.rule == "max_slope" and bw.eps == bw.eps_max_slope
+  assert abs(bw.dimension - dim) < 0.25 * dim
 
 
 def test_bad_inputs():
@@ -178,6 +202,27 @@ def test_bad_inputs():
 def test_matrix_free_spectral_matches_dense_spectral():
   x = jnp.asarray(data.sphere(800, seed=3))
   f = (x @ A)[:, None]
-  dense = geo.gamma2(geo.spectral(geo.gaussian_markov(x, 0.1), 9, 0.025), f)
-  free = geo.gamma2(geo.gaussian_spectral(x, 0.1, 9, block_size=256), f)
-  np.testing.assert_allclose(free, dense, rtol=2e-2, atol=2e-2)
+  dense_op = geo.spectral(geo.gaussian_markov(x, 0.1), 9, 0.025)
+  free_op = geo.gaussian_spectral(x, 0.1, 9, block_size=256)
+  assert bool(dense_op.spectrum.converged) and bool(free_op.spectrum.converged)
+  np.testing.assert_allclose(free_op.spectrum.values, dense_op.spectrum.values, atol=1e-5)
+  np.testing.assert_allclose(geo.gamma2(free_op, f), geo.gamma2(dense_op, f), rtol=2e-2, atol=2e-2)
+
+
+def test_gaussian_spectral_residuals_are_those_of_a_float64_reference():
+  """The eigenpairs behind `gaussian_spectral` against dense float64 numpy: eigenvalues within the reported
+  bounds; the reported residuals are the float64 residuals of the returned vectors."""
+  x = data.sphere(600, seed=4).astype(np.float64)
+  eps = 0.1
+  k = np.exp(-np.sum((x[:, None] - x[None]) ** 2, -1) / eps)
+  q = k.sum(1)
+  ka = k / np.outer(q, q)
+  d = ka.sum(1)
+  a = ka / np.sqrt(np.outer(d, d))
+  w = np.linalg.eigvalsh(a)[::-1][:9]
+  spec = geo.gaussian_spectral(x, eps, 9, block_size=256).spectrum
+  err = np.abs(np.asarray(spec.values, np.float64) - w)
+  assert np.all(err <= np.asarray(spec.value_bounds) + 1e-6)            # + the float32 kernel's own rounding
+  u = np.asarray(spec.vectors, np.float64)
+  r64 = np.linalg.norm(a @ u - u * np.asarray(spec.values, np.float64), axis=0)
+  np.testing.assert_allclose(r64, spec.residuals, atol=2e-6)
