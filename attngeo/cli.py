@@ -4,6 +4,7 @@
     attngeo bench [...]                  operator kernel benchmark
     attngeo heat [...]                   heat flow on a sampled Swiss roll (Figure 1)
     attngeo probe CHECKPOINT [...]       per-layer geometry of a trained model
+    attngeo diffmap FILE [...]           exact diffusion map of a point cloud
 """
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ COMMANDS = {
     "bench-train": ("attngeo.experiments.bench_train", "GPT training step time per operator"),
     "heat": ("attngeo.experiments.heat_swissroll", "heat flow of a Gaussian Markov walk on a Swiss roll (Figure 1)"),
     "curvature": ("attngeo.experiments.curvature", "Bakry-Emery estimators against the sphere and torus"),
+    "diffmap": ("attngeo.experiments.diffmap", "exact matrix-free diffusion map of a point cloud, with residuals"),
+    "bench-diffmap": ("attngeo.experiments.bench_diffmap", "diffusion maps vs dense float64 eigsh and datafold by N"),
     "probe": ("attngeo.experiments.probe", "per-layer Markov/Bakry-Emery/connection diagnostics of a checkpoint"),
 }
 
