@@ -22,6 +22,13 @@ filter steps on the full cloud; the answer is still checked by the full operator
 
 Nyström: at a new point y, `ψ_c(y) = λ_c⁻¹ Σ_j P(y, x_j) ψ_c(x_j)` with `P(y, ·)` the normalised
 row of K^α at y (its `q(y)^α` cancels): one attention call with queries y.
+
+Learned reversible attention (`attention_eigenpairs`): an exact-A member of the transport family
+(α = 0: DMAP, ATAP and the edge between them) has logits `L_ij = s[S_ij + ½(g_i − g_j)]`, S
+symmetric, so with `w_j = e^{−s g_j/2}` and `z_i = Σ_l e^{s S_il} w_l`, `π_i ∝ w_i z_i` satisfies
+detailed balance (`π_i P_ij = w_i w_j e^{s S_ij}/Σπ`). `log z` is one chunked logsumexp of the
+augmented logits of `operators.augment`; P is applied by `operators.transport` (blockwise kernel),
+and the conjugate's eigenpairs come from `eigen.eigsh` (spectrum in [−1, 1]: S is not PSD for β > 0).
 """
 from __future__ import annotations
 
@@ -32,7 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attngeo import _checks, eigen, geometry, kernels
+from attngeo import _checks, eigen, geometry, kernels, operators
 
 
 class DiffusionMap(NamedTuple):
@@ -161,3 +168,65 @@ def nystrom(dm: DiffusionMap, y, *, block_size: int = 1024) -> jax.Array:
   y = jnp.asarray(y, jnp.float32) - dm.centre
   ext = _extend(dm.x, dm.log_q, dm.eps, dm.alpha, dm.psi[:, 1:], y, block_size)
   return ext * jnp.exp((dm.t - 1.0) * jnp.log1p(-dm.rates[1:]))
+
+
+class AttentionSpectrum(NamedTuple):
+  """Leading eigenpairs of a reversible attention walk: `pi` [n]; `psi` [n, k] right eigenvectors of P,
+  L²(π)-orthonormal (ψ₀ = 1); `spectrum` the `eigen.Eigh` of the conjugate (Perron pair first)."""
+  pi: jax.Array
+  psi: jax.Array
+  spectrum: eigen.Eigh
+
+
+def _log_normaliser(qa, ka, bias, scale, chunk):
+  """`log Σ_j exp(scale·qa_i·ka_j + bias_j)` [n] in query chunks (O(chunk·n) memory)."""
+  n = qa.shape[0]
+  pad = -n % chunk
+  qp = jnp.pad(qa, ((0, pad), (0, 0)))
+  rows = lambda qc: jax.nn.logsumexp(scale * qc @ ka.T + bias[None, :], -1)
+  return jax.lax.map(rows, qp.reshape(-1, chunk, qa.shape[1])).reshape(-1)[:n]
+
+
+def attention_eigenpairs(q, k, n_pairs: int, *, beta: float = 0.0, scale: float | None = None, tol: float = 1e-5,
+                         block: int | None = None, degree: int = 16, max_matvecs: int = 2000, seed: int = 0,
+                         block_size: int = 512) -> AttentionSpectrum:
+  """The `n_pairs` leading eigenpairs of the exact-A (α = 0) attention walk of one head, matrix-free.
+
+  Args:
+    q, k: `[n, d]` queries and keys of one head (vmap over batch and heads).
+    n_pairs: eigenpairs wanted, Perron pair included (≥ 2).
+    beta: β ∈ [0, 1] of the operator (0: DMAP, 1: ATAP); α is 0 (the reversible members).
+    scale: logit scale s (default 1/√d).
+    tol, block, degree, max_matvecs, seed: as in `eigen.eigsh`.
+    block_size: attention block size.
+
+  Returns:
+    `AttentionSpectrum`.
+  """
+  _checks.check_rank("q", q, 2, "[tokens, head_dim]")
+  if jnp.shape(k) != jnp.shape(q):
+    raise ValueError(f"k must have q's shape {jnp.shape(q)}; got {jnp.shape(k)}")
+  n, d = q.shape
+  if not 2 <= n_pairs <= n - 1:
+    raise ValueError(f"n_pairs must be in [2, n − 1 = {n - 1}]; got {n_pairs}")
+  _checks.check_unit_interval("beta", beta)
+  s = 1.0 / d**0.5 if scale is None else float(scale)
+  q4, k4 = jnp.asarray(q, jnp.float32)[None, :, None, :], jnp.asarray(k, jnp.float32)[None, :, None, :]
+  aug = operators.augment(q4, k4, beta=float(beta), alpha=0.0, scale=s)
+  bias = aug.bias[0, :, 0]
+  log_pi = jax.nn.log_softmax(bias + _log_normaliser(aug.q[0, :, 0], aug.k[0, :, 0], bias, s, min(block_size, n)))
+  sq = jnp.exp(0.5 * log_pi)[:, None]
+
+  def conjugate(v):
+    out = operators.transport(q4, k4, (v / sq)[None, :, None, :], beta=float(beta), alpha=0.0, scale=s,
+                              implementation="blockwise", block_size=block_size)
+    return sq * out[0, :, 0, :]
+
+  res = eigen.eigsh(conjugate, n, n_pairs - 1, block=block, degree=degree, tol=tol, max_matvecs=max_matvecs,
+                    lower=-1.0, deflate=sq, seed=seed)
+  r0 = jnp.linalg.norm(conjugate(sq) - sq)
+  cat = lambda a, b: jnp.concatenate([jnp.atleast_1d(a), b])
+  spec = eigen.Eigh(cat(1.0, res.values), jnp.concatenate([sq, res.vectors], 1), cat(r0, res.residuals),
+                    cat(r0, res.value_bounds), cat(jnp.minimum(1.0, r0 / (1.0 - res.values[0])), res.vector_bounds),
+                    res.converged & (r0 <= tol), res.iterations, res.matvecs + 1)
+  return AttentionSpectrum(jnp.exp(log_pi), spec.vectors / sq, spec)

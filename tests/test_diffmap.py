@@ -3,8 +3,9 @@ import json
 
 import numpy as np
 import pytest
+import scipy.linalg
 
-from attngeo import data, diffmap
+from attngeo import data, diffmap, operators as op
 from attngeo.experiments import bench_diffmap, diffmap as diffmap_cli
 
 
@@ -107,3 +108,25 @@ def test_bench_diffmap_smoke(tmp_path):
   rows = {r["method"]: r for r in json.loads((tmp_path / "bench_diffmap.json").read_text())}
   assert rows["attngeo"]["max_rel_err_rate"] < 1e-3 and rows["attngeo"]["max_angle_deg"] < 0.1
   assert rows["eigsh"]["max_angle_deg"] == 0.0
+
+
+@pytest.mark.parametrize("beta", [0.0, 1.0])
+def test_reversible_attention_eigenpairs_match_dense_float64(beta):
+  """DMAP (β = 0) and ATAP (β = 1) walks of random q, k: π and the leading eigenpairs of the conjugate
+  against the dense logits of `operators.logits` in float64 (π by null space, pairs by eigh)."""
+  rng = np.random.default_rng(int(beta) + 5)
+  q, k = rng.standard_normal((300, 8)).astype(np.float32), rng.standard_normal((300, 8)).astype(np.float32)
+  lg = np.asarray(op.logits(q[None, :, None], k[None, :, None], beta=beta, alpha=0.0).full[0, 0], np.float64)
+  p = np.exp(lg - lg.max(1, keepdims=True))
+  p /= p.sum(1, keepdims=True)
+  pi = scipy.linalg.svd(np.eye(300) - p.T)[2][-1]
+  pi /= pi.sum()
+  a = np.sqrt(pi)[:, None] * p / np.sqrt(pi)[None, :]
+  assert np.abs(a - a.T).max() < 1e-6                                # reversible: the conjugate is symmetric
+  w, u = np.linalg.eigh(0.5 * (a + a.T))
+  w, u = w[::-1][:5], u[:, ::-1][:, :5]
+  res = diffmap.attention_eigenpairs(q, k, 5, beta=beta, block_size=128)
+  assert bool(res.spectrum.converged)
+  np.testing.assert_allclose(res.pi, pi, rtol=1e-4, atol=1e-9)
+  np.testing.assert_allclose(res.spectrum.values, w, atol=1e-5)
+  assert np.all(angles_deg(np.asarray(res.spectrum.vectors, np.float64), u) < 0.1)
