@@ -80,14 +80,11 @@ def _extend(x_keys, log_q, eps, alpha, values, y, block_size):
 @functools.partial(jax.jit, static_argnames=("eps", "k", "alpha", "block", "degree", "tol", "max_matvecs",
                                              "block_size", "return_block", "seed"))
 def _level(x, x0, *, eps, k, alpha, block, degree, tol, max_matvecs, block_size, return_block, seed):
-  """Solve one level: the walk of x (centred) and `eigsh` on its conjugate (Perron pair deflated)."""
+  """Solve one level: the walk of x and the k + 1 leading pairs of its conjugate (Perron pair first)."""
   walk = _walk(x, eps, alpha, block_size)
-  sq = jnp.exp(0.5 * walk.log_pi)[:, None]
-  res = eigen.eigsh(walk.conjugate, x.shape[0], k, block=block, degree=degree, tol=tol, max_matvecs=max_matvecs,
-                    lower=0.0, deflate=sq, x0=x0, seed=seed, return_block=return_block, shift=1.0)
-  a_sq = walk.conjugate(sq)
-  perron = (jnp.linalg.norm(a_sq - sq), jnp.sum(sq * (sq - a_sq)))    # residual and 1 − λ₀ of √π
-  return walk.x, walk.log_q, walk.log_pi, res, perron
+  res = geometry.conjugate_eigenpairs(walk, k + 1, tol=tol, block=block, degree=degree, max_matvecs=max_matvecs,
+                                      x0=x0, seed=seed, return_block=return_block)
+  return walk.x, walk.log_q, walk.log_pi, res
 
 
 def _solve(x, eps, k, alpha, block, degree, tol, max_matvecs, block_size, coarse_min, seed, return_block):
@@ -95,9 +92,9 @@ def _solve(x, eps, k, alpha, block, degree, tol, max_matvecs, block_size, coarse
   x0 = None
   if n > coarse_min:
     sub = np.sort(np.random.default_rng(seed).choice(n, n // 4, replace=False))
-    xs, lqs, lps, coarse, _ = _solve(x[sub], eps, k, alpha, block, degree, max(tol, 1e-4), max_matvecs, block_size,
-                                     coarse_min, seed + 1, True)
-    psi_sub = coarse.vectors * jnp.exp(-0.5 * lps)[:, None]                 # ψ = u/√π on the subsample
+    xs, lqs, lps, coarse = _solve(x[sub], eps, k, alpha, block, degree, max(tol, 1e-4), max_matvecs, block_size,
+                                  coarse_min, seed + 1, True)
+    psi_sub = coarse.vectors[:, 1:] * jnp.exp(-0.5 * lps)[:, None]          # ψ = u/√π of the block, Perron pair dropped
     walk = _walk(x, eps, alpha, block_size)                                   # cheap: two degree passes
     x0 = jnp.exp(0.5 * walk.log_pi)[:, None] * _extend(xs, lqs, eps, alpha, psi_sub, walk.x, block_size)
   return _level(x, x0, eps=eps, k=k, alpha=alpha, block=block, degree=degree, tol=tol, max_matvecs=max_matvecs,
@@ -140,18 +137,13 @@ def diffusion_map(x, eps: float, k: int, *, alpha: float = 1.0, t: float = 1.0, 
   block = min(max(2 * k + 8, 24) if block is None else block, n - 1)
   x = jnp.asarray(x, jnp.float32)
   centre = jnp.mean(x, 0)
-  xc, log_q, log_pi, res, (r0, rate0) = _solve(x, float(eps), k, float(alpha), block, degree, float(tol), max_matvecs,
-                                               block_size, coarse_min, seed, False)
+  xc, log_q, log_pi, res = _solve(x, float(eps), k, float(alpha), block, degree, float(tol), max_matvecs, block_size,
+                                  coarse_min, seed, False)
   pi = jnp.exp(log_pi)
-  sq = jnp.sqrt(pi)[:, None]
-  cat = lambda a, b: jnp.concatenate([jnp.atleast_1d(a), b])
-  values = cat(1.0 - rate0, res.values)
-  rates = cat(rate0, res.shifted)
-  psi = jnp.concatenate([jnp.ones_like(sq), res.vectors / sq], 1)
-  lam_t = jnp.exp(t * jnp.log1p(-rates[1:]))
-  return DiffusionMap(psi[:, 1:] * lam_t, values, rates, psi, pi, cat(r0, res.residuals), cat(r0, res.value_bounds),
-                      cat(jnp.minimum(1.0, r0 / rates[1]), res.vector_bounds), res.converged & (r0 <= tol),
-                      res.matvecs + 1, xc, centre, log_q, float(eps), float(alpha), float(t))
+  psi = res.vectors / jnp.sqrt(pi)[:, None]
+  lam_t = jnp.exp(t * jnp.log1p(-res.shifted[1:]))
+  return DiffusionMap(psi[:, 1:] * lam_t, res.values, res.shifted, psi, pi, res.residuals, res.value_bounds,
+                      res.vector_bounds, res.converged, res.matvecs, xc, centre, log_q, float(eps), float(alpha), float(t))
 
 
 def nystrom(dm: DiffusionMap, y, *, block_size: int = 1024) -> jax.Array:

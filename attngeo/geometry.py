@@ -30,6 +30,7 @@ Two curvatures, kept apart:
 """
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Callable, NamedTuple
 
@@ -179,7 +180,7 @@ def gaussian_walk(x, eps: float, *, alpha_norm: float = 1.0, implementation: str
   if not 0.0 <= alpha_norm <= 1.0:
     raise ValueError(f"alpha_norm must lie in [0, 1]; got {alpha_norm}")
   x = _centred(jnp.asarray(x, jnp.float32))
-  chunk = min(block_size, x.shape[0])
+  chunk = min(256, x.shape[0])                                                # [chunk, n] per degree step
   lq = _log_degree(x, eps, chunk)
   log_d = -alpha_norm * lq + _log_degree(x, eps, chunk, key_bias=-alpha_norm * lq)
   return GaussianWalk(_gaussian_apply(x, eps, alpha_norm, lq, block_size, implementation), lq,
@@ -220,28 +221,32 @@ def _spectral_operator(pi, lam, psi, tau, spectrum=None) -> MarkovOperator:
 
 
 def conjugate_eigenpairs(walk: GaussianWalk, k: int, *, tol: float = 1e-5, block: int | None = None,
-                         degree: int = 8, max_matvecs: int = 2000, x0=None, seed: int = 0) -> eigen.Eigh:
+                         degree: int = 16, max_matvecs: int = 2000, x0=None, seed: int = 0,
+                         return_block: bool = False) -> eigen.Eigh:
   """The k leading eigenpairs of the symmetric conjugate `A = Π^{1/2} P_α Π^{-1/2}` of a Gaussian walk.
 
   The Perron pair (1, √π) is known and deflated; `eigen.eigsh` (Chebyshev-filtered subspace
-  iteration, spectrum bounded below by 0: `K^α` is a Gaussian kernel, hence PSD) finds the k − 1
-  others. The returned `Eigh` has the Perron pair first, its residual measured like the others.
+  iteration with shift σ = 1; the spectrum is bounded below by 0: `K^α` is a Gaussian kernel,
+  hence PSD) finds the k − 1 others. The returned `Eigh` has the Perron pair first, its residual
+  and `shifted` (1 − λ, accurate relative to itself) measured like the others' (x0, block,
+  return_block as in `eigen.eigsh`, for the k − 1 nontrivial pairs).
   """
   if k < 2:
     raise ValueError(f"k must be at least 2 eigenpairs; got {k}")
   n = walk.x.shape[0]
   sq = jnp.exp(0.5 * walk.log_pi)[:, None]
   res = eigen.eigsh(walk.conjugate, n, k - 1, block=block, degree=degree, tol=tol, max_matvecs=max_matvecs,
-                    lower=0.0, deflate=sq, x0=x0, seed=seed)
-  r0 = jnp.linalg.norm(walk.conjugate(sq) - sq)
+                    lower=0.0, deflate=sq, x0=x0, seed=seed, return_block=return_block, shift=1.0)
+  a_sq = walk.conjugate(sq)
+  r0, rate0 = jnp.linalg.norm(a_sq - sq), jnp.sum(sq * (sq - a_sq))
   cat = lambda a, b: jnp.concatenate([jnp.atleast_1d(a), b])
-  return eigen.Eigh(cat(1.0, res.values), jnp.concatenate([sq, res.vectors], 1), cat(r0, res.residuals),
-                    cat(r0, res.value_bounds), cat(jnp.minimum(1.0, r0 / (1.0 - res.values[0])), res.vector_bounds),
-                    res.converged & (r0 <= tol), res.iterations, res.matvecs + 1)
+  return eigen.Eigh(cat(1.0 - rate0, res.values), jnp.concatenate([sq, res.vectors], 1), cat(r0, res.residuals),
+                    cat(r0 + jnp.abs(rate0), res.value_bounds), cat(jnp.minimum(1.0, r0 / res.shifted[0]), res.vector_bounds),
+                    res.converged & (r0 <= tol), res.iterations, res.matvecs + 1, cat(rate0, res.shifted))
 
 
 def gaussian_spectral(x, eps: float, k: int, *, alpha_norm: float = 1.0, tol: float = 1e-5, block: int | None = None,
-                      degree: int = 8, seed: int = 0, block_size: int = 1024) -> MarkovOperator:
+                      degree: int = 16, seed: int = 0, block_size: int = 1024) -> MarkovOperator:
   """`spectral(gaussian_markov(x, eps, alpha_norm), k, ε/4)` without materialising P (large n).
 
   `K^α` is symmetric, so P is reversible with `π_i ∝ d_i` and `A = Π^{1/2} P Π^{-1/2}` is
@@ -552,3 +557,123 @@ def bandwidth(x, eps_grid=None, *, rule: str = "sheet", leak: float = 1e-3, samp
     if ok[-1] < i_max:
       i, chosen = int(ok[-1]), "sheet"
   return Bandwidth(float(eps_grid[i]), float(2 * slope_off[i]), chosen, float(leaks[i]), float(eps_grid[i_max]))
+
+
+def neighbour_bandwidth(x, neighbours: float = 64.0, *, rows: int = 500, seed: int = 0) -> float:
+  """The ε at which the Gaussian walk `P = rownorm(exp(−‖x_i − x_j‖²/ε))` on the whole cloud has
+  `neighbours` effective neighbours per row (`e^{H̄}`, mean row entropy H̄), by bisection in log ε.
+
+  H̄ is averaged over `rows` random rows (each against every point); `e^{H̄}` grows monotonically
+  with ε, like ε^{d/2} in the manifold regime. A bandwidth that fixes the neighbourhood size, not
+  the geometry: the curvature read-out's rule (`ricci_estimate`).
+  """
+  _checks.check_positive("neighbours", neighbours)
+  x = np.asarray(_centred(jnp.asarray(x, jnp.float32)), np.float64)
+  if not 1.0 < neighbours < len(x):
+    raise ValueError(f"neighbours must be in (1, n = {len(x)}); got {neighbours}")
+  idx = np.random.default_rng(seed).choice(len(x), min(rows, len(x)), replace=False)
+  d2 = np.sum(x[idx] ** 2, 1)[:, None] + np.sum(x**2, 1)[None, :] - 2.0 * x[idx] @ x.T
+  d2 = np.maximum(d2, 0.0)
+
+  def count(eps):
+    lk = -d2 / eps
+    p = np.exp(lk - lk.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    return float(np.exp(np.mean(-np.sum(p * np.log(np.maximum(p, 1e-300)), 1))))
+
+  lo, hi = np.log(1e-6 * np.median(d2)), np.log(10.0 * np.median(d2))
+  for _ in range(40):
+    mid = 0.5 * (lo + hi)
+    lo, hi = (mid, hi) if count(np.exp(mid)) < neighbours else (lo, mid)
+  return float(np.exp(0.5 * (lo + hi)))
+
+
+class RicciEstimate(NamedTuple):
+  """The spectral Ricci read-out at a basis size chosen by the closure rule (`ricci_estimate`).
+
+  mean_ricci [n]: `Ricci.mean_ricci` with the k leading eigenfunctions (K for a surface);
+  uncertainty [n]: `|mean_ricci(k) − mean_ricci(k_next)|`, the change at the next basis size;
+  next_ricci [n]: the read-out at k_next; k, k_next: basis sizes used; eps: bandwidth; closure [len(ks)]: closure residual at each k of `ks`;
+  ks: the grid; resolved: closure(k) ≤ the tolerance (False: the largest k was taken without it)."""
+  mean_ricci: np.ndarray
+  uncertainty: np.ndarray
+  next_ricci: np.ndarray
+  k: int
+  k_next: int
+  eps: float
+  closure: np.ndarray
+  ks: tuple
+  resolved: bool
+
+
+def _monomials(x, degree: int):
+  """All monomials of degree 1..`degree` `[n, M]` of the centred, RMS-scaled coordinates x `[n, D]`."""
+  x = x - x.mean(0)
+  x = x / np.sqrt(np.mean(np.sum(x * x, 1)))
+  cols = [np.prod(x[:, list(c)], 1) for deg in range(1, degree + 1)
+          for c in itertools.combinations_with_replacement(range(x.shape[1]), deg)]
+  return np.stack(cols, 1)
+
+
+def closure_residuals(psi, pi, f) -> np.ndarray:
+  """`‖f − Proj_k f‖_π / ‖f − ⟨f⟩_π‖_π` [K] for every prefix k = 1..K of the L²(π)-orthonormal basis
+  psi `[n, K]` (ψ₀ = 1), Frobenius over the columns of f `[n, M]` (Parseval: one projection)."""
+  psi, pi, f = (np.asarray(a, np.float64) for a in (psi, pi, f))
+  f = f - pi @ f
+  total = np.sum(pi[:, None] * f * f)
+  captured = np.cumsum(np.sum((psi.T @ (pi[:, None] * f)) ** 2, 1))
+  return np.sqrt(np.maximum(0.0, 1.0 - captured / total))
+
+
+def ricci_estimate(x, dimension: int, *, eps: float | None = None, neighbours: float = 64.0,
+                   ks=(16, 24, 36, 54, 81, 121, 182), closure_tol: float = 0.1, degree: int = 3,
+                   dense_max: int = 8000, tol: float = 1e-5) -> RicciEstimate:
+  """Ricci read-out of the manifold sampled by x `[n, D]` with ε and k chosen by stated rules.
+
+  The spectral read-out (`ricci(spectral(P, k), x, d)`) keeps every intermediate function on the
+  k leading eigenfunctions; it is biased when they cannot hold those functions and noisy when k
+  is large. The Γ-calculus of `ricci` multiplies coordinate functions and their Γ's up to cubic
+  order (the co-metric Γ(x^a, x^b) is quadratic, its Γ with x^c cubic), so the rule takes the
+  smallest k in `ks` whose closure residual of all monomials of degree ≤ `degree` in the
+  coordinates (`closure_residuals`) is ≤ `closure_tol`. On a round sphere this is k = 16 (the
+  harmonics of degree ≤ 3); a torus of revolution needs more. The uncertainty is the change of the
+  pointwise read-out at the next k of the grid. ε: `neighbour_bandwidth(x, neighbours)` unless given.
+
+  Args:
+    x: points `[n, D]`; dimension: intrinsic dimension d.
+    eps: bandwidth (default by the neighbour rule); neighbours: its target e^{H̄}.
+    ks: increasing grid of basis sizes; closure_tol, degree: the closure rule.
+    dense_max: up to this n the eigenbasis is a dense `eigh`; above, `conjugate_eigenpairs`
+      (matrix-free) with residual tolerance `tol`.
+
+  Returns:
+    `RicciEstimate`.
+  """
+  ks = tuple(int(k) for k in ks)
+  if sorted(ks) != list(ks) or ks[0] < 2:
+    raise ValueError(f"ks must be an increasing grid of basis sizes ≥ 2; got {ks}")
+  x = np.asarray(x, np.float32)
+  n = len(x)
+  ks = tuple(k for k in ks if k < n - 1) or (min(16, n - 2),)
+  eps = neighbour_bandwidth(x, neighbours) if eps is None else float(eps)
+  _checks.check_positive("eps", eps)
+  tau = laplacian_time_scale(eps)
+  xj = jnp.asarray(x)
+  if n <= dense_max:
+    p = gaussian_markov(xj, eps)
+    pi = markov._solve_pi(p)[0]
+    lam, psi = markov._eigenbasis(p, ks[-1], pi)
+  else:
+    walk = gaussian_walk(xj, eps)
+    spec = conjugate_eigenpairs(walk, ks[-1], tol=tol)
+    pi = jnp.exp(walk.log_pi)
+    lam, psi = spec.values, spec.vectors / jnp.sqrt(pi)[:, None]
+  clos = closure_residuals(psi, pi, _monomials(x.astype(np.float64), degree))
+  closure = np.array([clos[k - 1] for k in ks])
+  ok = np.flatnonzero(closure <= closure_tol)
+  i = int(ok[0]) if len(ok) else len(ks) - 1
+  k, k_next = ks[i], ks[min(i + 1, len(ks) - 1)]
+  read = lambda kk: np.asarray(ricci(_spectral_operator(pi, lam[:kk], psi[:, :kk], tau), xj, dimension).mean_ricci)
+  r = read(k)
+  r_next = read(k_next) if k_next != k else r
+  return RicciEstimate(r, np.abs(r - r_next), r_next, k, k_next, eps, closure, ks, bool(len(ok)))
