@@ -212,9 +212,9 @@ def _gaussian_apply(x, eps, alpha_norm, lq, block_size, implementation="blockwis
   return apply
 
 
-def _spectral_operator(pi, lam, psi, tau, spectrum=None) -> MarkovOperator:
-  """Generator `Σ_c μ_c ⟨·, ψ_c⟩_π ψ_c` and projection on span(ψ), `μ = (λ − 1)/τ`."""
-  mu = (lam - 1.0) / tau
+def _spectral_operator(pi, lam, psi, tau, spectrum=None, log_generator: bool = False) -> MarkovOperator:
+  """Generator `Σ_c μ_c ⟨·, ψ_c⟩_π ψ_c` and projection on span(ψ), `μ = (λ − 1)/τ` (or `log λ / τ`)."""
+  mu = jnp.log(jnp.maximum(lam, 1e-30)) / tau if log_generator else (lam - 1.0) / tau
   coeffs = lambda h: jnp.einsum("...nc,...n,...nm->...cm", psi, pi, h)
   return MarkovOperator(lambda f: jnp.einsum("...nc,...c,...cm->...nm", psi, mu, coeffs(f)),
                         lambda h: jnp.einsum("...nc,...cm->...nm", psi, coeffs(h)), spectrum)
@@ -259,7 +259,7 @@ def gaussian_spectral(x, eps: float, k: int, *, alpha_norm: float = 1.0, tol: fl
   return _spectral_operator(pi, spec.values, spec.vectors / jnp.sqrt(pi)[:, None], laplacian_time_scale(eps), spec)
 
 
-def spectral(p, k: int, tau: float = 1.0, *, tol: float = 1e-4) -> MarkovOperator:
+def spectral(p, k: int, tau: float = 1.0, *, tol: float = 1e-4, log_generator: bool = False) -> MarkovOperator:
   """The generator of a dense reversible P restricted to its k leading eigenfunctions.
 
   With `(λ_c, ψ_c)` from `markov.eigenbasis` (ψ orthonormal in L²(π)) and `μ_c = (λ_c − 1)/τ`:
@@ -267,7 +267,9 @@ def spectral(p, k: int, tau: float = 1.0, *, tol: float = 1e-4) -> MarkovOperato
   back onto the span, which removes the sampling noise that the plain pointwise estimators
   amplify (the "diffusion geometry" construction). k trades bias (too few modes to hold products
   of the test functions) against noise. `op.spectrum` holds the residuals `‖A u − λ u‖` of the
-  conjugate pairs `u = √π ψ` (they include the error of π), `converged` iff all ≤ `tol`.
+  conjugate pairs `u = √π ψ` (they include the error of π), `converged` iff all ≤ `tol`. With
+  `log_generator`, `μ_c = log λ_c / τ` (the generator of the semigroup P^{t/τ}; for a Gaussian
+  kernel walk the consistent estimate of Δ, see `ricci_estimate`).
   """
   _checks.check_stochastic("P", p)
   _checks.check_positive("tau", tau)
@@ -281,7 +283,7 @@ def spectral(p, k: int, tau: float = 1.0, *, tol: float = 1e-4) -> MarkovOperato
   resid = jnp.linalg.norm(sq * (p32 @ psi) - u * lam, axis=0)
   zero = jnp.zeros((), jnp.int32)
   spec = eigen.Eigh(lam, u, resid, resid, jnp.ones_like(resid), jnp.all(resid <= tol), zero, zero)
-  return _spectral_operator(pi, lam, psi, tau, spec)
+  return _spectral_operator(pi, lam, psi, tau, spec, log_generator)
 
 
 def _as_operator(p, tau) -> MarkovOperator:
@@ -636,8 +638,11 @@ def ricci_estimate(x, dimension: int, *, eps: float | None = None, neighbours: f
   order (the co-metric Γ(x^a, x^b) is quadratic, its Γ with x^c cubic), so the rule takes the
   smallest k in `ks` whose closure residual of all monomials of degree ≤ `degree` in the
   coordinates (`closure_residuals`) is ≤ `closure_tol`. On a round sphere this is k = 16 (the
-  harmonics of degree ≤ 3); a torus of revolution needs more. The uncertainty is the change of the
-  pointwise read-out at the next k of the grid. ε: `neighbour_bandwidth(x, neighbours)` unless given.
+  harmonics of degree ≤ 3), on S³ and the flat torus 36; a torus of revolution needs more than 24.
+  The uncertainty is the change of the pointwise read-out at the next k of the grid. ε:
+  `neighbour_bandwidth(x, neighbours)` unless given. The generator on the basis is `log λ_c / τ`:
+  the Gaussian walk is close to the heat semigroup `e^{τΔ}` (τ = ε/4), so `log P / τ` estimates Δ
+  without the O(ε μ²) bias of `(P − I)/τ` on the higher modes.
 
   Args:
     x: points `[n, D]`; dimension: intrinsic dimension d.
@@ -673,7 +678,8 @@ def ricci_estimate(x, dimension: int, *, eps: float | None = None, neighbours: f
   ok = np.flatnonzero(closure <= closure_tol)
   i = int(ok[0]) if len(ok) else len(ks) - 1
   k, k_next = ks[i], ks[min(i + 1, len(ks) - 1)]
-  read = lambda kk: np.asarray(ricci(_spectral_operator(pi, lam[:kk], psi[:, :kk], tau), xj, dimension).mean_ricci)
+  read = lambda kk: np.asarray(ricci(_spectral_operator(pi, lam[:kk], psi[:, :kk], tau, log_generator=True), xj,
+                                     dimension).mean_ricci)
   r = read(k)
   r_next = read(k_next) if k_next != k else r
   return RicciEstimate(r, np.abs(r - r_next), r_next, k, k_next, eps, closure, ks, bool(len(ok)))

@@ -1,4 +1,6 @@
 """attngeo.eigen: matrix-free eigensolvers against float64 LAPACK, and the honesty of their bounds and flags."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -28,6 +30,17 @@ def reversible_chain(n, conductance, seed):
   return k / np.sqrt(d[:, None] * d[None, :]), np.sqrt(d / d.sum())
 
 
+@functools.partial(jax.jit, static_argnames=("k", "tol", "max_matvecs", "shift"))
+def dense_eigsh(a, k, tol, max_matvecs=3000, deflate=None, shift=None):
+  """`eigen.eigsh` on a dense matrix, jitted once per (shape, k, tol, …) for the whole module."""
+  return eigen.eigsh(lambda v: a @ v, a.shape[0], k, tol=tol, max_matvecs=max_matvecs, deflate=deflate, shift=shift)
+
+
+@functools.partial(jax.jit, static_argnames=("k", "krylov", "tol", "max_cycles"))
+def dense_eig(p, k, krylov, tol, max_cycles=100):
+  return eigen.eig(lambda v: p @ v, p.shape[0], k, krylov=krylov, tol=tol, max_cycles=max_cycles)
+
+
 def angles(u, ref):
   u = np.asarray(u, np.float64)
   return np.arccos(np.minimum(1.0, np.abs(np.sum(u * ref, 0)) / np.linalg.norm(u, axis=0)))
@@ -42,7 +55,7 @@ def test_eigsh_bounds_hold_for_small_gaps(gap):
   bulk = np.random.default_rng(1).uniform(-1.0, 0.5, n - k - 2)
   a, q = symmetric_with_spectrum(np.concatenate([top, bulk]), seed=2)
   aj = jnp.asarray(a, jnp.float32)
-  res = eigen.eigsh(lambda v: aj @ v, n, k, tol=1e-5, max_matvecs=3000)
+  res = dense_eigsh(aj, k, 1e-5)
   assert bool(res.converged) and np.all(np.asarray(res.residuals) <= 1e-5)
   err = np.abs(np.asarray(res.values, np.float64) - top[:k])
   assert np.all(err <= np.asarray(res.value_bounds))
@@ -61,8 +74,7 @@ def test_eigsh_deflation_and_shift_on_a_reversible_walk():
   assert abs(w[0] - 1) < 1e-12 and 1e-5 < 1 - w[1] < 1e-3
   np.testing.assert_allclose(np.abs(u[:, 0]), sqrt_pi, atol=1e-10)
   aj = jnp.asarray(a, jnp.float32)
-  res = eigen.eigsh(lambda v: aj @ v, 200, 3, tol=1e-6, deflate=jnp.asarray(sqrt_pi, jnp.float32)[:, None],
-                    shift=1.0, max_matvecs=4000)
+  res = dense_eigsh(aj, 3, 1e-6, 4000, deflate=jnp.asarray(sqrt_pi, jnp.float32)[:, None], shift=1.0)
   assert bool(res.converged)
   np.testing.assert_allclose(np.asarray(res.shifted), 1 - w[1:4], rtol=1e-3)
   assert np.all(np.degrees(angles(res.vectors, u[:, 1:4])) < 0.5)
@@ -73,7 +85,7 @@ def test_eigsh_reports_failure_honestly():
   top = 1.0 - 1e-3 * np.arange(6)
   a, _ = symmetric_with_spectrum(np.concatenate([top, np.linspace(-1, 0.99, 194)]), seed=4)
   aj = jnp.asarray(a, jnp.float32)
-  res = eigen.eigsh(lambda v: aj @ v, 200, 4, tol=1e-6, max_matvecs=12)
+  res = dense_eigsh(aj, 4, 1e-6, 12)
   assert not bool(res.converged)
   assert float(res.residuals.max()) > 1e-6 and int(res.matvecs) <= 12
 
@@ -98,7 +110,7 @@ def test_eig_matches_lapack_on_non_normal_chains(krylov):
   ref = np.linalg.eigvals(p)
   ref = ref[np.argsort(-np.abs(ref))]
   pj = jnp.asarray(p, jnp.float32)
-  res = eigen.eig(lambda v: pj @ v, 120, 4, krylov=krylov, tol=1e-5)
+  res = dense_eig(pj, 4, krylov, 1e-5)
   assert bool(res.converged) and np.all(np.asarray(res.residuals) <= 1e-5)
   np.testing.assert_allclose(np.abs(res.values), np.abs(ref[:4]), atol=1e-5)
   assert max(np.min(np.abs(ref - v)) for v in np.asarray(res.values)) < 1e-5
@@ -111,7 +123,7 @@ def test_eig_out_of_cycles_is_not_converged():
   p = rng.random((150, 150)) ** 2
   p /= p.sum(1, keepdims=True)
   pj = jnp.asarray(p, jnp.float32)
-  res = eigen.eig(lambda v: pj @ v, 150, 6, krylov=8, tol=1e-7, max_cycles=1)
+  res = dense_eig(pj, 6, 8, 1e-7, 1)
   assert not bool(res.converged) and float(res.residuals.max()) > 1e-7
 
 
@@ -119,6 +131,6 @@ def test_eig_full_krylov_is_exact():
   """krylov = n: one Hessenberg reduction gives every eigenvalue (the n-cycle: roots of unity)."""
   n = 7
   p = jnp.roll(jnp.eye(n), 1, axis=1)
-  res = eigen.eig(lambda v: p @ v, n, n, krylov=n)
+  res = dense_eig(p, n, n, 1e-5)
   assert bool(res.converged)
   np.testing.assert_allclose(np.sort(np.angle(res.values)), np.sort(np.angle(np.exp(2j * np.pi * np.arange(n) / n))), atol=1e-5)
