@@ -134,3 +134,16 @@ def test_eig_full_krylov_is_exact():
   res = dense_eig(p, n, n, 1e-5)
   assert bool(res.converged)
   np.testing.assert_allclose(np.sort(np.angle(res.values)), np.sort(np.angle(np.exp(2j * np.pi * np.arange(n) / n))), atol=1e-5)
+
+
+def test_eigsh_value_bounds_in_float64_are_kato_temple_tight():
+  """In float64 with a loose tol the residuals are large and the value bounds are Kato–Temple's r²/δ:
+  the true errors stay below them, and within two orders of magnitude of them (a bound that is not slack)."""
+  with jax.enable_x64(True):
+    top = 1.0 - 1e-2 * np.arange(8)
+    a, _ = symmetric_with_spectrum(np.concatenate([top, np.random.default_rng(8).uniform(-1.0, 0.5, 192)]), seed=9)
+    res = dense_eigsh(jnp.asarray(a), 4, 1e-3)
+    err = np.abs(np.asarray(res.values) - top[:4])
+    bounds = np.asarray(res.value_bounds)
+    assert np.all(err <= bounds) and np.all(bounds < np.asarray(res.residuals))      # Kato–Temple, not Weyl
+    assert np.max(err / bounds) > 1e-2
