@@ -72,11 +72,11 @@ def test_spectral_ricci_cometric_is_the_tangent_projector(sphere4000):
 
 
 @pytest.mark.parametrize("name,make,k", [
-    ("unit sphere", lambda: surfaces.sphere(2000, 0), 16),
-    ("sphere r = 2", lambda: surfaces.sphere(2000, 0, radius=2.0), 16),
-    ("S^3", lambda: surfaces.sphere(2000, 0, dim=4), 36)])
+    ("sphere r = 2", lambda: surfaces.sphere(1500, 0, radius=2.0), 16),
+    pytest.param("S^3", lambda: surfaces.sphere(1500, 0, dim=4), 36, marks=pytest.mark.slow)])
 def test_ricci_estimate_on_spheres(name, make, k):
-  """S^d(r): mean_ricci = (d − 1)/r² within ±15 %; the closure rule picks the harmonics of degree ≤ 3."""
+  """S^d(r): mean_ricci = (d − 1)/r² within ±15 %; the closure rule picks the harmonics of degree ≤ 3
+  (16 on S², 30 on S³). The unit sphere is in `test_spectral_ricci_cometric_is_the_tangent_projector`."""
   s = make()
   est = geo.ricci_estimate(s.points, s.dimension)
   truth = (s.dimension - 1) * s.curvature[0]
@@ -88,7 +88,7 @@ def test_ricci_estimate_on_spheres(name, make, k):
 def test_ricci_estimate_gets_the_sign_on_a_torus_of_revolution():
   """K = cos θ / (r (R + r cos θ)) changes sign; k = 16 (right for spheres) reads the inner region
   positive, the closure rule's k reads both signs, with median error ≤ 25 % of max|K| and a mean near
-  the Gauss–Bonnet value 0; the flat torus reads 0."""
+  the Gauss–Bonnet value 0."""
   s = surfaces.torus(2000, 0)
   est = geo.ricci_estimate(s.points, 2)
   k, ric = s.curvature, est.mean_ricci
@@ -99,8 +99,6 @@ def test_ricci_estimate_gets_the_sign_on_a_torus_of_revolution():
   assert abs(ric.mean()) < 0.2 and ric[k < -0.2].mean() < -0.2 and ric[k > 0.2].mean() > 0.1
   fixed = geo.ricci_estimate(s.points, 2, eps=est.eps, ks=(16,))
   assert fixed.mean_ricci[k < -0.2].mean() > 0                  # the wrong sign the rule avoids
-  flat = data.flat_torus(2000, seed=0)
-  assert abs(geo.ricci_estimate(flat, 2).mean_ricci.mean()) < 0.1
 
 
 def test_dense_gamma_matches_term_by_term_reference():
@@ -241,7 +239,7 @@ def test_matrix_free_spectral_matches_dense_spectral():
 def test_gaussian_spectral_residuals_are_those_of_a_float64_reference():
   """The eigenpairs behind `gaussian_spectral` against dense float64 numpy: eigenvalues within the reported
   bounds; the reported residuals are the float64 residuals of the returned vectors."""
-  x = data.sphere(600, seed=4).astype(np.float64)
+  x = data.sphere(400, seed=4).astype(np.float64)
   eps = 0.1
   k = np.exp(-np.sum((x[:, None] - x[None]) ** 2, -1) / eps)
   q = k.sum(1)
