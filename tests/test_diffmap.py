@@ -107,7 +107,7 @@ def test_bench_diffmap_smoke(tmp_path):
   bench_diffmap.main(["--sizes", "300", "--reference-max", "300", "--k", "3", "--eps", "0.3", "--out", str(tmp_path)])
   rows = {r["method"]: r for r in json.loads((tmp_path / "bench_diffmap.json").read_text())}
   assert rows["attngeo"]["max_rel_err_rate"] < 1e-3 and rows["attngeo"]["max_angle_deg"] < 0.1
-  assert rows["eigsh"]["max_angle_deg"] == 0.0
+  assert rows["eigsh"]["max_angle_deg"] < 1e-4 and rows["eigsh"]["max_rel_err_rate"] == 0.0
 
 
 def test_reversible_attention_eigenpairs_match_dense_float64():
