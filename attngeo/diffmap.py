@@ -79,9 +79,18 @@ def _extend(x_keys, log_q, eps, alpha, values, y, block_size):
 
 @functools.partial(jax.jit, static_argnames=("eps", "k", "alpha", "block", "degree", "tol", "max_matvecs",
                                              "block_size", "return_block", "seed"))
-def _level(x, x0, *, eps, k, alpha, block, degree, tol, max_matvecs, block_size, return_block, seed):
-  """Solve one level: the walk of x and the k + 1 leading pairs of its conjugate (Perron pair first)."""
+def _level(x, coarse, *, eps, k, alpha, block, degree, tol, max_matvecs, block_size, return_block, seed):
+  """Solve one level: the walk of x and the k + 1 leading pairs of its conjugate (Perron pair first).
+
+  `coarse` is None or (points, log q, ψ block) of a solved subsample: its block, Nyström-extended to
+  x, starts the iteration.
+  """
   walk = _walk(x, eps, alpha, block_size)
+  x0 = None
+  if coarse is not None:
+    xs, lqs, psi_sub = coarse
+    keys = xs - x.mean(0)                                  # the subsample in the frame of walk.x (x centred)
+    x0 = jnp.exp(0.5 * walk.log_pi)[:, None] * _extend(keys, lqs, eps, alpha, psi_sub, walk.x, block_size)
   res = geometry.conjugate_eigenpairs(walk, k + 1, tol=tol, block=block, degree=degree, max_matvecs=max_matvecs,
                                       x0=x0, seed=seed, return_block=return_block)
   return walk.x, walk.log_q, walk.log_pi, res
@@ -89,15 +98,13 @@ def _level(x, x0, *, eps, k, alpha, block, degree, tol, max_matvecs, block_size,
 
 def _solve(x, eps, k, alpha, block, degree, tol, max_matvecs, block_size, coarse_min, seed, return_block):
   n = x.shape[0]
-  x0 = None
+  coarse = None
   if n > coarse_min:
     sub = np.sort(np.random.default_rng(seed).choice(n, n // 4, replace=False))
-    xs, lqs, lps, coarse = _solve(x[sub], eps, k, alpha, block, degree, max(tol, 1e-4), max_matvecs, block_size,
-                                  coarse_min, seed + 1, True)
-    psi_sub = coarse.vectors[:, 1:] * jnp.exp(-0.5 * lps)[:, None]          # ψ = u/√π of the block, Perron pair dropped
-    walk = _walk(x, eps, alpha, block_size)                                   # cheap: two degree passes
-    x0 = jnp.exp(0.5 * walk.log_pi)[:, None] * _extend(xs, lqs, eps, alpha, psi_sub, walk.x, block_size)
-  return _level(x, x0, eps=eps, k=k, alpha=alpha, block=block, degree=degree, tol=tol, max_matvecs=max_matvecs,
+    _, lqs, lps, res = _solve(x[sub], eps, k, alpha, block, degree, max(tol, 1e-4), max_matvecs, block_size,
+                              coarse_min, seed + 1, True)
+    coarse = (x[sub], lqs, res.vectors[:, 1:] * jnp.exp(-0.5 * lps)[:, None])   # ψ = u/√π of the block, Perron dropped
+  return _level(x, coarse, eps=eps, k=k, alpha=alpha, block=block, degree=degree, tol=tol, max_matvecs=max_matvecs,
                 block_size=block_size, return_block=return_block, seed=seed)
 
 
