@@ -7,8 +7,8 @@ with --n points and --seed). Builds the α-normalised Gaussian walk exp(−‖x 
 for its k leading nontrivial eigenpairs through the blockwise attention kernel (O(n) memory),
 then prints per eigenpair: λ, 1 − λ, the residual ‖Au − λu‖ and the a posteriori bounds on the
 eigenvalue and eigenvector errors, and whether every residual met --tol. Writes
-`coordinates.npy` [n, k] (λ^t ψ), `diffmap.{md,csv,json}` and `diffmap.png` (the first two
-coordinates coloured by the third input coordinate, and the spectrum).
+`coordinates.npy` [n, k] (λ^t ψ), `diffmap.{md,csv,json}` and `diffmap.png` (the cloud coloured
+by Ψ₁, Ψ₁ against Ψ₂, and the spectrum with its residuals).
 """
 from __future__ import annotations
 
@@ -41,24 +41,37 @@ def _parser():
 
 
 def _plot(x, coords, dm, path):
+  """Left: the cloud (first three coordinates) coloured by Ψ₁; middle: Ψ₁ against Ψ₂ coloured by Ψ₃;
+  right: 1 − λ and the residuals per eigenpair."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  fig, axes = plt.subplots(1, 2, figsize=(9, 4))
-  colour = x[:, 2] if x.shape[1] > 2 else x[:, 0]
-  if coords.shape[1] >= 2:
-    axes[0].scatter(coords[:, 0], coords[:, 1], s=1.0, c=colour, cmap="viridis")
-    axes[0].set_xlabel("Ψ₁"), axes[0].set_ylabel("Ψ₂")
+  fig = plt.figure(figsize=(13, 4))
+  c1 = coords[:, 0]
+  if x.shape[1] >= 3:
+    ax = fig.add_subplot(1, 3, 1, projection="3d")
+    ax.scatter(x[:, 0], x[:, 1], x[:, 2], s=1.0, c=c1, cmap="viridis")
+    ax.set_xticks([]), ax.set_yticks([]), ax.set_zticks([])
   else:
-    axes[0].scatter(coords[:, 0], colour, s=1.0, c=colour, cmap="viridis")
-    axes[0].set_xlabel("Ψ₁"), axes[0].set_ylabel("input coordinate")
-  axes[0].set_title(f"diffusion map, ε = {dm.eps:.3g}, t = {dm.t:g}", fontsize=9)
+    ax = fig.add_subplot(1, 3, 1)
+    ax.scatter(x[:, 0], x[:, 1] if x.shape[1] > 1 else np.zeros(len(x)), s=1.0, c=c1, cmap="viridis")
+  ax.set_title("cloud coloured by Ψ₁", fontsize=9)
+  ax = fig.add_subplot(1, 3, 2)
+  if coords.shape[1] >= 2:
+    colour = coords[:, 2] if coords.shape[1] >= 3 else c1
+    ax.scatter(coords[:, 0], coords[:, 1], s=1.0, c=colour, cmap="viridis")
+    ax.set_xlabel("Ψ₁"), ax.set_ylabel("Ψ₂")
+  else:
+    ax.hist(c1, bins=50)
+    ax.set_xlabel("Ψ₁")
+  ax.set_title(f"diffusion map, ε = {dm.eps:.3g}, t = {dm.t:g}" + (" (colour Ψ₃)" if coords.shape[1] >= 3 else ""), fontsize=9)
+  ax = fig.add_subplot(1, 3, 3)
   rates = np.asarray(dm.rates[1:])
-  axes[1].semilogy(np.arange(1, len(rates) + 1), rates, "o-", ms=3, label="1 − λ")
-  axes[1].semilogy(np.arange(1, len(rates) + 1), np.maximum(np.asarray(dm.residuals[1:]), 1e-12), "x", ms=4,
-                   label="residual ‖Au − λu‖")
-  axes[1].set_xlabel("eigenpair c"), axes[1].legend(fontsize=8)
-  axes[1].set_title("spectrum and residuals", fontsize=9)
+  c = np.arange(1, len(rates) + 1)
+  ax.semilogy(c, rates, "o-", ms=3, label="1 − λ")
+  ax.semilogy(c, np.maximum(np.asarray(dm.residuals[1:]), 1e-12), "x", ms=4, label="residual ‖Au − λu‖")
+  ax.set_xlabel("eigenpair c"), ax.legend(fontsize=8)
+  ax.set_title("spectrum and residuals", fontsize=9)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)
