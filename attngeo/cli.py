@@ -23,6 +23,8 @@ COMMANDS = {
     "bench-train": ("attngeo.experiments.bench_train", "GPT training step time per operator"),
     "heat": ("attngeo.experiments.heat_swissroll", "heat flow of a Gaussian Markov walk on a Swiss roll (Figure 1)"),
     "curvature": ("attngeo.experiments.curvature", "Bakry-Emery estimators against the sphere and torus"),
+    "diffmap": ("attngeo.experiments.diffmap", "exact matrix-free diffusion map of a point cloud, with residuals"),
+    "bench-diffmap": ("attngeo.experiments.bench_diffmap", "diffusion maps vs dense float64 eigsh and datafold by N"),
     "probe": ("attngeo.experiments.probe", "per-layer Markov/Bakry-Emery/connection diagnostics of a checkpoint"),
     "import": ("attngeo.experiments.import_export:import_main", "a nanochat or GPT-2 checkpoint as a run folder"),
     "export": ("attngeo.experiments.import_export:export_main", "a run's GPT back to the nanochat or GPT-2 layout"),

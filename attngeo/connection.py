@@ -387,7 +387,7 @@ def walk_moduli(w, k: int = 16, *, triangular: bool = False) -> jax.Array:
   """
   if triangular:
     return -jnp.sort(-jnp.abs(jnp.diagonal(w, axis1=-2, axis2=-1)), -1)[..., :k]
-  return jnp.abs(markov.spectrum(w, k))
+  return jnp.abs(markov.spectrum(w, k).values)
 
 
 def stability(walks: list, k: int = 16, *, triangular: bool = False) -> list[dict[str, float]]:

@@ -1,108 +1,184 @@
 """Markov diagnostics of a row-stochastic operator `P` (dense reference, batched over leading axes).
 
 Conventions: `P` is `[..., n, n]`, `P_ij ≥ 0`, `Σ_j P_ij = 1`; masked entries are exactly 0.
-Logs are natural. Every function validates `P` (shape, dtype, finiteness, stochasticity) when it
-holds concrete values, and is jit/vmap/grad-compatible otherwise.
+Logs are natural. Each public function validates `P` (shape, dtype, finiteness, stochasticity)
+once when it holds concrete values (one host transfer per call), and is jit/vmap/grad-compatible
+otherwise; the helpers it calls do not validate again.
 
-* stationary law `π`: left Perron vector, `πP = π`, `Σπ = 1` (power iteration on the lazy chain).
-* mean row entropy `H̄ = mean_i −Σ_j P_ij log P_ij`; `e^{H̄}` is the effective number of neighbours.
+* stationary law `π`: the left Perron vector, `πP = π`, `Σπ = 1`, solved directly. With `v = 1/n`,
+  `M = I − P + 1vᵀ` is invertible whenever π is unique (one closed class) and `πM = vᵀ`, so π is one
+  LU solve; two steps of iterative refinement follow. A posteriori bound: for the residual
+  `r = π̂ − π̂P` (Σr = 0) the error is exactly `π̂ − π = r M⁻¹`, so
+  `‖π̂ − π‖₁ ≤ ‖M⁻¹‖_∞ (‖r‖₁ + 2√n·u)`, with `‖M⁻¹‖_∞` from Hager–Higham's estimator (LAPACK's
+  condition estimate) and `2√n·u` the rounding of the residual itself (u = unit round-off, in the
+  probabilistic model of rounding-error growth, Higham & Mary 2019). `‖M⁻¹‖`
+  grows like 1/gap, so a slowly mixing chain in float32 reports a large bound and
+  `converged = False` instead of a wrong π; pass float64 P (under `jax.enable_x64`) to resolve it.
+* mean row entropy `H̄ = mean_i Σ_j entr(P_ij)`, `entr(x) = −x log x`; `e^{H̄}` is the effective
+  number of neighbours.
 * reversibility `ε_rev = ½ Σ_ij |π_i P_ij − π_j P_ji|` ∈ [0, 1]: total-variation distance between
   the one-step forward and time-reversed path laws; 0 iff detailed balance.
 * skew share `ρ_skew = ‖antisym(L̃)‖_F / ‖L̃‖_F`, `L̃ = H L H`, `H = I − 11ᵀ/n`: the share of the
   logit that is antisymmetric and not exact (row/column potentials are removed by the centring).
-* entropy production `σ = ½ Σ_ij (π_i P_ij − π_j P_ji) log(π_i P_ij / π_j P_ji)` ≥ 0.
-* spectrum, diffusion coordinates `λ_k^t ψ_k` (Coifman–Lafon), heat semigroup `P^t f`, `e^{t(P−I)/τ} f`.
+* entropy production `σ = ½ Σ_ij (F_ij − F_ji) log(F_ij/F_ji) = ½ Σ_ij [rel_entr(F_ij, F_ji) +
+  rel_entr(F_ji, F_ij)]` ≥ 0, `F_ij = π_i P_ij`.
+* spectrum (`attngeo.eigen.eig`: restarted Arnoldi with explicit residuals), reversibilised
+  eigenbasis and diffusion coordinates `λ_k^t ψ_k` (Coifman–Lafon), heat semigroup `P^t f`, `e^{t(P−I)/τ} f`.
 """
 from __future__ import annotations
 
+import functools
+import math
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.scipy.special import entr, rel_entr
 
-from attngeo import _checks
+from attngeo import _checks, eigen
 
 _TINY = 1e-30
 
 
+def _working(p):
+  return p if p.dtype == jnp.float64 else p.astype(jnp.float32)
+
+
+# ----------------------------------------------------------------------------- stationary law
+
 class Stationary(NamedTuple):
-  """π [..., n]; `residual` = max_i |(πP)_i − π_i| at exit; `iterations` run; `converged` = residual ≤ tol."""
+  """π [..., n]; `residual` [...] = ‖πP − π‖₁; `error_bound` [...] ≥ ‖π − π_true‖₁ (= 2·TV);
+  `condition` [...] the estimate of ‖M⁻¹‖_∞ (≈ 1/gap); `iterations` refinement steps;
+  `converged` [...] = error_bound ≤ tol (False when π is not unique: the bound is then inf/NaN)."""
   pi: jax.Array
   residual: jax.Array
-  iterations: jax.Array
+  error_bound: jax.Array
+  condition: jax.Array
+  iterations: int
   converged: jax.Array
 
 
-def stationary(p, *, tol: float = 1e-7, max_iter: int = 10_000) -> Stationary:
-  """Stationary law of `P` [..., n, n] by power iteration on the lazy chain `(I + P)/2`.
+def _inverse_norm_1(lu, n, dtype):
+  """Hager–Higham estimate of ‖B⁻¹‖₁ for B = Mᵀ given `lu = lu_factor(M)` (batched, 4 sweeps)."""
+  solve_b = lambda x: jax.scipy.linalg.lu_solve(lu, x[..., None], trans=1)[..., 0]    # B⁻¹x
+  solve_bt = lambda x: jax.scipy.linalg.lu_solve(lu, x[..., None], trans=0)[..., 0]   # B⁻ᵀx
+  batch = lu[0].shape[:-2]
+  x = jnp.full(batch + (n,), 1.0 / n, dtype)
+  est = jnp.zeros(batch, dtype)
+  for _ in range(4):
+    y = solve_b(x)
+    est = jnp.maximum(est, jnp.sum(jnp.abs(y), -1))
+    z = solve_bt(jnp.where(y >= 0, 1.0, -1.0).astype(dtype))
+    x = jax.nn.one_hot(jnp.argmax(jnp.abs(z), -1), n, dtype=dtype)
+  alt = (jnp.where(jnp.arange(n) % 2 == 0, 1.0, -1.0) * (1.0 + jnp.arange(n) / max(n - 1, 1))).astype(dtype)
+  return jnp.maximum(est, 2.0 * jnp.sum(jnp.abs(solve_b(jnp.broadcast_to(alt, batch + (n,)))), -1) / (3 * n))
 
-  The lazy chain has the same stationary law and is aperiodic, so the iteration converges for
-  every irreducible `P`. Stops when `max|πP − π| ≤ tol` or after `max_iter` steps (reported).
+
+def _solve_pi(p, refine: int = 2):
+  """(π, lu_factor(M)) for P [..., n, n] in its working dtype: one LU solve plus `refine` refinement steps."""
+  n = p.shape[-1]
+  lu = jax.scipy.linalg.lu_factor(jnp.eye(n, dtype=p.dtype) - p + 1.0 / n)
+  solve = lambda b: jax.scipy.linalg.lu_solve(lu, b[..., None], trans=1)[..., 0]
+  pi = solve(jnp.full(p.shape[:-1], 1.0 / n, p.dtype))
+  for _ in range(refine):
+    pi = pi - solve(_residual(p, pi))
+  pi = jnp.maximum(pi, 0.0)
+  return pi / pi.sum(-1, keepdims=True), lu
+
+
+def _residual(p, pi):
+  return pi - jnp.einsum("...i,...ij->...j", pi, p)
+
+
+@functools.partial(jax.jit, static_argnames=("tol", "refine"))
+def _stationary(p, tol: float, refine: int = 2) -> Stationary:
+  p = _working(p)
+  n = p.shape[-1]
+  pi, lu = _solve_pi(p, refine)
+  r = jnp.sum(jnp.abs(_residual(p, pi)), -1)
+  cond = _inverse_norm_1(lu, n, p.dtype)
+  bound = cond * (r + math.sqrt(n) * jnp.finfo(p.dtype).eps)
+  return Stationary(pi, r, bound, cond, refine, jnp.isfinite(bound) & (bound <= tol))
+
+
+def stationary(p, *, tol: float = 1e-4, refine: int = 2) -> Stationary:
+  """Stationary law of `P` [..., n, n]: direct solve, iterative refinement, a posteriori ℓ¹ bound.
+
+  Args:
+    p: row-stochastic `[..., n, n]` (float64 is kept, anything else computed in float32).
+    tol: `converged` iff the bound on ‖π̂ − π‖₁ is ≤ tol.
+    refine: iterative-refinement steps after the first solve.
+
+  Returns:
+    `Stationary`. Periodic chains are fine (no power iteration); a chain with several closed
+    classes has no unique π and returns a non-finite bound with `converged = False`.
   """
   _checks.check_stochastic("P", p)
-  p = p.astype(jnp.float32) if p.dtype != jnp.float64 else p
-  n = p.shape[-1]
-  pi0 = jnp.full(p.shape[:-1], 1.0 / n, p.dtype)
-
-  def resid(pi):
-    return jnp.max(jnp.abs(jnp.einsum("...i,...ij->...j", pi, p) - pi))
-
-  def cond(state):
-    _, r, it = state
-    return (r > tol) & (it < max_iter)
-
-  def body(state):
-    pi, _, it = state
-    for _ in range(8):  # eight lazy steps per convergence check
-      pi = 0.5 * (pi + jnp.einsum("...i,...ij->...j", pi, p))
-      pi = pi / pi.sum(-1, keepdims=True)
-    return pi, resid(pi), it + 8
-
-  pi, r, it = jax.lax.while_loop(cond, body, (pi0, resid(pi0), jnp.int32(0)))
-  return Stationary(pi, r, it, r <= tol)
+  if not tol > 0:
+    raise ValueError(f"tol must be positive; got {tol}")
+  return _stationary(p, float(tol), int(refine))
 
 
 def _pi(p, pi):
-  return stationary(p).pi if pi is None else pi
+  if pi is None:
+    return _solve_pi(_working(p))[0]
+  if jnp.shape(pi) != p.shape[:-1]:
+    raise ValueError(f"pi must be [..., n] = {p.shape[:-1]}; got {jnp.shape(pi)}")
+  return pi
 
+
+# ----------------------------------------------------------------------------- entropies and flows
 
 def entropy(p) -> jax.Array:
   """Mean row entropy `H̄` [...] (nats); `exp(H̄)` is the effective neighbour count."""
   _checks.check_stochastic("P", p)
-  h_rows = -jnp.sum(jnp.where(p > 0, p * jnp.log(jnp.where(p > 0, p, 1.0)), 0.0), -1)
-  return h_rows.mean(-1)
+  return _entropy(p)
+
+
+def _entropy(p):
+  return jnp.sum(entr(jnp.maximum(p, 0.0)), -1).mean(-1)
 
 
 def effective_neighbours(p) -> jax.Array:
   """`e^{H̄}` [...]: 1 for a deterministic walk, n for the uniform one."""
-  return jnp.exp(entropy(p))
+  _checks.check_stochastic("P", p)
+  return jnp.exp(_entropy(p))
+
+
+def _flows(p, pi):
+  return _pi(p, pi)[..., :, None] * p
 
 
 def flows(p, pi=None) -> jax.Array:
   """Edge flows `F_ij = π_i P_ij` [..., n, n] (the one-step path law)."""
-  return _pi(p, pi)[..., :, None] * p
+  _checks.check_stochastic("P", p)
+  return _flows(p, pi)
+
+
+def _reversibility(p, pi):
+  f = _flows(p, pi)
+  return 0.5 * jnp.sum(jnp.abs(f - jnp.swapaxes(f, -1, -2)), (-2, -1))
 
 
 def reversibility(p, pi=None) -> jax.Array:
   """`ε_rev = ½ Σ_ij |π_i P_ij − π_j P_ji|` [...] ∈ [0, 1]; 0 iff detailed balance holds."""
   _checks.check_stochastic("P", p)
-  f = flows(p, pi)
-  return 0.5 * jnp.sum(jnp.abs(f - jnp.swapaxes(f, -1, -2)), (-2, -1))
+  return _reversibility(p, pi)
 
 
 def entropy_production(p, pi=None) -> jax.Array:
   """Schnakenberg entropy production `σ` [...] ≥ 0; 0 iff reversible.
 
-  `σ = ½ Σ_ij (F_ij − F_ji) log(F_ij / F_ji)` with `F_ij = π_i P_ij`, over pairs where both
-  directions have positive flow (a one-way edge makes σ infinite; it is skipped and should be
-  read through `reversibility` instead).
+  `σ = ½ Σ_ij [rel_entr(F_ij, F_ji) + rel_entr(F_ji, F_ij)]` with `F_ij = π_i P_ij`, over pairs
+  where both directions have positive flow (a one-way edge makes σ infinite; it is skipped and
+  should be read through `reversibility` instead).
   """
   _checks.check_stochastic("P", p)
-  f = flows(p, pi)
+  f = _flows(p, pi)
   ft = jnp.swapaxes(f, -1, -2)
   both = (f > _TINY) & (ft > _TINY)
-  term = (f - ft) * (jnp.log(jnp.where(both, f, 1.0)) - jnp.log(jnp.where(both, ft, 1.0)))
-  return 0.5 * jnp.sum(jnp.where(both, term, 0.0), (-2, -1))
+  f, ft = jnp.where(both, f, 1.0), jnp.where(both, ft, 1.0)
+  return 0.5 * jnp.sum(jnp.where(both, rel_entr(f, ft) + rel_entr(ft, f), 0.0), (-2, -1))
 
 
 def double_centre(x) -> jax.Array:
@@ -133,32 +209,71 @@ def skew_share(logits=None, *, p=None) -> jax.Array:
   return jnp.sqrt(jnp.sum(skew**2, (-2, -1)) / jnp.maximum(jnp.sum(lt**2, (-2, -1)), _TINY))
 
 
-def spectrum(p, k: int | None = None) -> jax.Array:
-  """Eigenvalues of `P` [..., k] (complex), sorted by decreasing modulus; λ₀ = 1.
+# ----------------------------------------------------------------------------- spectra
 
-  Uses a general eigensolver (`jnp.linalg.eig`: CPU backends only).
+def _batched(fn, p):
+  """Apply `fn` to every [n, n] matrix of p [..., n, n]; outputs gain p's leading axes."""
+  lead = p.shape[:-2]
+  out = jax.vmap(fn)(p.reshape((-1,) + p.shape[-2:]))
+  return jax.tree.map(lambda a: a.reshape(lead + a.shape[1:]), out)
+
+
+def spectrum(p, k: int | None = None, *, tol: float = 1e-5, krylov: int | None = None) -> eigen.Eig:
+  """The k eigenvalues of `P` [..., n, n] of largest modulus (all n when k is None), with residuals.
+
+  Thick-restart Arnoldi on `f ↦ P f` (`attngeo.eigen.eig`); with k = None or `krylov = n` it is an
+  exact Hessenberg reduction. Returns `eigen.Eig` with leading axes `[...]`: `values` [..., k]
+  (complex, decreasing modulus; λ₀ = 1), `vectors` [..., n, k] (right eigenvectors), `residuals`
+  [..., k], `converged` [...] (every residual ≤ tol·max|λ|).
   """
   _checks.check_stochastic("P", p)
-  ev = jnp.linalg.eig(p.astype(jnp.float32))[0]
-  order = jnp.argsort(-jnp.abs(ev), axis=-1)
-  ev = jnp.take_along_axis(ev, order, -1)
-  return ev if k is None else ev[..., :k]
+  _check_k(k, p.shape[-1])
+  return _spectrum(p, k, float(tol), krylov)
 
 
-def spectral_gap(p) -> jax.Array:
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+def _spectrum(p, k, tol, krylov):
+  p = _working(p)
+  n = p.shape[-1]
+  k = n if k is None else k
+  krylov = n if k == n else krylov
+  return _batched(lambda a: eigen.eig(lambda v: a @ v, n, k, krylov=krylov, tol=tol, dtype=a.dtype), p)
+
+
+def _check_k(k, n):
+  if k is not None and not 1 <= k <= n:
+    raise ValueError(f"k must be in [1, n = {n}]; got {k}")
+
+
+class SpectralGap(NamedTuple):
+  """`gap` [...] = 1 − |λ₁|; `residual` [...] of the λ₁ eigenpair (‖Px − λ₁x‖); `converged` [...]."""
+  gap: jax.Array
+  residual: jax.Array
+  converged: jax.Array
+
+
+def spectral_gap(p, *, tol: float = 1e-5) -> SpectralGap:
   """`1 − |λ₁|` [...], the gap between the unit eigenvalue and the next largest modulus."""
-  return 1.0 - jnp.abs(spectrum(p, 2)[..., 1])
+  _checks.check_stochastic("P", p)
+  ev = _spectrum(p, min(2, p.shape[-1]), float(tol), None)
+  return SpectralGap(1.0 - jnp.abs(ev.values[..., -1]), ev.residuals[..., -1], ev.converged)
 
 
 def eigenbasis(p, k: int | None = None, pi=None):
   """Leading eigenpairs of the reversibilised P: (λ [..., k] descending, ψ [..., n, k]).
 
   With `Π = diag(π)`, `A = Π^{1/2} P Π^{-1/2}` is symmetric when P is reversible; its eigenpairs
-  `A u = λ u` give right eigenvectors `ψ = Π^{-1/2} u` of P, orthonormal in L²(π). For a
-  non-reversible P the symmetric part of A (the additive reversibilisation `(P + P*)/2`) is used.
-  ψ₀ is constant with λ₀ = 1.
+  `A u = λ u` (dense `eigh`, exact) give right eigenvectors `ψ = Π^{-1/2} u` of P, orthonormal in
+  L²(π). For a non-reversible P the symmetric part of A (the additive reversibilisation
+  `(P + P*)/2`) is used. ψ₀ is constant with λ₀ = 1. π is `stationary(p)` unless given (its
+  accuracy is `stationary(p).error_bound`).
   """
   _checks.check_stochastic("P", p)
+  return _eigenbasis(p, k, pi)
+
+
+def _eigenbasis(p, k, pi):
+  p = _working(p)
   pi = _pi(p, pi)
   sq = jnp.sqrt(jnp.maximum(pi, _TINY))
   a = sq[..., :, None] * p / sq[..., None, :]
@@ -173,11 +288,15 @@ def diffusion_coordinates(p, k: int, t: float = 1.0, pi=None):
   """Coifman–Lafon diffusion map `Ψ_t(i) = (λ_1^t ψ_1(i), …, λ_k^t ψ_k(i))` (see `eigenbasis`).
 
   The trivial pair (λ₀ = 1, ψ₀ = 1) is dropped. Returns (coords [..., n, k], eigenvalues [..., k]).
+  For large point clouds use `attngeo.diffmap.diffusion_map` (matrix-free, with residuals).
   """
-  lam, psi = eigenbasis(p, k + 1, pi)
+  _checks.check_stochastic("P", p)
+  lam, psi = _eigenbasis(p, k + 1, pi)
   lam, psi = lam[..., 1:], psi[..., 1:]
   return jnp.sign(lam)[..., None, :] * jnp.abs(lam)[..., None, :] ** t * psi, lam
 
+
+# ----------------------------------------------------------------------------- heat
 
 def propagate(p, mu, t: int) -> jax.Array:
   """Law of the walk after t steps, `μ P^t`, for an initial law μ `[..., n]` (heat from a point: μ = δ_i)."""
@@ -190,7 +309,7 @@ def propagate(p, mu, t: int) -> jax.Array:
 
 
 def heat(p, f, t, *, tau: float | None = None) -> jax.Array:
-  """Heat flow of values `f` [..., n, m] under P.
+  """Heat flow of values `f` [..., n, m] under P (direct: no tolerance involved).
 
   Discrete semigroup (`tau=None`): `P^t f` for integer `t ≥ 0` (t applications, O(t·n²)).
   Continuous (`tau` given): `e^{t L} f` with generator `L = (P − I)/τ`, via `expm`.

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from jax.test_util import check_grads
 
-from attngeo import data, geometry as geo, operators as op
+from attngeo import data, geometry as geo, operators as op, surfaces
 
 A = np.array([0.3, -0.5, 0.81]) / np.linalg.norm([0.3, -0.5, 0.81])
 
@@ -64,14 +64,41 @@ def test_spectral_gamma2_is_pointwise_accurate(sphere4000):
   assert err(spec) < 0.10 < err(plain)
 
 
-def test_spectral_ricci_on_sphere_and_flat_torus(sphere4000):
+def test_spectral_ricci_cometric_is_the_tangent_projector(sphere4000):
   ric = geo.ricci(geo.spectral(geo.gaussian_markov(sphere4000, 0.05), 16, 0.05 / 4), sphere4000, 2)
   assert abs(float(ric.mean_ricci.mean()) - 1.0) < 0.2
-  torus = jnp.asarray(data.flat_torus(4000, seed=0))
-  ric_t = geo.ricci(geo.spectral(geo.gaussian_markov(torus, 0.05), 21, 0.05 / 4), torus, 2)
-  assert abs(float(ric_t.mean_ricci.mean())) < 0.1
   # the co-metric of an embedded manifold is the tangent projector: trace = dimension
   np.testing.assert_allclose(np.median(np.trace(ric.cometric, axis1=1, axis2=2)), 2.0, rtol=0.1)
+
+
+@pytest.mark.parametrize("name,make,k", [
+    ("sphere r = 2", lambda: surfaces.sphere(1500, 0, radius=2.0), 16),
+    pytest.param("S^3", lambda: surfaces.sphere(1500, 0, dim=4), 36, marks=pytest.mark.slow)])
+def test_ricci_estimate_on_spheres(name, make, k):
+  """S^d(r): mean_ricci = (d − 1)/r² within ±15 %; the closure rule picks the harmonics of degree ≤ 3
+  (16 on S², 30 on S³). The unit sphere is in `test_spectral_ricci_cometric_is_the_tangent_projector`."""
+  s = make()
+  est = geo.ricci_estimate(s.points, s.dimension)
+  truth = (s.dimension - 1) * s.curvature[0]
+  assert est.k == k and est.resolved
+  assert abs(est.mean_ricci.mean() / truth - 1) < 0.15
+  assert np.median(np.abs(est.mean_ricci - truth)) < 0.25 * truth
+
+
+def test_ricci_estimate_gets_the_sign_on_a_torus_of_revolution():
+  """K = cos θ / (r (R + r cos θ)) changes sign; k = 16 (right for spheres) reads the inner region
+  positive, the closure rule's k reads both signs, with median error ≤ 25 % of max|K| and a mean near
+  the Gauss–Bonnet value 0."""
+  s = surfaces.torus(2000, 0)
+  est = geo.ricci_estimate(s.points, 2)
+  k, ric = s.curvature, est.mean_ricci
+  strong = np.abs(k) > 0.2
+  assert est.k > 24 and est.resolved
+  assert np.mean(np.sign(ric[strong]) == np.sign(k[strong])) > 0.9
+  assert np.median(np.abs(ric - k)) < 0.25
+  assert abs(ric.mean()) < 0.2 and ric[k < -0.2].mean() < -0.2 and ric[k > 0.2].mean() > 0.1
+  fixed = geo.ricci_estimate(s.points, 2, eps=est.eps, ks=(16,))
+  assert fixed.mean_ricci[k < -0.2].mean() > 0                  # the wrong sign the rule avoids
 
 
 def test_dense_gamma_matches_term_by_term_reference():
@@ -150,11 +177,35 @@ def test_finite_dimension_lowers_curvature_and_family_bound_is_above():
   assert np.all(np.asarray(geo.family_curvature(p, f)) >= geo.graph_curvature(p) - 1e-4)
 
 
-def test_bandwidth_estimates_intrinsic_dimension():
-  eps, dim = geo.bandwidth(data.sphere(2000, seed=0))
-  assert 1.6 < dim < 2.5 and eps > 0
-  eps, dim = geo.bandwidth(data.flat_torus(2000, seed=0))
-  assert 1.6 < dim < 2.5   # the max-slope rule overshoots a little on the torus
+def test_bandwidth_sheet_rule_keeps_the_walk_on_the_swiss_roll():
+  """The sheet rule's ε puts ≤ 1e-3 of the walk's mass between the roll's layers (ground truth from the roll
+  parameter t: points more than half a turn apart), where the max-slope rule's ε puts > 1e-2 there."""
+  n = 2000
+  x = data.swiss_roll(n, 123).astype(np.float64)
+  t = surfaces.swiss_roll_parameters(n, 123)
+  far = np.abs(t[:, None] - t[None]) > np.pi
+  d2 = np.sum((x[:, None] - x[None]) ** 2, -1)
+
+  def between_layers(eps):
+    k = np.exp(-d2 / eps)
+    return float(((k / k.sum(1, keepdims=True)) * far).sum(1).mean())
+
+  bw = geo.bandwidth(x)
+  assert bw.rule == "sheet" and bw.eps < bw.eps_max_slope
+  assert between_layers(bw.eps) <= 1e-3
+  assert between_layers(bw.eps_max_slope) > 1e-2
+  assert 1.8 < bw.dimension < 2.2
+  old = geo.bandwidth(x, rule="max_slope")
+  assert old.rule == "max_slope" and old.eps == bw.eps_max_slope
+
+
+@pytest.mark.parametrize("points,dim", [(lambda: data.sphere(1500, seed=0), 2), (lambda: data.flat_torus(1500, seed=0), 2),
+                                        (lambda: surfaces.sphere(1500, seed=0, dim=5).points, 4)])
+def test_bandwidth_dimension_and_rule_without_layers(points, dim):
+  """Without layers no pair short-circuits: the max-slope ε stands; the off-diagonal kernel-sum slope gives d."""
+  bw = geo.bandwidth(points())
+  assert bw.rule == "max_slope" and bw.eps == bw.eps_max_slope
+  assert abs(bw.dimension - dim) < 0.25 * dim
 
 
 def test_bad_inputs():
@@ -178,6 +229,27 @@ def test_bad_inputs():
 def test_matrix_free_spectral_matches_dense_spectral():
   x = jnp.asarray(data.sphere(800, seed=3))
   f = (x @ A)[:, None]
-  dense = geo.gamma2(geo.spectral(geo.gaussian_markov(x, 0.1), 9, 0.025), f)
-  free = geo.gamma2(geo.gaussian_spectral(x, 0.1, 9, block_size=256), f)
-  np.testing.assert_allclose(free, dense, rtol=2e-2, atol=2e-2)
+  dense_op = geo.spectral(geo.gaussian_markov(x, 0.1), 9, 0.025)
+  free_op = geo.gaussian_spectral(x, 0.1, 9, block_size=256)
+  assert bool(dense_op.spectrum.converged) and bool(free_op.spectrum.converged)
+  np.testing.assert_allclose(free_op.spectrum.values, dense_op.spectrum.values, atol=1e-5)
+  np.testing.assert_allclose(geo.gamma2(free_op, f), geo.gamma2(dense_op, f), rtol=2e-2, atol=2e-2)
+
+
+def test_gaussian_spectral_residuals_are_those_of_a_float64_reference():
+  """The eigenpairs behind `gaussian_spectral` against dense float64 numpy: eigenvalues within the reported
+  bounds; the reported residuals are the float64 residuals of the returned vectors."""
+  x = data.sphere(400, seed=4).astype(np.float64)
+  eps = 0.1
+  k = np.exp(-np.sum((x[:, None] - x[None]) ** 2, -1) / eps)
+  q = k.sum(1)
+  ka = k / np.outer(q, q)
+  d = ka.sum(1)
+  a = ka / np.sqrt(np.outer(d, d))
+  w = np.linalg.eigvalsh(a)[::-1][:9]
+  spec = geo.gaussian_spectral(x, eps, 9, block_size=256).spectrum
+  err = np.abs(np.asarray(spec.values, np.float64) - w)
+  assert np.all(err <= np.asarray(spec.value_bounds) + 1e-6)            # + the float32 kernel's own rounding
+  u = np.asarray(spec.vectors, np.float64)
+  r64 = np.linalg.norm(a @ u - u * np.asarray(spec.values, np.float64), axis=0)
+  np.testing.assert_allclose(r64, spec.residuals, atol=2e-6)
