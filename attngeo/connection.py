@@ -383,8 +383,9 @@ def walk_moduli(w, k: int = 16, *, triangular: bool = False) -> jax.Array:
 
   The one place the probe and the study take spectra: `markov.spectrum` (swap in an iterative
   solver there), except for a triangular walk (causal attention), whose eigenvalues are exactly
-  its diagonal.
+  its diagonal. Fewer than k when the walk has fewer states (k is clipped to n).
   """
+  k = min(k, w.shape[-1])
   if triangular:
     return -jnp.sort(-jnp.abs(jnp.diagonal(w, axis1=-2, axis2=-1)), -1)[..., :k]
   return jnp.abs(markov.spectrum(w, k).values)
