@@ -84,18 +84,20 @@ def test_killed_run_resumes_exactly(tmp_path, single_device):
   reference = [r["loss"] for r in single_device[0]]
   wd = str(tmp_path / "run")
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  proc = subprocess.Popen([sys.executable, SCRIPT, "--workdir", wd, "--ckpt-every", "3", "--sleep", "0.4"],
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-  ckpt = os.path.join(wd, "ckpt")
-  deadline = time.time() + 240
-  while time.time() < deadline:
-    steps = [int(d) for d in os.listdir(ckpt) if d.isdigit()] if os.path.isdir(ckpt) else []
-    if steps and max(steps) >= 6:
-      break
-    assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
-    time.sleep(0.2)
-  proc.send_signal(signal.SIGKILL)
-  proc.wait()
+  log = tmp_path / "killed.log"
+  with open(log, "wb") as sink, subprocess.Popen(
+      [sys.executable, SCRIPT, "--workdir", wd, "--ckpt-every", "3", "--sleep", "0.4"],
+      stdout=subprocess.DEVNULL, stderr=sink, env=env) as proc:
+    ckpt = os.path.join(wd, "ckpt")
+    deadline = time.time() + 240
+    while time.time() < deadline:
+      steps = [int(d) for d in os.listdir(ckpt) if d.isdigit()] if os.path.isdir(ckpt) else []
+      if steps and max(steps) >= 6:
+        break
+      assert proc.poll() is None, log.read_text()[-3000:]
+      time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
   assert steps and max(steps) < 12, "the run must be killed mid-way"
   losses, meta = run_script("--workdir", wd, "--ckpt-every", "3")
   assert meta["start_step"] >= 6, "the second run must resume, not restart"
