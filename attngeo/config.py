@@ -48,21 +48,24 @@ def _default(f):
   return None
 
 
-def add_arguments(parser: argparse.ArgumentParser, cls, prefix: str = "", help: dict | None = None) -> None:
+def add_arguments(parser: argparse.ArgumentParser, cls, prefix: str = "", help: dict | None = None,
+                  base=None) -> None:
   """One `--{prefix}{field}` flag per dataclass field (nested dataclasses: `--{field}.{sub}`).
 
-  `help` maps field names to a description shown before the type and default.
+  `help` maps field names to a description shown before the type and default. The default shown
+  is `base`'s value (default: the field's default, a nested config's default factory included).
   """
   hints = typing.get_type_hints(cls)
   for f in dataclasses.fields(cls):
     tp = hints[f.name]
+    value = getattr(base, f.name) if base is not None else _default(f)
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-      add_arguments(parser, tp, prefix=f"{prefix}{f.name}.", help=help)
+      add_arguments(parser, tp, prefix=f"{prefix}{f.name}.", help=help, base=value)
       continue
     flag = "--" + (prefix + f.name).replace("_", "-")
     text = (help or {}).get(prefix + f.name, "")
     parser.add_argument(flag, dest=prefix + f.name, type=_parse(tp), default=None, metavar=_type_name(tp).upper(),
-                        help=f"{text + ' ' if text else ''}(default: {_default(f)})")
+                        help=f"{text + ' ' if text else ''}(default: {value})")
 
 
 def from_arguments(args: argparse.Namespace, cls, base=None, prefix: str = ""):
@@ -107,9 +110,19 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
   """Keeps the module docstring's layout and appends each option's default to its help."""
 
 
+class Parser(argparse.ArgumentParser):
+  """An argparse parser whose errors are one line, `PROG: error: MESSAGE (see PROG --help)`, exit status 2.
+
+  (argparse's own `error` prints the whole usage block first.) Sub-parsers inherit the class.
+  """
+
+  def error(self, message):
+    self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
   """An `attngeo <command>` parser whose description is the command module's docstring."""
-  return argparse.ArgumentParser(prog=prog, description=doc, formatter_class=HelpFormatter)
+  return Parser(prog=prog, description=doc, formatter_class=HelpFormatter)
 
 
 def _int_at_least(minimum: int, what: str):

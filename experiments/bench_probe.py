@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 
+from attngeo import config
 from attngeo.experiments import report
 from attngeo.experiments.report import Col
 
@@ -161,8 +162,8 @@ COLUMNS = [Col("case"), Col("shape"), Col("cold_s", "cold s (incl. compile)", ".
 
 
 def parser() -> argparse.ArgumentParser:
-  ap = argparse.ArgumentParser(prog="attngeo bench-probe", description=__doc__,
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = config.Parser(prog="attngeo bench-probe", description=__doc__,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated subset of {CASES} (default: all)")
   ap.add_argument("--seq", type=int, default=1024, help="d12 sequence length, ≥ 2 (default: 1024)")
   ap.add_argument("--vocab", type=int, default=50304, help="d12 vocabulary size, ≥ 2 (default: 50304)")

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 
+from attngeo import config
+
 PRESETS = {"lm": dict(depth=4, width=256, head_dim=64, seq=256, vocab=265, batch=16),
            "d12": dict(depth=12, width=768, head_dim=128, seq=2048, vocab=65_536, batch=1)}
 TARGETS = {"DMAP": 1.05, "DMTN": 1.25, "ATAP": 1.25}
@@ -60,7 +62,7 @@ def step_time(op, a):
 
 
 def main(argv=None):
-  ap = argparse.ArgumentParser(prog="attngeo bench-train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = config.Parser(prog="attngeo bench-train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--preset", default="custom", choices=["custom", *PRESETS],
                   help="model shape: lm (attngeo lm train's default), d12 (the seed's), custom (the flags below); default: custom")
   ap.add_argument("--seq", type=int, default=1024, help="context length (default: 1024)")

@@ -23,6 +23,7 @@ import time
 
 import numpy as np
 
+from attngeo import config
 from attngeo.experiments import report
 from attngeo.experiments.report import Col
 
@@ -120,7 +121,7 @@ LARGE_COLUMNS = [Col("n", "N"), Col("eps", "ε"), Col("k"), Col("gamma2_spectral
 
 
 def main(argv=None):
-  ap = argparse.ArgumentParser(prog="attngeo curvature", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = config.Parser(prog="attngeo curvature", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--sizes", default="1000,2000,4000", help="comma-separated sample sizes N ≥ 200 (default 1000,2000,4000)")
   names = ["sphere r=1", "sphere r=2", "S^3", "flat torus", "torus R=2 r=1"]
   ap.add_argument("--manifolds", default=",".join(names), help=f"comma-separated subset of: {', '.join(names)} (default all)")

@@ -18,6 +18,7 @@ import time
 
 import numpy as np
 
+from attngeo import config
 from attngeo.experiments import report
 from attngeo.experiments.report import Col
 
@@ -25,7 +26,7 @@ CLOUDS = ("swiss_roll", "sphere", "torus")
 
 
 def _parser():
-  ap = argparse.ArgumentParser(prog="attngeo diffmap", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = config.Parser(prog="attngeo diffmap", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("file", help=f"a .npy or .csv file of points [n, D], or a built-in cloud: {', '.join(CLOUDS)}")
   ap.add_argument("--k", type=int, default=10, help="number of diffusion coordinates (nontrivial eigenpairs), ≥ 1 (default 10)")
   ap.add_argument("--eps", default="auto", help="kernel bandwidth ε > 0 in exp(−‖x − y‖²/ε), or 'auto' for "

@@ -18,9 +18,11 @@ import os
 
 import numpy as np
 
+from attngeo import config
+
 
 def main(argv=None):
-  ap = argparse.ArgumentParser(prog="attngeo heat", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = config.Parser(prog="attngeo heat", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--n", type=int, default=2000, help="points on the roll, ≥ 10 (default 2000)")
   ap.add_argument("--seed", type=int, default=123, help="seed of the roll (default 123)")
   ap.add_argument("--eps", default="0.05", help="bandwidth ε > 0, or 'auto' for geometry.bandwidth's sheet rule "

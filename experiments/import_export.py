@@ -20,6 +20,8 @@ import hashlib
 import json
 import os
 
+from attngeo import config
+
 
 def sha256(path: str) -> str:
   """Hex SHA-256 of a file (or of a folder's weights file)."""
@@ -64,12 +66,12 @@ def write_run(model, out: str, imported: dict):
 
 
 def import_main(argv=None):
-  ap = argparse.ArgumentParser(prog="attngeo import", description=__doc__,
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = config.Parser(prog="attngeo import", description=__doc__,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("kind", choices=("nanochat", "gpt2"), help="checkpoint family: nanochat | gpt2")
   ap.add_argument("path", help="nanochat: model_NNNNNN.pt or a .safetensors of its state dict; gpt2: a Hugging Face "
                                "model folder or its model.safetensors")
-  ap.add_argument("--out", required=True, help="run folder to write (must not hold a checkpoint yet)")
+  ap.add_argument("--out", required=True, help="run folder to write (required; must not hold a checkpoint yet)")
   ap.add_argument("--meta", default=None, help="nanochat meta_NNNNNN.json (default: the one beside PATH)")
   ap.add_argument("--arch", default="auto", choices=("auto", "2025-10", "2026-07"),
                   help="nanochat architecture: 2025-10 = the d32 release (ccfe791), 2026-07 = 92d63d4; "
@@ -130,11 +132,11 @@ def _param_values(model):
 
 
 def export_main(argv=None):
-  ap = argparse.ArgumentParser(prog="attngeo export", description=__doc__,
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = config.Parser(prog="attngeo export", description=__doc__,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("run_dir", help="an attngeo run folder holding a nanochat- or GPT-2-family GPT")
-  ap.add_argument("--format", required=True, choices=("gpt2", "nanochat"), help="layout to write: gpt2 | nanochat")
-  ap.add_argument("--out", required=True, help="the .safetensors file (gpt2: config.json beside it; nanochat: "
+  ap.add_argument("--format", required=True, choices=("gpt2", "nanochat"), help="layout to write: gpt2 | nanochat (required)")
+  ap.add_argument("--out", required=True, help="the .safetensors file, required (gpt2: config.json beside it; nanochat: "
                                                "meta_NNNNNN.json beside model_NNNNNN.safetensors)")
   ap.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
   a = ap.parse_args(argv)

@@ -312,7 +312,7 @@ def cmd_table2(args, ap) -> dict:
 # ----------------------------------------------------------------------------- parser
 
 def parser() -> argparse.ArgumentParser:
-  ap = argparse.ArgumentParser(prog="attngeo lm", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = config_lib.Parser(prog="attngeo lm", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   sub = ap.add_subparsers(dest="command", required=True)
   tr = sub.add_parser("train", help="train a GPT on text (resumes a killed run)", prog="attngeo lm train")
   tr.add_argument("--out", default="runs/lm", help="run folder (default: runs/lm)")
@@ -343,9 +343,10 @@ def parser() -> argparse.ArgumentParser:
                                   f"context {proto.lm.seq_len}, {proto.lm.tokenizer} tokenizer, data {proto.lm.data}, "
                                   f"{proto.lm.train.steps} steps × {proto.lm.train.batch_size} rows. The --lm.* "
                                   f"defaults printed below are attngeo lm train's; the protocol's override them.")
-  t2.add_argument("--full", action="store_true", help=f"the seed's d12 recipe: {FULL}, {FULL_TRAIN}, steps for "
-                                                      f"{FULL_TOKENS_PER_PARAM} tokens per parameter unless --lm.train.steps")
-  t2.add_argument("--dry-run", action="store_true", help="print the plan (FLOPs, step-time estimates, launch line), train nothing")
+  t2.add_argument("--full", action="store_true",
+                  help="the seed's d12 recipe (depth 12, 2048 context, 65,536-token BPE, FineWeb-edu shards; "
+                       "print it with --dry-run); default off")
+  t2.add_argument("--dry-run", action="store_true", help="print the plan (FLOPs, step-time estimates, launch line), train nothing; default off")
   t2.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilisation assumed by the estimates (default: 0.4)")
   config_lib.add_arguments(t2, Table2Config, help={"conditions": f"from {list(CONDITIONS)} (learnable: per-head "
                                                                  "(beta, alpha) from (0.5, 0.5))",

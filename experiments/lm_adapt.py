@@ -53,6 +53,7 @@ HELP = {"chain": "operators along the chain, comma-separated: state 0 (the sourc
         "seeds": "adaptation data-order seeds (mean ± sd over them)", "eval_rows": "validation rows for bpb (0: all)",
         "core_bundle": "DCLM eval bundle folder for CORE (none: CORE skipped)",
         "core_max_per_task": "CORE examples per task (-1: all)", "out": "output folder",
+        "control": "also run the matched-budget control chain (the first operator in every state)",
         **{f"lm.{k}": f"{v} [the source trained when --source is none; corpus settings of an imported source]"
            for k, v in LM_HELP.items()},
         **{f"adapt.{k[len('train.'):]}": v + " [each adaptation]" for k, v in LM_HELP.items() if k.startswith("train.")}}
@@ -240,8 +241,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                       f"model (the --lm.* defaults printed below are attngeo lm train's; the protocol's are Table 2's).")
   ap.add_argument("--table2-out", default="runs/table2",
                   help="where the Table 2 runs live, for the default source (default: runs/table2)")
-  ap.add_argument("--full", action="store_true", help=f"the seed's d32 protocol: {FULL}, adaptation {FULL_ADAPT}")
-  ap.add_argument("--dry-run", action="store_true", help="print the plan (cost, launch lines) and train nothing")
+  ap.add_argument("--full", action="store_true", help="the seed's d32 protocol (print it with --dry-run); default off")
+  ap.add_argument("--dry-run", action="store_true", help="print the plan (cost, launch lines) and train nothing; default off")
   ap.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilisation assumed by --full's estimate "
                                                          "(default: 0.4)")
   config_lib.add_arguments(ap, AdaptConfig, help=HELP)

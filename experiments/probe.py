@@ -20,6 +20,7 @@ import pathlib
 
 import numpy as np
 
+from attngeo import config
 from attngeo.experiments import report
 from attngeo.experiments.report import Col
 
@@ -126,8 +127,8 @@ def plot(rows: list[dict], path: str, title: str):
 
 
 def parser() -> argparse.ArgumentParser:
-  ap = argparse.ArgumentParser(prog="attngeo probe", description=__doc__,
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = config.Parser(prog="attngeo probe", description=__doc__,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("run_dir", help="run folder with config.json and ckpt/ (written by attngeo.train or an import)")
   ap.add_argument("--data", default="swiss_roll",
                   help="PointFlow: swiss_roll | sphere | torus | FILE.npy [n, dim]; GPT: FILE.txt (bytes) | "

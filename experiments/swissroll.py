@@ -599,8 +599,8 @@ def run(cfg: SwissRollConfig) -> dict:
 
 
 def parser() -> argparse.ArgumentParser:
-  ap = argparse.ArgumentParser(prog="attngeo swissroll", description=__doc__,
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = config_lib.Parser(prog="attngeo swissroll", description=__doc__,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--full", action="store_true",
                   help=f"the longer budget, {FULL}, into runs/swissroll_full unless --out is given (default: off)")
   config_lib.add_arguments(ap, SwissRollConfig, help=HELP)

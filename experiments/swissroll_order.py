@@ -27,6 +27,7 @@ import time
 
 import numpy as np
 
+from attngeo import config
 from attngeo.experiments import report, swissroll
 from attngeo.experiments.report import Col
 
@@ -133,8 +134,8 @@ def figure(rows: list[dict], path: str) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-  ap = argparse.ArgumentParser(prog="attngeo swissroll-order", description=__doc__,
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = config.Parser(prog="attngeo swissroll-order", description=__doc__,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--protocols", default="base,depth4,set1024,full",
                   help=f"comma-separated protocols, each one of {','.join(PROTOCOLS)} "
                        "(default: base,depth4,set1024,full)")

@@ -48,7 +48,7 @@ def test_sphere_gamma_and_gamma2(radius, eps):
 
 
 def test_laplacian_of_coordinate_on_sphere(sphere4000):
-  """Δ x₃ = −2 x₃ on S²: the fitted slope approaches −2 (DESIGN: −1.98 at ε = 0.05, N = 4000)."""
+  """Δ x₃ = −2 x₃ on S²: the fitted slope approaches −2 (−1.98 at ε = 0.05, N = 4000 in ../shared/DESIGN.md)."""
   f = sphere4000[:, 2:]
   lf = geo.generator(geo.gaussian_markov(sphere4000, 0.05), f, tau=0.05 / 4)
   slope = float(jnp.sum(lf * f) / jnp.sum(f * f))
