@@ -109,10 +109,20 @@ def _restore_step(mngr, step: int, state, shardings):
   return restored, out["data"]
 
 
+def _check_verifiable(mngr, step: int):
+  """A step saved with its arrays but without integrity data (an attngeo release before checksums)
+  cannot be verified: a one-line error, never a "corrupt" verdict that would move it aside."""
+  path = os.path.join(str(mngr.directory), str(step))
+  if os.path.isdir(os.path.join(path, "state")) and not os.path.exists(os.path.join(path, "integrity")):
+    raise ValueError(f"checkpoint step {step} in {mngr.directory} has no integrity data (saved before attngeo "
+                     f"verified checkpoints), so it cannot be verified; retrain or re-save it with this version")
+
+
 def restore_step(mngr, step: int, state, shardings):
   """Restore exactly `step` (checksums verified): (state, data_state); one-line errors otherwise."""
   if step not in mngr.all_steps():
     raise FileNotFoundError(f"no checkpoint step {step} in {mngr.directory}; steps: {sorted(mngr.all_steps())}")
+  _check_verifiable(mngr, step)
   out, failure = _attempt(lambda: _restore_step(mngr, step, state, shardings))
   if failure:
     kind = "holds arrays of other shapes than this model/optimizer" if failure.shape else "is corrupt or incomplete"
@@ -151,6 +161,7 @@ def restore_params(workdir: str, model, step: int | None = None, use_ema: bool =
       return out
 
     for i, s in enumerate(steps):
+      _check_verifiable(mngr, s)
       out, failure = _attempt(lambda: read(s))
       if failure:
         if step is not None or failure.shape or i + 1 == len(steps):
@@ -252,6 +263,7 @@ def restore_latest(mngr, state, shardings):
   if not steps:
     return None
   for i, step in enumerate(steps):
+    _check_verifiable(mngr, step)
     out, failure = _attempt(lambda: _restore_step(mngr, step, state, shardings))
     if failure is None:
       return out[0], out[1], step

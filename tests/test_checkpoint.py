@@ -143,3 +143,16 @@ def test_load_run_reads_only_the_weights_and_verifies_them(finished, tmp_path):
 def jax_tree_equal(a, b):
   import jax
   return all(jax.tree.leaves(jax.tree.map(lambda x, y: bool(np.array_equal(np.asarray(x), np.asarray(y))), a, b)))
+
+
+def test_a_step_without_integrity_data_is_refused_not_called_corrupt(finished, tmp_path):
+  """A step saved before checksums existed cannot be verified: one clear error, and it is not moved aside."""
+  import shutil
+  from attngeo import runs
+  wd = copy_run(finished, tmp_path)
+  shutil.rmtree(os.path.join(step_dir(wd, 4), "integrity"))
+  with pytest.raises(ValueError, match="step 4 .* has no integrity data"):
+    runs.load_run(wd)
+  with pytest.raises(ValueError, match="step 4 .* has no integrity data"):
+    run(wd)
+  assert os.path.isdir(os.path.join(step_dir(wd, 4), "state")) and not os.path.exists(os.path.join(wd, "ckpt_corrupt"))
