@@ -378,17 +378,25 @@ def row_js_divergence(w1, w2) -> jax.Array:
   return (0.5 * jnp.sum(rel(w1, m), -1) + 0.5 * jnp.sum(rel(w2, m), -1)).mean(-1)
 
 
-def walk_moduli(w, k: int = 16, *, triangular: bool = False) -> jax.Array:
-  """The k largest eigenvalue moduli `[..., k]` of a walk, descending (λ₀ = 1).
+def walk_spectrum(w, k: int = 16, *, triangular: bool = False) -> tuple[jax.Array, jax.Array]:
+  """The k largest eigenvalue moduli `[..., k]` of a walk, descending (λ₀ = 1), and whether the
+  solver met its tolerance (`[...]` bool; always True for a triangular walk).
 
-  The one place the probe and the study take spectra: `markov.spectrum` (swap in an iterative
-  solver there), except for a triangular walk (causal attention), whose eigenvalues are exactly
+  The one place the probe and the study take spectra: `markov.spectrum` (thick-restart Arnoldi
+  with residuals), except for a triangular walk (causal attention), whose eigenvalues are exactly
   its diagonal. Fewer than k when the walk has fewer states (k is clipped to n).
   """
   k = min(k, w.shape[-1])
   if triangular:
-    return -jnp.sort(-jnp.abs(jnp.diagonal(w, axis1=-2, axis2=-1)), -1)[..., :k]
-  return jnp.abs(markov.spectrum(w, k).values)
+    moduli = -jnp.sort(-jnp.abs(jnp.diagonal(w, axis1=-2, axis2=-1)), -1)[..., :k]
+    return moduli, jnp.ones(moduli.shape[:-1], bool)
+  eig = markov.spectrum(w, k)
+  return jnp.abs(eig.values), eig.converged
+
+
+def walk_moduli(w, k: int = 16, *, triangular: bool = False) -> jax.Array:
+  """`walk_spectrum`'s moduli alone."""
+  return walk_spectrum(w, k, triangular=triangular)[0]
 
 
 def stability(walks: list, k: int = 16, *, triangular: bool = False) -> list[dict[str, float]]:

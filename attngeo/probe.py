@@ -27,6 +27,7 @@ there, not ε_rev.
 from __future__ import annotations
 
 import functools
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -114,14 +115,15 @@ def _layer_impl(q, k, wv, wo, beta, alpha, key, *, causal, samples, num_moduli):
   def per_sample(args):
     ph, kk = args
     w = ph.mean(0)
-    moduli = connection.walk_moduli(w, num_moduli, triangular=causal)
+    moduli, converged = connection.walk_spectrum(w, num_moduli, triangular=causal)
     eff = connection.effective_isometry_defect(ph, wv, wo, key=kk, samples=samples, tables=tables)
-    return (w, moduli, markov.reversibility(w), eff)
+    return (w, moduli, converged, markov.reversibility(w), eff)
 
   keys = jax.random.split(key, p.shape[0])
-  w, moduli, walk_rev, eff = jax.lax.map(per_sample, (p, keys))
+  w, moduli, converged, walk_rev, eff = jax.lax.map(per_sample, (p, keys))
   b = p.shape[0]
-  out = dict(stats, spectral_gap=jnp.mean(1.0 - moduli[:, 1]), walk_eps_rev=walk_rev.mean(),
+  out = dict(stats, spectral_gap=jnp.mean(1.0 - moduli[:, 1]), spectrum_converged=jnp.all(converged),
+             walk_eps_rev=walk_rev.mean(),
              head_isometry_defect=head_d, head_scale=head_c,
              effective_isometry_defect=eff.mean.mean(),
              effective_isometry_defect_se=jnp.sqrt(jnp.sum(eff.stderr**2)) / b,
@@ -217,6 +219,11 @@ def model_report(model, run, *, layers=None, heads=None, samples: int = 32, seed
     rows.append(row)
     prev = (w, moduli)
   rows[-1].update(next_layer=None, next_relative_change=None, next_js_divergence=None, next_spectral_distance=None)
+  unconverged = [r["layer"] for r in rows if not r["spectrum_converged"]]
+  if unconverged:
+    warnings.warn(f"the walk spectra of layers {unconverged} did not meet the eigensolver's tolerance: their "
+                  "spectral gap and spectral distance are approximate (spectrum_converged is False in their rows)",
+                  RuntimeWarning, stacklevel=2)
   return rows
 
 

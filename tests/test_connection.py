@@ -222,6 +222,13 @@ def test_row_js_divergence_matches_scipy():
   np.testing.assert_allclose(conn.row_js_divergence(w1, w2), ref, rtol=1e-5)
 
 
+def test_walk_spectrum_reports_convergence():
+  w = op.rownorm(jax.random.normal(jax.random.PRNGKey(23), (1, 2, 9, 9)))[0].mean(0)
+  moduli, converged = conn.walk_spectrum(w, 4)
+  np.testing.assert_allclose(moduli, np.sort(np.abs(np.linalg.eigvals(np.asarray(w, np.float64))))[::-1][:4], atol=1e-5)
+  assert bool(converged)
+
+
 def test_triangular_walk_moduli_are_its_diagonal_spectrum():
   causal = op.rownorm(jax.random.normal(jax.random.PRNGKey(22), (1, 2, 9, 9)), causal=True)[0].mean(0)
   np.testing.assert_allclose(conn.walk_moduli(causal, 5, triangular=True), jnp.abs(markov.spectrum(causal, 5).values),

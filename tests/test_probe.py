@@ -77,6 +77,7 @@ def test_report_matches_dense_per_edge_reference_on_a_causal_and_a_bidirectional
       np.testing.assert_allclose(row["head_isometry_defect"], ref["head"], rtol=2e-5)
       np.testing.assert_allclose(row["spectral_gap"], ref["gap"], rtol=1e-4, atol=1e-5)
       assert row["effective_isometry_defect_se"] == 0 and row["partial_support_mass"] == 0
+      assert row["spectrum_converged"] is True              # the gap above comes from a converged solve
     for row, a, b in zip(rows, refs[:-1], refs[1:]):
       np.testing.assert_allclose(row["next_relative_change"], np.linalg.norm(b["w"] - a["w"]) / np.linalg.norm(a["w"]),
                                  rtol=1e-4)
