@@ -50,7 +50,7 @@ from attngeo import config as config_lib
 from attngeo.experiments import report
 from attngeo.experiments.report import Col
 
-OPERATORS = ("DMAP", "DMTN", "ATAP", "ATTN")        # attngeo.operators.CORNERS (tested)
+OPERATORS = ("DMAP", "DMTN", "ATAP", "ATTN", "CMAP")   # the four corners (tested) and, opt-in, the magnetic lift
 ORDERS = ("ffn_first", "attn_first")                # attngeo.nn.layers.ORDERS (tested)
 SOLVERS = ("euler", "heun")
 RESULT_VERSION = 2                                  # bump when a condition's read-outs change
@@ -117,6 +117,17 @@ FULL = dict(steps=6000, ckpt_every=1000, sample_sets=16, num_sets=8192)   # 4× 
 # Settings that shape a condition's training (its folder key) are every field except these.
 NOT_TRAINING = ("operators", "orders", "seeds", "out", "progress", "ckpt_every", "heat_points")
 EVALUATION = ("solver", "sample_steps", "sample_sets", "figure_times", "probe_sets", "probe_sizes")
+
+
+def magnetic_summary(qks, mods) -> dict[str, float]:
+  """CMAP's phase read-outs (`attngeo.magnetic.summary`) on the first probe set, mean over layers and
+  heads, as `cmap_*` keys: λ_max(H), frustration bounds, 3-cycle Wilson loop, mean |circulation|."""
+  from attngeo import magnetic
+  stats = []
+  for (q, k), m in zip(qks, mods):
+    coupling = m.coupling[...] if m.learnable_operator else m.coupling
+    stats.append(magnetic.summary(q[:1], k[:1], beta=m.coefficients()[0], coupling=coupling))
+  return {f"cmap_{key}": float(np.mean([st[key] for st in stats])) for key in stats[0]}
 
 
 def validate(cfg: SwissRollConfig) -> None:
@@ -344,9 +355,12 @@ def run_condition(cfg: SwissRollConfig, op: str, order: str, seed: int, source, 
                 coverage_ratio=quality["coverage_mean"] / floor["coverage_mean"],
                 energy_ratio=quality["energy"] / floor["energy"])
   probe_x = jnp.stack([source[i]["points"] for i in range(min(cfg.probe_sets, len(source)))])
+  qks, mods = jitted("qk")(model, probe_x), nn.attention_modules(model)
   per_layer = [probe.layer_stats(q, k, *m.coefficients(), causal=m.causal)     # = probe.model_stats, compiled
-               for (q, k), m in zip(jitted("qk")(model, probe_x), nn.attention_modules(model))]
+               for (q, k), m in zip(qks, mods)]
   summary = probe.summarise(per_layer)
+  if op == "CMAP":                      # the transport columns above read its magnitude (a DMAP walk)
+    summary.update(magnetic_summary(qks, mods))
   row = dict(operator=op, order=order, seed=seed, **quality, **ratios, **summary,
              eff_neighbours_norm=summary["eff_neighbours"] / cfg.set_size,
              eff_neighbours_by_size=eff_neighbours_by_size(model, refs.train, cfg.probe_sizes, seed),

@@ -206,3 +206,14 @@ def test_training_on_a_two_device_mesh_matches_one_device(tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     runs[mesh] = losses(out)
   np.testing.assert_allclose([runs["2,1,1"][s] for s in (1, 2, 3)], [runs["1,1,1"][s] for s in (1, 2, 3)], rtol=2e-5)
+
+
+def test_the_magnetic_operator_trains_and_evaluates_and_sampling_says_why_not(tmp_path, capsys):
+  run = str(tmp_path / "cmap")
+  lm_cmd.main(["train", *TINY, "--data-dir", str(tmp_path / "data"), "--train.steps", "2", "--operator", "CMAP",
+               "--out", run, "--eval-max-rows", "4"])
+  ev = json.loads((tmp_path / "cmap" / "eval.json").read_text())
+  assert math.isfinite(ev["bpb"])
+  with pytest.raises(SystemExit) as e:
+    lm_cmd.main(["sample", run, "--prompt", "The ", "--max-tokens", "2"])
+  assert e.value.code == 2 and "not CMAP" in capsys.readouterr().err

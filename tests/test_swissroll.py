@@ -131,7 +131,7 @@ def test_differences_are_welch_tests_holm_corrected():
 def test_names_match_the_library():
   from attngeo import operators
   from attngeo.nn import layers
-  assert set(swissroll.OPERATORS) == set(operators.CORNERS) and set(swissroll.ORDERS) == set(layers.ORDERS)
+  assert set(swissroll.OPERATORS) == set(operators.CORNERS) | {"CMAP"} and set(swissroll.ORDERS) == set(layers.ORDERS)
 
 
 @pytest.mark.parametrize("argv, flag", [(["--operators", "FOO"], "--operators"), (["--orders", "bogus"], "--orders"),
@@ -203,3 +203,15 @@ def test_order_study_measures_every_set_size(scan, tmp_path, monkeypatch):
   assert (tmp_path / "order.png").stat().st_size > 0 and (tmp_path / "order.md").exists()
   with pytest.raises(SystemExit):
     order.main(["--protocols", "nope"])
+
+
+def test_magnetic_operator_runs_in_the_scan_with_its_phase_read_outs(tmp_path):
+  """CMAP (opt-in): its magnitude is a DMAP walk, so the transport columns are reversible (a theorem);
+  the phase read-outs are bounded (λ_max(H) ≤ 1, |Wilson| ≤ 1) and the phase is not trivial."""
+  cfg = swissroll.SwissRollConfig(operators=("CMAP",), orders=("ffn_first",), out=str(tmp_path),
+                                  **dict(TINY, steps=10))
+  row = swissroll.run(cfg)["conditions"][0]
+  assert row["operator"] == "CMAP" and row["eps_rev"] < 1e-3 and row["rho_skew"] < 1e-6, row
+  assert 0.0 < row["cmap_lambda_max"] <= 1.0 + 1e-5 and abs(row["cmap_wilson"]) <= 1.0 + 1e-6
+  assert row["cmap_frustration_lower"] <= row["cmap_frustration_upper"] + 1e-6
+  assert row["cmap_mean_abs_circulation"] > 1e-3

@@ -53,7 +53,7 @@ class LMConfig:
   head_dim: int = 64
   width: int | None = None
   seq_len: int = 256
-  operator: str = "ATTN"               # ATTN | DMTN | ATAP | DMAP | "beta,alpha"
+  operator: str = "ATTN"               # ATTN | DMTN | ATAP | DMAP | CMAP | "beta,alpha"
   learnable_operator: bool = False
   model: tuple[str, ...] = ()          # other GPTConfig/BlockConfig fields, "name=value"
   eval_every: int = 0                  # log validation bpb every N steps (0: never)
@@ -75,7 +75,7 @@ HELP = {
     "tokenizer": "byte | bpe", "vocab_size": "BPE vocabulary size, specials included (bpe only)",
     "depth": "transformer blocks (nanochat's size knob)", "aspect": "width = aspect*depth rounded up to head_dim",
     "head_dim": "head dimension", "width": "explicit width (overrides aspect*depth)", "seq_len": "context length",
-    "operator": "ATTN | DMTN | ATAP | DMAP or 'beta,alpha' in [0,1]",
+    "operator": "ATTN | DMTN | ATAP | DMAP | CMAP (magnetic) or 'beta,alpha' in [0,1]",
     "learnable_operator": "train per-head (beta, alpha), starting at --operator",
     "model": "other GPTConfig/BlockConfig fields as name=value, comma-separated (e.g. mlp_ratio=2,qk_norm=false)",
     "eval_every": "log validation bpb every N steps (0: never)", "eval_rows": "validation rows per periodic eval",
