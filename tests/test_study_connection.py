@@ -56,7 +56,7 @@ def test_bad_configuration_is_one_line():
 
 def smoke_argv(out, families):
   # shapes shared with tests/test_probe.py's models (width 16, 2 heads, 12 tokens, samples 32): one compile each
-  return ["--families", families, "--seeds", "0", "--decoder-depths", "2", "--decoder-aspect", "8",
+  return ["--families", families, "--corpus", "pydoc", "--seeds", "0", "--decoder-depths", "2", "--decoder-aspect", "8",
           "--decoder-head-dim", "8", "--seq-len", "12", "--decoder-steps", "2", "--decoder-batch", "2",
           "--encoder-widths", "16", "--encoder-depths", "2", "--encoder-heads", "2", "--set-size", "12",
           "--num-sets", "4", "--encoder-steps", "2", "--encoder-batch", "2", "--probe-batch", "1",
