@@ -123,6 +123,7 @@ def _layer_impl(q, k, wv, wo, beta, alpha, key, *, causal, samples, num_moduli):
   w, moduli, converged, walk_rev, eff = jax.lax.map(per_sample, (p, keys))
   b = p.shape[0]
   out = dict(stats, spectral_gap=jnp.mean(1.0 - moduli[:, 1]), spectrum_converged=jnp.all(converged),
+             inputs_finite=jnp.isfinite(q).all() & jnp.isfinite(k).all(),
              walk_eps_rev=walk_rev.mean(),
              head_isometry_defect=head_d, head_scale=head_c,
              effective_isometry_defect=eff.mean.mean(),
@@ -216,6 +217,12 @@ def model_report(model, run, *, layers=None, heads=None, samples: int = 32, seed
     row = {"layer": idx}
     row.update({kk: (np.asarray(v).tolist() if np.ndim(v) else np.asarray(v).item())
                 for kk, v in jax.device_get(out).items()})
+    if not row.pop("inputs_finite"):
+      raise ValueError(f"layer {idx}: the attention's queries/keys hold NaN or inf on this input "
+                       "(the weights or the input are not finite); nothing to probe")
+    bad = [kk for kk, v in row.items() if isinstance(v, (float, list)) and not np.all(np.isfinite(v))]
+    if bad:
+      warnings.warn(f"layer {idx}: non-finite read-outs {bad} (finite queries/keys)", RuntimeWarning, stacklevel=2)
     rows.append(row)
     prev = (w, moduli)
   rows[-1].update(next_layer=None, next_relative_change=None, next_js_divergence=None, next_spectral_distance=None)

@@ -105,6 +105,10 @@ def test_selected_single_head_has_its_head_defect_as_effective_defect():
     probe.model_report(model, lambda: model(x), heads=[0, 0])
   with pytest.raises(ValueError, match="contains no attngeo.nn.Attention"):
     probe.model_report(nnx.Linear(2, 2, rngs=nnx.Rngs(0)), lambda: None)
+  first = nn.attention_modules(model)[0]
+  first.wq[...] = first.wq[...].at[0, 0, 0].set(jnp.nan)        # a non-finite weight: an error, not a NaN row
+  with pytest.raises(ValueError, match="NaN or [Ii]nf"):
+    probe.model_report(model, lambda: model(x), progress=False)
 
 
 def test_probe_cli_writes_all_outputs(gpt_run, tmp_path, capsys):
