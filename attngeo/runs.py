@@ -85,6 +85,17 @@ def atomic_write(path: str, text: str) -> None:
   os.replace(tmp, path)
 
 
+def cached_result(path: str, key: str, field: str = "key") -> dict | None:
+  """The JSON result at `path` if it was produced under `key` (stored in its `field`), else None:
+  a result is reused only for the content and config that made it, never for its name."""
+  try:
+    with open(path) as f:
+      row = json.load(f)
+  except (FileNotFoundError, json.JSONDecodeError):      # absent, or cut short by a crash: recompute
+    return None
+  return row if isinstance(row, dict) and row.get(field) == key else None
+
+
 def flatten(tree: dict, prefix: str = "") -> dict:
   """{"a": {"b": 1}} -> {"a.b": 1} (lists kept as values)."""
   out = {}

@@ -147,11 +147,10 @@ def run_condition(cfg: Table2Config, name: str, seed: int) -> dict:
   key = run_key(lm)
   run_dir = os.path.join(cfg.out, "runs", f"{name}_s{seed}_{key}")
   result_path = os.path.join(run_dir, "result.json")
-  if os.path.exists(result_path):
-    with open(result_path) as f:
-      row = json.load(f)
-    if row.get("key") == key:
-      return row
+  from attngeo import runs
+  cached = runs.cached_result(result_path, key)
+  if cached is not None:
+    return cached
   t0 = time.perf_counter()
   trained = recipe.train(lm, run_dir, desc=f"{name} s{seed}")
   val = trained["corpus"].rows("val", lm.seq_len)

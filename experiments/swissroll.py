@@ -331,11 +331,10 @@ def run_condition(cfg: SwissRollConfig, op: str, order: str, seed: int, source, 
   """
   workdir, key = condition_dir(cfg, op, order, seed), evaluation_key(cfg, op, order, seed)
   result_path = os.path.join(workdir, "result.json")
-  if os.path.exists(result_path):
-    with open(result_path) as f:
-      row = json.load(f)
-    if row.get("evaluation_key") == key:
-      return row
+  from attngeo import runs
+  cached = runs.cached_result(result_path, key, field="evaluation_key")
+  if cached is not None:
+    return cached
   import jax.numpy as jnp
   from flax import nnx
 
@@ -368,8 +367,7 @@ def run_condition(cfg: SwissRollConfig, op: str, order: str, seed: int, source, 
              seconds=time.perf_counter() - t0, evaluation_key=key, training_key=training_key(cfg, op, order, seed),
              per_layer=[{k: np.asarray(v).tolist() for k, v in layer.items()} for layer in per_layer])
   np.save(os.path.join(workdir, "samples.npy"), frames)
-  with open(result_path, "w") as f:
-    json.dump(row, f, indent=1)
+  runs.atomic_write(result_path, json.dumps(row, indent=1))
   return row
 
 
