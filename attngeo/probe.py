@@ -165,6 +165,8 @@ def _layer_inputs(q, k, m, heads):
   """
   beta, alpha = _coefficients(*m.coefficients(), m.num_heads)
   wv, wo = m.wv[...], m.wo[...]
+  if m.num_kv_heads != m.num_heads:          # grouped value heads (GQA): head h reads group h // (H/G)
+    wv = jnp.repeat(wv, m.num_heads // m.num_kv_heads, axis=1)
   if heads is not None:
     hs = np.asarray(heads)
     q, k, wv, wo, beta, alpha = q[:, :, hs], k[:, :, hs], wv[:, hs], wo[hs], beta[hs], alpha[hs]

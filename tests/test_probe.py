@@ -1,4 +1,5 @@
 """attngeo.probe and `attngeo probe`: read-outs against dense references, selection, the CLI, the hook."""
+import dataclasses
 import json
 import os
 
@@ -180,3 +181,20 @@ def test_principal_coordinates_are_the_svd_ones_up_to_sign(shape):
   got = np.asarray(probe._principal_coordinates(jnp.asarray(x, jnp.float32)))
   got = got * np.sign(np.sum(got * ref, 0))                                # one sign per column
   np.testing.assert_allclose(got, ref, rtol=1e-3, atol=1e-4 * np.abs(ref).max())
+
+
+def test_grouped_value_heads_probe_as_the_equivalent_full_model():
+  """GQA (2 query heads sharing 1 key/value head) probes exactly as the MHA model whose key and value
+  heads are the shared one repeated: the probe reads each query head's transport W_O^h W_V^{g(h)}."""
+  cfg = nn.GPTConfig.from_depth(2, vocab_size=32, head_dim=8, width=16, operator="DMTN")
+  gqa = nn.GPT(dataclasses.replace(cfg, block=dataclasses.replace(cfg.block, num_kv_heads=1)), rngs=nnx.Rngs(3))
+  mha = nnx.clone(gqa)
+  for m in nn.attention_modules(mha):
+    m.wk, m.wv = (w.replace(jnp.repeat(w[...], 2, axis=1)) for w in (m.wk, m.wv))
+    m.num_kv_heads = m.num_heads
+  x = jnp.asarray(TOKENS["tokens"][:1, :12])
+  np.testing.assert_allclose(gqa(x), mha(x), atol=1e-5)
+  for r, s in zip(probe.model_report(gqa, lambda: gqa(x), progress=False),
+                  probe.model_report(mha, lambda: mha(x), progress=False)):
+    np.testing.assert_allclose(r["effective_isometry_defect"], s["effective_isometry_defect"], rtol=1e-5)
+    np.testing.assert_allclose(r["head_isometry_defect"], s["head_isometry_defect"], rtol=1e-5)
