@@ -173,6 +173,16 @@ def _layer_inputs(q, k, m, heads):
   return jax.device_put((q, k, wv, wo, beta, alpha), jax.devices()[0])
 
 
+def _check_no_windows(model, n: int):
+  """The probe builds P from q, k with the causal mask only: a sliding window shorter than the probed
+  sequence (nanochat 2026's short layers) would give another operator than the model's, so refuse."""
+  windows = getattr(getattr(model, "cfg", None), "attn_windows", ()) or ()
+  short = [i for i, w in enumerate(windows) if w < n - 1]
+  if short:
+    raise ValueError(f"layers {short} attend through sliding windows shorter than the {n} probed tokens, which the "
+                     f"probe does not apply; probe at most {min(windows[i] for i in short) + 1} tokens")
+
+
 def _validate(model, layers, heads, samples, num_moduli):
   mods = nn.attention_modules(model)
   if not mods:
@@ -207,6 +217,7 @@ def model_report(model, run, *, layers=None, heads=None, samples: int = 32, seed
   from tqdm.auto import tqdm
   mods, layers, heads = _validate(model, layers, heads, samples, num_moduli)
   _, qks = nn.capture_qk(model, run)
+  _check_no_windows(model, qks[0][0].shape[1])
   key = jax.random.PRNGKey(seed)
   rows, prev = [], None
   for idx in tqdm(layers, desc=desc, disable=not progress, leave=False, dynamic_ncols=True):
@@ -244,6 +255,7 @@ def summary(model, run, *, samples: int = 32, seed: int = 0, num_moduli: int = 1
   """
   mods, _, _ = _validate(model, None, None, samples, num_moduli)
   _, qks = nn.capture_qk(model, run)
+  _check_no_windows(model, qks[0][0].shape[1])
   key = jax.random.PRNGKey(seed)
   per_layer, prev = [], None
   for idx, ((q, k), m) in enumerate(zip(qks, mods)):

@@ -198,3 +198,13 @@ def test_grouped_value_heads_probe_as_the_equivalent_full_model():
                   probe.model_report(mha, lambda: mha(x), progress=False)):
     np.testing.assert_allclose(r["effective_isometry_defect"], s["effective_isometry_defect"], rtol=1e-5)
     np.testing.assert_allclose(r["head_isometry_defect"], s["head_isometry_defect"], rtol=1e-5)
+
+
+def test_sliding_windows_shorter_than_the_input_are_refused_not_misread():
+  cfg = nn.GPTConfig.from_depth(2, vocab_size=32, head_dim=8, width=16, operator="DMTN")
+  model = nn.GPT(dataclasses.replace(cfg, attn_windows=(4, 64)), rngs=nnx.Rngs(0))
+  x = jnp.asarray(TOKENS["tokens"][:1, :12])
+  with pytest.raises(ValueError, match=r"layers \[0\] attend through sliding windows .* at most 5 tokens"):
+    probe.model_report(model, lambda: model(x), progress=False)
+  rows = probe.model_report(model, lambda: model(x[:, :5]), progress=False)     # within every window: exact
+  assert len(rows) == 2
