@@ -206,6 +206,8 @@ def full_plan(cfg: AdaptConfig, mfu: float) -> dict:
   plan["wall_hours"] = {chip: plan["chip_hours"][chip] / CHIPS[chip] for chip in PEAKS}
   common = f"attngeo lm adapt --full --out {cfg.out}"
   plan["prepare"] = [f"attngeo import nanochat ~/models/nanochat-d32/model_000650.pt --arch {D32_ARCH} --out {cfg.source}",
+                     "(once, on a machine where you trust nanochat's own tokenizer.pkl: it is a pickle, which "
+                     "attngeo never loads) "
                      f"python -c \"import pickle; from attngeo.lm.tokenizer import BPETokenizer; "
                      f"e = pickle.load(open('tokenizer.pkl', 'rb')); "
                      f"BPETokenizer(e._mergeable_ranks, e._pat_str).save('{cfg.tokenizer}')\""]
