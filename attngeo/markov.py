@@ -74,10 +74,24 @@ def _inverse_norm_1(lu, n, dtype):
   return jnp.maximum(est, 2.0 * jnp.sum(jnp.abs(solve_b(jnp.broadcast_to(alt, batch + (n,)))), -1) / (3 * n))
 
 
+def _lu_factor(m):
+  """`jax.scipy.linalg.lu_factor` of m [..., n, n], one matrix at a time.
+
+  jaxlib's batched CPU LAPACK kernels split a batch over XLA's intra-op thread pool and block until
+  it is done; two such kernels scheduled at once (independent branches of one program) can occupy
+  every pool thread and wait on each other forever — a deadlock seen on 2 cores when a probe took
+  ε_rev of the heads and of their mean walk in one program. One matrix per call runs inline.
+  """
+  if m.ndim == 2:
+    return jax.scipy.linalg.lu_factor(m)
+  lu, piv = jax.lax.map(jax.scipy.linalg.lu_factor, m.reshape((-1,) + m.shape[-2:]))
+  return lu.reshape(m.shape), piv.reshape(m.shape[:-2] + piv.shape[-1:])
+
+
 def _solve_pi(p, refine: int = 2):
   """(π, lu_factor(M)) for P [..., n, n] in its working dtype: one LU solve plus `refine` refinement steps."""
   n = p.shape[-1]
-  lu = jax.scipy.linalg.lu_factor(jnp.eye(n, dtype=p.dtype) - p + 1.0 / n)
+  lu = _lu_factor(jnp.eye(n, dtype=p.dtype) - p + 1.0 / n)
   solve = lambda b: jax.scipy.linalg.lu_solve(lu, b[..., None], trans=1)[..., 0]
   pi = solve(jnp.full(p.shape[:-1], 1.0 / n, p.dtype))
   for _ in range(refine):

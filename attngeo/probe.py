@@ -112,15 +112,16 @@ def _layer_impl(q, k, wv, wo, beta, alpha, key, *, causal, samples, num_moduli):
   head_d, head_c = connection.head_isometry_defect(wv, wo)
   tables = connection.transport_tables(wv, wo, key=jax.random.fold_in(key, 1))
 
-  def per_sample(args):
+  w = p.mean(1)                                                       # head-averaged walks [b, n, n]
+  moduli, converged = connection.walk_spectrum(w, num_moduli, triangular=causal)      # batched over b
+  walk_rev = markov.reversibility(w)
+
+  def per_sample(args):                     # the per-edge tables are large: one batch element at a time
     ph, kk = args
-    w = ph.mean(0)
-    moduli, converged = connection.walk_spectrum(w, num_moduli, triangular=causal)
-    eff = connection.effective_isometry_defect(ph, wv, wo, key=kk, samples=samples, tables=tables)
-    return (w, moduli, converged, markov.reversibility(w), eff)
+    return connection.effective_isometry_defect(ph, wv, wo, key=kk, samples=samples, tables=tables)
 
   keys = jax.random.split(key, p.shape[0])
-  w, moduli, converged, walk_rev, eff = jax.lax.map(per_sample, (p, keys))
+  eff = jax.lax.map(per_sample, (p, keys))
   b = p.shape[0]
   out = dict(stats, spectral_gap=jnp.mean(1.0 - moduli[:, 1]), spectrum_converged=jnp.all(converged),
              inputs_finite=jnp.isfinite(q).all() & jnp.isfinite(k).all(),

@@ -14,6 +14,7 @@ bench_operators.{md,csv,json}.
 """
 from __future__ import annotations
 
+import math
 
 from attngeo import config
 from attngeo.experiments import report, timing
@@ -108,8 +109,9 @@ def main(argv=None):
   rows = run(list(a.seqs), a.batch, a.heads, a.head_dim, a.repeats, a.long, a.dtype, a.operators)
   notes = []
   if "CMAP" in a.operators:
-    best = {n: min((r["ratio_to_best_attn"] for r in rows if r["seq"] == n and r["operator"] == "CMAP"),
-                   default=float("nan")) for n in a.seqs}
+    best = {n: min((r["ratio_to_best_attn"] for r in rows if r["seq"] == n and r["operator"] == "CMAP"
+                    and math.isfinite(r["ratio_to_best_attn"] or float("nan"))), default=float("nan"))
+            for n in a.seqs}                                   # skipped cells (memory) carry no ratio
     notes.append("CMAP (magnetic) fwd+bwd ÷ best ATTN: " + ", ".join(f"{v:.2f}× at seq {n}" for n, v in best.items()))
   if a.long:
     r = rows[-1]
