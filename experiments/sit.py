@@ -305,9 +305,9 @@ def save_grids(panels: list[tuple[str, np.ndarray]], rows: int, path: str, title
     ax.imshow(image_grid(imgs, rows), cmap="gray", vmin=0, vmax=1, interpolation="nearest")
     ax.set_title(name, fontsize=8)
     ax.axis("off")
+  fig.tight_layout(rect=(0, 0, 1, 1 - 0.11 * title.count("\n") - (0.1 if title else 0)))   # room for the title
   if title:
     fig.suptitle(title, fontsize=9)
-  fig.tight_layout()
   fig.savefig(path, dpi=130)
   plt.close(fig)
 
