@@ -46,7 +46,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attngeo import _checks, markov
+from attngeo import _checks, linalg, markov
 
 _HI = jax.lax.Precision.HIGHEST
 _TINY = 1e-30
@@ -122,7 +122,7 @@ def isometry_defect(t, rtol: float = 1e-6) -> tuple[jax.Array, jax.Array]:
   With the nonzero eigenvalues λ of TᵀT (those above `rtol`·max), c = mean λ and the defect is
   `sqrt(Σ (λ − mean λ)² / Σ λ²)`. Dense (one d×d eigensolve per matrix). Returns (defect [...], scale c [...]).
   """
-  lam = jnp.linalg.eigvalsh(jnp.matmul(jnp.swapaxes(t, -1, -2), t, precision=_HI))
+  lam = linalg.eigvalsh(jnp.matmul(jnp.swapaxes(t, -1, -2), t, precision=_HI))
   return _defect_from_eigenvalues(lam, rtol)
 
 
@@ -137,10 +137,10 @@ def head_isometry_defect(wv, wo, rtol: float = 1e-6) -> tuple[jax.Array, jax.Arr
   wv, wo = wv.astype(jnp.float32), wo.astype(jnp.float32)
   a = jnp.einsum("hke,hle->hkl", wo, wo, precision=_HI)                    # O_hᵀO_h  [h, k, k]
   b = jnp.einsum("dhk,dhl->hkl", wv, wv, precision=_HI)                    # V_h V_hᵀ [h, k, k]
-  lb, ub = jnp.linalg.eigh(b)
+  lb, ub = linalg.eigh(b)
   half = jnp.matmul(ub * jnp.sqrt(jnp.maximum(lb, 0.0))[:, None, :], jnp.swapaxes(ub, -1, -2), precision=_HI)
   core = jnp.matmul(jnp.matmul(half, a, precision=_HI), half, precision=_HI)
-  lam = jnp.linalg.eigvalsh(0.5 * (core + jnp.swapaxes(core, -1, -2)))
+  lam = linalg.eigvalsh(0.5 * (core + jnp.swapaxes(core, -1, -2)))
   return _defect_from_eigenvalues(jnp.maximum(lam, 0.0), rtol)
 
 
@@ -190,7 +190,7 @@ def gated_traces(g, tables: TransportTables) -> tuple[jax.Array, jax.Array]:
 
 def _rank(x, rtol):
   """Numerical rank of x `[..., m, n]`: singular values with `σ² > rtol·σ_max²`."""
-  return _row_space(jnp.linalg.svd(x, compute_uv=False) ** 2, rtol).sum(-1)
+  return _row_space(linalg.svdvals(x) ** 2, rtol).sum(-1)
 
 
 def _factor_ranks(wv, wo, support, rtol):
@@ -213,7 +213,7 @@ def _pinned_or_generic(wv, wo, support, expo, r_o, r_v, rtol):
       g = e * support
       g = g / jnp.maximum(g.sum(), _TINY)
       return _rank(jnp.einsum("dhk,h,hke->ed", wv, g, wo, precision=_HI), rtol)
-    return jnp.max(jax.vmap(one)(expo))
+    return jnp.max(linalg.map_matrices(one, expo, core=1))
 
   pinned = (r_o == m) | (r_v == m)
   rank = jax.lax.cond(pinned, lambda _: jnp.where(r_o == m, r_v, r_o), generic, None)

@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attngeo import _checks, eigen, kernels, markov, operators
+from attngeo import _checks, eigen, kernels, linalg, markov, operators
 
 
 def _identity(h):
@@ -443,7 +443,7 @@ class Ricci(NamedTuple):
 
 def _pinv_rank(g, rank: int):
   """Pseudo-inverse of the symmetric [.., D, D] co-metric keeping its `rank` largest eigenvalues."""
-  w, u = jnp.linalg.eigh(g)
+  w, u = linalg.eigh(g)
   keep = jnp.arange(g.shape[-1]) >= g.shape[-1] - rank
   inv = jnp.where(keep, 1.0 / jnp.where(keep, w, 1.0), 0.0)
   return jnp.einsum("...ab,...b,...cb->...ac", u, inv, u)

@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attngeo import _checks, connection, kernels, markov, operators
+from attngeo import _checks, connection, kernels, linalg, markov, operators
 
 _TINY = 1e-30
 
@@ -102,7 +102,7 @@ def laplacian(p, theta, pi=None) -> jax.Array:
 
 @jax.jit
 def _spectrum(p, theta, pi):
-  return jnp.linalg.eigvalsh(_hermitian(p, theta, pi)[0])[..., ::-1]
+  return linalg.eigvalsh(_hermitian(p, theta, pi)[0])[..., ::-1]
 
 
 def spectrum(p, theta, k: int | None = None, pi=None) -> jax.Array:
@@ -132,7 +132,7 @@ def frustration(p, theta, pi=None) -> Frustration:
 @jax.jit
 def _frustration(p, theta, pi):
   h, wt, pi, r = _hermitian(p, theta, pi)
-  lam, vec = jnp.linalg.eigh(h)
+  lam, vec = linalg.eigh(h)
   u = vec[..., -1] * r
   mod = jnp.abs(u)
   x = jnp.where(mod > _TINY, u / jnp.maximum(mod, _TINY), 1.0)

@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 from jax.scipy.special import entr, rel_entr
 
-from attngeo import _checks, eigen
+from attngeo import _checks, eigen, linalg
 
 _TINY = 1e-30
 
@@ -60,8 +60,8 @@ class Stationary(NamedTuple):
 
 def _inverse_norm_1(lu, n, dtype):
   """Hager–Higham estimate of ‖B⁻¹‖₁ for B = Mᵀ given `lu = lu_factor(M)` (batched, 4 sweeps)."""
-  solve_b = lambda x: jax.scipy.linalg.lu_solve(lu, x[..., None], trans=1)[..., 0]    # B⁻¹x
-  solve_bt = lambda x: jax.scipy.linalg.lu_solve(lu, x[..., None], trans=0)[..., 0]   # B⁻ᵀx
+  solve_b = lambda x: linalg.lu_solve(lu, x[..., None], trans=1)[..., 0]    # B⁻¹x
+  solve_bt = lambda x: linalg.lu_solve(lu, x[..., None], trans=0)[..., 0]   # B⁻ᵀx
   batch = lu[0].shape[:-2]
   x = jnp.full(batch + (n,), 1.0 / n, dtype)
   est = jnp.zeros(batch, dtype)
@@ -74,25 +74,11 @@ def _inverse_norm_1(lu, n, dtype):
   return jnp.maximum(est, 2.0 * jnp.sum(jnp.abs(solve_b(jnp.broadcast_to(alt, batch + (n,)))), -1) / (3 * n))
 
 
-def _lu_factor(m):
-  """`jax.scipy.linalg.lu_factor` of m [..., n, n], one matrix at a time.
-
-  jaxlib's batched CPU LAPACK kernels split a batch over XLA's intra-op thread pool and block until
-  it is done; two such kernels scheduled at once (independent branches of one program) can occupy
-  every pool thread and wait on each other forever — a deadlock seen on 2 cores when a probe took
-  ε_rev of the heads and of their mean walk in one program. One matrix per call runs inline.
-  """
-  if m.ndim == 2:
-    return jax.scipy.linalg.lu_factor(m)
-  lu, piv = jax.lax.map(jax.scipy.linalg.lu_factor, m.reshape((-1,) + m.shape[-2:]))
-  return lu.reshape(m.shape), piv.reshape(m.shape[:-2] + piv.shape[-1:])
-
-
 def _solve_pi(p, refine: int = 2):
   """(π, lu_factor(M)) for P [..., n, n] in its working dtype: one LU solve plus `refine` refinement steps."""
   n = p.shape[-1]
-  lu = _lu_factor(jnp.eye(n, dtype=p.dtype) - p + 1.0 / n)
-  solve = lambda b: jax.scipy.linalg.lu_solve(lu, b[..., None], trans=1)[..., 0]
+  lu = linalg.lu_factor(jnp.eye(n, dtype=p.dtype) - p + 1.0 / n)     # one matrix per LAPACK call
+  solve = lambda b: linalg.lu_solve(lu, b[..., None], trans=1)[..., 0]
   pi = solve(jnp.full(p.shape[:-1], 1.0 / n, p.dtype))
   for _ in range(refine):
     pi = pi - solve(_residual(p, pi))
@@ -228,7 +214,7 @@ def skew_share(logits=None, *, p=None) -> jax.Array:
 def _batched(fn, p):
   """Apply `fn` to every [n, n] matrix of p [..., n, n]; outputs gain p's leading axes."""
   lead = p.shape[:-2]
-  out = jax.vmap(fn)(p.reshape((-1,) + p.shape[-2:]))
+  out = jax.lax.map(fn, p.reshape((-1,) + p.shape[-2:]))    # not vmap: one matrix per LAPACK call (linalg)
   return jax.tree.map(lambda a: a.reshape(lead + a.shape[1:]), out)
 
 
@@ -291,7 +277,7 @@ def _eigenbasis(p, k, pi):
   pi = _pi(p, pi)
   sq = jnp.sqrt(jnp.maximum(pi, _TINY))
   a = sq[..., :, None] * p / sq[..., None, :]
-  lam, u = jnp.linalg.eigh(0.5 * (a + jnp.swapaxes(a, -1, -2)))
+  lam, u = linalg.eigh(0.5 * (a + jnp.swapaxes(a, -1, -2)))
   lam, u = lam[..., ::-1], u[..., ::-1]
   if k is not None:
     lam, u = lam[..., :k], u[..., :k]

@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attngeo import connection, geometry, markov, nn, operators
+from attngeo import connection, geometry, linalg, markov, nn, operators
 
 SUMMARY_KEYS = ("eff_neighbours", "eps_rev", "rho_skew", "curvature", "spectral_gap", "walk_eps_rev",
                 "head_isometry_defect", "effective_isometry_defect", "next_relative_change", "next_js_divergence",
@@ -58,7 +58,7 @@ def _principal_coordinates(x, k: int = 3):
 @jax.jit
 def _curvature(w, m):
   """Median Bakry–Émery bound of walks w `[b, n, n]` over the top-3 PCs of m `[b, n, D]`."""
-  f = jax.vmap(_principal_coordinates)(m)
+  f = linalg.map_matrices(_principal_coordinates, m)
   return jnp.median(geometry.family_curvature(w, f, tau=1.0), -1)
 
 

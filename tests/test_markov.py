@@ -304,27 +304,3 @@ def test_propagate_is_the_adjoint_of_heat():
   with pytest.raises(ValueError, match="non-negative integer"):
     markov.propagate(p, mu, 1.5)
 
-
-def _primitive_operands(jaxpr, name):
-  """Operand shapes of every `name` equation in a closed jaxpr, sub-jaxprs (loops, conds, jit) included."""
-  out = []
-  for eqn in jaxpr.eqns:
-    if eqn.primitive.name == name:
-      out.append(eqn.invars[0].aval.shape)
-    for value in eqn.params.values():
-      for sub in value if isinstance(value, (tuple, list)) else (value,):
-        sub = getattr(sub, "jaxpr", sub)                       # ClosedJaxpr -> Jaxpr
-        if hasattr(sub, "eqns"):
-          out.extend(_primitive_operands(sub, name))
-  return out
-
-
-def test_stationary_factors_one_matrix_per_lapack_call():
-  """Batched CPU LAPACK kernels split their batch over XLA's intra-op pool and wait for it; two of
-  them scheduled at once deadlocked a 2-core probe. `stationary` must factor one matrix per call."""
-  p = jax.nn.softmax(jax.random.normal(jax.random.PRNGKey(5), (3, 2, 7, 7)), -1)
-  shapes = _primitive_operands(jax.make_jaxpr(lambda a: markov.stationary(a).pi)(p).jaxpr, "lu")
-  assert shapes and all(len(s) == 2 for s in shapes), shapes
-  batched = markov.stationary(p).pi
-  single = jnp.stack([markov.stationary(p[i, j]).pi for i in range(3) for j in range(2)]).reshape(3, 2, 7)
-  np.testing.assert_allclose(batched, single, rtol=1e-6, atol=1e-7)
