@@ -33,10 +33,9 @@ def step_dir(workdir, step):
   return os.path.join(workdir, "ckpt", str(step))
 
 
-def biggest_file(root):
-  """The largest array-data file (TensorStore/OCDBT data lives in folders named `d`)."""
-  files = [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs if os.path.basename(d) == "d"]
-  return max(files, key=os.path.getsize)
+def data_files(root):
+  """The array-data files of a checkpoint item (TensorStore/OCDBT data lives in folders named `d`)."""
+  return [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs if os.path.basename(d) == "d"]
 
 
 @pytest.fixture(scope="module")
@@ -75,15 +74,16 @@ def test_checksum_changes_with_any_single_element():
 def test_corrupt_newest_step_falls_back_to_the_previous_good_one(finished, tmp_path, damage):
   wd = copy_run(finished, tmp_path)
   newest = step_dir(wd, 4)
-  if damage == "random_bytes":
-    path = biggest_file(os.path.join(newest, "state"))
-    with open(path, "r+b") as f:
-      f.seek(os.path.getsize(path) // 2)
-      f.write(np.random.default_rng(1).bytes(64))
-  elif damage == "truncate":
-    path = biggest_file(os.path.join(newest, "state"))
-    with open(path, "r+b") as f:
-      f.truncate(os.path.getsize(path) // 2)
+  if damage in ("random_bytes", "truncate"):
+    # every array-data file: orbax may merge the per-process OCDBT store into the top level after a
+    # save (timing-dependent), leaving the other copy unread, so damaging only one file can miss
+    for path in data_files(os.path.join(newest, "state")):
+      with open(path, "r+b") as f:
+        if damage == "random_bytes":
+          f.seek(os.path.getsize(path) // 2)
+          f.write(np.random.default_rng(1).bytes(64))
+        else:
+          f.truncate(os.path.getsize(path) // 2)
   elif damage == "empty_step":
     import shutil
     shutil.rmtree(newest)
@@ -130,7 +130,7 @@ def test_load_run_reads_only_the_weights_and_verifies_them(finished, tmp_path):
   assert chex_equal and tcfg.steps == 4 and mcfg.block.width == 16
   wd = copy_run(finished, tmp_path / "b")
   root = os.path.join(step_dir(wd, 4), "state")
-  for path in [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs if os.path.basename(d) == "d"]:
+  for path in data_files(root):
     with open(path, "r+b") as f:                           # every data file: the weights are hit too
       f.seek(os.path.getsize(path) // 2)
       f.write(np.random.default_rng(2).bytes(64))

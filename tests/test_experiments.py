@@ -3,6 +3,7 @@ its tables (their figures are measured by the commands themselves, not asserted 
 import json
 import os
 
+import pytest
 
 from attngeo.experiments import bench_geometry, bench_operators, bench_train, curvature, heat_swissroll
 
@@ -29,6 +30,7 @@ def test_bench_train_smoke(tmp_path):
   assert [r["operator"] for r in rows] == ["ATTN", "DMAP", "DMTN", "ATAP"] and rows[0]["ratio_to_attn"] == 1.0
 
 
+@pytest.mark.slow
 def test_curvature_table_smoke(tmp_path):
   curvature.main(["--sizes", "400", "--manifolds", "sphere r=1", "--large", "600:0.1", "--out", str(tmp_path)])
   row = json.loads((tmp_path / "curvature.json").read_text())[0]

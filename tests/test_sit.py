@@ -193,9 +193,9 @@ def test_bad_input_fails_before_training(tmp_path, capsys, args, message):
       sit.main([command, *base, *args, "--out", str(tmp_path / "out")])
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 2 and err[0].startswith("usage:")
+    assert len(err) == 1 and err[0].startswith("attngeo sit: error:")       # one line, no usage block
     import re
-    assert re.search(message, err[1]), err[1]
+    assert re.search(message, err[0]), err[0]
   assert not os.path.exists(tmp_path / "out")
 
 

@@ -63,6 +63,7 @@ def smoke_argv(out, families):
           "--probe-samples", "32", "--warmup", "1", "--progress", "false", "--out", str(out)]
 
 
+@pytest.mark.slow
 def test_study_smoke_decoder(tmp_path, capsys):
   payload = study.main(smoke_argv(tmp_path, "decoder"))
   for name in ("study.md", "study.json", "study.png", "study_stability.csv", "study_isometry.csv", "study_scale.csv"):

@@ -190,6 +190,7 @@ def test_default_scan_meets_the_acceptance_criteria(tmp_path):
   assert res["wall_seconds"] < 600
 
 
+@pytest.mark.slow
 def test_order_study_measures_every_set_size(scan, tmp_path, monkeypatch):
   from attngeo.experiments import swissroll_order as order
   cfg, _ = scan
@@ -205,6 +206,7 @@ def test_order_study_measures_every_set_size(scan, tmp_path, monkeypatch):
     order.main(["--protocols", "nope"])
 
 
+@pytest.mark.slow
 def test_magnetic_operator_runs_in_the_scan_with_its_phase_read_outs(tmp_path):
   """CMAP (opt-in): its magnitude is a DMAP walk, so the transport columns are reversible (a theorem);
   the phase read-outs are bounded (λ_max(H) ≤ 1, |Wilson| ≤ 1) and the phase is not trivial."""
