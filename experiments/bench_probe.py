@@ -14,7 +14,7 @@ training hook's overhead, against the targets of the probe issue.
   (the hook's program compiled beforehand). Target: a few per cent at every = 50.
 
 Each case runs in its own process (`--case` internally), so its peak resident memory is its own.
-Run under `flock /tmp/attngeo-heavy.lock` on a shared machine. Writes bench_probe.{md,csv,json}.
+Time it on an otherwise idle machine. Writes bench_probe.{md,csv,json}.
 """
 from __future__ import annotations
 
@@ -200,7 +200,7 @@ def main(argv=None):
     row["verdict"] = verdict(row)
     rows.append(row)
   report.write(a.out, "bench_probe", rows, COLUMNS, note=f"{os.cpu_count()} CPU cores visible; each case in its own "
-               "process (peak RSS is that process's). Time the machine alone (flock /tmp/attngeo-heavy.lock).")
+               "process (peak RSS is that process's). Time it on an otherwise idle machine.")
   return rows
 
 

@@ -1,6 +1,6 @@
 """Heat spreading on a sampled Swiss roll under a Gaussian Markov walk (seed Figure 1).
 
-    python -m experiments.heat_swissroll [--n 2000] [--eps 0.05|auto] [--alpha-norm 0] [--times 4,32,256,2048]
+    attngeo heat [--n 2000] [--eps 0.05|auto] [--alpha-norm 0] [--times 4,32,256,2048]
                                          [--out runs/heat]
 
 Builds `P = geometry.gaussian_markov(x, ε, alpha_norm)` on the standardised roll (ε from
