@@ -443,10 +443,11 @@ def figure(results: list[dict], path: str):
                     fontsize=8)
       ax.tick_params(labelsize=7)
       ax.grid(alpha=0.3)
-    axes[0, c].legend(fontsize=7, title="trained (solid), init (dashed)", title_fontsize=7)
+    axes[-1, c].legend(fontsize=7, title=f"{family}s: trained (solid), init (dashed)", title_fontsize=7, ncol=3,
+                       loc="upper center", bbox_to_anchor=(0.5, -0.32))        # below the panels: no data hidden
   fig.suptitle("Connection-walk stability and isometry defects across sizes", fontsize=11)
   fig.tight_layout()
-  fig.savefig(path, dpi=110)
+  fig.savefig(path, dpi=110, bbox_inches="tight")
   plt.close(fig)
 
 
