@@ -88,8 +88,11 @@ def test_corrupt_newest_step_falls_back_to_the_previous_good_one(finished, tmp_p
     import shutil
     shutil.rmtree(newest)
     os.makedirs(newest)
-  else:
-    os.remove(os.path.join(newest, "state", "manifest.ocdbt"))
+  else:                           # every OCDBT manifest: the top-level one and the per-process one(s)
+    for d, _, fs in os.walk(os.path.join(newest, "state")):
+      for f in fs:
+        if f == "manifest.ocdbt":
+          os.remove(os.path.join(d, f))
   with pytest.warns(checkpoint.CheckpointWarning, match=r"step 4 .* falling back to step 2"):
     res = run(wd)
   assert res.start_step == 2
