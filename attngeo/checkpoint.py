@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import time
 import warnings
 from typing import NamedTuple
@@ -220,24 +221,38 @@ def _settle_failed_read(seconds: float = 0.5):
 
   TensorStore reads still in flight when a restore fails complete on their own threads and try
   to post to the restore's event loop, which is already closed; Python reports each as an ignored
-  `RuntimeError('Event loop is closed')`. This waits `seconds` for them while swallowing exactly
-  those reports, so a skipped checkpoint prints one warning, not a page (and none lands later).
+  `RuntimeError('Event loop is closed')` (or an orbax read coroutine never awaited). This silences
+  exactly those reports for `_LEFTOVER_WINDOW_S` after each failed read — however late a loaded
+  machine lands them — and waits `seconds` (then collects garbage) so most land within the call.
+  A skipped checkpoint prints one warning, not a page, and none lands later.
   """
   import gc
-  import sys
-  previous = sys.unraisablehook
+  global _leftovers_quiet_until
+  _leftovers_quiet_until = time.monotonic() + _LEFTOVER_WINDOW_S
+  if not getattr(sys.unraisablehook, "_attngeo_read_leftovers", False):
+    sys.unraisablehook = _leftover_filter(sys.unraisablehook)
+  time.sleep(seconds)
+  gc.collect()
 
+
+_LEFTOVER_WINDOW_S = 120.0
+_leftovers_quiet_until = 0.0
+
+
+def _is_read_leftover(report) -> bool:
+  """A report from a failed restore's late reads: the closed-loop error, or an unawaited orbax coroutine."""
+  closed_loop = isinstance(report.exc_value, RuntimeError) and "Event loop is closed" in str(report.exc_value)
+  code = getattr(report.object, "cr_code", None)
+  return closed_loop or (code is not None and "orbax" in code.co_filename)
+
+
+def _leftover_filter(previous):
+  """`sys.unraisablehook` that drops read leftovers inside the quiet window and passes the rest on."""
   def hook(report):
-    closed_loop = isinstance(report.exc_value, RuntimeError) and "Event loop is closed" in str(report.exc_value)
-    code = getattr(report.object, "cr_code", None)        # an orbax read coroutine never awaited
-    if not (closed_loop or (code is not None and "orbax" in code.co_filename)):
+    if not (time.monotonic() < _leftovers_quiet_until and _is_read_leftover(report)):
       previous(report)
-  sys.unraisablehook = hook
-  try:
-    time.sleep(seconds)
-    gc.collect()
-  finally:
-    sys.unraisablehook = previous
+  hook._attngeo_read_leftovers = True
+  return hook
 
 
 def _quarantine(mngr, step: int):
