@@ -20,8 +20,11 @@ from j to i multiplies by e^{+iθ_ij}. π is K's stationary law (`Σπ = 1`), `�
   Wilson loop is real.
 * Frustration index (Bandeira–Singer–Spielman's, for U(1)) `ν = min_{|x_i| = 1} ½ Σ_ij W_ij |x_i −
   e^{iθ_ij} x_j|²` ∈ [0, 2]: 0 iff θ is pure gauge (θ_ij = φ_i − φ_j) on the support of K. Its
-  relaxation to `Σ π_i |x_i|² = 1` is `λ_min(Δ_θ) = 1 − λ_max(H) ≤ ν`; rounding the top eigenvector
-  of H to unit moduli gives an upper bound. `frustration` returns both.
+  relaxation to `Σ π_i |x_i|² = 1` is `λ_min(Δ_θ) = 1 − λ_max(H) ≤ ν`; any unit-modulus section x
+  gives an upper bound `E(x) = Σπ − Re x* W_θ x`. `frustration` rounds the top eigenvector of H to
+  unit moduli and then runs the generalised power method `x ← phase((W_θ + Π) x)` (W_θ + Π =
+  Π^{1/2}(H + I)Π^{1/2} ⪰ 0, so each step cannot raise E) to a fixed point: ν is bracketed by
+  `[lower, upper]`, and the gap says how well it is known (ν itself is a non-convex minimum).
 * Connection walk (`attngeo.connection`): the edge transport of each channel pair is the rotation
   `R(θ_ij)` — an exact isometry (defect 0); `I − [K_ij R(θ_ij)]` is the real form of `I − K_θ`.
 
@@ -113,31 +116,61 @@ def spectrum(p, theta, k: int | None = None, pi=None) -> jax.Array:
 
 
 class Frustration(NamedTuple):
-  """`lower = 1 − λ_max(H) ≤ ν ≤ upper` [...]; `x` [..., n] the unit-modulus section attaining `upper`."""
+  """`lower = 1 − λ_max(H) ≤ ν ≤ upper` [...]; `x` [..., n] the unit-modulus section attaining `upper`.
+
+  `rounded` [...] is the energy of the rounded eigenvector before the power method, `steps` the
+  power-method steps taken, `stalled` [...] whether the last step still moved x by more than `xtol`
+  (then `upper` is still a valid bound, just not at a fixed point).
+  """
   lower: jax.Array
   upper: jax.Array
   x: jax.Array
+  rounded: jax.Array
+  steps: jax.Array
+  stalled: jax.Array
 
 
-def frustration(p, theta, pi=None) -> Frustration:
-  """Bounds on the U(1) frustration index ν (module docstring) from the top eigenvector of H.
+def frustration(p, theta, pi=None, *, max_steps: int = 500, xtol: float = 1e-6) -> Frustration:
+  """Bracket the U(1) frustration index ν (module docstring): `lower ≤ ν ≤ upper`.
 
-  `upper` is the frustration energy `1 − Re x* W_θ x` of `x_i = u_i/|u_i|`, `u = Π^{−1/2}·(top
-  eigenvector of H)` (x_i = 1 where u_i = 0). ν = 0 iff θ is pure gauge on the support of K.
+  `lower = 1 − λ_max(H)` (the spectral relaxation); `upper = E(x)` for the section x reached from
+  the rounded top eigenvector of H (`u = Π^{−1/2}·vec`, `x_i = u_i/|u_i|`, 1 where u_i = 0) by the
+  generalised power method `x ← phase((W_θ + Π) x)`, stopped when no `x_i` moves by more than `xtol`
+  or after `max_steps`. ν = 0 iff θ is pure gauge on the support of K (then lower = upper = 0).
   """
   _check_pair(p, theta)
-  return _frustration(p, theta, pi)
+  if int(max_steps) < 0 or not xtol > 0:
+    raise ValueError(f"max_steps must be ≥ 0 and xtol > 0; got max_steps={max_steps}, xtol={xtol}")
+  return _frustration(p, theta, pi, int(max_steps), float(xtol))
 
 
-@jax.jit
-def _frustration(p, theta, pi):
+def _phase_of(u):
+  mod = jnp.abs(u)
+  return jnp.where(mod > _TINY, u / jnp.maximum(mod, _TINY), 1.0)
+
+
+def _energy(wt, pi, x):
+  """`E(x) = Σπ − Re x* W_θ x` [...] (= ½ Σ W_ij |x_i − e^{iθ_ij} x_j|² for |x_i| = 1)."""
+  return jnp.sum(pi, -1) - jnp.real(jnp.einsum("...i,...ij,...j->...", jnp.conj(x), wt, x))
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4))
+def _frustration(p, theta, pi, max_steps, xtol):
   h, wt, pi, r = _hermitian(p, theta, pi)
   lam, vec = linalg.eigh(h)
-  u = vec[..., -1] * r
-  mod = jnp.abs(u)
-  x = jnp.where(mod > _TINY, u / jnp.maximum(mod, _TINY), 1.0)
-  energy = jnp.sum(pi, -1) - jnp.real(jnp.einsum("...i,...ij,...j->...", jnp.conj(x), wt, x))
-  return Frustration(1.0 - lam[..., -1], energy, x)
+  x0 = _phase_of(vec[..., -1] * r)
+
+  def cond(c):
+    return (c[1] < max_steps) & c[2]
+
+  def step(c):
+    x, i, _ = c
+    y = _phase_of(jnp.einsum("...ij,...j->...i", wt, x) + pi * x)
+    return y, i + 1, jnp.max(jnp.abs(y - x)) > xtol
+
+  x, steps, moving = jax.lax.while_loop(cond, step, (x0, jnp.asarray(0), jnp.asarray(max_steps > 0)))
+  stalled = jnp.broadcast_to(moving & (max_steps > 0), lam.shape[:-1])
+  return Frustration(1.0 - lam[..., -1], _energy(wt, pi, x), x, _energy(wt, pi, x0), steps, stalled)
 
 
 # ----------------------------------------------------------------------------- curvature of the connection
