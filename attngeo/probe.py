@@ -17,6 +17,15 @@ For each attention layer (q, k captured during one forward pass; dense P per hea
 * `next_relative_change`, `next_js_divergence`, `next_spectral_distance` — stability of W to the
   next probed layer (`next_layer`), spectra from `connection.walk_moduli`.
 
+* CMAP (magnetic) layers: the walk read-outs above are those of the magnitude K (|K_θ| = K); the
+  edge transports `W_O^h R(θ^h_ij) W_V^h` depend on the edge through the phase and are not in the
+  trace tables, so `head_isometry_defect` and the `effective_*` keys are None there. Instead, per
+  head `[h]`: `cmap_mean_abs_phase` (Σ_ij K_ij |θ_ij| / n) and, without a causal mask (`attngeo.magnetic`),
+  `cmap_lambda_max` λ_max(H), `cmap_frustration_lower/upper` (the bracket on ν), `cmap_wilson`
+  (Re of the 3-cycle Wilson loop) and `cmap_mean_abs_circulation` ± `_se` from `cmap_triangles`
+  sampled triangles per input (`magnetic.sampled_curvature`: O(samples), not n³). Under a causal mask
+  K has no proper 3-cycles and π = δ₀, so only the phase's mean is read.
+
 Nothing is d×d per edge: a layer costs the dense P (b·h·n²), H³k³ for the trace tables, n²·H⁴ for
 their contraction and one spectrum of W. `model_report` takes any module tree containing
 `attngeo.nn.Attention` layers (`wv` `[d, h, k]`, `wo` `[h, k, d]`); `hook` logs the layer means
@@ -33,7 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attngeo import connection, geometry, linalg, markov, nn, operators
+from attngeo import connection, geometry, linalg, magnetic, markov, nn, operators
 
 SUMMARY_KEYS = ("eff_neighbours", "eps_rev", "rho_skew", "curvature", "spectral_gap", "walk_eps_rev",
                 "head_isometry_defect", "effective_isometry_defect", "next_relative_change", "next_js_divergence",
@@ -138,6 +147,42 @@ def _layer_impl(q, k, wv, wo, beta, alpha, key, *, causal, samples, num_moduli):
 _layer = functools.partial(jax.jit, static_argnames=("causal", "samples", "num_moduli"))(_layer_impl)
 
 
+TRANSPORT_KEYS = ("head_isometry_defect", "head_scale", "effective_isometry_defect", "effective_isometry_defect_se",
+                  "effective_scale", "effective_rank", "effective_participation", "partial_support_mass")
+
+
+def _magnetic_impl(q, k, beta, coupling, key, *, causal, triangles):
+  """CMAP read-outs of one layer (module docstring), per head [h] averaged over the batch."""
+  q, k = q.astype(jnp.float32), k.astype(jnp.float32)
+  p = operators.rownorm(operators.logits(q, k, beta=beta, alpha=0.0).full, causal=causal)
+  theta = operators.phases(q, k, coupling=coupling)
+  out = {"cmap_mean_abs_phase": (jnp.sum(p * jnp.abs(theta), (-2, -1)) / p.shape[-1]).mean(0)}
+  if causal:
+    return out
+  fr = magnetic.frustration(p, theta)
+  cv = magnetic.sampled_curvature(p, theta, key, samples=triangles)
+  b = p.shape[0]
+  return dict(out, cmap_lambda_max=(1.0 - fr.lower).mean(0), cmap_frustration_lower=fr.lower.mean(0),
+              cmap_frustration_upper=fr.upper.mean(0), cmap_wilson=jnp.real(cv.wilson).mean(0),
+              cmap_mean_abs_circulation=cv.mean_abs.mean(0),
+              cmap_mean_abs_circulation_se=jnp.sqrt(jnp.sum(cv.mean_abs_se ** 2, 0)) / b)
+
+
+_magnetic = functools.partial(jax.jit, static_argnames=("causal", "triangles"))(_magnetic_impl)
+
+
+def _magnetic_readouts(q, k, m, heads, key, triangles):
+  """`_magnetic` on one CMAP Attention's captured q, k (restricted to `heads`), as host values."""
+  beta, _ = _coefficients(*m.coefficients(), m.num_heads)
+  coupling = jnp.broadcast_to(jnp.asarray(m.coupling[...] if m.learnable_operator else m.coupling, jnp.float32),
+                              (m.num_heads,))
+  if heads is not None:
+    hs = np.asarray(heads)
+    q, k, beta, coupling = q[:, :, hs], k[:, :, hs], beta[hs], coupling[hs]
+  out = _magnetic(*jax.device_put((q, k, beta, coupling), jax.devices()[0]), key, causal=m.causal, triangles=triangles)
+  return {kk: np.asarray(v).tolist() for kk, v in jax.device_get(out).items()}
+
+
 def _pair_impl(w1, w2, m1, m2):
   """Stability of walks w1 → w2 `[b, n, n]` with moduli m1, m2 `[b, k]`, averaged over the batch."""
   return {"next_relative_change": connection.relative_change(w1, w2).mean(),
@@ -199,7 +244,7 @@ def _validate(model, layers, heads, samples, num_moduli):
 
 
 def model_report(model, run, *, layers=None, heads=None, samples: int = 32, seed: int = 0, num_moduli: int = 16,
-                 progress: bool = True, desc: str = "probe") -> list[dict]:
+                 triangles: int = 4096, progress: bool = True, desc: str = "probe") -> list[dict]:
   """Per-layer read-outs (see the module docstring) of `model` while `run()` executes it.
 
   Args:
@@ -211,12 +256,15 @@ def model_report(model, run, *, layers=None, heads=None, samples: int = 32, seed
       transport are then those of the kept heads.
     samples: edges drawn per batch element for the partial-support part of the effective defect.
     seed: key of that sampling. num_moduli: eigenvalue moduli kept for the spectral distance.
+    triangles: triangles sampled per input for a CMAP layer's circulation read-outs.
     progress: a tqdm bar per layer.
   Returns:
     one dict per probed layer: `layer`, per-head lists, scalars, and `next_*` (None on the last).
   """
   from tqdm.auto import tqdm
   mods, layers, heads = _validate(model, layers, heads, samples, num_moduli)
+  if triangles < 2:
+    raise ValueError(f"triangles must be at least 2; got {triangles}")
   _, qks = nn.capture_qk(model, run)
   _check_no_windows(model, qks[0][0].shape[1])
   key = jax.random.PRNGKey(seed)
@@ -234,6 +282,9 @@ def model_report(model, run, *, layers=None, heads=None, samples: int = 32, seed
     if not row.pop("inputs_finite"):
       raise ValueError(f"layer {idx}: the attention's queries/keys hold NaN or inf on this input "
                        "(the weights or the input are not finite); nothing to probe")
+    if mods[idx].magnetic:
+      row.update({kk: None for kk in TRANSPORT_KEYS})
+      row.update(_magnetic_readouts(*qks[idx], mods[idx], heads, jax.random.fold_in(key, 10_000 + idx), triangles))
     bad = [kk for kk, v in row.items() if isinstance(v, (float, list)) and not np.all(np.isfinite(v))]
     if bad:
       warnings.warn(f"layer {idx}: non-finite read-outs {bad} (finite queries/keys)", RuntimeWarning, stacklevel=2)
@@ -262,6 +313,8 @@ def summary(model, run, *, samples: int = 32, seed: int = 0, num_moduli: int = 1
   for idx, ((q, k), m) in enumerate(zip(qks, mods)):
     out, w, moduli = _layer(*_layer_inputs(q, k, m, None), jax.random.fold_in(key, idx), causal=m.causal,
                             samples=samples, num_moduli=num_moduli)
+    if m.magnetic:                            # the phase's transports are not in the tables (module docstring)
+      out = {kk: v for kk, v in out.items() if kk not in TRANSPORT_KEYS}
     if prev is not None:
       per_layer[-1].update(_pair(prev[0], w, prev[1], moduli))
     per_layer.append(out)

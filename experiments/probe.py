@@ -80,14 +80,29 @@ def table_rows(rows: list[dict]) -> list[dict]:
     for key, _, _ in QUANTITIES:
       row[key] = None if r.get(key) is None else float(np.mean(r[key]))
     se = r.get("effective_isometry_defect_se") or 0.0
-    row["effective"] = f"{row['effective_isometry_defect']:.4g}" + (f" ± {se:.2g}" if se > 0 else "")
+    row["effective"] = (None if row["effective_isometry_defect"] is None else
+                        f"{row['effective_isometry_defect']:.4g}" + (f" ± {se:.2g}" if se > 0 else ""))
+    for key, _ in CMAP_QUANTITIES:
+      row[key] = None if r.get(key) is None else float(np.mean(r[key]))
+    if r.get("cmap_frustration_lower") is not None:
+      row["cmap_nu"] = f"[{np.mean(r['cmap_frustration_lower']):.3g}, {np.mean(r['cmap_frustration_upper']):.3g}]"
     out.append(row)
   return out
 
 
+# CMAP (magnetic) layers' phase read-outs (head means), as extra columns when the model has such layers
+CMAP_QUANTITIES = [("cmap_mean_abs_phase", "CMAP mean |θ|"), ("cmap_lambda_max", "CMAP λ_max(H)"),
+                   ("cmap_wilson", "CMAP Wilson loop"), ("cmap_mean_abs_circulation", "CMAP mean |F|")]
+
 COLUMNS = [Col("layer", "layer")] + [
     Col("effective", label, align="right") if key == "effective_isometry_defect" else Col(key, label, ".4g")
     for key, label, _ in QUANTITIES]
+CMAP_COLUMNS = [Col(key, label, ".4g") for key, label in CMAP_QUANTITIES] + [Col("cmap_nu", "CMAP ν ∈", align="right")]
+
+
+def columns(rows: list[dict]) -> list[Col]:
+  """The table's columns: CMAP's only when some probed layer is magnetic."""
+  return COLUMNS + (CMAP_COLUMNS if any(r.get("cmap_mean_abs_phase") is not None for r in rows) else [])
 
 
 def plot(rows: list[dict], path: str, title: str):
@@ -108,8 +123,8 @@ def plot(rows: list[dict], path: str, title: str):
         ax.plot([x] * len(v), v, ".", color="0.65", ms=4)
     means = [float(np.mean(v)) for v in vals]
     if key == "effective_isometry_defect":
-      ax.errorbar(xs, means, yerr=[r.get("effective_isometry_defect_se") or 0 for r in rows], fmt="o-", color="C0",
-                  capsize=3)
+      ax.errorbar(xs, means, yerr=[r.get("effective_isometry_defect_se") or 0 for r in rows if r.get(key) is not None],
+                  fmt="o-", color="C0", capsize=3)
     else:
       ax.plot(xs, means, "o-", color="C0")
     ax.set_title(label + (" (heads: dots)" if per_head else ""), fontsize=9)
@@ -141,6 +156,8 @@ def parser() -> argparse.ArgumentParser:
   ap.add_argument("--heads", default=None, help="comma-separated head indices kept in every layer (default: all)")
   ap.add_argument("--samples", type=int, default=32,
                   help="edges sampled per input for the partial-support part of the effective defect, ≥ 2 (default: 32)")
+  ap.add_argument("--triangles", type=int, default=4096,
+                  help="triangles sampled per input for a CMAP layer's circulation read-outs, ≥ 2 (default: 4096)")
   ap.add_argument("--seed", type=int, default=0, help="seed of the inputs and of the edge sampling (default: 0)")
   ap.add_argument("--out", default=None, help="output folder (default: RUN_DIR/probe)")
   ap.add_argument("--no-progress", action="store_true", help="no per-layer progress bar (default: shown)")
@@ -151,7 +168,7 @@ def main(argv=None):
   ap = parser()
   a = ap.parse_args(argv)
   for name, value, low in (("--batch", a.batch, 1), ("--set-size", a.set_size, 2), ("--seq-len", a.seq_len, 2),
-                           ("--samples", a.samples, 2)):
+                           ("--samples", a.samples, 2), ("--triangles", a.triangles, 2)):
     if value < low:
       ap.error(f"{name} must be at least {low}; got {value}")
   layers, heads = _indices(a.layers), _indices(a.heads)
@@ -171,13 +188,14 @@ def main(argv=None):
   except ValueError as e:
     ap.error(str(e))
   rows = probe.model_report(model, run, layers=layers, heads=heads, samples=a.samples, seed=a.seed,
-                            progress=not a.no_progress)
+                            triangles=a.triangles, progress=not a.no_progress)
   out = a.out or os.path.join(a.run_dir, "probe")
   title = f"{os.path.basename(os.path.abspath(a.run_dir))} — {type(model).__name__}, {len(mods)} attention layers"
   note = (f"{title}; inputs: {a.data}, batch {a.batch}; heads {heads if heads is not None else 'all'}. "
           "Per-head quantities are head means (per head in probe.json); δ effective ± its standard error "
-          "where edges with a partial gate support were sampled.")
-  report.write(out, "probe", table_rows(rows), COLUMNS, note=note,
+          "where edges with a partial gate support were sampled. CMAP layers: walk read-outs of the magnitude, "
+          "transport defects not defined (blank), phase read-outs in the CMAP columns.")
+  report.write(out, "probe", table_rows(rows), columns(rows), note=note,
                payload={"run": os.path.abspath(a.run_dir), "model": type(mcfg).__name__, "data": a.data,
                         "batch": a.batch, "heads": heads, "layers": rows})
   plot(rows, os.path.join(out, "probe.png"), title)

@@ -303,6 +303,22 @@ def test_curvature_distribution_against_an_explicit_triangle_sum():
     np.testing.assert_allclose(cv.hist[0, h], hist / tot, atol=2e-6)
 
 
+def test_sampled_curvature_agrees_with_the_exact_sum_within_its_standard_error():
+  q, k, p, theta = _walk(10, coupling=2.0)
+  exact = mg.curvature(p, theta)
+  for samples in (2000, 32000):
+    est = mg.sampled_curvature(p, theta, jax.random.PRNGKey(3), samples=samples)
+    z_w = np.abs(np.asarray(est.wilson) - np.asarray(exact.wilson)) / np.asarray(est.wilson_se)
+    z_a = np.abs(np.asarray(est.mean_abs) - np.asarray(exact.mean_abs)) / np.asarray(est.mean_abs_se)
+    assert z_w.max() < 4.5 and z_a.max() < 4.5, (samples, z_w, z_a)
+  small = mg.sampled_curvature(p, theta, jax.random.PRNGKey(3), samples=2000)
+  ratio = np.asarray(small.mean_abs_se) / np.asarray(est.mean_abs_se)
+  assert np.all((ratio > 2.8) & (ratio < 5.2))                        # √16 = 4: the error shrinks as 1/√S
+  assert np.all(np.asarray(est.mean_abs_se) < 0.02 * np.asarray(exact.mean_abs))
+  with pytest.raises(ValueError, match="samples must be at least 2"):
+    mg.sampled_curvature(p, theta, jax.random.PRNGKey(0), samples=1)
+
+
 # ----------------------------------------------------------------------------- connection walk
 
 def test_edge_transports_are_exact_isometries():
