@@ -166,8 +166,10 @@ def validate(cfg: SwissRollConfig) -> None:
 def training_key(cfg: SwissRollConfig, op: str, order: str, seed: int) -> str:
   """Fingerprint of everything that shapes one condition's trained weights."""
   from attngeo import runs
+  from attngeo.data.points import PointSets
   fields = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in NOT_TRAINING + EVALUATION + ("seed",)}
-  return runs.fingerprint(fields, dict(operator=op, order=order, data_seed=cfg.seed, train_seed=seed))
+  return runs.fingerprint(fields, dict(operator=op, order=order, data_seed=cfg.seed, train_seed=seed,
+                                       point_sets=PointSets.VERSION))   # the record order shapes training
 
 
 def evaluation_key(cfg: SwissRollConfig, op: str, order: str, seed: int) -> str:
@@ -580,8 +582,8 @@ def run(cfg: SwissRollConfig) -> dict:
   t0 = time.perf_counter()
   os.makedirs(cfg.out, exist_ok=True)
   runs.write_config(cfg.out, swissroll=cfg)
-  source, cloud = data.point_sets(os.path.join(cfg.out, "data"), cloud="swiss_roll", num_points=cfg.num_points,
-                                  seed=cfg.seed, set_size=cfg.set_size, num_sets=cfg.num_sets)
+  source, cloud = data.point_sets(cloud="swiss_roll", num_points=cfg.num_points, seed=cfg.seed,
+                                  set_size=cfg.set_size, num_sets=cfg.num_sets)
   refs = references(cfg, cloud)
   conditions = [(op, order, s) for s in train_seeds(cfg) for order in cfg.orders for op in cfg.operators]
   rows = []
