@@ -53,6 +53,8 @@ from attngeo.experiments.report import Col
 OPERATORS = ("DMAP", "DMTN", "ATAP", "ATTN", "CMAP")   # the four corners (tested) and, opt-in, the magnetic lift
 ORDERS = ("ffn_first", "attn_first")                # attngeo.nn.layers.ORDERS (tested)
 SOLVERS = ("euler", "heun")
+TIME_LAWS = ("power", "logit_normal")
+COUPLINGS = ("independent", "ot")
 RESULT_VERSION = 2                                  # bump when a condition's read-outs change
 
 
@@ -77,6 +79,8 @@ class SwissRollConfig:
   schedule: str = "cosine"
   ema: float = 0.0
   time_power: float = 1.0              # training times t = 1 − (1 − u)^p, u ~ U[0, 1): p > 1 favours t near 1
+  time_law: str = "power"              # power (above) | logit_normal (t = sigmoid(N(0, 1)), SD3's)
+  coupling: str = "independent"        # independent | ot: noise set paired with each training set by exact OT
   ckpt_every: int = 250
   solver: str = "heun"
   sample_steps: int = 40
@@ -101,6 +105,9 @@ HELP = {
     "steps": "training steps", "batch_size": "point sets per step", "lr": "peak learning rate",
     "warmup": "warm-up steps", "schedule": "cosine, linear or constant after warm-up",
     "time_power": "p ≥ 1 in the training-time law t = 1 − (1 − u)^p, u uniform (1: uniform t)",
+    "time_law": "training-time law: power (t = 1 − (1 − u)^p) or logit_normal (t = sigmoid(z), z ~ N(0, 1))",
+    "coupling": "noise–data pairing in training: independent, or ot (each set's noise points matched to its "
+                "points by exact optimal transport; sampling unchanged)",
     "ema": "EMA decay of the weights used for sampling and probing, in [0, 1) (0: none)",
     "ckpt_every": "steps between checkpoints (0: only at the end)",
     "solver": f"sampler, one of {','.join(SOLVERS)}", "sample_steps": "sampler steps",
@@ -151,6 +158,8 @@ def validate(cfg: SwissRollConfig) -> None:
   need(np.isfinite(cfg.lr) and cfg.lr > 0, "lr", "a positive finite number")
   need(0 <= cfg.ema < 1, "ema", "in [0, 1)")
   need(np.isfinite(cfg.time_power) and cfg.time_power >= 1, "time_power", "a finite number ≥ 1")
+  need(cfg.time_law in TIME_LAWS, "time_law", f"one of {','.join(TIME_LAWS)}")
+  need(cfg.coupling in COUPLINGS, "coupling", f"one of {','.join(COUPLINGS)}")
   need(cfg.schedule in ("cosine", "linear", "constant"), "schedule", "cosine, linear or constant")
   need(cfg.solver in SOLVERS, "solver", f"one of {','.join(SOLVERS)}")
   need(cfg.heat_points <= cfg.num_points, "heat_points", f"at most num_points = {cfg.num_points}")
@@ -233,23 +242,74 @@ def train_config(cfg: SwissRollConfig, workdir: str, seed: int):
                            ckpt_every=cfg.ckpt_every, log_every=50, progress=cfg.progress)
 
 
-def training_loss(power: float):
-  """Flow-matching loss with training times `t = 1 − (1 − u)^power` (`attngeo.flow.loss` when power = 1)."""
+def training_loss(cfg: SwissRollConfig):
+  """Flow-matching loss of the scan: `attngeo.flow.loss` under the defaults (uniform t, independent noise).
+
+  Training times follow `time_law` (`power`: t = 1 − (1 − u)^p; `logit_normal`: t = sigmoid(z), z ~
+  N(0, 1)); with `coupling="ot"` the noise is the batch's `noise` (each set's OT-matched noise set,
+  `ot_noise`) instead of a fresh draw. The target is the linear interpolant's velocity x1 − x0 either
+  way, so only the training pairs change, never the sampler.
+  """
   import jax
   import jax.numpy as jnp
 
   from attngeo import flow
-  if power == 1:
+  if cfg.time_law == "power" and cfg.time_power == 1 and cfg.coupling == "independent":
     return lambda m, batch, rng: (flow.loss(m, batch["points"], rng), {})
 
   def loss(m, batch, rng):
     x1 = batch["points"]
     k0, kt = jax.random.split(rng)
-    x0 = jax.random.normal(k0, x1.shape, x1.dtype)
-    t = 1 - (1 - jax.random.uniform(kt, (x1.shape[0],))) ** power
+    x0 = batch["noise"] if cfg.coupling == "ot" else jax.random.normal(k0, x1.shape, x1.dtype)
+    if cfg.time_law == "logit_normal":
+      t = jax.nn.sigmoid(jax.random.normal(kt, (x1.shape[0],)))
+    else:
+      t = 1 - (1 - jax.random.uniform(kt, (x1.shape[0],))) ** cfg.time_power
     v = m(flow.interpolate(x0, x1, t), t)
     return jnp.mean(jnp.square(v.astype(jnp.float32) - (x1 - x0))), {}
   return loss
+
+
+class Coupled:
+  """A point-set source whose records also carry their OT-matched noise set: `{"points", "noise"}`."""
+
+  def __init__(self, source, noise: np.ndarray):
+    self.source, self.noise = source, noise
+
+  def __len__(self):
+    return len(self.source)
+
+  def __getitem__(self, i):
+    return {**self.source[i], "noise": self.noise[int(i)]}
+
+
+def ot_noise(points: np.ndarray, seed: int, cache_dir: str | None = None) -> np.ndarray:
+  """A standard-normal noise set per point set [s, k, d], its points reordered so that noise point j
+  is matched to point j by exact optimal transport (squared Euclidean cost, Hungarian algorithm).
+
+  The noise is still i.i.d. N(0, I) per set (a permutation of an i.i.d. set); only its pairing with
+  the data changes (minibatch OT within a set, which straightens the interpolant's paths). Drawn
+  by `default_rng(seed)`; cached in `cache_dir` under the content key of the points and the seed.
+  """
+  from scipy.optimize import linear_sum_assignment
+  from scipy.spatial.distance import cdist
+
+  from attngeo import runs
+  path = None
+  if cache_dir:
+    path = os.path.join(cache_dir, f"ot_noise-{runs.fingerprint(points, dict(seed=seed, version=1))}.npy")
+    if os.path.exists(path):
+      return np.load(path)
+  noise = np.random.default_rng(seed).standard_normal(points.shape).astype(np.float32)
+  for i in range(len(points)):
+    _, cols = linear_sum_assignment(cdist(points[i], noise[i], "sqeuclidean"))
+    noise[i] = noise[i][cols]
+  if path:
+    os.makedirs(cache_dir, exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}.npy"
+    np.save(tmp, noise)
+    os.replace(tmp, path)
+  return noise
 
 
 _JITTED: dict = {}
@@ -343,7 +403,9 @@ def run_condition(cfg: SwissRollConfig, op: str, order: str, seed: int, source, 
   from attngeo import data, nn, probe, sample_metrics, train
   t0 = time.perf_counter()
   model = build_model(cfg, op, order, seed)
-  result = train.train(model, training_loss(cfg.time_power), data.loader(source, cfg.batch_size, seed),
+  if cfg.coupling == "ot":
+    source = Coupled(source, ot_noise(source.points, seed + 3, os.path.join(cfg.out, "data")))
+  result = train.train(model, training_loss(cfg), data.loader(source, cfg.batch_size, seed),
                        train_config(cfg, workdir, seed), desc=f"{op} {order} seed {seed}")
   model = result.model
   if cfg.ema:

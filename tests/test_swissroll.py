@@ -128,6 +128,43 @@ def test_differences_are_welch_tests_holm_corrected():
   assert [(d["higher"], d["lower"]) for d in single] == [("B FFN → MHSA", "A FFN → MHSA")]
 
 
+def test_ot_noise_is_an_optimal_permutation_of_iid_noise(tmp_path):
+  from scipy.optimize import linear_sum_assignment
+  from scipy.spatial.distance import cdist
+  points = np.random.default_rng(0).standard_normal((3, 20, 3)).astype(np.float32) + 4.0
+  noise = swissroll.ot_noise(points, seed=9, cache_dir=str(tmp_path))
+  iid = np.random.default_rng(9).standard_normal(points.shape).astype(np.float32)
+  for i in range(3):
+    # the same noise points (the i.i.d. draw), reordered; the pairing attains the optimal cost
+    np.testing.assert_array_equal(np.sort(noise[i], axis=0), np.sort(iid[i], axis=0))
+    cost = cdist(points[i], iid[i], "sqeuclidean")
+    r, c = linear_sum_assignment(cost)
+    assert np.sum((points[i] - noise[i]) ** 2) == pytest.approx(cost[r, c].sum(), rel=1e-5)
+    assert np.sum((points[i] - noise[i]) ** 2) < np.sum((points[i] - iid[i]) ** 2)
+  cached = list(tmp_path.glob("ot_noise-*.npy"))
+  assert len(cached) == 1
+  np.testing.assert_array_equal(swissroll.ot_noise(points, seed=9, cache_dir=str(tmp_path)), noise)
+  assert not np.array_equal(swissroll.ot_noise(points, seed=10), noise)
+
+
+def test_training_loss_variants_use_their_noise_and_times():
+  import jax
+  import jax.numpy as jnp
+  x1 = jnp.ones((2, 4, 3))
+  seen = {}
+
+  def model(x, t):
+    seen["x"], seen["t"] = x, t
+    return jnp.zeros_like(x)
+  noise = jnp.full((2, 4, 3), -1.0)
+  cfg = swissroll.SwissRollConfig(coupling="ot", time_law="logit_normal")
+  loss, _ = swissroll.training_loss(cfg)(model, {"points": x1, "noise": noise}, jax.random.PRNGKey(0))
+  assert float(loss) == pytest.approx(4.0)                       # target x1 − x0 = 2 everywhere, v = 0
+  t = np.asarray(seen["t"])
+  np.testing.assert_allclose(np.asarray(seen["x"]), (2 * t - 1)[:, None, None] * np.ones((2, 4, 3)), rtol=1e-6)
+  assert np.all((t > 0) & (t < 1))
+
+
 def test_names_match_the_library():
   from attngeo import operators
   from attngeo.nn import layers
