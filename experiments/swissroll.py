@@ -5,7 +5,10 @@
 A `PointFlow` set transformer (each point a token, bidirectional attention) learns the velocity
 of the linear interpolant from Gaussian noise sets to point sets of the 4000-point Swiss roll
 (flow matching, `attngeo.flow`), once per operator × sub-layer order × seed, same budget each;
-samples are drawn with Heun's method from noise sets (EMA weights when `--ema` > 0).
+samples are drawn with Heun's method from noise sets (EMA weights when `--ema` > 0). In training,
+each set's noise points are paired with its points by exact optimal transport (`--coupling ot`, the
+default: minibatch OT within a set — the noise is still i.i.d. Gaussian and the data unchanged, only
+their pairing, so the paths are straighter; `--coupling independent` pairs them at random).
 
 Sample quality (`attngeo.sample_metrics`; standardised coordinates), each beside its floor, the
 same read-out for an oracle generator (fresh samples of the generating distribution, as many as
@@ -22,7 +25,7 @@ sets, averaged over layers, heads and sets; per layer in results.json): `e^H̄` 
 neighbours) and `e^H̄/n` (÷ set size n), `ε_rev`, `ρ_skew`, `curvature` (Bakry–Émery bound of each
 layer's head-averaged walk over the top-3 principal coordinates of m = (q + k)/√2, median over
 points); `e^H̄` at set sizes `probe_sizes` in results.json. `loss`: the flow-matching loss (uniform
-t) of the final weights on a fixed evaluation batch.
+t, under the training coupling) of the final weights on a fixed evaluation batch.
 
 With `--seeds N` every condition is trained with seeds seed, …, seed + N − 1 (initialisation,
 batch order, noise; the training set stays the seed-123 roll); the table shows mean ± sd and
@@ -243,7 +246,7 @@ def train_config(cfg: SwissRollConfig, workdir: str, seed: int):
 
 
 def training_loss(cfg: SwissRollConfig):
-  """Flow-matching loss of the scan: `attngeo.flow.loss` under the defaults (uniform t, independent noise).
+  """Flow-matching loss of the scan (`attngeo.flow.loss` for uniform t and independent noise).
 
   Training times follow `time_law` (`power`: t = 1 − (1 − u)^p; `logit_normal`: t = sigmoid(z), z ~
   N(0, 1)); with `coupling="ot"` the noise is the batch's `noise` (each set's OT-matched noise set,

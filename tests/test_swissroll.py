@@ -215,11 +215,12 @@ def test_learnable_operator_scan_trains_per_head_coefficients(tmp_path):
 
 @pytest.mark.slow
 def test_default_scan_meets_the_acceptance_criteria(tmp_path):
-  """The README's main job: every condition near the oracle floor (measured 1.10–1.23 × in d_NN, 1.08–1.14 ×
-  in coverage; the issue's 5 % is not reached by this budget), unmemorised, exact-A reversible, in 10 minutes."""
+  """The README's main job: every condition near the oracle floor (measured 1.028–1.065 × in d_NN, 1.032–1.054 ×
+  in coverage with the OT coupling; the issue's 5 % is met by five of eight conditions), unmemorised, exact-A
+  reversible, in 10 minutes (748 s measured under load 3–9: a quiet machine is assumed)."""
   res = swissroll.run(dataclasses.replace(swissroll.SwissRollConfig(), out=str(tmp_path), progress=False))
   v = res["verdict"]
-  assert v["worst_d_nn_ratio"] < 1.3 and v["worst_coverage_ratio"] < 1.2, v
+  assert v["worst_d_nn_ratio"] < 1.1 and v["worst_coverage_ratio"] < 1.1, v
   assert v["lowest_memorisation"] > v["oracle_memorisation"] - 0.05, v
   for r in res["conditions"]:
     if r["operator"] in ("DMAP", "ATAP"):
