@@ -3,10 +3,12 @@
     attngeo bench [--seqs 256,1024,4096] [--batch 8] [--heads 8] [--head-dim 64] [--repeats 3]
                   [--operators ATTN,DMAP,DMTN,ATAP,CMAP] [--long 16384] [--dtype float32|bfloat16] [--out DIR]
 
-For each (seq, operator, implementation) it prints the median wall time of a jitted
+For each (seq, operator, implementation) it prints the fastest wall time of a jitted
 `grad(sum(transport(q, k, v)))` over `--repeats` runs, the compiled program's peak memory
 (XLA's memory analysis: arguments + outputs + temporaries), and the ratio to the fastest
-standard-attention (ATTN) path at that sequence length. CMAP, the magnetic operator
+standard-attention (ATTN) path at that sequence length. The runs of one sequence length are
+interleaved (run r of every cell before run r + 1 of any), so load from other jobs on a shared
+machine falls on all of them alike: timed one cell after another, ratios moved by up to 2×. CMAP, the magnetic operator
 (`operators.magnetic_transport`, coupling 1), runs on its own phase kernels (einsum, blockwise);
 the note under the table gives its ratio to ATTN per sequence length. `--long N` adds the blockwise
 path at batch 1, seq N, where a materialised P alone would need b·h·N²·4 bytes. Writes
@@ -24,7 +26,8 @@ CORNERS = ("ATTN", "DMAP", "DMTN", "ATAP")
 OPERATORS = CORNERS + ("CMAP",)
 
 
-def measure(name, impl, b, n, h, d, repeats, block_size=512, dtype="float32"):
+def compiled_call(name, impl, b, n, h, d, block_size=512, dtype="float32"):
+  """(call, peak bytes): the compiled fwd+bwd program of one cell, bound to its inputs."""
   import jax
   import jax.numpy as jnp
 
@@ -40,7 +43,14 @@ def measure(name, impl, b, n, h, d, repeats, block_size=512, dtype="float32"):
     def loss(q, k, v):
       return jnp.sum(op.transport(q, k, v, beta=beta, alpha=alpha, implementation=impl, block_size=block_size))
 
-  return timing.timed(jax.grad(loss, (0, 1, 2)), (q, k, v), repeats)
+  compiled = jax.jit(jax.grad(loss, (0, 1, 2))).lower(q, k, v).compile()
+  return (lambda: compiled(q, k, v)), timing.peak_bytes(compiled)
+
+
+def measure(name, impl, b, n, h, d, repeats, block_size=512, dtype="float32"):
+  """(fastest seconds, peak bytes) of one cell timed alone."""
+  call, mem = compiled_call(name, impl, b, n, h, d, block_size, dtype)
+  return min(timing.interleaved_seconds({name: call}, repeats)[name]), mem
 
 
 def available_impls(name="ATTN"):
@@ -56,17 +66,34 @@ def available_impls(name="ATTN"):
 
 
 def run(seqs, batch, heads, head_dim, repeats, long_seq, dtype="float32", operators=OPERATORS):
+  import jax
   from tqdm import tqdm
   rows = []
   names = ("ATTN",) + tuple(x for x in operators if x != "ATTN")     # ATTN always: the ratios' reference
-  configs = [(n, name, impl) for n in seqs for name in names for impl in available_impls(name)]
-  for n, name, impl in tqdm(configs, desc="bench_operators"):
-    try:
-      t, mem = measure(name, impl, batch, n, heads, head_dim, repeats, dtype=dtype)
-    except Exception as e:  # a kernel that rejects the shape (e.g. cuDNN limits) is reported, not fatal
-      t, mem = float("nan"), None
-      tqdm.write(f"{name}/{impl}/{n}: {type(e).__name__}: {str(e)[:120]}")
-    rows.append(dict(seq=n, batch=batch, operator=name, implementation=impl, seconds=t, peak_bytes=mem))
+  for n in tqdm(seqs, desc="bench_operators"):
+    calls, cells = {}, []
+    for name in names:
+      for impl in available_impls(name):
+        row = dict(seq=n, batch=batch, operator=name, implementation=impl, seconds=float("nan"), peak_bytes=None)
+        try:
+          calls[name, impl], row["peak_bytes"] = compiled_call(name, impl, batch, n, heads, head_dim, dtype=dtype)
+        except Exception as e:  # a kernel that rejects the shape (e.g. cuDNN limits) is reported, not fatal
+          tqdm.write(f"{name}/{impl}/{n}: {type(e).__name__}: {str(e)[:120]}")
+        cells.append(row)
+    ready = {}
+    for row in cells:                # one warm-up run each; a cell that fails there (e.g. out of memory) is dropped
+      key = (row["operator"], row["implementation"])
+      try:
+        if key in calls:
+          jax.block_until_ready(calls[key]())
+          ready[key] = calls[key]
+      except Exception as e:
+        row["peak_bytes"] = None
+        tqdm.write(f"{key[0]}/{key[1]}/{n}: {type(e).__name__}: {str(e)[:120]}")
+    times = timing.interleaved_seconds(ready, repeats, warmup=0)
+    for row in cells:
+      row["seconds"] = min(times.get((row["operator"], row["implementation"]), [float("nan")]))
+    rows += cells
   for n in seqs:
     attn = [r["seconds"] for r in rows if r["seq"] == n and r["operator"] == "ATTN" and r["seconds"] == r["seconds"]]
     for r in rows:
@@ -90,7 +117,7 @@ def parser():
   ap.add_argument("--batch", type=config.positive_int, default=8, help="batch size")
   ap.add_argument("--heads", type=config.positive_int, default=8, help="attention heads")
   ap.add_argument("--head-dim", type=config.positive_int, default=64, help="head dimension")
-  ap.add_argument("--repeats", type=config.positive_int, default=3, help="timed runs per cell (median reported)")
+  ap.add_argument("--repeats", type=config.positive_int, default=3, help="timed runs per cell, interleaved with the other cells of its sequence length (fastest reported)")
   ap.add_argument("--operators", type=config.choice_list(OPERATORS), default=",".join(OPERATORS),
                   help=f"operators to time, comma-separated subset of {','.join(OPERATORS)} (default: all; "
                        "ATTN is always timed as the reference)")

@@ -19,6 +19,22 @@ def median_seconds(call: Callable[[], object], repeats: int, warmup: int = 1) ->
   return statistics.median(times)
 
 
+def interleaved_seconds(calls: dict, repeats: int, warmup: int = 1) -> dict:
+  """{name: [seconds per run]} of several `call()`s timed in alternation: run r of every call before run
+  r + 1 of any, so a slow spell of a shared machine falls on all of them alike and their ratios hold."""
+  import jax
+  for call in calls.values():
+    for _ in range(warmup):
+      jax.block_until_ready(call())
+  times = {name: [] for name in calls}
+  for _ in range(max(repeats, 1)):
+    for name, call in calls.items():
+      t0 = time.perf_counter()
+      jax.block_until_ready(call())
+      times[name].append(time.perf_counter() - t0)
+  return times
+
+
 def peak_bytes(compiled) -> int | None:
   """Arguments + outputs + temporaries − aliased bytes of a compiled program (None if unknown)."""
   m = compiled.memory_analysis()
