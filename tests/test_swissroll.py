@@ -214,10 +214,10 @@ def test_learnable_operator_scan_trains_per_head_coefficients(tmp_path):
 
 
 @pytest.mark.slow
-def test_default_scan_meets_the_acceptance_criteria(tmp_path):
-  """The README's main job: every condition near the oracle floor (measured 1.028–1.065 × in d_NN, 1.032–1.054 ×
-  in coverage with the OT coupling; the issue's 5 % is met by five of eight conditions), unmemorised, exact-A
-  reversible, in 10 minutes (748 s measured under load 3–9: a quiet machine is assumed)."""
+def test_default_scan_stays_near_the_floor_unmemorised_reversible_and_in_budget(tmp_path):
+  """The README's main job (seed 123): every condition within 10 % of the oracle floor (measured 1.028–1.065 × in
+  d_NN, 1.032–1.054 × in coverage; single seeds 124–125 up to 1.095 — the issue's 5 % is NOT met by every
+  condition, so it is not asserted), unmemorised, exact-A reversible, in 10 minutes (≈ 7.2 min on a quiet machine)."""
   res = swissroll.run(dataclasses.replace(swissroll.SwissRollConfig(), out=str(tmp_path), progress=False))
   v = res["verdict"]
   assert v["worst_d_nn_ratio"] < 1.1 and v["worst_coverage_ratio"] < 1.1, v
