@@ -8,7 +8,10 @@ For each (seq, operator, implementation) it prints the fastest wall time of a ji
 (XLA's memory analysis: arguments + outputs + temporaries), and the ratio to the fastest
 standard-attention (ATTN) path at that sequence length. The runs of one sequence length are
 interleaved (run r of every cell before run r + 1 of any), so load from other jobs on a shared
-machine falls on all of them alike: timed one cell after another, ratios moved by up to 2×. CMAP, the magnetic operator
+machine falls on all of them alike: timed one cell after another, ratios moved by up to 2×. Cells are
+grouped by kernel (ATTN first) and a group holds programs whose summed peak memory is at most half
+the machine's (`interleaved_with` in the JSON says how many cells shared a group): at 4096 keys the
+dense kernels' programs (13–17 GiB each) are timed one at a time. CMAP, the magnetic operator
 (`operators.magnetic_transport`, coupling 1), runs on its own phase kernels (einsum, blockwise);
 the note under the table gives its ratio to ATTN per sequence length. `--long N` adds the blockwise
 path at batch 1, seq N, where a materialised P alone would need b·h·N²·4 bytes. Writes
@@ -65,34 +68,70 @@ def available_impls(name="ATTN"):
   return impls
 
 
-def run(seqs, batch, heads, head_dim, repeats, long_seq, dtype="float32", operators=OPERATORS):
+def memory_budget() -> int:
+  """Bytes of compiled programs' peaks that one interleaved group may hold: half the machine's memory."""
+  import os
+  return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+
+
+def groups(cells: list[dict], budget: int) -> list[list[dict]]:
+  """Cells (of one kernel) packed in order into groups whose summed peak bytes stay within `budget` (a cell over the
+  budget alone is a group of one). The programs of a group stay alive while it is timed, so an
+  unbounded group runs a 24 GiB machine out of memory at 4096 keys (12 dense programs of 13–17 GiB)."""
+  out, used = [], budget + 1
+  for cell in cells:
+    need = cell["peak_bytes"] or 0
+    if used + need > budget:
+      out.append([])
+      used = 0
+    out[-1].append(cell)
+    used += need
+  return out
+
+
+def time_group(group: list[dict], calls: dict, repeats: int, n: int):
+  """Warm up every cell of `group` (dropping one that fails, e.g. out of memory) and time them interleaved."""
   import jax
+  from tqdm import tqdm
+  ready = {}
+  for row in group:
+    key = (row["operator"], row["implementation"])
+    try:
+      jax.block_until_ready(calls[key]())
+      ready[key] = calls[key]
+    except Exception as e:  # noqa: BLE001 — reported in its row, the others still timed
+      row["peak_bytes"] = None
+      tqdm.write(f"{key[0]}/{key[1]}/{n}: {type(e).__name__}: {str(e)[:120]}")
+  times = timing.interleaved_seconds(ready, repeats, warmup=0)
+  for row in group:
+    row["seconds"] = min(times.get((row["operator"], row["implementation"]), [float("nan")]))
+    row["interleaved_with"] = len(group)
+
+
+def run(seqs, batch, heads, head_dim, repeats, long_seq, dtype="float32", operators=OPERATORS):
+  import gc
+
   from tqdm import tqdm
   rows = []
   names = ("ATTN",) + tuple(x for x in operators if x != "ATTN")     # ATTN always: the ratios' reference
   for n in tqdm(seqs, desc="bench_operators"):
     calls, cells = {}, []
-    for name in names:
-      for impl in available_impls(name):
+    for impl in dict.fromkeys(i for name in names for i in available_impls(name)):   # by kernel, ATTN first
+      for name in (x for x in names if impl in available_impls(x)):
         row = dict(seq=n, batch=batch, operator=name, implementation=impl, seconds=float("nan"), peak_bytes=None)
         try:
           calls[name, impl], row["peak_bytes"] = compiled_call(name, impl, batch, n, heads, head_dim, dtype=dtype)
-        except Exception as e:  # a kernel that rejects the shape (e.g. cuDNN limits) is reported, not fatal
+        except Exception as e:  # noqa: BLE001 — a kernel that rejects the shape (e.g. cuDNN limits) is reported
           tqdm.write(f"{name}/{impl}/{n}: {type(e).__name__}: {str(e)[:120]}")
         cells.append(row)
-    ready = {}
-    for row in cells:                # one warm-up run each; a cell that fails there (e.g. out of memory) is dropped
-      key = (row["operator"], row["implementation"])
-      try:
-        if key in calls:
-          jax.block_until_ready(calls[key]())
-          ready[key] = calls[key]
-      except Exception as e:
-        row["peak_bytes"] = None
-        tqdm.write(f"{key[0]}/{key[1]}/{n}: {type(e).__name__}: {str(e)[:120]}")
-    times = timing.interleaved_seconds(ready, repeats, warmup=0)
-    for row in cells:
-      row["seconds"] = min(times.get((row["operator"], row["implementation"]), [float("nan")]))
+    kernels = dict.fromkeys(c["implementation"] for c in cells)
+    for group in (g for impl in kernels for g in groups(
+        [c for c in cells if c["implementation"] == impl and (c["operator"], c["implementation"]) in calls],
+        memory_budget())):
+      time_group(group, calls, repeats, n)
+      for row in group:                     # free each group's programs before the next one runs
+        calls.pop((row["operator"], row["implementation"]), None)
+      gc.collect()
     rows += cells
   for n in seqs:
     attn = [r["seconds"] for r in rows if r["seq"] == n and r["operator"] == "ATTN" and r["seconds"] == r["seconds"]]

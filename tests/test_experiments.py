@@ -14,6 +14,16 @@ def test_bench_operators_smoke(tmp_path):
   rows = json.loads((tmp_path / "bench_operators.json").read_text())
   assert len(rows) == 4 * 3 + 2 + 1 and all(r["seconds"] > 0 for r in rows)     # CMAP: einsum, blockwise
   assert min(r["ratio_to_best_attn"] for r in rows if r["operator"] == "ATTN") == 1.0
+  assert {r["interleaved_with"] for r in rows if r["seq"] == 64} == {4, 5}     # xla: 4 corners; einsum, blockwise: + CMAP
+
+
+def test_bench_groups_hold_at_most_the_memory_budget():
+  """Interleaved programs stay alive together: their summed peaks must fit (the default bench ran a 24 GiB
+  machine out of memory at 4096 keys before groups were bounded)."""
+  cells = [dict(peak_bytes=b) for b in (5, 5, 5, 20, 3, None, 3)]
+  got = [[c["peak_bytes"] for c in g] for g in bench_operators.groups(cells, 10)]
+  assert got == [[5, 5], [5], [20], [3, None, 3]]
+  assert bench_operators.groups([], 10) == []
 
 
 def test_bench_geometry_smoke(tmp_path):
