@@ -8,7 +8,7 @@ from hypothesis import given, settings, strategies as st
 
 from attngeo import _checks, data, markov, operators as op
 
-SETTINGS = settings(max_examples=15, deadline=None)
+SETTINGS = settings(max_examples=10, deadline=None)
 
 
 def random_qk(seed, n=24, h=2, d=6, spread=1.0):
