@@ -125,7 +125,7 @@ def figure(rows: list[dict], path: str) -> None:
       ax.set_title(f"{op}" + (" — normalised" if norm else ""), fontsize=9)
       ax.tick_params(labelsize=7)
   handles, labels = axes[0, 0].get_legend_handles_labels()
-  fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=7, frameon=False)
+  fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=7, frameon=False, handlelength=4.5)
   fig.suptitle("Learned neighbourhood size e^H̄ against the set size it is measured on\n(solid FFN → MHSA, "
                "dashed MHSA → FFN; black: the seed's Table 1, set size not stated)", fontsize=9)
   fig.tight_layout(rect=(0, 0.22 * ((len(handles) + 1) // 2) / fig.get_figheight() + 0.02, 1, 0.93))
