@@ -33,13 +33,17 @@ def interpolate(x0, x1, t):
   return (1 - tt) * x0 + tt * x1
 
 
-def loss(velocity_fn, x1, rng):
-  """Flow-matching loss for data x1 [b, ...]; `velocity_fn(x_t, t) -> [b, ...]`."""
-  k0, kt = jax.random.split(rng)
-  x0 = jax.random.normal(k0, x1.shape, x1.dtype)
-  t = jax.random.uniform(kt, (x1.shape[0],))
+def matching_loss(velocity_fn, x0, x1, t):
+  """`mean ‖v(x_t, t) − (x1 − x0)‖²` for given noise x0, data x1 [b, ...] and times t [b] (float32)."""
   v = velocity_fn(interpolate(x0, x1, t), t)
   return jnp.mean(jnp.square(v.astype(jnp.float32) - (x1 - x0)))
+
+
+def loss(velocity_fn, x1, rng):
+  """Flow-matching loss for data x1 [b, ...] with fresh N(0, I) noise and uniform t; `velocity_fn(x_t, t) -> [b, ...]`."""
+  k0, kt = jax.random.split(rng)
+  x0 = jax.random.normal(k0, x1.shape, x1.dtype)
+  return matching_loss(velocity_fn, x0, x1, jax.random.uniform(kt, (x1.shape[0],)))
 
 
 def drop_labels(y, rng, prob: float, null_label: int | None):

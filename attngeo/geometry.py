@@ -608,9 +608,9 @@ class RicciEstimate(NamedTuple):
   closure: np.ndarray
   ks: tuple
   resolved: bool
-  window: tuple = ()
-  window_means: np.ndarray | None = None
-  mean_uncertainty: float = 0.0
+  window: tuple
+  window_means: np.ndarray
+  mean_uncertainty: float
 
 
 def _monomials(x, degree: int):

@@ -209,7 +209,7 @@ class Family:
       self.train_source = [source[i] for i in range(cfg.num_sets)]
       held = np.stack([source[cfg.num_sets + i]["points"] for i in range(16 + cfg.probe_batch)])
       self.eval_batch, self.probe_batch = held[:16], held[16:]
-      train_key = np.stack([r["points"] for r in self.train_source])
+      train_key = (source.key, cfg.num_sets)                   # the sets' content key; the first num_sets train
     from attngeo import runs
     self.data_key = runs.fingerprint(train_key, self.eval_batch, self.probe_batch)
 

@@ -254,7 +254,6 @@ def training_loss(cfg: SwissRollConfig):
   way, so only the training pairs change, never the sampler.
   """
   import jax
-  import jax.numpy as jnp
 
   from attngeo import flow
   if cfg.time_law == "power" and cfg.time_power == 1 and cfg.coupling == "independent":
@@ -268,8 +267,7 @@ def training_loss(cfg: SwissRollConfig):
       t = jax.nn.sigmoid(jax.random.normal(kt, (x1.shape[0],)))
     else:
       t = 1 - (1 - jax.random.uniform(kt, (x1.shape[0],))) ** cfg.time_power
-    v = m(flow.interpolate(x0, x1, t), t)
-    return jnp.mean(jnp.square(v.astype(jnp.float32) - (x1 - x0))), {}
+    return flow.matching_loss(m, x0, x1, t), {}
   return loss
 
 
@@ -334,10 +332,7 @@ def jitted(name: str):
     _JITTED["loss"] = nnx.jit(lambda model, x1, keys: jax.vmap(lambda k: flow.loss(model, x1, k))(keys).mean())
 
     def coupled(model, x1, x0, keys):           # x0 [draws, b, n, d]: given noise, uniform t
-      def one(noise, k):
-        t = jax.random.uniform(k, (x1.shape[0],))
-        v = model(flow.interpolate(noise, x1, t), t)
-        return jnp.mean(jnp.square(v.astype(jnp.float32) - (x1 - noise)))
+      one = lambda noise, k: flow.matching_loss(model, noise, x1, jax.random.uniform(k, (x1.shape[0],)))
       return jax.vmap(one)(x0, keys).mean()
     _JITTED["coupled_loss"] = nnx.jit(coupled)
   return _JITTED[name]

@@ -1,4 +1,5 @@
-"""The one timing helper of the benchmarks: median wall time after warm-up, and XLA's peak memory."""
+"""The one timing helper of the benchmarks: wall times after warm-up (median, or several calls interleaved), and
+XLA's peak memory."""
 from __future__ import annotations
 
 import statistics
@@ -8,15 +9,7 @@ from typing import Callable
 
 def median_seconds(call: Callable[[], object], repeats: int, warmup: int = 1) -> float:
   """Median wall time of `call()` (its result blocked on) over `repeats` runs after `warmup` runs."""
-  import jax
-  for _ in range(warmup):
-    jax.block_until_ready(call())
-  times = []
-  for _ in range(max(repeats, 1)):
-    t0 = time.perf_counter()
-    jax.block_until_ready(call())
-    times.append(time.perf_counter() - t0)
-  return statistics.median(times)
+  return statistics.median(interleaved_seconds({"call": call}, repeats, warmup)["call"])
 
 
 def interleaved_seconds(calls: dict, repeats: int, warmup: int = 1) -> dict:
