@@ -115,15 +115,23 @@ def summarise(per_layer: list[dict]) -> dict[str, float]:
 
 # ----------------------------------------------------------------------------- full per-layer read-outs
 
-def _layer_impl(q, k, wv, wo, beta, alpha, key, *, causal, samples, num_moduli):
-  """All read-outs of one layer: (dict of arrays, walks [b, n, n], moduli [b, num_moduli])."""
-  p, stats = _stats_impl(q, k, beta, alpha, causal)
-  head_d, head_c = connection.head_isometry_defect(wv, wo)
-  tables = connection.transport_tables(wv, wo, key=jax.random.fold_in(key, 1))
+def _layer_impl(q, k, wv, wo, beta, alpha, key, coupling=None, *, causal, samples, num_moduli, triangles=4096):
+  """All read-outs of one layer: (dict of arrays, walks [b, n, n], moduli [b, num_moduli]).
 
+  `coupling` [h] marks a CMAP layer: its phase read-outs come from the same dense magnitude P, and
+  the transport tables (edge-independent, so not its transports) are not formed.
+  """
+  p, stats = _stats_impl(q, k, beta, alpha, causal)
   w = p.mean(1)                                                       # head-averaged walks [b, n, n]
   moduli, converged = connection.walk_spectrum(w, num_moduli, triangular=causal)      # batched over b
   walk_rev = markov.reversibility(w)
+  common = dict(stats, spectral_gap=jnp.mean(1.0 - moduli[:, 1]), spectrum_converged=jnp.all(converged),
+                inputs_finite=jnp.isfinite(q).all() & jnp.isfinite(k).all(), walk_eps_rev=walk_rev.mean())
+  if coupling is not None:
+    phase = _phase_readouts(q, k, p, coupling, jax.random.fold_in(key, 2), causal=causal, triangles=triangles)
+    return dict(common, **phase), w, moduli
+  head_d, head_c = connection.head_isometry_defect(wv, wo)
+  tables = connection.transport_tables(wv, wo, key=jax.random.fold_in(key, 1))
 
   def per_sample(args):                     # the per-edge tables are large: one batch element at a time
     ph, kk = args
@@ -132,10 +140,7 @@ def _layer_impl(q, k, wv, wo, beta, alpha, key, *, causal, samples, num_moduli):
   keys = jax.random.split(key, p.shape[0])
   eff = jax.lax.map(per_sample, (p, keys))
   b = p.shape[0]
-  out = dict(stats, spectral_gap=jnp.mean(1.0 - moduli[:, 1]), spectrum_converged=jnp.all(converged),
-             inputs_finite=jnp.isfinite(q).all() & jnp.isfinite(k).all(),
-             walk_eps_rev=walk_rev.mean(),
-             head_isometry_defect=head_d, head_scale=head_c,
+  out = dict(common, head_isometry_defect=head_d, head_scale=head_c,
              effective_isometry_defect=eff.mean.mean(),
              effective_isometry_defect_se=jnp.sqrt(jnp.sum(eff.stderr**2)) / b,
              effective_scale=eff.scale.mean(), effective_rank=eff.rank[0],
@@ -144,18 +149,17 @@ def _layer_impl(q, k, wv, wo, beta, alpha, key, *, causal, samples, num_moduli):
   return out, w, moduli
 
 
-_layer = functools.partial(jax.jit, static_argnames=("causal", "samples", "num_moduli"))(_layer_impl)
+_layer = functools.partial(jax.jit, static_argnames=("causal", "samples", "num_moduli", "triangles"))(_layer_impl)
 
 
 TRANSPORT_KEYS = ("head_isometry_defect", "head_scale", "effective_isometry_defect", "effective_isometry_defect_se",
                   "effective_scale", "effective_rank", "effective_participation", "partial_support_mass")
 
 
-def _magnetic_impl(q, k, beta, coupling, key, *, causal, triangles):
-  """CMAP read-outs of one layer (module docstring), per head [h] averaged over the batch."""
-  q, k = q.astype(jnp.float32), k.astype(jnp.float32)
-  p = operators.rownorm(operators.logits(q, k, beta=beta, alpha=0.0).full, causal=causal)
-  theta = operators.phases(q, k, coupling=coupling)
+def _phase_readouts(q, k, p, coupling, key, *, causal, triangles):
+  """CMAP read-outs of one layer (module docstring) from its magnitude p [b, h, n, n], per head [h] averaged
+  over the batch."""
+  theta = operators.phases(q.astype(jnp.float32), k.astype(jnp.float32), coupling=coupling)
   out = {"cmap_mean_abs_phase": (jnp.sum(p * jnp.abs(theta), (-2, -1)) / p.shape[-1]).mean(0)}
   if causal:
     return out
@@ -168,19 +172,13 @@ def _magnetic_impl(q, k, beta, coupling, key, *, causal, triangles):
               cmap_mean_abs_circulation_se=jnp.sqrt(jnp.sum(cv.mean_abs_se ** 2, 0)) / b)
 
 
-_magnetic = functools.partial(jax.jit, static_argnames=("causal", "triangles"))(_magnetic_impl)
-
-
-def _magnetic_readouts(q, k, m, heads, key, triangles):
-  """`_magnetic` on one CMAP Attention's captured q, k (restricted to `heads`), as host values."""
-  beta, _ = _coefficients(*m.coefficients(), m.num_heads)
+def _coupling(m, heads):
+  """γ [h] of a CMAP Attention (restricted to `heads`) on the default device; None for the family's layers."""
+  if not m.magnetic:
+    return None
   coupling = jnp.broadcast_to(jnp.asarray(m.coupling[...] if m.learnable_operator else m.coupling, jnp.float32),
                               (m.num_heads,))
-  if heads is not None:
-    hs = np.asarray(heads)
-    q, k, beta, coupling = q[:, :, hs], k[:, :, hs], beta[hs], coupling[hs]
-  out = _magnetic(*jax.device_put((q, k, beta, coupling), jax.devices()[0]), key, causal=m.causal, triangles=triangles)
-  return {kk: np.asarray(v).tolist() for kk, v in jax.device_get(out).items()}
+  return jax.device_put(coupling if heads is None else coupling[np.asarray(heads)], jax.devices()[0])
 
 
 def _pair_impl(w1, w2, m1, m2):
@@ -271,8 +269,8 @@ def model_report(model, run, *, layers=None, heads=None, samples: int = 32, seed
   rows, prev = [], None
   for idx in tqdm(layers, desc=desc, disable=not progress, leave=False, dynamic_ncols=True):
     q, k, wv, wo, beta, alpha = _layer_inputs(*qks[idx], mods[idx], heads)
-    out, w, moduli = _layer(q, k, wv, wo, beta, alpha, jax.random.fold_in(key, idx), causal=mods[idx].causal,
-                            samples=samples, num_moduli=num_moduli)
+    out, w, moduli = _layer(q, k, wv, wo, beta, alpha, jax.random.fold_in(key, idx), _coupling(mods[idx], heads),
+                            causal=mods[idx].causal, samples=samples, num_moduli=num_moduli, triangles=triangles)
     if prev is not None:
       rows[-1].update({kk: float(v) for kk, v in jax.device_get(_pair(prev[0], w, prev[1], moduli)).items()},
                       next_layer=idx)
@@ -284,7 +282,6 @@ def model_report(model, run, *, layers=None, heads=None, samples: int = 32, seed
                        "(the weights or the input are not finite); nothing to probe")
     if mods[idx].magnetic:
       row.update({kk: None for kk in TRANSPORT_KEYS})
-      row.update(_magnetic_readouts(*qks[idx], mods[idx], heads, jax.random.fold_in(key, 10_000 + idx), triangles))
     bad = [kk for kk, v in row.items() if isinstance(v, (float, list)) and not np.all(np.isfinite(v))]
     if bad:
       warnings.warn(f"layer {idx}: non-finite read-outs {bad} (finite queries/keys)", RuntimeWarning, stacklevel=2)
@@ -311,10 +308,8 @@ def summary(model, run, *, samples: int = 32, seed: int = 0, num_moduli: int = 1
   key = jax.random.PRNGKey(seed)
   per_layer, prev = [], None
   for idx, ((q, k), m) in enumerate(zip(qks, mods)):
-    out, w, moduli = _layer(*_layer_inputs(q, k, m, None), jax.random.fold_in(key, idx), causal=m.causal,
-                            samples=samples, num_moduli=num_moduli)
-    if m.magnetic:                            # the phase's transports are not in the tables (module docstring)
-      out = {kk: v for kk, v in out.items() if kk not in TRANSPORT_KEYS}
+    out, w, moduli = _layer(*_layer_inputs(q, k, m, None), jax.random.fold_in(key, idx), _coupling(m, None),
+                            causal=m.causal, samples=samples, num_moduli=num_moduli)
     if prev is not None:
       per_layer[-1].update(_pair(prev[0], w, prev[1], moduli))
     per_layer.append(out)
