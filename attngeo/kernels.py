@@ -249,14 +249,10 @@ def attention(q, k, v, *, bias=None, mask=None, causal=False, scale=None, implem
     out = _blockwise_sdpa(q, k, v, bias, mask, causal, scale, int(block_size))
   else:
     raise ValueError(f"implementation must be one of {IMPLEMENTATIONS} or None; got {implementation!r}")
-  return zero_dead_rows(out, mask)
-
-
-def zero_dead_rows(out, mask):
-  """out [b, t, h, e] with the query rows whose keys are all masked set to 0 (mask [b|1, h|1, t|1, s])."""
   if mask is None:
     return out
-  valid = jnp.any(mask, -1)                                                          # [b|1, h|1, t|1]
+  b, t, h, _ = q.shape
+  valid = jnp.any(jnp.broadcast_to(mask, (mask.shape[0], mask.shape[1], t, k.shape[1])), -1)   # [b|1, h|1, t]
   return jnp.where(jnp.transpose(valid, (0, 2, 1))[..., None], out, jnp.zeros((), out.dtype))
 
 
@@ -484,14 +480,10 @@ def phase_attention(q, k, v, qt, kt, coupling, *, bias=None, mask=None, causal=F
   else:
     raise ValueError(f"implementation must be one of {PHASE_IMPLEMENTATIONS} or None for phase attention; "
                      f"got {implementation!r}")
-  return zero_dead_rows(out, mask)
-
-
-def zero_dead_rows(out, mask):
-  """out [b, t, h, e] with the query rows whose keys are all masked set to 0 (mask [b|1, h|1, t|1, s])."""
   if mask is None:
     return out
-  valid = jnp.any(mask, -1)                                                          # [b|1, h|1, t|1]
+  b, t, h, _ = q.shape
+  valid = jnp.any(jnp.broadcast_to(mask, (mask.shape[0], mask.shape[1], t, k.shape[1])), -1)   # [b|1, h|1, t]
   return jnp.where(jnp.transpose(valid, (0, 2, 1))[..., None], out, jnp.zeros((), out.dtype))
 
 

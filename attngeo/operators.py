@@ -52,7 +52,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attngeo import _checks, kernels, pair_kernel
+from attngeo import _checks, kernels
 
 # Named corners (β, α) of the operator square.
 ATTN = (1.0, 1.0)
@@ -264,9 +264,6 @@ def rownorm(full, *, causal: bool = False, mask=None):
 # The magnetic operator CMAP (module docstring): magnitude P(β, α = 0), U(1) phase θ on complex value pairs.
 
 MAGNETIC = ("CMAP",)
-# Kernels of the magnetic operator: the generic phase attention ("einsum", "blockwise") and the
-# pair-scheduled blockwise kernel that shares blocks (I, J) and (J, I) (`attngeo.pair_kernel`).
-MAGNETIC_IMPLEMENTATIONS = kernels.PHASE_IMPLEMENTATIONS + ("pairs",)
 
 
 def is_magnetic(operator) -> bool:
@@ -323,8 +320,7 @@ def magnetic_transport(q, k, v, *, beta=0.0, coupling=1.0, causal: bool = False,
     beta: β of the magnitude `K = P(β, α = 0)`: scalar or per-head [h] in [0, 1]; 0 is DMAP's kernel.
     coupling: γ, scalar or per-head [h], any finite real; 0 gives exactly `transport(..., alpha=0)`.
     causal, mask, scale, block_size: as in `transport`.
-    implementation: "einsum" (dense) | "blockwise" (generic phase attention) | "pairs" (blockwise,
-      blocks (I, J) and (J, I) together: ≈ 2/3 of the products) | None (einsum below 512 keys, else pairs).
+    implementation: "einsum" | "blockwise" | None (einsum below 512 keys, else blockwise).
   Returns:
     [b, n, h, e] in v's dtype (float32 accumulation); the phase matrix never exists beyond a block
     on the blockwise path. A row whose keys are all masked is 0.
@@ -334,8 +330,8 @@ def magnetic_transport(q, k, v, *, beta=0.0, coupling=1.0, causal: bool = False,
   b, n, h, d = q.shape
   if n == 0 or d == 0:
     raise ValueError(f"q, k, v need at least one token and one channel; got [b, n, h, d] = {q.shape}")
-  if implementation not in (None,) + MAGNETIC_IMPLEMENTATIONS:
-    raise ValueError(f"implementation must be one of {MAGNETIC_IMPLEMENTATIONS} or None for the magnetic "
+  if implementation not in (None,) + kernels.PHASE_IMPLEMENTATIONS:
+    raise ValueError(f"implementation must be one of {kernels.PHASE_IMPLEMENTATIONS} or None for the magnetic "
                      f"operator; got {implementation!r}")
   mask = _check_mask(mask, b, h, n, n)
   beta, coupling = _coefficient("beta", beta, h), _coupling(coupling, h)
@@ -344,14 +340,8 @@ def magnetic_transport(q, k, v, *, beta=0.0, coupling=1.0, causal: bool = False,
     return transport(q, k, v, beta=beta, alpha=0.0, causal=causal, mask=mask, scale=scale,
                      implementation=implementation, block_size=block_size)
   aug = augment(q, k, beta=beta, alpha=0.0, scale=scale)
-  c = jnp.broadcast_to(jnp.asarray(coupling, jnp.float32) * (0.5 * scale), (h,))
-  implementation = implementation or ("pairs" if n >= 512 else "einsum")
-  if implementation == "pairs":
-    if int(block_size) < 1:
-      raise ValueError(f"block_size must be a positive integer; got {block_size}")
-    out = pair_kernel.pair_phase_attention(aug.q, aug.k, q, k, v, aug.bias, c, mask, causal, scale, int(block_size))
-    return kernels.zero_dead_rows(out, mask)
   qt, kt = phase_heads(q, k)
+  c = jnp.asarray(coupling, jnp.float32) * (0.5 * scale)
   return kernels.phase_attention(aug.q, aug.k, v, qt, kt, c, bias=aug.bias, mask=mask, causal=causal, scale=scale,
                                  implementation=implementation, block_size=block_size)
 

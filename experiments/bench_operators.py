@@ -12,8 +12,7 @@ machine falls on all of them alike: timed one cell after another, ratios moved b
 grouped by kernel (ATTN first) and a group holds programs whose summed peak memory is at most half
 the machine's (`interleaved_with` in the JSON says how many cells shared a group): at 4096 keys the
 dense kernels' programs (13–17 GiB each) are timed one at a time. CMAP, the magnetic operator
-(`operators.magnetic_transport`, coupling 1), runs on its own phase kernels (einsum, blockwise, and the pair-scheduled
-"pairs", timed interleaved with the blockwise cells);
+(`operators.magnetic_transport`, coupling 1), runs on its own phase kernels (einsum, blockwise);
 the note under the table gives its ratio to ATTN per sequence length. `--long N` adds the blockwise
 path at batch 1, seq N, where a materialised P alone would need b·h·N²·4 bytes. Writes
 bench_operators.{md,csv,json}.
@@ -60,9 +59,9 @@ def measure(name, impl, b, n, h, d, repeats, block_size=512, dtype="float32"):
 def available_impls(name="ATTN"):
   import jax
 
-  from attngeo import operators
+  from attngeo import kernels
   if name in OPERATORS[len(CORNERS):]:
-    return list(operators.MAGNETIC_IMPLEMENTATIONS)
+    return list(kernels.PHASE_IMPLEMENTATIONS)
   impls = ["einsum", "xla", "blockwise"]
   if jax.default_backend() == "gpu":
     impls.insert(2, "cudnn")
@@ -88,11 +87,6 @@ def groups(cells: list[dict], budget: int) -> list[list[dict]]:
     out[-1].append(cell)
     used += need
   return out
-
-
-def _family(impl: str) -> str:
-  """Kernels timed interleaved together: the pair-scheduled CMAP kernel runs beside the blockwise ones."""
-  return "blockwise" if impl == "pairs" else impl
 
 
 def time_group(group: list[dict], calls: dict, repeats: int, n: int):
@@ -130,9 +124,9 @@ def run(seqs, batch, heads, head_dim, repeats, long_seq, dtype="float32", operat
         except Exception as e:  # noqa: BLE001 — a kernel that rejects the shape (e.g. cuDNN limits) is reported
           tqdm.write(f"{name}/{impl}/{n}: {type(e).__name__}: {str(e)[:120]}")
         cells.append(row)
-    kernels = dict.fromkeys(_family(c["implementation"]) for c in cells)
+    kernels = dict.fromkeys(c["implementation"] for c in cells)
     for group in (g for impl in kernels for g in groups(
-        [c for c in cells if _family(c["implementation"]) == impl and (c["operator"], c["implementation"]) in calls],
+        [c for c in cells if c["implementation"] == impl and (c["operator"], c["implementation"]) in calls],
         memory_budget())):
       time_group(group, calls, repeats, n)
       for row in group:                     # free each group's programs before the next one runs
