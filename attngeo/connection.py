@@ -257,11 +257,32 @@ class EffectiveDefect(NamedTuple):
   participation: jax.Array
 
 
+def phase_heads(wv, wo):
+  """Virtual heads of a magnetic (CMAP) layer: `([wv, wv·J], [wo, wo])` `[d, 2h, k]`, `[2h, k, d]`.
+
+  Its transport on edge ij is `T^h(θ) = W_V^h R(θ^h_ij) W_O^h` with the rotation `R(θ) = cos θ I + sin θ J`
+  of the complex value pairs (2c, 2c+1) (row vectors: `(re, im)·J = (−im, re)`, multiplication by i),
+  so `Σ_h g^h T^h(θ^h) = Σ_h (g^h cos θ^h) T^h + (g^h sin θ^h) T_J^h`: edge-independent transports of 2h
+  virtual heads with signed gates, whose trace tables are exact (`phase_gates`).
+  """
+  rot = jnp.stack([-wv[..., 1::2], wv[..., 0::2]], -1).reshape(wv.shape)
+  return jnp.concatenate([wv, rot], 1), jnp.concatenate([wo, wo], 0)
+
+
+def phase_gates(g, theta):
+  """Gates `[..., 2h]` of the virtual heads (`phase_heads`) from true gates g and phases θ `[..., h]`."""
+  return jnp.concatenate([g * jnp.cos(theta), g * jnp.sin(theta)], -1)
+
+
 def effective_isometry_defect(p, wv, wo, *, key=None, samples: int = 32, rtol: float = 1e-12,
-                              chunk: int = 64, tables: TransportTables | None = None) -> EffectiveDefect:
+                              chunk: int = 64, tables: TransportTables | None = None,
+                              phases=None) -> EffectiveDefect:
   """W-weighted mean `Σ_ij W_ij δ(T_ij) / n` of the effective transport's defect, from trace tables.
 
-  p: per-head attention `[h, n, n]`; wv `[d, h, k]`, wo `[h, k, d]`. Edges whose gates are all
+  p: per-head attention `[h, n, n]`; wv `[d, h, k]`, wo `[h, k, d]`. `phases` θ `[h, n, n]` (a CMAP
+  layer): the head transports are `W_V^h R(θ^h_ij) W_O^h` (`phase_heads`; `tables`, if given, must be
+  those of the virtual heads); the supports and ranks are the true heads', the rank that of a
+  generic mixture of rotation-scaled heads. Edges whose gates are all
   positive (every unmasked softmax edge) get δ exactly from `(G, K, r)`, `chunk` query rows at a
   time (chunk·n·h² memory). Edges with a partial support (some head exactly 0) carry mass
   `sampled_mass`; `samples` of them are drawn from W (key `key`), each gets its own support's
@@ -275,36 +296,48 @@ def effective_isometry_defect(p, wv, wo, *, key=None, samples: int = 32, rtol: f
   if samples < 2:
     raise ValueError(f"samples must be at least 2 (a standard error needs two); got {samples}")
   key = jax.random.PRNGKey(0) if key is None else key
+  if phases is not None:
+    if phases.shape != p.shape:
+      raise ValueError(f"phases must be [heads, n, n] like P {p.shape}; got {phases.shape}")
+    if wv.shape[2] % 2:
+      raise ValueError(f"a magnetic layer's value heads pair channels: k must be even; got {wv.shape[2]}")
+    wv, wo = phase_heads(wv.astype(jnp.float32), wo.astype(jnp.float32))
   tables = transport_tables(wv, wo, key=jax.random.fold_in(key, 1), rtol=rtol) if tables is None else tables
-  return _effective(p, wv, wo, key, tables, samples=samples, rtol=rtol, chunk=chunk)
+  return _effective(p, wv, wo, key, tables, phases, samples=samples, rtol=rtol, chunk=chunk)
 
 
 @functools.partial(jax.jit, static_argnames=("samples", "rtol", "chunk"))
-def _effective(p, wv, wo, key, tables, *, samples, rtol, chunk):
+def _effective(p, wv, wo, key, tables, phases=None, *, samples, rtol, chunk):
   h, n, k = p.shape[0], p.shape[-1], wv.shape[2]
+  hv = wv.shape[1]                                                          # heads of the tables (2h if phases)
   draws = 2
   wv, wo = wv.astype(jnp.float32), wo.astype(jnp.float32)
+  tt = None if phases is None else jnp.transpose(phases.astype(jnp.float32), (1, 2, 0))     # [n, n, h]
+  virtual = (lambda g, th: g) if phases is None else phase_gates
+  widen = (lambda a: a) if phases is None else (lambda a: jnp.concatenate([a, a], -1))
   # one draw of uniforms for everything random (one RNG program to compile): Gumbel noise for the
   # two categorical draws, exponentials for the Dirichlet gates of the rank draws
-  u = jax.random.uniform(key, (2 * samples * n + samples * draws * h,), minval=_TINY, maxval=1.0)
+  u = jax.random.uniform(key, (2 * samples * n + samples * draws * hv,), minval=_TINY, maxval=1.0)
   gumbel = -jnp.log(-jnp.log(u[:2 * samples * n])).reshape(2, samples, n)
-  expo = -jnp.log(u[2 * samples * n:]).reshape(samples, draws, h)
+  expo = -jnp.log(u[2 * samples * n:]).reshape(samples, draws, hv)
   r_o, r_v, r_full = tables.rank_o, tables.rank_v, tables.rank
   pt = jnp.transpose(p.astype(jnp.float32), (1, 2, 0))                      # [n, n, h]
 
-  def row(pi):                                                              # pi [n, h]: row i of every head
+  def row(args):                                                            # pi [n, h]: row i of every head
+    pi, ti = args
     s = pi.sum(-1)
     g = pi / jnp.maximum(s, _TINY)[:, None]
     w = s / h
     full = jnp.all(pi > 0, -1)
-    tr, f2 = gated_traces(g, tables)
+    tr, f2 = gated_traces(virtual(g, ti), tables)
     d, c = _defect(tr, f2, r_full)
     rest = jnp.where(full, 0.0, w)
     part = tr**2 / jnp.maximum(f2, _TINY)
     return (jnp.sum(jnp.where(full, w * d, 0.0)), jnp.sum(jnp.where(full, w * c, 0.0)),
             jnp.sum(jnp.where(full, w * part, 0.0)), rest)
 
-  d_sum, c_sum, p_sum, rest = jax.lax.map(row, pt, batch_size=min(chunk, n))  # rest [n, n]: W off full support
+  d_sum, c_sum, p_sum, rest = jax.lax.map(row, (pt, pt if tt is None else tt),
+                                           batch_size=min(chunk, n))         # rest [n, n]: W off full support
   rest_rows = rest.sum(-1)
   sampled_mass = rest_rows.sum() / n
 
@@ -313,9 +346,10 @@ def _effective(p, wv, wo, key, tables, *, samples, rtol, chunk):
     j = jnp.argmax(jnp.log(rest[i]) + gumbel[1], -1)                       # then a column ∝ W_ij in the row
     pij = pt[i, j]                                                          # [samples, h]
     g = pij / jnp.maximum(pij.sum(-1, keepdims=True), _TINY)
-    support = pij > 0
+    g = g if tt is None else phase_gates(g, tt[i, j])
+    support = widen(pij > 0)                                                # [samples, hv]
     # full-rank factors (rank H·k each): every sub-support S is pinned at |S|·k; else rank each support
-    ranks = jax.lax.cond((r_o == h * k) & (r_v == h * k), lambda _: support.sum(-1) * k,
+    ranks = jax.lax.cond((r_o == hv * k) & (r_v == hv * k), lambda _: support.sum(-1) * k,
                          lambda _: jax.lax.map(lambda a: _pinned_or_generic(wv, wo, a[0], a[1], *_factor_ranks(
                              wv, wo, a[0], rtol), rtol), (support, expo)), None)
     tr, f2 = gated_traces(g, tables)

@@ -18,9 +18,11 @@ For each attention layer (q, k captured during one forward pass; dense P per hea
   next probed layer (`next_layer`), spectra from `connection.walk_moduli`.
 
 * CMAP (magnetic) layers: the walk read-outs above are those of the magnitude K (|K_θ| = K); the
-  edge transports `W_O^h R(θ^h_ij) W_V^h` depend on the edge through the phase and are not in the
-  trace tables, so `head_isometry_defect` and the `effective_*` keys are None there. Instead, per
-  head `[h]`: `cmap_mean_abs_phase` (Σ_ij K_ij |θ_ij| / n) and, without a causal mask (`attngeo.magnetic`),
+  edge transports `W_V^h R(θ^h_ij) W_O^h` depend on the edge through the phase, and the `effective_*`
+  keys are those of `T_ij = Σ_h g^h_ij W_V^h R(θ^h_ij) W_O^h` — exact from the trace tables of 2h
+  edge-independent virtual heads `W_V^h W_O^h`, `W_V^h J W_O^h` with gates `g cos θ`, `g sin θ`
+  (`connection.phase_heads`); `head_isometry_defect` (one head's transport is no longer one matrix)
+  is None there. Also per head `[h]`: `cmap_mean_abs_phase` (Σ_ij K_ij |θ_ij| / n) and, without a causal mask (`attngeo.magnetic`),
   `cmap_lambda_max` λ_max(H), `cmap_frustration_lower/upper` (the bracket on ν), `cmap_wilson`
   (Re of the 3-cycle Wilson loop) and `cmap_mean_abs_circulation` ± `_se` from `cmap_triangles`
   sampled triangles per input (`magnetic.sampled_curvature`: O(samples), not n³). Under a causal mask
@@ -118,30 +120,33 @@ def summarise(per_layer: list[dict]) -> dict[str, float]:
 def _layer_impl(q, k, wv, wo, beta, alpha, key, coupling=None, *, causal, samples, num_moduli, triangles=4096):
   """All read-outs of one layer: (dict of arrays, walks [b, n, n], moduli [b, num_moduli]).
 
-  `coupling` [h] marks a CMAP layer: its phase read-outs come from the same dense magnitude P, and
-  the transport tables (edge-independent, so not its transports) are not formed.
+  `coupling` [h] marks a CMAP layer: its phase read-outs come from the same dense magnitude P, and its
+  effective transport is `Σ_h g^h W_V^h R(θ^h_ij) W_O^h` (`connection.phase_heads`); a head's own
+  transport then depends on the edge, so the per-head defect is not read (absent from the dict).
   """
   p, stats = _stats_impl(q, k, beta, alpha, causal)
   w = p.mean(1)                                                       # head-averaged walks [b, n, n]
   moduli, converged = connection.walk_spectrum(w, num_moduli, triangular=causal)      # batched over b
   walk_rev = markov.reversibility(w)
-  common = dict(stats, spectral_gap=jnp.mean(1.0 - moduli[:, 1]), spectrum_converged=jnp.all(converged),
-                inputs_finite=jnp.isfinite(q).all() & jnp.isfinite(k).all(), walk_eps_rev=walk_rev.mean())
-  if coupling is not None:
-    phase = _phase_readouts(q, k, p, coupling, jax.random.fold_in(key, 2), causal=causal, triangles=triangles)
-    return dict(common, **phase), w, moduli
-  head_d, head_c = connection.head_isometry_defect(wv, wo)
-  tables = connection.transport_tables(wv, wo, key=jax.random.fold_in(key, 1))
+  out = dict(stats, spectral_gap=jnp.mean(1.0 - moduli[:, 1]), spectrum_converged=jnp.all(converged),
+             inputs_finite=jnp.isfinite(q).all() & jnp.isfinite(k).all(), walk_eps_rev=walk_rev.mean())
+  if coupling is None:
+    theta = None
+    out["head_isometry_defect"], out["head_scale"] = connection.head_isometry_defect(wv, wo)
+    tables = connection.transport_tables(wv, wo, key=jax.random.fold_in(key, 1))
+  else:
+    theta = operators.phases(q.astype(jnp.float32), k.astype(jnp.float32), coupling=coupling)
+    out.update(_phase_readouts(p, theta, jax.random.fold_in(key, 2), causal=causal, triangles=triangles))
+    tables = connection.transport_tables(*connection.phase_heads(wv, wo), key=jax.random.fold_in(key, 1))
 
   def per_sample(args):                     # the per-edge tables are large: one batch element at a time
-    ph, kk = args
-    return connection.effective_isometry_defect(ph, wv, wo, key=kk, samples=samples, tables=tables)
+    ph, th, kk = args
+    return connection.effective_isometry_defect(ph, wv, wo, key=kk, samples=samples, tables=tables, phases=th)
 
   keys = jax.random.split(key, p.shape[0])
-  eff = jax.lax.map(per_sample, (p, keys))
+  eff = jax.lax.map(per_sample, (p, theta, keys))
   b = p.shape[0]
-  out = dict(common, head_isometry_defect=head_d, head_scale=head_c,
-             effective_isometry_defect=eff.mean.mean(),
+  out.update(effective_isometry_defect=eff.mean.mean(),
              effective_isometry_defect_se=jnp.sqrt(jnp.sum(eff.stderr**2)) / b,
              effective_scale=eff.scale.mean(), effective_rank=eff.rank[0],
              effective_participation=eff.participation.mean(),
@@ -152,14 +157,9 @@ def _layer_impl(q, k, wv, wo, beta, alpha, key, coupling=None, *, causal, sample
 _layer = functools.partial(jax.jit, static_argnames=("causal", "samples", "num_moduli", "triangles"))(_layer_impl)
 
 
-TRANSPORT_KEYS = ("head_isometry_defect", "head_scale", "effective_isometry_defect", "effective_isometry_defect_se",
-                  "effective_scale", "effective_rank", "effective_participation", "partial_support_mass")
-
-
-def _phase_readouts(q, k, p, coupling, key, *, causal, triangles):
-  """CMAP read-outs of one layer (module docstring) from its magnitude p [b, h, n, n], per head [h] averaged
-  over the batch."""
-  theta = operators.phases(q.astype(jnp.float32), k.astype(jnp.float32), coupling=coupling)
+def _phase_readouts(p, theta, key, *, causal, triangles):
+  """CMAP read-outs of one layer (module docstring) from its magnitude p and phases θ [b, h, n, n], per head
+  [h] averaged over the batch."""
   out = {"cmap_mean_abs_phase": (jnp.sum(p * jnp.abs(theta), (-2, -1)) / p.shape[-1]).mean(0)}
   if causal:
     return out
@@ -280,8 +280,8 @@ def model_report(model, run, *, layers=None, heads=None, samples: int = 32, seed
     if not row.pop("inputs_finite"):
       raise ValueError(f"layer {idx}: the attention's queries/keys hold NaN or inf on this input "
                        "(the weights or the input are not finite); nothing to probe")
-    if mods[idx].magnetic:
-      row.update({kk: None for kk in TRANSPORT_KEYS})
+    if mods[idx].magnetic:                    # a head's transport depends on the edge: no per-head defect
+      row.update(head_isometry_defect=None, head_scale=None)
     bad = [kk for kk, v in row.items() if isinstance(v, (float, list)) and not np.all(np.isfinite(v))]
     if bad:
       warnings.warn(f"layer {idx}: non-finite read-outs {bad} (finite queries/keys)", RuntimeWarning, stacklevel=2)

@@ -1,4 +1,5 @@
 """Shared test helpers (imported by name: pytest puts tests/ on sys.path)."""
+import numpy as np
 
 
 class Batches:
@@ -15,3 +16,34 @@ class Batches:
 
   def set_state(self, state):
     pass
+
+
+# ----------------------------------------------------------------------------- connection-walk references (float64)
+
+def defect_from_lam(lam, rtol):
+  """δ from eigenvalues λ [..., d] of TᵀT (float64): the definition, independently of the package."""
+  keep = lam > rtol * lam[..., -1:]
+  r = np.maximum(keep.sum(-1), 1)
+  mean = (lam * keep).sum(-1) / r
+  num = (((lam - mean[..., None]) ** 2) * keep).sum(-1)
+  den = np.maximum((lam**2 * keep).sum(-1), 1e-300)
+  return np.sqrt(num / den)
+
+
+def rotations64(theta, k):
+  """R(θ) `[..., k, k]` on complex pairs (2c, 2c+1), row vectors: (re, im)·R = (re cos − im sin, re sin + im cos)."""
+  c, s = np.cos(theta)[..., None], np.sin(theta)[..., None]
+  r = np.zeros(theta.shape + (k, k))
+  idx = np.arange(0, k, 2)
+  r[..., idx, idx], r[..., idx + 1, idx + 1] = c, c
+  r[..., idx, idx + 1], r[..., idx + 1, idx] = s, -s
+  return r
+
+
+def dense_cmap_transports64(p, theta, wv, wo):
+  """Per-edge `T_ij = Σ_h g^h_ij W_V^h R(θ^h_ij) W_O^h` `[n, n, d, d]` in float64, from the definition."""
+  p, theta, wv, wo = (np.asarray(x, np.float64) for x in (p, theta, wv, wo))
+  s = p.sum(0)
+  g = p / np.where(s > 0, s, 1.0)
+  r = rotations64(theta, wv.shape[2])                                           # [h, n, n, k, k]
+  return np.einsum("hij,dhk,hijkl,hle->ijde", g, wv, r, wo)

@@ -7,6 +7,7 @@ from flax import nnx
 from scipy.spatial.distance import jensenshannon
 
 from attngeo import connection as conn, markov, nn, operators as op
+from helpers import defect_from_lam, dense_cmap_transports64, rotations64
 
 
 def random_p(seed, h=3, n=7):
@@ -21,16 +22,6 @@ def random_orthogonal(seed, d):
 def random_factors(seed, d, h, k):
   ka, kb = jax.random.split(jax.random.PRNGKey(seed))
   return jax.random.normal(ka, (d, h, k)), jax.random.normal(kb, (h, k, d))
-
-
-def defect_from_lam(lam, rtol):
-  """δ from eigenvalues λ [..., d] of TᵀT (float64): the definition, independently of the package."""
-  keep = lam > rtol * lam[..., -1:]
-  r = np.maximum(keep.sum(-1), 1)
-  mean = (lam * keep).sum(-1) / r
-  num = (((lam - mean[..., None]) ** 2) * keep).sum(-1)
-  den = np.maximum((lam**2 * keep).sum(-1), 1e-300)
-  return np.sqrt(num / den)
 
 
 def dense_effective_defect64(p, wv, wo, rtol=1e-14):
@@ -250,3 +241,62 @@ def test_bad_inputs():
     conn.effective_isometry_defect(p, wv, wo)
   with pytest.raises(ValueError, match="samples must be at least 2"):
     conn.effective_isometry_defect(random_p(8, h=3), wv, wo, samples=1)
+
+
+# ----------------------------------------------------------------------------- magnetic (CMAP) layers
+
+def test_cmap_attention_output_is_the_walk_with_rotated_transports():
+  """Anchor of the convention: a CMAP layer's output is `Σ_h Σ_j P^h_ij x_j W_V^h R(θ^h_ij) W_O^h`."""
+  att = nn.Attention(8, 2, 4, operator="CMAP", coupling=1.3, rngs=nnx.Rngs(0))
+  x = jax.random.normal(jax.random.PRNGKey(1), (1, 6, 8))
+  q, k, _ = att.qkv(x)
+  p = op.markov_matrix(q, k, beta=0.0, alpha=0.0)[0]
+  theta = op.phases(q, k, coupling=1.3)[0]
+  r = rotations64(np.asarray(theta, np.float64), 4)
+  y = np.einsum("hij,je,ehk,hijkl,hld->id", np.float64(p), np.float64(x[0]), np.float64(att.wv[...]), r,
+                np.float64(att.wo[...]))
+  np.testing.assert_allclose(y, att(x)[0], atol=1e-5)
+  assert float(jnp.abs(theta).max()) > 0.1
+
+
+@pytest.mark.parametrize("d,h,k", [(16, 2, 4), (8, 3, 4)])
+def test_cmap_effective_defect_from_tables_equals_the_per_edge_definition(d, h, k):
+  """Rotated head transports through 2h virtual heads with signed gates: the trace-table defect equals the
+  per-edge float64 one (H·k < d, rank pinned; H·k > d, generic rank), and differs from the phase-free one."""
+  wv, wo = random_factors(d + h + 1, d, h, k)
+  p = random_p(h + 5, h=h, n=9)
+  theta = 2.0 * jax.random.normal(jax.random.PRNGKey(3), p.shape)
+  theta = theta - jnp.swapaxes(theta, -1, -2)
+  got = conn.effective_isometry_defect(p, wv, wo, phases=theta, chunk=4)
+  lam = np.linalg.svd(dense_cmap_transports64(p, theta, wv, wo), compute_uv=False)[..., ::-1] ** 2
+  pn = np.float64(p)
+  truth = float((pn.mean(0) * defect_from_lam(lam, 1e-14)).sum() / pn.shape[-1])
+  np.testing.assert_allclose(got.mean, truth, rtol=2e-5)
+  assert int(got.rank) == min(d, h * k) and float(got.sampled_mass) == 0
+  assert abs(float(conn.effective_isometry_defect(p, wv, wo).mean) - truth) > 1e-3
+  np.testing.assert_allclose(conn.effective_isometry_defect(p, wv, wo, phases=jnp.zeros_like(p)).mean,
+                             conn.effective_isometry_defect(p, wv, wo).mean, rtol=1e-5)   # θ = 0: the family's
+
+
+def test_cmap_partial_supports_are_sampled_within_their_error_bar():
+  d, h, k, n = 8, 2, 4, 11
+  wv, wo = random_factors(21, d, h, k)
+  p = random_p(22, h=h, n=n)
+  keep = jax.random.bernoulli(jax.random.PRNGKey(23), 0.7, p.shape) | jnp.eye(n, dtype=bool)
+  p = p * keep
+  p = p / p.sum(-1, keepdims=True)
+  theta = jax.random.uniform(jax.random.PRNGKey(24), p.shape, minval=-3.0, maxval=3.0)
+  lam = np.linalg.svd(dense_cmap_transports64(p, theta, wv, wo), compute_uv=False)[..., ::-1] ** 2
+  pn = np.float64(p)
+  truth = float((pn.mean(0) * defect_from_lam(lam, 1e-10)).sum() / n)
+  est = conn.effective_isometry_defect(p, wv, wo, phases=theta, samples=256, key=jax.random.PRNGKey(5))
+  assert float(est.sampled_mass) > 0.1 and 0 < float(est.stderr) < 0.02
+  assert abs(float(est.mean) - truth) < 4 * float(est.stderr), (float(est.mean), truth, float(est.stderr))
+
+
+def test_cmap_phases_must_match_p():
+  wv, wo = random_factors(0, 8, 3, 4)
+  with pytest.raises(ValueError, match="phases must be"):
+    conn.effective_isometry_defect(random_p(1), wv, wo, phases=jnp.zeros((3, 5, 5)))
+  with pytest.raises(ValueError, match="k must be even"):
+    conn.effective_isometry_defect(random_p(1), *random_factors(0, 8, 3, 3), phases=jnp.zeros((3, 7, 7)))

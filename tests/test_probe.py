@@ -210,10 +210,12 @@ def test_sliding_windows_shorter_than_the_input_are_refused_not_misread():
   assert len(rows) == 2
 
 
-def test_cmap_layers_report_the_phase_and_no_magnitude_transport_defect(tmp_path):
+def test_cmap_layers_report_the_phase_and_the_rotated_transport_defect(tmp_path):
   """A bidirectional CMAP PointFlow: the phase read-outs equal attngeo.magnetic's dense ones on the same
-  q, k (the circulation within its sampling error), the transport defects are None (the phase makes
-  them edge-dependent), and a causal CMAP GPT reads only the phase's mean."""
+  q, k (the circulation within its sampling error), the effective defect is that of the rotated edge
+  transports `Σ_h g^h W_V^h R(θ^h_ij) W_O^h` formed edge by edge, the per-head defect is None (a head's
+  transport depends on the edge), and a causal CMAP GPT reads only the phase's mean."""
+  from helpers import defect_from_lam, dense_cmap_transports64
   from attngeo import magnetic
   pf = nn.PointFlow(nn.PointFlowConfig.create(width=16, depth=2, num_heads=2, operator="CMAP", coupling=1.5),
                     rngs=nnx.Rngs(1))
@@ -221,10 +223,15 @@ def test_cmap_layers_report_the_phase_and_no_magnitude_transport_defect(tmp_path
   run = lambda: pf(pts, jnp.ones((2,)))
   rows = probe.model_report(pf, run, progress=False, triangles=20_000)
   _, qks = nn.capture_qk(pf, run)
-  for row, (q, k) in zip(rows, qks):
-    assert row["effective_isometry_defect"] is None and row["head_isometry_defect"] is None
+  for row, (q, k), m in zip(rows, qks, nn.attention_modules(pf)):
+    assert row["head_isometry_defect"] is None and row["partial_support_mass"] == 0
     p = operators.markov_matrix(q, k, beta=0.0, alpha=0.0)
     theta = operators.phases(q, k, coupling=1.5)
+    truth = []
+    for pb, tb in zip(np.asarray(p, np.float64), np.asarray(theta, np.float64)):
+      lam = np.linalg.svd(dense_cmap_transports64(pb, tb, m.wv[...], m.wo[...]), compute_uv=False)[..., ::-1] ** 2
+      truth.append((pb.mean(0) * defect_from_lam(lam, 1e-14)).sum() / pb.shape[-1])
+    np.testing.assert_allclose(row["effective_isometry_defect"], np.mean(truth), rtol=1e-4)
     fr, cv = magnetic.frustration(p, theta), magnetic.curvature(p, theta)
     np.testing.assert_allclose(row["cmap_lambda_max"], (1 - fr.lower).mean(0), rtol=1e-5)
     np.testing.assert_allclose(row["cmap_frustration_upper"], fr.upper.mean(0), rtol=1e-4, atol=1e-6)
@@ -234,14 +241,16 @@ def test_cmap_layers_report_the_phase_and_no_magnitude_transport_defect(tmp_path
     np.testing.assert_allclose(row["cmap_mean_abs_phase"], dense_phase, rtol=1e-5)
   assert np.mean(rows[0]["cmap_mean_abs_phase"]) > 0.01                    # a real phase, not γ = 0
   summ = probe.summary(pf, run)
-  assert "effective_isometry_defect" not in summ and "eps_rev" in summ
+  assert "head_isometry_defect" not in summ and "eps_rev" in summ
+  np.testing.assert_allclose(summ["effective_isometry_defect"], np.mean([r["effective_isometry_defect"] for r in rows]),
+                             rtol=1e-5)
   gpt = nn.GPT(nn.GPTConfig.from_depth(2, vocab_size=32, head_dim=8, width=16, operator="CMAP"), rngs=nnx.Rngs(0))
   x = jnp.asarray(TOKENS["tokens"][:1, :12])
   causal = probe.model_report(gpt, lambda: gpt(x), progress=False)
   assert all(r["cmap_mean_abs_phase"] is not None and "cmap_lambda_max" not in r for r in causal)
   from attngeo.experiments import probe as cli
   table = cli.table_rows(rows)
-  assert table[0]["effective"] is None and table[0]["cmap_nu"].startswith("[")
+  assert table[0]["effective"] is not None and table[0]["cmap_nu"].startswith("[")
   assert [c.key for c in cli.columns(rows)][-1] == "cmap_nu" and cli.columns(causal)[-1].key == "cmap_nu"
   assert cli.columns([{"layer": 0, "cmap_mean_abs_phase": None}]) == cli.COLUMNS    # no CMAP layer: no CMAP columns
-  cli.plot(rows, str(tmp_path / "p.png"), "CMAP")                         # None transport keys draw no points
+  cli.plot(rows, str(tmp_path / "p.png"), "CMAP")                         # None head defects draw no points
