@@ -77,12 +77,30 @@ def fingerprint(*objects) -> str:
   return h.hexdigest()[:16]
 
 
-def atomic_write(path: str, text: str) -> None:
-  """Write `text` to `path` through a temporary file and a rename: never half-written."""
-  tmp = f"{path}.tmp-{os.getpid()}"
-  with open(tmp, "w") as f:
-    f.write(text)
-  os.replace(tmp, path)
+def atomic_write(path: str, data) -> None:
+  """Write `data` to `path` through a temporary file and a rename: never half-written.
+
+  `data`: text, or a callable `write(tmp_path)` that writes the file (e.g. `np.save`, which keeps the
+  name it is given when it ends in `.npy`, as the temporary's does). A failed write leaves no temporary.
+  """
+  root, ext = os.path.splitext(path)
+  tmp = f"{root}.tmp-{os.getpid()}{ext}"
+  try:
+    if callable(data):
+      data(tmp)
+    else:
+      with open(tmp, "w") as f:
+        f.write(data)
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+
+
+def atomic_json(path: str, obj) -> None:
+  """`atomic_write` of `obj` as indented JSON (non-JSON values as their str), creating the folder."""
+  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+  atomic_write(path, json.dumps(obj, indent=1, default=str))
 
 
 def cached_result(path: str, key: str, field: str = "key") -> dict | None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import os
 import sys
@@ -24,7 +23,7 @@ import time
 
 import numpy as np
 
-from attngeo import config as config_lib
+from attngeo import config as config_lib, runs
 from attngeo.experiments import report
 from attngeo.experiments.report import Col
 from attngeo.lm.config import HELP, LMConfig, LMTrain
@@ -36,13 +35,6 @@ SEED_TABLE2 = {"ATTN": 0.8471, "DMTN": 0.8492, "DMAP": 0.8621}
 
 
 # ----------------------------------------------------------------------------- train / eval / sample
-
-def _atomic_json(path: str, obj) -> None:
-  tmp = f"{path}.tmp{os.getpid()}"
-  with open(tmp, "w") as f:
-    json.dump(obj, f, indent=1, default=str)
-  os.replace(tmp, path)
-
 
 def cmd_train(args, ap) -> dict:
   from attngeo.lm import recipe
@@ -134,7 +126,6 @@ PEAKS = {"H100 (bf16 dense)": 989e12, "TPU v4 (bf16)": 275e12}
 
 def run_key(lm: LMConfig) -> str:
   """What makes two runs the same: every LMConfig field except display-only ones."""
-  from attngeo import runs
   return runs.fingerprint(dataclasses.replace(lm, train=dataclasses.replace(lm.train, progress=True)))
 
 
@@ -147,7 +138,6 @@ def run_condition(cfg: Table2Config, name: str, seed: int) -> dict:
   key = run_key(lm)
   run_dir = os.path.join(cfg.out, "runs", f"{name}_s{seed}_{key}")
   result_path = os.path.join(run_dir, "result.json")
-  from attngeo import runs
   cached = runs.cached_result(result_path, key)
   if cached is not None:
     return cached
@@ -164,7 +154,7 @@ def run_condition(cfg: Table2Config, name: str, seed: int) -> dict:
     from attngeo import nn
     row["learned_operator"] = [[np.asarray(c).tolist() for c in m.coefficients()]
                                for m in nn.attention_modules(trained["model"])]
-  _atomic_json(result_path, row)
+  runs.atomic_json(result_path, row)
   return row
 
 

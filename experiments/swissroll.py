@@ -307,9 +307,7 @@ def ot_noise(points: np.ndarray, seed: int, cache_dir: str | None = None) -> np.
     noise[i] = noise[i][cols]
   if path:
     os.makedirs(cache_dir, exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}.npy"
-    np.save(tmp, noise)
-    os.replace(tmp, path)
+    runs.atomic_write(path, lambda tmp: np.save(tmp, noise))
   return noise
 
 

@@ -2,6 +2,7 @@
 import json
 
 import numpy as np
+import pytest
 
 from attngeo import runs
 
@@ -25,3 +26,22 @@ def test_fingerprint_follows_content_not_names():
   b = a.copy()
   b[3] += 1e-6
   assert runs.fingerprint(a, {"lr": 0.1}) != runs.fingerprint(b, {"lr": 0.1})
+
+
+def test_atomic_write_takes_a_writer_and_leaves_nothing_behind_on_failure(tmp_path):
+  """`atomic_write` with a writer (np.save keeps a `.npy` temporary's name) and `atomic_json`; a writer that
+  raises leaves neither a temporary nor a half file, and an existing file untouched."""
+  path = tmp_path / "noise.npy"
+  runs.atomic_write(str(path), lambda tmp: np.save(tmp, np.arange(3)))
+  np.testing.assert_array_equal(np.load(path), np.arange(3))
+
+  def broken(tmp):
+    with open(tmp, "wb") as f:
+      f.write(b"half")
+    raise OSError("disk full")
+  with pytest.raises(OSError, match="disk full"):
+    runs.atomic_write(str(path), broken)
+  np.testing.assert_array_equal(np.load(path), np.arange(3))
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["noise.npy"]
+  runs.atomic_json(str(tmp_path / "sub" / "r.json"), {"a": 1, "path": tmp_path})
+  assert json.loads((tmp_path / "sub" / "r.json").read_text()) == {"a": 1, "path": str(tmp_path)}

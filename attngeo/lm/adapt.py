@@ -49,6 +49,7 @@ import time
 
 import numpy as np
 
+from attngeo import runs
 from attngeo.lm.config import LMConfig, LMTrain
 
 LETTERS = {"ATTN": "A", "DMTN": "M", "DMAP": "D", "ATAP": "P"}
@@ -191,7 +192,6 @@ def weights_key(model) -> str:
   import jax
   from flax import nnx
 
-  from attngeo import runs
   from attngeo.nn import registry
   flat = sorted(((jax.tree_util.keystr(p), np.asarray(jax.device_get(x)))
                  for p, x in jax.tree_util.tree_leaves_with_path(nnx.state(model, nnx.Param))), key=lambda t: t[0])
@@ -201,7 +201,6 @@ def weights_key(model) -> str:
 def load_source(cfg: AdaptConfig) -> Source:
   """The source model, its tokenizer and corpus settings (the run's own lm.json for an `attngeo lm
   train` run, `cfg.lm`'s for an imported one; `cfg.data` overrides the corpus)."""
-  from attngeo import runs
   from attngeo.lm import recipe, tokenizer as tok_lib
   from attngeo.nn import registry
   path = cfg.source
@@ -259,14 +258,6 @@ def adapt(model, text: LMConfig, corpus, train: LMTrain, seed: int, workdir: str
   return result.history
 
 
-def _write_json(path: str, obj) -> None:
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  tmp = f"{path}.tmp{os.getpid()}"
-  with open(tmp, "w") as f:
-    json.dump(obj, f, indent=1, default=str)
-  os.replace(tmp, path)
-
-
 def _read_json(path: str):
   if not os.path.exists(path):
     return None
@@ -278,7 +269,6 @@ class Evaluator:
   """`attngeo.lm.evaluate` on the validation rows, stored in `out/evals/` by fp(model key, settings)."""
 
   def __init__(self, cfg: AdaptConfig, tokenizer, corpus, seq_len: int, out: str):
-    from attngeo import runs
     self.cfg, self.tokenizer, self.out = cfg, tokenizer, out
     self.val_rows = corpus.rows("val", seq_len).array(cfg.eval_rows or None)
     self.settings = runs.fingerprint(EVAL_VERSION, corpus.key, seq_len, cfg.eval_rows, cfg.core_max_per_task,
@@ -286,7 +276,6 @@ class Evaluator:
     self.computed = 0
 
   def __call__(self, model, key: str) -> dict:
-    from attngeo import runs
     from attngeo.lm import evals
     path = os.path.join(self.out, "evals", f"{runs.fingerprint(key, self.settings)}.json")
     stored = _read_json(path)
@@ -297,7 +286,7 @@ class Evaluator:
                         max_per_task=self.cfg.core_max_per_task)
     ev["seconds"] = time.perf_counter() - t0
     self.computed += 1
-    _write_json(path, ev)
+    runs.atomic_json(path, ev)
     return ev
 
 
@@ -320,7 +309,6 @@ def run(cfg: AdaptConfig, source: Source, log=print) -> dict:
   """
   from flax import nnx
 
-  from attngeo import runs
   from attngeo.data import text as text_lib
   ops = validate(cfg)
   labels = state_labels(ops)
@@ -353,10 +341,10 @@ def run(cfg: AdaptConfig, source: Source, log=print) -> dict:
       else:
         history = adapt(model, source.text, corpus, cfg.adapt, seed, workdir,
                         desc=f"s{seed} {labels[k]} {operator_name(ops[k])}")
-        _write_json(os.path.join(workdir, "state.json"),
-                    {"key": skey, "graft_key": gkey, "operator": ops[k], "label": labels[k], "seed": seed,
-                     "chain": ops[:k + 1], "source": source.path, "source_key": source.key,
-                     "train": train_key(cfg, seed), "corpus": corpus.key, "history": history})
+        runs.atomic_json(os.path.join(workdir, "state.json"),
+                         {"key": skey, "graft_key": gkey, "operator": ops[k], "label": labels[k], "seed": seed,
+                          "chain": ops[:k + 1], "source": source.path, "source_key": source.key,
+                          "train": train_key(cfg, seed), "corpus": corpus.key, "history": history})
         reused = False
         trained += 1
       seconds = time.perf_counter() - t0

@@ -19,7 +19,7 @@ import json
 import os
 import typing
 
-from attngeo import config as config_lib
+from attngeo import config as config_lib, runs
 from attngeo.lm.config import LMConfig, parse_operator
 from attngeo.train import TrainConfig
 
@@ -71,13 +71,6 @@ def loss_fn(model, batch, rng):
   return bpb.token_losses(model, batch["tokens"]).mean(), {}
 
 
-def _write_json(path: str, obj) -> None:
-  tmp = f"{path}.tmp{os.getpid()}"
-  with open(tmp, "w") as f:
-    json.dump(obj, f, indent=1, default=str)
-  os.replace(tmp, path)
-
-
 def tokenizer_for(cfg: LMConfig, run_dir: str | None):
   """The run's saved tokenizer, else a new one (BPE trained on the train split) saved into the run."""
   from attngeo.data import text
@@ -113,10 +106,10 @@ def train(cfg: LMConfig, out: str, hooks=(), desc: str = "lm") -> dict:
     if before != corpus.key:
       raise ValueError(f"{out}: its corpus changed since the run started (key {before} → {corpus.key}); "
                        f"resuming would read other rows — use another --out")
-  _write_json(key_path, {"key": corpus.key, "stats": corpus.stats})
+  runs.atomic_json(key_path, {"key": corpus.key, "stats": corpus.stats})
   mcfg = model_config(cfg, tok.vocab_size)
   tcfg = train_config(cfg, mcfg.width, out)
-  _write_json(os.path.join(out, "lm.json"), dataclasses.asdict(cfg))
+  runs.atomic_json(os.path.join(out, "lm.json"), dataclasses.asdict(cfg))
   model = nn.GPT(mcfg, rngs=nnx.Rngs(tcfg.seed))
   data = text.loader(corpus, "train", cfg.seq_len, tcfg.batch_size, tcfg.seed)
   hooks = tuple(hooks)

@@ -23,6 +23,8 @@ from typing import Iterable
 
 import numpy as np
 
+from attngeo import runs
+
 SPECIAL_TOKENS = ("<|bos|>", "<|user_start|>", "<|user_end|>", "<|assistant_start|>", "<|assistant_end|>",
                   "<|python_start|>", "<|python_end|>", "<|output_start|>", "<|output_end|>")
 BOS = "<|bos|>"
@@ -31,16 +33,6 @@ SPLIT_PATTERN = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}|
                  r"""\s*[\r\n]|\s+(?!\S)|\s+""")
 FILE = "tokenizer.json"
 KINDS = ("byte", "bpe")
-
-
-def _atomic_write(path: str, write) -> None:
-  tmp = f"{path}.tmp{os.getpid()}"
-  try:
-    write(tmp)
-    os.replace(tmp, path)
-  finally:
-    if os.path.exists(tmp):
-      os.remove(tmp)
 
 
 class _Base:
@@ -100,12 +92,12 @@ class _Base:
     def dump(tmp):
       with open(tmp, "w") as f:
         json.dump(self.to_dict(), f)
-    _atomic_write(os.path.join(directory, FILE), dump)
+    runs.atomic_write(os.path.join(directory, FILE), dump)
 
     def save_bytes(tmp):
       with open(tmp, "wb") as f:
         np.save(f, self.token_bytes())
-    _atomic_write(os.path.join(directory, "token_bytes.npy"), save_bytes)
+    runs.atomic_write(os.path.join(directory, "token_bytes.npy"), save_bytes)
 
 
 class ByteTokenizer(_Base):
