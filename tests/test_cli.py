@@ -53,3 +53,37 @@ def test_user_errors_are_one_line_with_exit_status_2(tmp_path):
   out = subprocess.run([sys.executable, "-m", "attngeo.cli", "bench", "--seqs", "0"], capture_output=True,
                        text=True, timeout=60)
   assert out.returncode == 2 and "expected a positive integer" in out.stderr
+
+
+def test_a_command_from_the_shell_reexecutes_once_with_huge_pages(monkeypatch):
+  """From the shell (argv None) a command re-executes itself with glibc's huge-page tunable added to the
+  environment; the new process finds it and goes on; --help, in-process calls and ATTNGEO_HUGEPAGES=0 never do."""
+  calls = []
+
+  def execve(path, args, env):
+    calls.append((path, args, env))
+    raise SystemExit(0)
+
+  monkeypatch.setattr(cli.os, "execve", execve)
+  monkeypatch.setattr(cli.sys, "argv", ["attngeo", "bench", "--seqs", "0"])
+  monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+  monkeypatch.delenv("ATTNGEO_HUGEPAGES", raising=False)
+  env = cli.huge_pages_env(os.environ)
+  if env is None:
+    pytest.skip("not glibc >= 2.35")
+  with pytest.raises(SystemExit):
+    cli.main()
+  (path, args, got), = calls
+  assert path == sys.executable and args == [sys.executable, "-m", "attngeo.cli", "bench", "--seqs", "0"]
+  assert got["GLIBC_TUNABLES"] == cli.HUGE_PAGES
+  assert cli.huge_pages_env(got) is None                                        # the new process goes on
+  monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=2")
+  assert cli.huge_pages_env(os.environ)["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:" + cli.HUGE_PAGES
+  monkeypatch.setattr(cli.sys, "argv", ["attngeo", "bench", "--help"])
+  with pytest.raises(SystemExit):                                               # argparse's help exit, no exec
+    cli.main()
+  with pytest.raises(SystemExit) as exit_:                                       # in-process: no exec
+    cli.main(["bench", "--seqs", "0"])
+  assert exit_.value.code == 2 and len(calls) == 1
+  monkeypatch.setenv("ATTNGEO_HUGEPAGES", "0")
+  assert cli.huge_pages_env(os.environ) is None
