@@ -5,15 +5,16 @@
 The seed's MHSA → FFN rows are much sharper (DMAP e^H̄ 1.14, ATAP 9.63, DMTN 11.1) than its
 FFN → MHSA rows (27.2, 46.4, 42.4); its protocol (set size, width, depth, budget) is not stated.
 This command trains the seed's three operators in both orders under several protocols (each a
-change of the `attngeo swissroll` defaults) and measures every trained model's effective
-neighbour count `e^H̄` (exp of the mean row entropy of P, averaged over heads and layers, t = 1)
-on point sets of 256, 1024 and 4000 training points (4000 = the whole training set, what the
-seed's figure shows), raw and ÷ the set size n. Protocols:
+change of the `attngeo swissroll` defaults at 1500 steps, the study's budget) and measures every
+trained model's effective neighbour count `e^H̄` (exp of the mean row entropy of P, averaged over
+heads and layers, t = 1) on point sets of 256, 1024 and 4000 training points (4000 = the whole
+training set, what the seed's figure shows), raw and ÷ the set size n. Protocols:
 
-* `base` — the `attngeo swissroll` defaults (reused from `runs/swissroll` when that scan ran);
+* `base` — the `attngeo swissroll` defaults at 1500 steps (reused from `runs/swissroll` when a scan
+  ran with `--steps 1500`);
 * `depth4` — 4 blocks instead of 2;
 * `set1024` — training sets of 1024 points (batch ÷ 4: the same points per step);
-* `full` — the `--full` budget of `attngeo swissroll` (reused from `runs/swissroll_full`).
+* `full` — the `--full` budget of `attngeo swissroll`, 6000 steps (reused from `runs/swissroll_full`).
 
 A condition already trained under the same settings is reused (folders keyed by fingerprint,
 `attngeo.experiments.swissroll`). Writes order.{md,csv,json} and order.png to `--out`.
@@ -41,12 +42,14 @@ PROTOCOLS = {
 SEED = {("DMAP", "ffn_first"): 27.2, ("DMAP", "attn_first"): 1.14, ("DMTN", "ffn_first"): 42.4,
         ("DMTN", "attn_first"): 11.1, ("ATAP", "ffn_first"): 46.4, ("ATAP", "attn_first"): 9.63}
 SIZES = (256, 1024, 4000)
-LABELS = {"base": "default (depth 2, sets of 256, 1500 steps)", "depth4": "depth 4", "set1024": "trained on sets of 1024",
+STEPS = 1500          # the order study's budget (the scan's default was 1500 steps when it was measured)
+LABELS = {"base": "base (depth 2, sets of 256, 1500 steps)", "depth4": "depth 4", "set1024": "trained on sets of 1024",
           "set4000": "trained on sets of 4000", "full": "6000 steps (--full)"}
 
 
 def protocol_config(name: str, operators, out: str) -> swissroll.SwissRollConfig:
-  fields = dict(operators=tuple(operators), orders=swissroll.ORDERS, probe_sizes=SIZES, out=os.path.join(out, name))
+  fields = dict(operators=tuple(operators), orders=swissroll.ORDERS, probe_sizes=SIZES, out=os.path.join(out, name),
+                steps=STEPS)
   fields.update(PROTOCOLS[name])
   return dataclasses.replace(swissroll.SwissRollConfig(), **fields)
 

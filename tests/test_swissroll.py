@@ -214,13 +214,16 @@ def test_learnable_operator_scan_trains_per_head_coefficients(tmp_path):
 
 
 @pytest.mark.slow
-def test_default_scan_stays_near_the_floor_unmemorised_reversible_and_in_budget(tmp_path):
-  """The README's main job (seed 123): every condition within 10 % of the oracle floor (measured 1.028–1.065 × in
-  d_NN, 1.032–1.054 × in coverage; single seeds 124–125 up to 1.095 — the issue's 5 % is NOT met by every
-  condition, so it is not asserted), unmemorised, exact-A reversible, in 10 minutes (≈ 7.2 min on a quiet machine)."""
-  res = swissroll.run(dataclasses.replace(swissroll.SwissRollConfig(), out=str(tmp_path), progress=False))
+def test_default_scan_meets_the_floor_criterion_unmemorised_reversible_and_in_budget(tmp_path):
+  """The README's main job, as a user runs it (`attngeo swissroll`, seed 123, its own process with the CLI's
+  huge pages): every condition within 5 % of the oracle floor in d_NN and coverage (measured 1.006–1.033 and
+  1.031–1.035), unmemorised, exact-A reversible, in 10 minutes (505 s on a quiet machine)."""
+  out = subprocess.run([sys.executable, "-m", "attngeo.cli", "swissroll", "--out", str(tmp_path), "--progress", "false"],
+                       capture_output=True, text=True, timeout=1800)
+  assert out.returncode == 0, out.stderr[-2000:]
+  res = json.loads((tmp_path / "results.json").read_text())
   v = res["verdict"]
-  assert v["worst_d_nn_ratio"] < 1.1 and v["worst_coverage_ratio"] < 1.1, v
+  assert v["within_floor"] and v["worst_d_nn_ratio"] < 1.05 and v["worst_coverage_ratio"] < 1.05, v
   assert v["lowest_memorisation"] > v["oracle_memorisation"] - 0.05, v
   for r in res["conditions"]:
     if r["operator"] in ("DMAP", "ATAP"):
