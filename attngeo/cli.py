@@ -36,16 +36,19 @@ COMMANDS = {
 
 # Transparent huge pages for glibc's malloc (glibc ≥ 2.35). XLA on CPU allocates fresh buffers for its
 # n × n temporaries at every call, and glibc maps large ones from the kernel 4 KiB page by page: a
-# Swiss-roll condition spent 30 % of its time in page faults (7.1 M faults); with huge pages 0.46 M and
-# 24 % less training time (docs/benchmarks.md). Tunables are read at process start, so the command
-# re-executes itself once with the setting added; ATTNGEO_HUGEPAGES=0 keeps the process as it is.
+# 500-step Swiss-roll condition made 7.1 M page faults (13.6 s of system time in a 42.8 s run); with
+# huge pages 0.46 M and 24 % less training time (docs/benchmarks.md). Tunables are read at process
+# start, so the command re-executes itself once, with the same command line and the setting added;
+# ATTNGEO_HUGEPAGES=0 keeps the process as it is.
 HUGE_PAGES = "glibc.malloc.hugetlb=1"
+_REEXEC = "ATTNGEO_REEXEC"          # set in the re-executed process: never a second exec
 
 
 def huge_pages_env(env) -> dict | None:
-  """`env` with `HUGE_PAGES` added to GLIBC_TUNABLES, or None when it is off, present, or not glibc ≥ 2.35."""
+  """`env` with `HUGE_PAGES` added to GLIBC_TUNABLES (and the re-exec mark), or None when it is off,
+  present, already re-executed, or not glibc ≥ 2.35."""
   tunables = env.get("GLIBC_TUNABLES", "")
-  if env.get("ATTNGEO_HUGEPAGES", "1") == "0" or "glibc.malloc.hugetlb" in tunables:
+  if env.get("ATTNGEO_HUGEPAGES", "1") == "0" or "glibc.malloc.hugetlb" in tunables or env.get(_REEXEC):
     return None
   try:
     name, version = os.confstr("CS_GNU_LIBC_VERSION").split()
@@ -53,7 +56,21 @@ def huge_pages_env(env) -> dict | None:
       return None
   except (AttributeError, ValueError, OSError):          # not Linux/glibc
     return None
-  return dict(env, GLIBC_TUNABLES=f"{tunables}:{HUGE_PAGES}" if tunables else HUGE_PAGES)
+  return dict(env, GLIBC_TUNABLES=f"{tunables}:{HUGE_PAGES}" if tunables else HUGE_PAGES, **{_REEXEC: "1"})
+
+
+def _reexec_with_huge_pages() -> None:
+  """Replace this process by the same command line (`sys.orig_argv`: interpreter flags and wrappers
+  kept) under `huge_pages_env`; returns (and the command runs here) when that is None or exec fails."""
+  env = huge_pages_env(os.environ)
+  if env is None or not sys.executable:
+    return
+  sys.stdout.flush()
+  sys.stderr.flush()
+  try:
+    os.execve(sys.executable, list(sys.orig_argv), env)
+  except OSError:
+    pass
 
 
 # Errors that mean "the input is wrong", reported in one line (anything else is a bug: traceback).
@@ -75,10 +92,8 @@ def main(argv=None):
   if argv[0] not in COMMANDS:
     print(f"attngeo: unknown command {argv[0]!r}\n\n{usage()}", file=sys.stderr)
     return 2
-  env = huge_pages_env(os.environ) if from_shell and not any(a in ("-h", "--help") for a in argv[1:]) else None
-  if env is not None:                       # once: the new process finds the setting and goes on
-    sys.stdout.flush()
-    os.execve(sys.executable, [sys.executable, "-m", "attngeo.cli", *argv], env)
+  if from_shell and not any(a in ("-h", "--help") for a in argv[1:]):
+    _reexec_with_huge_pages()
   module_name, _, entry = COMMANDS[argv[0]][0].partition(":")   # "module" runs main, "module:fn" runs fn
   command = getattr(importlib.import_module(module_name), entry or "main")
   if not any(a in ("-h", "--help") for a in argv[1:]):

@@ -301,26 +301,47 @@ def effective_isometry_defect(p, wv, wo, *, key=None, samples: int = 32, rtol: f
       raise ValueError(f"phases must be [heads, n, n] like P {p.shape}; got {phases.shape}")
     if wv.shape[2] % 2:
       raise ValueError(f"a magnetic layer's value heads pair channels: k must be even; got {wv.shape[2]}")
-    wv, wo = phase_heads(wv.astype(jnp.float32), wo.astype(jnp.float32))
+    true_factors = (wv.astype(jnp.float32), wo.astype(jnp.float32))
+    wv, wo = phase_heads(*true_factors)
+  else:
+    true_factors = None
   tables = transport_tables(wv, wo, key=jax.random.fold_in(key, 1), rtol=rtol) if tables is None else tables
-  return _effective(p, wv, wo, key, tables, phases, samples=samples, rtol=rtol, chunk=chunk)
+  if tables.gram.shape[0] != wv.shape[1]:
+    raise ValueError(f"tables hold {tables.gram.shape[0]} heads where {wv.shape[1]} are needed"
+                     + (" (a magnetic layer's: transport_tables(*phase_heads(wv, wo)))" if phases is not None else ""))
+  return _effective(p, wv, wo, key, tables, phases, true_factors, samples=samples, rtol=rtol, chunk=chunk)
+
+
+def _phase_rank(true_factors, wv, wo, support, expo, rtol):
+  """Rank of `Σ_{h∈S} g^h W_V^h R(θ^h) W_O^h` (g > 0): `V D O` with D = blockdiag(g R(θ)) invertible, so
+  pinned by the TRUE heads' factor ranks as in `mixture_rank`; otherwise the generic rank of the
+  virtual heads (`phase_heads`) at random positive gates. support: true heads [h] (bool)."""
+  tv, to = true_factors
+  r_o, r_v = _factor_ranks(tv, to, support, rtol)
+  m = support.sum() * tv.shape[2]
+  both = jnp.concatenate([support, support])
+  generic = lambda _: _pinned_or_generic(wv, wo, both, expo, *_factor_ranks(wv, wo, both, rtol), rtol)
+  rank = jax.lax.cond((r_o == m) | (r_v == m), lambda _: jnp.where(r_o == m, r_v, r_o), generic, None)
+  return jnp.where(jnp.any(support), rank, 0)
 
 
 @functools.partial(jax.jit, static_argnames=("samples", "rtol", "chunk"))
-def _effective(p, wv, wo, key, tables, phases=None, *, samples, rtol, chunk):
+def _effective(p, wv, wo, key, tables, phases=None, true_factors=None, *, samples, rtol, chunk):
   h, n, k = p.shape[0], p.shape[-1], wv.shape[2]
   hv = wv.shape[1]                                                          # heads of the tables (2h if phases)
   draws = 2
   wv, wo = wv.astype(jnp.float32), wo.astype(jnp.float32)
   tt = None if phases is None else jnp.transpose(phases.astype(jnp.float32), (1, 2, 0))     # [n, n, h]
   virtual = (lambda g, th: g) if phases is None else phase_gates
-  widen = (lambda a: a) if phases is None else (lambda a: jnp.concatenate([a, a], -1))
   # one draw of uniforms for everything random (one RNG program to compile): Gumbel noise for the
   # two categorical draws, exponentials for the Dirichlet gates of the rank draws
   u = jax.random.uniform(key, (2 * samples * n + samples * draws * hv,), minval=_TINY, maxval=1.0)
   gumbel = -jnp.log(-jnp.log(u[:2 * samples * n])).reshape(2, samples, n)
   expo = -jnp.log(u[2 * samples * n:]).reshape(samples, draws, hv)
   r_o, r_v, r_full = tables.rank_o, tables.rank_v, tables.rank
+  if true_factors is not None:               # ranks of the true heads (the virtual factors never pin)
+    r_o, r_v = _factor_ranks(*true_factors, jnp.ones((h,), bool), rtol)
+    r_full = jnp.where((r_o == h * k) | (r_v == h * k), jnp.where(r_o == h * k, r_v, r_o), tables.rank)
   pt = jnp.transpose(p.astype(jnp.float32), (1, 2, 0))                      # [n, n, h]
 
   def row(args):                                                            # pi [n, h]: row i of every head
@@ -347,11 +368,14 @@ def _effective(p, wv, wo, key, tables, phases=None, *, samples, rtol, chunk):
     pij = pt[i, j]                                                          # [samples, h]
     g = pij / jnp.maximum(pij.sum(-1, keepdims=True), _TINY)
     g = g if tt is None else phase_gates(g, tt[i, j])
-    support = widen(pij > 0)                                                # [samples, hv]
+    support = pij > 0                                                       # [samples, h]: the true heads
+    if true_factors is None:
+      rank_of = lambda a: _pinned_or_generic(wv, wo, a[0], a[1], *_factor_ranks(wv, wo, a[0], rtol), rtol)
+    else:
+      rank_of = lambda a: _phase_rank(true_factors, wv, wo, a[0], a[1], rtol)
     # full-rank factors (rank H·k each): every sub-support S is pinned at |S|·k; else rank each support
-    ranks = jax.lax.cond((r_o == hv * k) & (r_v == hv * k), lambda _: support.sum(-1) * k,
-                         lambda _: jax.lax.map(lambda a: _pinned_or_generic(wv, wo, a[0], a[1], *_factor_ranks(
-                             wv, wo, a[0], rtol), rtol), (support, expo)), None)
+    ranks = jax.lax.cond((r_o == h * k) & (r_v == h * k), lambda _: support.sum(-1) * k,
+                         lambda _: jax.lax.map(rank_of, (support, expo)), None)
     tr, f2 = gated_traces(g, tables)
     d, c = _defect(tr, f2, ranks)
     return d.mean(), d.std(ddof=1) / np.sqrt(samples), c.mean(), (tr**2 / jnp.maximum(f2, _TINY)).mean()

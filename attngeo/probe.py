@@ -117,12 +117,14 @@ def summarise(per_layer: list[dict]) -> dict[str, float]:
 
 # ----------------------------------------------------------------------------- full per-layer read-outs
 
-def _layer_impl(q, k, wv, wo, beta, alpha, key, coupling=None, *, causal, samples, num_moduli, triangles=4096):
+def _layer_impl(q, k, wv, wo, beta, alpha, key, coupling=None, *, causal, samples, num_moduli, triangles=4096,
+                phase_readouts=True):
   """All read-outs of one layer: (dict of arrays, walks [b, n, n], moduli [b, num_moduli]).
 
   `coupling` [h] marks a CMAP layer: its phase read-outs come from the same dense magnitude P, and its
   effective transport is `Σ_h g^h W_V^h R(θ^h_ij) W_O^h` (`connection.phase_heads`); a head's own
   transport then depends on the edge, so the per-head defect is not read (absent from the dict).
+  `phase_readouts=False` skips the CMAP-only read-outs (the training hook's `summary` does not use them).
   """
   p, stats = _stats_impl(q, k, beta, alpha, causal)
   w = p.mean(1)                                                       # head-averaged walks [b, n, n]
@@ -136,7 +138,8 @@ def _layer_impl(q, k, wv, wo, beta, alpha, key, coupling=None, *, causal, sample
     tables = connection.transport_tables(wv, wo, key=jax.random.fold_in(key, 1))
   else:
     theta = operators.phases(q.astype(jnp.float32), k.astype(jnp.float32), coupling=coupling)
-    out.update(_phase_readouts(p, theta, jax.random.fold_in(key, 2), causal=causal, triangles=triangles))
+    if phase_readouts:
+      out.update(_phase_readouts(p, theta, jax.random.fold_in(key, 2), causal=causal, triangles=triangles))
     tables = connection.transport_tables(*connection.phase_heads(wv, wo), key=jax.random.fold_in(key, 1))
 
   def per_sample(args):                     # the per-edge tables are large: one batch element at a time
@@ -154,7 +157,8 @@ def _layer_impl(q, k, wv, wo, beta, alpha, key, coupling=None, *, causal, sample
   return out, w, moduli
 
 
-_layer = functools.partial(jax.jit, static_argnames=("causal", "samples", "num_moduli", "triangles"))(_layer_impl)
+_layer = functools.partial(jax.jit, static_argnames=("causal", "samples", "num_moduli", "triangles",
+                                                    "phase_readouts"))(_layer_impl)
 
 
 def _phase_readouts(p, theta, key, *, causal, triangles):
@@ -299,8 +303,9 @@ def model_report(model, run, *, layers=None, heads=None, samples: int = 32, seed
 def summary(model, run, *, samples: int = 32, seed: int = 0, num_moduli: int = 16) -> dict[str, jax.Array]:
   """Layer means of the `model_report` read-outs (`SUMMARY_KEYS`) as device scalars, without a host sync.
 
-  The same compiled per-layer programs as `model_report`, dispatched asynchronously: the caller
-  decides when to wait (`jax.device_get`).
+  The same compiled per-layer programs as `model_report` (a CMAP layer's without its phase read-outs,
+  which the summary does not use), dispatched asynchronously: the caller decides when to wait
+  (`jax.device_get`).
   """
   mods, _, _ = _validate(model, None, None, samples, num_moduli)
   _, qks = nn.capture_qk(model, run)
@@ -309,7 +314,8 @@ def summary(model, run, *, samples: int = 32, seed: int = 0, num_moduli: int = 1
   per_layer, prev = [], None
   for idx, ((q, k), m) in enumerate(zip(qks, mods)):
     out, w, moduli = _layer(*_layer_inputs(q, k, m, None), jax.random.fold_in(key, idx), _coupling(m, None),
-                            causal=m.causal, samples=samples, num_moduli=num_moduli)
+                            causal=m.causal, samples=samples, num_moduli=num_moduli,
+                            phase_readouts=not m.magnetic)    # the family's programs are the report's
     if prev is not None:
       per_layer[-1].update(_pair(prev[0], w, prev[1], moduli))
     per_layer.append(out)

@@ -80,11 +80,13 @@ def fingerprint(*objects) -> str:
 def atomic_write(path: str, data) -> None:
   """Write `data` to `path` through a temporary file and a rename: never half-written.
 
-  `data`: text, or a callable `write(tmp_path)` that writes the file (e.g. `np.save`, which keeps the
-  name it is given when it ends in `.npy`, as the temporary's does). A failed write leaves no temporary.
+  `data`: text, or a callable `write(tmp_path)` that writes exactly that path (through a file object
+  for writers such as `np.save` that would append a suffix). The temporary is a hidden file beside
+  `path` (`.name.tmp-PID`), so a kill mid-write leaves nothing a `*.json`/`*.npy` glob picks up; a
+  failed write leaves no temporary.
   """
-  root, ext = os.path.splitext(path)
-  tmp = f"{root}.tmp-{os.getpid()}{ext}"
+  folder, name = os.path.split(path)
+  tmp = os.path.join(folder, f".{name}.tmp-{os.getpid()}")
   try:
     if callable(data):
       data(tmp)

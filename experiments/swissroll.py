@@ -307,7 +307,10 @@ def ot_noise(points: np.ndarray, seed: int, cache_dir: str | None = None) -> np.
     noise[i] = noise[i][cols]
   if path:
     os.makedirs(cache_dir, exist_ok=True)
-    runs.atomic_write(path, lambda tmp: np.save(tmp, noise))
+    def save(tmp):
+      with open(tmp, "wb") as f:
+        np.save(f, noise)
+    runs.atomic_write(path, save)
   return noise
 
 

@@ -66,17 +66,20 @@ def test_a_command_from_the_shell_reexecutes_once_with_huge_pages(monkeypatch):
 
   monkeypatch.setattr(cli.os, "execve", execve)
   monkeypatch.setattr(cli.sys, "argv", ["attngeo", "bench", "--seqs", "0"])
-  monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
-  monkeypatch.delenv("ATTNGEO_HUGEPAGES", raising=False)
+  orig = [sys.executable, "-X", "utf8", "/venv/bin/attngeo", "bench", "--seqs", "0"]
+  monkeypatch.setattr(cli.sys, "orig_argv", orig)
+  for name in ("GLIBC_TUNABLES", "ATTNGEO_HUGEPAGES", "ATTNGEO_REEXEC"):
+    monkeypatch.delenv(name, raising=False)
   env = cli.huge_pages_env(os.environ)
   if env is None:
     pytest.skip("not glibc >= 2.35")
   with pytest.raises(SystemExit):
     cli.main()
   (path, args, got), = calls
-  assert path == sys.executable and args == [sys.executable, "-m", "attngeo.cli", "bench", "--seqs", "0"]
+  assert path == sys.executable and args == orig                                # flags and script kept
   assert got["GLIBC_TUNABLES"] == cli.HUGE_PAGES
   assert cli.huge_pages_env(got) is None                                        # the new process goes on
+  assert cli.huge_pages_env(dict(got, GLIBC_TUNABLES="")) is None               # stripped tunables: no loop
   monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=2")
   assert cli.huge_pages_env(os.environ)["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:" + cli.HUGE_PAGES
   monkeypatch.setattr(cli.sys, "argv", ["attngeo", "bench", "--help"])
@@ -87,3 +90,12 @@ def test_a_command_from_the_shell_reexecutes_once_with_huge_pages(monkeypatch):
   assert exit_.value.code == 2 and len(calls) == 1
   monkeypatch.setenv("ATTNGEO_HUGEPAGES", "0")
   assert cli.huge_pages_env(os.environ) is None
+  monkeypatch.delenv("ATTNGEO_HUGEPAGES")
+
+  def failing(path, args, env):
+    raise OSError("exec failed")
+  monkeypatch.setattr(cli.os, "execve", failing)                               # a failed exec: run here
+  monkeypatch.setattr(cli.sys, "argv", ["attngeo", "bench", "--seqs", "0"])
+  with pytest.raises(SystemExit) as exit_:
+    cli.main()
+  assert exit_.value.code == 2

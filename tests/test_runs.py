@@ -1,5 +1,6 @@
 """attngeo.runs: results reused only under the key that made them; atomic writes; content fingerprints."""
 import json
+import os
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ def test_cached_result_is_returned_only_for_its_key(tmp_path):
   assert runs.cached_result(str(path), "k1", field="evaluation_key") is None
   path.write_text('{"key": "k1", "bp')                                    # cut short by a crash
   assert runs.cached_result(str(path), "k1") is None
-  assert not list(tmp_path.glob("*.tmp-*"))                               # atomic_write left no temporary
+  assert not [n for n in os.listdir(tmp_path) if ".tmp-" in n]              # atomic_write left no temporary
 
 
 def test_fingerprint_follows_content_not_names():
@@ -29,10 +30,17 @@ def test_fingerprint_follows_content_not_names():
 
 
 def test_atomic_write_takes_a_writer_and_leaves_nothing_behind_on_failure(tmp_path):
-  """`atomic_write` with a writer (np.save keeps a `.npy` temporary's name) and `atomic_json`; a writer that
-  raises leaves neither a temporary nor a half file, and an existing file untouched."""
+  """`atomic_write` with a writer and `atomic_json`; a writer that raises leaves neither a temporary nor a
+  half file, and an existing file untouched; the temporary is hidden (no `*.npy` glob sees it)."""
   path = tmp_path / "noise.npy"
-  runs.atomic_write(str(path), lambda tmp: np.save(tmp, np.arange(3)))
+  seen = []
+
+  def save(tmp):
+    seen.append(os.path.basename(tmp))
+    with open(tmp, "wb") as f:
+      np.save(f, np.arange(3))
+  runs.atomic_write(str(path), save)
+  assert seen[0].startswith(".noise.npy.tmp-") and not seen[0].endswith(".npy")
   np.testing.assert_array_equal(np.load(path), np.arange(3))
 
   def broken(tmp):
