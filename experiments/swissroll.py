@@ -122,7 +122,7 @@ HELP = {
     "progress": "progress bars (true/false)",
 }
 
-FULL = dict(steps=6000, ckpt_every=1000, sample_sets=16, num_sets=8192)   # 2.4× the steps (≈ 30 min on 2 cores)
+FULL = dict(steps=6000, ckpt_every=1000, sample_sets=16, num_sets=8192)   # 2.4× the steps (1,823 s before huge pages)
 
 # Settings that shape a condition's training (its folder key) are every field except these.
 NOT_TRAINING = ("operators", "orders", "seeds", "out", "progress", "ckpt_every", "heat_points")
