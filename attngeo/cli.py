@@ -92,11 +92,12 @@ def main(argv=None):
   if argv[0] not in COMMANDS:
     print(f"attngeo: unknown command {argv[0]!r}\n\n{usage()}", file=sys.stderr)
     return 2
-  if from_shell and not any(a in ("-h", "--help") for a in argv[1:]):
+  wants_help = any(a in ("-h", "--help") for a in argv[1:])
+  if from_shell and not wants_help:
     _reexec_with_huge_pages()
   module_name, _, entry = COMMANDS[argv[0]][0].partition(":")   # "module" runs main, "module:fn" runs fn
   command = getattr(importlib.import_module(module_name), entry or "main")
-  if not any(a in ("-h", "--help") for a in argv[1:]):
+  if not wants_help:
     from attngeo import sharding
     sharding.initialize_distributed()
   try:

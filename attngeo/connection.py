@@ -215,9 +215,13 @@ def _pinned_or_generic(wv, wo, support, expo, r_o, r_v, rtol):
       return _rank(jnp.einsum("dhk,h,hke->ed", wv, g, wo, precision=_HI), rtol)
     return jnp.max(linalg.map_matrices(one, expo, core=1))
 
-  pinned = (r_o == m) | (r_v == m)
-  rank = jax.lax.cond(pinned, lambda _: jnp.where(r_o == m, r_v, r_o), generic, None)
-  return jnp.where(jnp.any(support), rank, 0)
+  return jnp.where(jnp.any(support), _pinned_rank(r_o, r_v, m, generic), 0)
+
+
+def _pinned_rank(r_o, r_v, m, generic):
+  """rank of `O D V` for D invertible on the m supported head dimensions: rank V if O is injective
+  (r_o = m), rank O if V is surjective (r_v = m), else `generic(None)` (`mixture_rank`)."""
+  return jax.lax.cond((r_o == m) | (r_v == m), lambda _: jnp.where(r_o == m, r_v, r_o), generic, None)
 
 
 def mixture_rank(wv, wo, support, key, *, draws: int = 2, rtol: float = 1e-12) -> jax.Array:
@@ -316,12 +320,9 @@ def _phase_rank(true_factors, wv, wo, support, expo, rtol):
   """Rank of `Σ_{h∈S} g^h W_V^h R(θ^h) W_O^h` (g > 0): `V D O` with D = blockdiag(g R(θ)) invertible, so
   pinned by the TRUE heads' factor ranks as in `mixture_rank`; otherwise the generic rank of the
   virtual heads (`phase_heads`) at random positive gates. support: true heads [h] (bool)."""
-  tv, to = true_factors
-  r_o, r_v = _factor_ranks(tv, to, support, rtol)
-  m = support.sum() * tv.shape[2]
   both = jnp.concatenate([support, support])
   generic = lambda _: _pinned_or_generic(wv, wo, both, expo, *_factor_ranks(wv, wo, both, rtol), rtol)
-  rank = jax.lax.cond((r_o == m) | (r_v == m), lambda _: jnp.where(r_o == m, r_v, r_o), generic, None)
+  rank = _pinned_rank(*_factor_ranks(*true_factors, support, rtol), support.sum() * wv.shape[2], generic)
   return jnp.where(jnp.any(support), rank, 0)
 
 
@@ -341,7 +342,7 @@ def _effective(p, wv, wo, key, tables, phases=None, true_factors=None, *, sample
   r_o, r_v, r_full = tables.rank_o, tables.rank_v, tables.rank
   if true_factors is not None:               # ranks of the true heads (the virtual factors never pin)
     r_o, r_v = _factor_ranks(*true_factors, jnp.ones((h,), bool), rtol)
-    r_full = jnp.where((r_o == h * k) | (r_v == h * k), jnp.where(r_o == h * k, r_v, r_o), tables.rank)
+    r_full = _pinned_rank(r_o, r_v, h * k, lambda _: tables.rank)
   pt = jnp.transpose(p.astype(jnp.float32), (1, 2, 0))                      # [n, n, h]
 
   def row(args):                                                            # pi [n, h]: row i of every head
@@ -357,8 +358,7 @@ def _effective(p, wv, wo, key, tables, phases=None, true_factors=None, *, sample
     return (jnp.sum(jnp.where(full, w * d, 0.0)), jnp.sum(jnp.where(full, w * c, 0.0)),
             jnp.sum(jnp.where(full, w * part, 0.0)), rest)
 
-  d_sum, c_sum, p_sum, rest = jax.lax.map(row, (pt, pt if tt is None else tt),
-                                           batch_size=min(chunk, n))         # rest [n, n]: W off full support
+  d_sum, c_sum, p_sum, rest = jax.lax.map(row, (pt, tt), batch_size=min(chunk, n))  # rest [n, n]: W off full support
   rest_rows = rest.sum(-1)
   sampled_mass = rest_rows.sum() / n
 
