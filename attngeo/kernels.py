@@ -304,18 +304,54 @@ def _join_pairs(y):
   return jnp.stack([y[..., :half], y[..., half:]], -1).reshape(y.shape)
 
 
-@functools.partial(jax.jit, static_argnums=(8, 9))
-def _einsum_phase(q, k, v, bias, qt, kt, c, mask, causal, scale):
-  """Dense reference path: materialises the [b, h, t, s] logits and phases (autodiff backward)."""
+def _dense_phase_fwd(q, k, v, bias, qt, kt, c, mask, causal, scale):
+  """Dense forward: (out [b, t, h, e], residuals). Materialises the [b, h, t, s] logits, phases and
+  C = P cos θ, S = P sin θ; the backward reads only C, S and the raw phase products."""
   s = jnp.einsum("bthd,bshd->bhts", q, k, preferred_element_type=jnp.float32) * scale
   if bias is not None:
-    s = s + jnp.transpose(bias, (0, 2, 1))[:, :, None, :]
-  p = jax.nn.softmax(apply_masks(s, mask, causal), axis=-1)
-  theta = jnp.einsum("bthf,bshf->bhts", qt, kt, preferred_element_type=jnp.float32) * c[None, :, None, None]
+    s = s + jnp.transpose(bias, (0, 2, 1)).astype(jnp.float32)[:, :, None, :]
+  s = apply_masks(s, mask, causal)
+  p = jnp.exp(s - jax.nn.logsumexp(s, -1, keepdims=True))
+  raw = jnp.einsum("bthf,bshf->bhts", qt, kt, preferred_element_type=jnp.float32)
+  sin, cos = sincos(raw * c[None, :, None, None])
+  pc, ps = p * cos, p * sin
   va, vb = _split_pairs(v)
   pv = lambda w, x: jnp.einsum("bhts,bshe->bthe", w.astype(v.dtype), x, preferred_element_type=jnp.float32)
-  sin, cos = sincos(theta)
-  return _join_pairs(pv(p * cos, va) + pv(p * sin, vb)).astype(v.dtype)
+  out = _join_pairs(pv(pc, va) + pv(ps, vb)).astype(v.dtype)
+  return out, (q, k, v, bias, qt, kt, c, raw, pc, ps, out)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(8, 9))
+def _dense_phase(q, k, v, bias, qt, kt, c, mask, causal, scale):
+  return _dense_phase_fwd(q, k, v, bias, qt, kt, c, mask, causal, scale)[0]
+
+
+def _dense_phase_bwd(causal, scale, res, dout):
+  """The derivation above on whole matrices, from the saved C = P cos θ and S = P sin θ: P = |C + iS|
+  (no exponential or sincos recomputed), dL = C·Re A − S·Im A − P δ, dθ = −(S·Re A + C·Im A)."""
+  q, k, v, bias, qt, kt, c, raw, pc, ps, out = res
+  f32 = lambda x: x.astype(jnp.float32)
+  ga, rot = _split_pairs(f32(dout))
+  gb = -rot                                                                     # [G_im, −G_re]
+  va, vb = _split_pairs(f32(v))
+  re_a = jnp.einsum("bthe,bshe->bhts", ga, va)
+  im_a = -jnp.einsum("bthe,bshe->bhts", ga, vb)
+  delta = jnp.transpose(jnp.sum(f32(dout) * f32(out), -1), (0, 2, 1))[..., None]          # [b, h, t, 1]
+  dl = pc * re_a - ps * im_a - jnp.sqrt(pc * pc + ps * ps) * delta
+  dtheta = -(ps * re_a + pc * im_a)
+  dv = jnp.einsum("bhts,bthe->bshe", pc, ga) + jnp.einsum("bhts,bthe->bshe", ps, gb)
+  ch = c[None, None, :, None]
+  dq = jnp.einsum("bhts,bshd->bthd", dl, f32(k)) * scale
+  dk = jnp.einsum("bhts,bthd->bshd", dl, f32(q)) * scale
+  dqt = jnp.einsum("bhts,bshf->bthf", dtheta, f32(kt)) * ch
+  dkt = jnp.einsum("bhts,bthf->bshf", dtheta, f32(qt)) * ch
+  dbias = None if bias is None else jnp.transpose(dl.sum(2), (0, 2, 1)).astype(bias.dtype)
+  return (dq.astype(q.dtype), dk.astype(k.dtype), _join_pairs(dv).astype(v.dtype), dbias,
+          dqt.astype(qt.dtype), dkt.astype(kt.dtype), jnp.sum(dtheta * raw, (0, 2, 3)).astype(c.dtype), None)
+
+
+_dense_phase.defvjp(_dense_phase_fwd, _dense_phase_bwd)
+_einsum_phase = jax.jit(_dense_phase, static_argnums=(8, 9))
 
 
 def _phase_block(qb, kb, biasb, qtb, ktb, c, maskb, causal, scale, iq, ik, bq, bk):
@@ -464,9 +500,10 @@ def phase_attention(q, k, v, qt, kt, coupling, *, bias=None, mask=None, causal=F
 
   q: [b, t, h, D]; k: [b, s, h, D]; v: [b, s, h, e], e even; qt: [b, t, h, F]; kt: [b, s, h, F];
   coupling: scalar or [h]; bias: [b, s, h] or None; mask: bool, broadcastable to [b, h, t, s].
-  implementation: "einsum" (materialises [b, h, t, s]) | "blockwise" (online softmax, recomputing
-  custom VJP, O(n) memory; gradients for q, k, v, bias, qt, kt and the coupling) | None (einsum
-  below 512 keys, else blockwise). Returns [b, t, h, e] in v's dtype, float32 accumulation; a query
+  implementation: "einsum" (materialises [b, h, t, s]; custom VJP from the saved P cos θ and P sin θ,
+  nothing recomputed) | "blockwise" (online softmax, recomputing custom VJP, O(n) memory) | None
+  (einsum below 512 keys, else blockwise). Both give gradients for q, k, v, bias, qt, kt and the
+  coupling. Returns [b, t, h, e] in v's dtype, float32 accumulation; a query
   row whose keys are all masked returns 0.
   """
   implementation = implementation or ("blockwise" if k.shape[1] >= 512 else "einsum")

@@ -1,7 +1,8 @@
 """Forward+backward time and peak memory of every operator under every attention kernel.
 
     attngeo bench [--seqs 256,1024,4096] [--batch 8] [--heads 8] [--head-dim 64] [--repeats 3]
-                  [--operators ATTN,DMAP,DMTN,ATAP,CMAP] [--long 16384] [--dtype float32|bfloat16] [--out DIR]
+                  [--operators ATTN,DMAP,DMTN,ATAP,CMAP] [--implementations einsum,xla,blockwise]
+                  [--long 16384] [--dtype float32|bfloat16] [--out DIR]
 
 For each (seq, operator, implementation) it prints the fastest wall time of a jitted
 `grad(sum(transport(q, k, v)))` over `--repeats` runs, the compiled program's peak memory
@@ -11,7 +12,10 @@ interleaved (run r of every cell before run r + 1 of any), so load from other jo
 machine falls on all of them alike: timed one cell after another, ratios moved by up to 2×. Cells are
 grouped by kernel (ATTN first) and a group holds programs whose summed peak memory is at most half
 the machine's (`interleaved_with` in the JSON says how many cells shared a group): at 4096 keys the
-dense kernels' programs (13–17 GiB each) are timed one at a time. CMAP, the magnetic operator
+dense kernels' programs (13–17 GiB each) are timed one at a time, and a program whose peak exceeds
+three quarters of the machine's memory (dense CMAP at 4096 keys, 21 GiB) is not run: its row says
+so, with the memory it would need. `--implementations` restricts the kernels (the ratios are then
+to the fastest ATTN among them). CMAP, the magnetic operator
 (`operators.magnetic_transport`, coupling 1), runs on its own phase kernels (einsum, blockwise);
 the note under the table gives its ratio to ATTN per sequence length. `--long N` adds the blockwise
 path at batch 1, seq N, where a materialised P alone would need b·h·N²·4 bytes. Writes
@@ -27,6 +31,7 @@ from attngeo.experiments.report import Col
 
 CORNERS = ("ATTN", "DMAP", "DMTN", "ATAP")
 OPERATORS = CORNERS + ("CMAP",)
+IMPLEMENTATIONS = ("einsum", "xla", "cudnn", "blockwise")
 
 
 def compiled_call(name, impl, b, n, h, d, block_size=512, dtype="float32"):
@@ -56,16 +61,25 @@ def measure(name, impl, b, n, h, d, repeats, block_size=512, dtype="float32"):
   return min(timing.interleaved_seconds({name: call}, repeats)[name]), mem
 
 
-def available_impls(name="ATTN"):
+def available_impls(name="ATTN", chosen=None):
+  """The kernels that run `name` on this backend (restricted to `chosen` when given), in timing order."""
   import jax
 
   from attngeo import kernels
   if name in OPERATORS[len(CORNERS):]:
-    return list(kernels.PHASE_IMPLEMENTATIONS)
-  impls = ["einsum", "xla", "blockwise"]
-  if jax.default_backend() == "gpu":
-    impls.insert(2, "cudnn")
-  return impls
+    impls = list(kernels.PHASE_IMPLEMENTATIONS)
+  else:
+    impls = ["einsum", "xla", "blockwise"]
+    if jax.default_backend() == "gpu":
+      impls.insert(2, "cudnn")
+  return [i for i in impls if chosen is None or i in chosen]
+
+
+def memory_limit() -> int:
+  """Peak bytes above which a cell is not run: three quarters of the machine's memory (the process,
+  the inputs and the other live programs need the rest; beyond it Linux kills the whole run)."""
+  import os
+  return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 3 // 4
 
 
 def memory_budget() -> int:
@@ -108,7 +122,7 @@ def time_group(group: list[dict], calls: dict, repeats: int, n: int):
     row["interleaved_with"] = len(group)
 
 
-def run(seqs, batch, heads, head_dim, repeats, long_seq, dtype="float32", operators=OPERATORS):
+def run(seqs, batch, heads, head_dim, repeats, long_seq, dtype="float32", operators=OPERATORS, implementations=None):
   import gc
 
   from tqdm import tqdm
@@ -116,13 +130,18 @@ def run(seqs, batch, heads, head_dim, repeats, long_seq, dtype="float32", operat
   names = ("ATTN",) + tuple(x for x in operators if x != "ATTN")     # ATTN always: the ratios' reference
   for n in tqdm(seqs, desc="bench_operators"):
     calls, cells = {}, []
-    for impl in dict.fromkeys(i for name in names for i in available_impls(name)):   # by kernel, ATTN first
-      for name in (x for x in names if impl in available_impls(x)):
+    impls = dict.fromkeys(i for name in names for i in available_impls(name, implementations))
+    for impl in impls:                                                              # by kernel, ATTN first
+      for name in (x for x in names if impl in available_impls(x, implementations)):
         row = dict(seq=n, batch=batch, operator=name, implementation=impl, seconds=float("nan"), peak_bytes=None)
         try:
           calls[name, impl], row["peak_bytes"] = compiled_call(name, impl, batch, n, heads, head_dim, dtype=dtype)
         except Exception as e:  # noqa: BLE001 — a kernel that rejects the shape (e.g. cuDNN limits) is reported
           tqdm.write(f"{name}/{impl}/{n}: {type(e).__name__}: {str(e)[:120]}")
+        if (row["peak_bytes"] or 0) > memory_limit():
+          row["skipped"] = f"needs {row['peak_bytes'] / 2**30:.1f} GiB of {memory_limit() / 2**30:.1f}"
+          tqdm.write(f"{name}/{impl}/{n}: not run, {row['skipped']} GiB")
+          calls.pop((name, impl), None)
         cells.append(row)
     kernels = dict.fromkeys(c["implementation"] for c in cells)
     for group in (g for impl in kernels for g in groups(
@@ -137,7 +156,7 @@ def run(seqs, batch, heads, head_dim, repeats, long_seq, dtype="float32", operat
     attn = [r["seconds"] for r in rows if r["seq"] == n and r["operator"] == "ATTN" and r["seconds"] == r["seconds"]]
     for r in rows:
       if r["seq"] == n:
-        r["ratio_to_best_attn"] = r["seconds"] / min(attn)
+        r["ratio_to_best_attn"] = r["seconds"] / min(attn) if attn else float("nan")
   if long_seq:
     t, mem = measure("DMTN", "blockwise", 1, long_seq, heads, head_dim, 1, block_size=1024, dtype=dtype)
     rows.append(dict(seq=long_seq, batch=1, operator="DMTN", implementation="blockwise", seconds=t, peak_bytes=mem,
@@ -160,6 +179,9 @@ def parser():
   ap.add_argument("--operators", type=config.choice_list(OPERATORS), default=",".join(OPERATORS),
                   help=f"operators to time, comma-separated subset of {','.join(OPERATORS)} (default: all; "
                        "ATTN is always timed as the reference)")
+  ap.add_argument("--implementations", type=config.choice_list(IMPLEMENTATIONS), default=None,
+                  help=f"kernels to time, comma-separated subset of {','.join(IMPLEMENTATIONS)} (default: every "
+                       "kernel this backend has; ratios are to the fastest ATTN among those timed)")
   ap.add_argument("--long", type=config.nonnegative_int, default=16384,
                   help="sequence length of the blockwise long-sequence row (0 skips it)")
   ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
@@ -172,13 +194,16 @@ def main(argv=None):
   a = parser().parse_args(argv)
   import jax
   print(f"backend={jax.default_backend()} devices={jax.device_count()} dtype={a.dtype}")
-  rows = run(list(a.seqs), a.batch, a.heads, a.head_dim, a.repeats, a.long, a.dtype, a.operators)
+  rows = run(list(a.seqs), a.batch, a.heads, a.head_dim, a.repeats, a.long, a.dtype, a.operators,
+             a.implementations)
   notes = []
   if "CMAP" in a.operators:
     best = {n: min((r["ratio_to_best_attn"] for r in rows if r["seq"] == n and r["operator"] == "CMAP"
                     and math.isfinite(r["ratio_to_best_attn"] or float("nan"))), default=float("nan"))
             for n in a.seqs}                                   # skipped cells (memory) carry no ratio
     notes.append("CMAP (magnetic) fwd+bwd ÷ best ATTN: " + ", ".join(f"{v:.2f}× at seq {n}" for n, v in best.items()))
+  notes += [f"{r['operator']}/{r['implementation']} at seq {r['seq']} not run: {r['skipped']} GiB"
+            for r in rows if "skipped" in r]
   if a.long:
     r = rows[-1]
     notes.append(f"blockwise seq={r['seq']}: peak {r['peak_bytes'] / 2**30:.2f} GiB "

@@ -17,6 +17,20 @@ def test_bench_operators_smoke(tmp_path):
   assert {r["interleaved_with"] for r in rows if r["seq"] == 64} == {4, 5}     # xla: 4 corners; einsum, blockwise: + CMAP
 
 
+def test_bench_operators_kernel_choice_and_programs_too_big_for_the_machine(tmp_path, monkeypatch, capsys):
+  """`--implementations` keeps the chosen kernels; a program over the memory limit is reported, not run."""
+  monkeypatch.setattr(bench_operators, "memory_limit", lambda: 200_000)   # bytes: CMAP at 64 keys (~290 kB) is over
+  bench_operators.main(["--seqs", "16,64", "--batch", "1", "--heads", "2", "--head-dim", "8", "--repeats", "1",
+                        "--operators", "ATTN,CMAP", "--implementations", "blockwise", "--long", "0",
+                        "--out", str(tmp_path)])
+  rows = json.loads((tmp_path / "bench_operators.json").read_text())
+  assert {r["implementation"] for r in rows} == {"blockwise"} and len(rows) == 4
+  big = [r for r in rows if r["peak_bytes"] > 200_000]
+  assert big and all("skipped" in r and r["seconds"] != r["seconds"] for r in big)
+  assert all(r["seconds"] > 0 for r in rows if r not in big)
+  assert "not run: needs" in capsys.readouterr().out
+
+
 def test_bench_groups_hold_at_most_the_memory_budget():
   """Interleaved programs stay alive together: their summed peaks must fit (the default bench ran a 24 GiB
   machine out of memory at 4096 keys before groups were bounded)."""

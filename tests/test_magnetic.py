@@ -106,15 +106,17 @@ def test_depends_on_w_plus_and_the_antisymmetric_part_only():
   assert float(jnp.abs(op.transport(q2, k2, v) - op.transport(q, k, v)).max()) > 1e-2     # ATTN is not
 
 
-def test_blockwise_gradients_match_the_dense_path():
-  """d/d(q, k, v, γ, β) through the recomputing VJP = autodiff of the dense complex matrix (causal and key mask)."""
+@pytest.mark.parametrize("impl", IMPLS)
+def test_gradients_match_autodiff_of_the_complex_matrix(impl):
+  """d/d(q, k, v, γ, β) through each kernel's VJP (blockwise: recomputing; einsum: from the saved P cos θ,
+  P sin θ) = autodiff of the dense complex matrix (causal and key mask, a padded block)."""
   causal = True
   q, k, v = qkv(4, n=20)
   mask = jax.random.bernoulli(jax.random.PRNGKey(3), 0.5, (B, 1, 20, 20)) | jnp.eye(20, dtype=bool)
   g0, b0 = jnp.array([0.5, 1.0, -2.0]), jnp.array([0.2, 0.5, 0.9])
   f = lambda fn: (lambda *a: jnp.sum(jnp.sin(fn(*a))))
   fused = f(lambda q, k, v, g, b_: op.magnetic_transport(q, k, v, beta=b_, coupling=g, causal=causal, mask=mask,
-                                                         implementation="blockwise", block_size=8))
+                                                         implementation=impl, block_size=8))
   dense = f(lambda q, k, v, g, b_: dense_out(q, k, v, b_, g, causal, mask))
   args = (q, k, v, g0, b0)
   for a, b in zip(jax.jit(jax.grad(fused, range(5)))(*args), jax.jit(jax.grad(dense, range(5)))(*args)):
