@@ -19,8 +19,9 @@ Implementations:
   each block of P from the saved log-normaliser `lse = m + log l`, using
   `dS = P ⊙ (dP − rowsum(dO ⊙ O))`. Never more than one block of P exists: O(n) memory.
 
-Edge case: a query row whose keys are all masked has no distribution; every kernel returns 0 for
-it (not the mean of v).
+Edge case: a query row whose keys are all masked — by the mask and the causal order together, as
+left padding does to the first rows — has no distribution; every kernel returns 0 for it (not the
+mean of v).
 """
 from __future__ import annotations
 
@@ -225,13 +226,35 @@ def _blockwise_sdpa(q, k, v, bias, mask, causal, scale, block_size):
   return jnp.transpose(out[:, :, :t], (0, 2, 1, 3))
 
 
+def attended_rows(mask, causal, t, s):
+  """[b|1, h|1, t] bool: query rows left with at least one key by `mask` (rank 4, broadcastable to
+  [b, h, t, s]) and, when causal, by `j ≤ i`. O(s) work for a key mask of shape [·, ·, 1, s]."""
+  if mask.shape[2] == 1:
+    seen = jnp.cumsum(jnp.broadcast_to(mask[:, :, 0, :], mask.shape[:2] + (s,)), -1) > 0   # a key ≤ j attended
+    rows = jnp.minimum(jnp.arange(t), s - 1) if causal else jnp.full((t,), s - 1)
+    return seen[..., rows]
+  m = jnp.broadcast_to(mask, mask.shape[:2] + (t, s))
+  if causal:
+    m = m & (jnp.arange(s)[None, :] <= jnp.arange(t)[:, None])
+  return jnp.any(m, -1)
+
+
+def _zero_empty_rows(out, mask, causal, s):
+  """`out` [b, t, h, e] with the query rows that have none of the s keys (the mask and the causal order
+  together leave none) set to 0: the kernels' common convention. A causal order alone leaves key 0."""
+  if mask is None:
+    return out
+  valid = attended_rows(mask, causal, out.shape[1], s)
+  return jnp.where(jnp.transpose(valid, (0, 2, 1))[..., None], out, jnp.zeros((), out.dtype))
+
+
 def attention(q, k, v, *, bias=None, mask=None, causal=False, scale=None, implementation=None, block_size=512):
   """Scaled-dot-product attention `softmax(scale·q·kᵀ + bias_j, masked)·v` through a chosen kernel.
 
   q: [b, t, h, d]; k: [b, s, h, d]; v: [b, s, h, e]; bias: [b, s, h] per-key logit bias or None;
   mask: bool, broadcastable to [b, h, t, s] (True = attend). Returns [b, t, h, e] in v's dtype,
-  with logits and softmax accumulated in float32. A query row whose keys are all masked returns 0
-  on every kernel. This is the one kernel every operator (and the matrix-free geometry) runs on.
+  with logits and softmax accumulated in float32. A query row whose keys are all masked (by the
+  mask and the causal order together) returns 0 on every kernel. This is the one kernel every operator (and the matrix-free geometry) runs on.
   """
   chex.assert_rank([q, k, v], 4)
   chex.assert_equal_shape([q, k], dims=(0, 2, 3))
@@ -250,11 +273,7 @@ def attention(q, k, v, *, bias=None, mask=None, causal=False, scale=None, implem
     out = _blockwise_sdpa(q, k, v, bias, mask, causal, scale, int(block_size))
   else:
     raise ValueError(f"implementation must be one of {IMPLEMENTATIONS} or None; got {implementation!r}")
-  if mask is None:
-    return out
-  b, t, h, _ = q.shape
-  valid = jnp.any(jnp.broadcast_to(mask, (mask.shape[0], mask.shape[1], t, k.shape[1])), -1)   # [b|1, h|1, t]
-  return jnp.where(jnp.transpose(valid, (0, 2, 1))[..., None], out, jnp.zeros((), out.dtype))
+  return _zero_empty_rows(out, mask, causal, k.shape[1])
 
 
 # ---- phase attention (the magnetic operator, `attngeo.operators.magnetic_transport`).
@@ -269,7 +288,7 @@ def attention(q, k, v, *, bias=None, mask=None, causal=False, scale=None, implem
 #   dP_ij = Re(e^{iθ_ij} A_ij) = cos·Re A − sin·Im A,   dL_ij = P_ij (dP_ij − δ_i),   δ_i = Re⟨G_i, y_i⟩;
 #   dθ_ij = Re(i P_ij e^{iθ_ij} A_ij) = −P_ij (sin·Re A + cos·Im A);
 #   dv_j = Σ_i P_ij e^{−iθ_ij} G_i = (P cos θ)ᵀ·ga + (P sin θ)ᵀ·gb   (layout [re, im]).
-# dL gives dq, dk, dbias exactly as in `_flash_bwd`; dθ gives dqt = c·dθ·kt, dkt = c·dθᵀ·qt, dc = Σ dθ ⊙ (qt·kt).
+# dL gives dq, dk, dbias exactly as in `_flash_bwd`; dθ gives dqt = c·dθ·kt, dkt = c·dθᵀ·qt, dc = Σ dθ ⊙ (qt·kt) = Σ_i qt_i·(dθ·kt)_i.
 
 _TWO_PI_HI = 6.28125                     # 2π = HI + LO, HI exact in 9 bits: n·HI is exact (Cody–Waite)
 _TWO_PI_LO = 2 * math.pi - _TWO_PI_HI
@@ -305,20 +324,20 @@ def _join_pairs(y):
 
 
 def _dense_phase_fwd(q, k, v, bias, qt, kt, c, mask, causal, scale):
-  """Dense forward: (out [b, t, h, e], residuals). Materialises the [b, h, t, s] logits, phases and
-  C = P cos θ, S = P sin θ; the backward reads only C, S and the raw phase products."""
+  """Dense forward: (out [b, t, h, e], residuals). Materialises the [b, h, t, s] logits and phases;
+  the backward reads only P, C = P cos θ and S = P sin θ."""
   s = jnp.einsum("bthd,bshd->bhts", q, k, preferred_element_type=jnp.float32) * scale
   if bias is not None:
     s = s + jnp.transpose(bias, (0, 2, 1)).astype(jnp.float32)[:, :, None, :]
   s = apply_masks(s, mask, causal)
-  p = jnp.exp(s - jax.nn.logsumexp(s, -1, keepdims=True))
+  p = jax.nn.softmax(s, axis=-1)
   raw = jnp.einsum("bthf,bshf->bhts", qt, kt, preferred_element_type=jnp.float32)
   sin, cos = sincos(raw * c[None, :, None, None])
   pc, ps = p * cos, p * sin
   va, vb = _split_pairs(v)
   pv = lambda w, x: jnp.einsum("bhts,bshe->bthe", w.astype(v.dtype), x, preferred_element_type=jnp.float32)
   out = _join_pairs(pv(pc, va) + pv(ps, vb)).astype(v.dtype)
-  return out, (q, k, v, bias, qt, kt, c, raw, pc, ps, out)
+  return out, (q, k, v, bias, qt, kt, c, p, pc, ps, out)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(8, 9))
@@ -327,9 +346,13 @@ def _dense_phase(q, k, v, bias, qt, kt, c, mask, causal, scale):
 
 
 def _dense_phase_bwd(causal, scale, res, dout):
-  """The derivation above on whole matrices, from the saved C = P cos θ and S = P sin θ: P = |C + iS|
-  (no exponential or sincos recomputed), dL = C·Re A − S·Im A − P δ, dθ = −(S·Re A + C·Im A)."""
-  q, k, v, bias, qt, kt, c, raw, pc, ps, out = res
+  """The derivation above on whole matrices from the saved P, C = P cos θ, S = P sin θ (no exponential
+  or sincos recomputed): dL = C·Re A − S·Im A − P δ, dθ = −(S·Re A + C·Im A). Accuracy on near-one-hot
+  rows, where dL = P (dP − δ) cancels: P is saved rather than read back as |C + iS| (the float32
+  sincos pair has norm 1 ± 4e-7; dq's error at 8× the logit spread: autodiff 2.2e-4, saved P 3.4e-4,
+  |C + iS| 5.2e-4), and the forward normalises by the max-subtracted softmax — `exp(s − logsumexp s)`
+  rounds a large log-normaliser and cost dq 56× at 4× the spread (3.6e-4 against 6.4e-6)."""
+  q, k, v, bias, qt, kt, c, p, pc, ps, out = res
   f32 = lambda x: x.astype(jnp.float32)
   ga, rot = _split_pairs(f32(dout))
   gb = -rot                                                                     # [G_im, −G_re]
@@ -337,17 +360,24 @@ def _dense_phase_bwd(causal, scale, res, dout):
   re_a = jnp.einsum("bthe,bshe->bhts", ga, va)
   im_a = -jnp.einsum("bthe,bshe->bhts", ga, vb)
   delta = jnp.transpose(jnp.sum(f32(dout) * f32(out), -1), (0, 2, 1))[..., None]          # [b, h, t, 1]
-  dl = pc * re_a - ps * im_a - jnp.sqrt(pc * pc + ps * ps) * delta
+  dl = pc * re_a - ps * im_a - p * delta
   dtheta = -(ps * re_a + pc * im_a)
   dv = jnp.einsum("bhts,bthe->bshe", pc, ga) + jnp.einsum("bhts,bthe->bshe", ps, gb)
-  ch = c[None, None, :, None]
   dq = jnp.einsum("bhts,bshd->bthd", dl, f32(k)) * scale
   dk = jnp.einsum("bhts,bthd->bshd", dl, f32(q)) * scale
-  dqt = jnp.einsum("bhts,bshf->bthf", dtheta, f32(kt)) * ch
-  dkt = jnp.einsum("bhts,bthf->bshf", dtheta, f32(qt)) * ch
+  dqt_raw = jnp.einsum("bhts,bshf->bthf", dtheta, f32(kt))                      # Σ_j dθ_ij kt_j
+  dkt_raw = jnp.einsum("bhts,bthf->bshf", dtheta, f32(qt))
   dbias = None if bias is None else jnp.transpose(dl.sum(2), (0, 2, 1)).astype(bias.dtype)
+  ch = c[None, None, :, None]
   return (dq.astype(q.dtype), dk.astype(k.dtype), _join_pairs(dv).astype(v.dtype), dbias,
-          dqt.astype(qt.dtype), dkt.astype(kt.dtype), jnp.sum(dtheta * raw, (0, 2, 3)).astype(c.dtype), None)
+          (dqt_raw * ch).astype(qt.dtype), (dkt_raw * ch).astype(kt.dtype),
+          _coupling_grad(qt, dqt_raw, head_axis=2).astype(c.dtype), None)
+
+
+def _coupling_grad(qt, dqt_raw, head_axis):
+  """dc_h = Σ_ij dθ_ij (qt_i·kt_j) = Σ_i qt_i·(Σ_j dθ_ij kt_j): O(n·F) from the query-side product
+  `dqt_raw = dθ·kt` (any layout; `head_axis` is kept), where the direct sum reads every n × n block."""
+  return jnp.sum(qt.astype(jnp.float32) * dqt_raw, tuple(a for a in range(qt.ndim) if a != head_axis))
 
 
 _dense_phase.defvjp(_dense_phase_fwd, _dense_phase_bwd)
@@ -355,10 +385,10 @@ _einsum_phase = jax.jit(_dense_phase, static_argnums=(8, 9))
 
 
 def _phase_block(qb, kb, biasb, qtb, ktb, c, maskb, causal, scale, iq, ik, bq, bk):
-  """Logits s, raw phase products qt·kt and phases θ of one [b, h, bq, bk] block."""
+  """Logits s and phases θ = c·qt·kt of one [b, h, bq, bk] block."""
   s = _block_logits(qb, kb, biasb, maskb, causal, scale, iq, ik, bq, bk)
   raw = jnp.einsum("bhqf,bhkf->bhqk", qtb, ktb, preferred_element_type=jnp.float32)
-  return s, raw, raw * c[None, :, None, None]
+  return s, raw * c[None, :, None, None]
 
 
 def _phase_fwd_impl(q, k, v, bias, qt, kt, c, mask, causal, scale, bq, bk):
@@ -378,7 +408,7 @@ def _phase_fwd_impl(q, k, v, bias, qt, kt, c, mask, causal, scale, bq, bk):
 
     def step(carry, ik):
       o, mx, l = carry
-      s, _, theta = _phase_block(qb, kblocks[ik], biasblocks[ik], qtb, ktblocks[ik], c,
+      s, theta = _phase_block(qb, kblocks[ik], biasblocks[ik], qtb, ktblocks[ik], c,
                                  _mask_block(mask, iq, ik, bq, bk), causal, scale, iq, ik, bq, bk)
       mx_new = jnp.maximum(mx, s.max(-1))
       p = jnp.exp(s - mx_new[..., None])
@@ -417,7 +447,6 @@ def _phase_flash_bwd(causal, scale, bq, bk, res, dout):
   va, vb = jnp.concatenate([vr, vi], -1), jnp.concatenate([-vi, vr], -1)
   qbs, qtbs, lses, deltas = _blocks(q, bq), _blocks(qt, bq), _blocks(lse, bq), _blocks(delta, bq)
   gabs, gbbs = _blocks(ga, bq), _blocks(gb, bq)
-  cb = c[None, :, None, None]
   nq = qbs.shape[0]
 
   def per_key_block(carry, args):
@@ -425,9 +454,9 @@ def _phase_flash_bwd(causal, scale, bq, bk, res, dout):
     ik, kb, ktb, vab, vbb, biasb = args
 
     def step(carry, iq):
-      dk, dkt, dv, dbias, dc = carry
+      dk, dkt, dv, dbias = carry
       qb, qtb, gab, gbb = qbs[iq], qtbs[iq], gabs[iq], gbbs[iq]
-      s, raw, theta = _phase_block(qb, kb, biasb, qtb, ktb, c, _mask_block(mask, iq, ik, bq, bk),
+      s, theta = _phase_block(qb, kb, biasb, qtb, ktb, c, _mask_block(mask, iq, ik, bq, bk),
                                    causal, scale, iq, ik, bq, bk)
       p = jnp.exp(s - lses[iq][..., None])
       sin, cos = sincos(theta)
@@ -439,24 +468,24 @@ def _phase_flash_bwd(causal, scale, bq, bk, res, dout):
       dtheta = -(ps * are + pc * aim)
       dq_blk = jnp.einsum("bhqk,bhkd->bhqd", ds, f32(kb)) * scale
       dk = dk + jnp.einsum("bhqk,bhqd->bhkd", ds, f32(qb)) * scale
-      dqt_blk = jnp.einsum("bhqk,bhkf->bhqf", dtheta, f32(ktb)) * cb
-      dkt = dkt + jnp.einsum("bhqk,bhqf->bhkf", dtheta, f32(qtb)) * cb
-      dc = dc + jnp.sum(dtheta * raw, (0, 2, 3))
-      return (dk, dkt, dv, dbias + ds.sum(2), dc), (dq_blk, dqt_blk)
+      dqt_blk = jnp.einsum("bhqk,bhkf->bhqf", dtheta, f32(ktb))                  # without c: dc needs it raw
+      dkt = dkt + jnp.einsum("bhqk,bhqf->bhkf", dtheta, f32(qtb))
+      return (dk, dkt, dv, dbias + ds.sum(2)), (dq_blk, dqt_blk)
 
     b, h = kb.shape[:2]
     init = (jnp.zeros(kb.shape, jnp.float32), jnp.zeros(ktb.shape, jnp.float32), jnp.zeros(vab.shape, jnp.float32),
-            jnp.zeros((b, h, bk), jnp.float32), jnp.zeros((h,), jnp.float32))
-    (dk, dkt, dv, dbias, dc), (dq_blocks, dqt_blocks) = jax.lax.scan(step, init, jnp.arange(nq))
-    return (dq_acc + _unblocks(dq_blocks), dqt_acc + _unblocks(dqt_blocks)), (dk, dkt, dv, dbias, dc)
+            jnp.zeros((b, h, bk), jnp.float32))
+    (dk, dkt, dv, dbias), (dq_blocks, dqt_blocks) = jax.lax.scan(step, init, jnp.arange(nq))
+    return (dq_acc + _unblocks(dq_blocks), dqt_acc + _unblocks(dqt_blocks)), (dk, dkt, dv, dbias)
 
-  (dq, dqt), (dks, dkts, dvs, dbiases, dcs) = jax.lax.scan(
+  (dq, dqt_raw), (dks, dkts_raw, dvs, dbiases) = jax.lax.scan(
       per_key_block, (jnp.zeros(q.shape, jnp.float32), jnp.zeros(qt.shape, jnp.float32)),
       (jnp.arange(k.shape[2] // bk), _blocks(k, bk), _blocks(kt, bk), _blocks(va, bk), _blocks(vb, bk),
        _blocks(bias, bk)))
+  ch = c[None, :, None, None]
   return (dq.astype(q.dtype), _unblocks(dks).astype(k.dtype), _unblocks(dvs).astype(v.dtype),
-          _unblocks(dbiases).astype(bias.dtype), dqt.astype(qt.dtype), _unblocks(dkts).astype(kt.dtype),
-          dcs.sum(0).astype(c.dtype), None)
+          _unblocks(dbiases).astype(bias.dtype), (dqt_raw * ch).astype(qt.dtype),
+          (_unblocks(dkts_raw) * ch).astype(kt.dtype), _coupling_grad(qt, dqt_raw, head_axis=1).astype(c.dtype), None)
 
 
 _phase_flash.defvjp(_phase_flash_fwd, _phase_flash_bwd)
@@ -500,11 +529,12 @@ def phase_attention(q, k, v, qt, kt, coupling, *, bias=None, mask=None, causal=F
 
   q: [b, t, h, D]; k: [b, s, h, D]; v: [b, s, h, e], e even; qt: [b, t, h, F]; kt: [b, s, h, F];
   coupling: scalar or [h]; bias: [b, s, h] or None; mask: bool, broadcastable to [b, h, t, s].
-  implementation: "einsum" (materialises [b, h, t, s]; custom VJP from the saved P cos θ and P sin θ,
-  nothing recomputed) | "blockwise" (online softmax, recomputing custom VJP, O(n) memory) | None
-  (einsum below 512 keys, else blockwise). Both give gradients for q, k, v, bias, qt, kt and the
-  coupling. Returns [b, t, h, e] in v's dtype, float32 accumulation; a query
-  row whose keys are all masked returns 0.
+  implementation: "einsum" (materialises [b, h, t, s]; custom VJP from the saved P, P cos θ and
+  P sin θ, nothing recomputed) | "blockwise" (online softmax, recomputing custom VJP, O(n) memory) |
+  None (einsum below 512 keys, else blockwise). Both give gradients for q, k, v, bias, qt, kt and
+  the coupling, in reverse mode only (custom VJPs: `jax.jvp` through them raises).
+  Returns [b, t, h, e] in v's dtype, float32 accumulation; a query row whose keys are all masked (by
+  the mask and the causal order together) returns 0.
   """
   implementation = implementation or ("blockwise" if k.shape[1] >= 512 else "einsum")
   scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
@@ -518,11 +548,7 @@ def phase_attention(q, k, v, qt, kt, coupling, *, bias=None, mask=None, causal=F
   else:
     raise ValueError(f"implementation must be one of {PHASE_IMPLEMENTATIONS} or None for phase attention; "
                      f"got {implementation!r}")
-  if mask is None:
-    return out
-  b, t, h, _ = q.shape
-  valid = jnp.any(jnp.broadcast_to(mask, (mask.shape[0], mask.shape[1], t, k.shape[1])), -1)   # [b|1, h|1, t]
-  return jnp.where(jnp.transpose(valid, (0, 2, 1))[..., None], out, jnp.zeros((), out.dtype))
+  return _zero_empty_rows(out, mask, causal, k.shape[1])
 
 
 @functools.partial(jax.jit, static_argnames=("causal", "scale", "block_size"))

@@ -250,13 +250,13 @@ def markov_matrix(q, k, *, beta=1.0, alpha=1.0, causal: bool = False, mask=None,
 def rownorm(full, *, causal: bool = False, mask=None):
   """`P = rownorm(exp(L) ⊙ mask)` from dense logits L `[b, h, n, n]` (e.g. `logits(...).full`).
 
-  A row whose entries are all masked has no distribution: it is returned as zeros (the kernels'
-  convention), so such a P is not stochastic and the Markov read-outs refuse it.
+  A row whose entries are all masked (by the mask and the causal order together) has no distribution:
+  it is returned as zeros (the kernels' convention), so such a P is not stochastic and the Markov read-outs refuse it.
   """
   b, h, n, _ = full.shape
   mask = _check_mask(mask, b, h, n, n)
   p = jax.nn.softmax(kernels.apply_masks(full, mask, causal), axis=-1)
-  return p if mask is None else jnp.where(jnp.any(mask, -1, keepdims=True), p, 0.0)
+  return p if mask is None else jnp.where(kernels.attended_rows(mask, causal, n, n)[..., None], p, 0.0)
 
 
 # ----------------------------------------------------------------------------- the magnetic operator (CMAP)

@@ -1,7 +1,7 @@
 """Forward+backward time and peak memory of every operator under every attention kernel.
 
     attngeo bench [--seqs 256,1024,4096] [--batch 8] [--heads 8] [--head-dim 64] [--repeats 3]
-                  [--operators ATTN,DMAP,DMTN,ATAP,CMAP] [--implementations einsum,xla,blockwise]
+                  [--operators ATTN,DMAP,DMTN,ATAP,CMAP] [--implementations einsum,xla,cudnn,blockwise]
                   [--long 16384] [--dtype float32|bfloat16] [--out DIR]
 
 For each (seq, operator, implementation) it prints the fastest wall time of a jitted
@@ -11,7 +11,7 @@ standard-attention (ATTN) path at that sequence length. The runs of one sequence
 interleaved (run r of every cell before run r + 1 of any), so load from other jobs on a shared
 machine falls on all of them alike: timed one cell after another, ratios moved by up to 2×. Cells are
 grouped by kernel (ATTN first) and a group holds programs whose summed peak memory is at most half
-the machine's (`interleaved_with` in the JSON says how many cells shared a group): at 4096 keys the
+the machine's (the host's RAM on CPU, the device's memory on an accelerator; `interleaved_with` in the JSON says how many cells shared a group): at 4096 keys the
 dense kernels' programs (13–17 GiB each) are timed one at a time, and a program whose peak exceeds
 three quarters of the machine's memory (dense CMAP at 4096 keys, 21 GiB) is not run: its row says
 so, with the memory it would need. `--implementations` restricts the kernels (the ratios are then
@@ -75,17 +75,26 @@ def available_impls(name="ATTN", chosen=None):
   return [i for i in impls if chosen is None or i in chosen]
 
 
-def memory_limit() -> int:
-  """Peak bytes above which a cell is not run: three quarters of the machine's memory (the process,
-  the inputs and the other live programs need the rest; beyond it Linux kills the whole run)."""
+def machine_bytes() -> int:
+  """Memory the timed programs live in: the accelerator's allocator limit, else the host's physical memory."""
   import os
-  return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 3 // 4
+
+  import jax
+  stats = jax.devices()[0].memory_stats() if jax.default_backend() != "cpu" else None
+  if stats and stats.get("bytes_limit"):
+    return int(stats["bytes_limit"])
+  return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def memory_budget() -> int:
   """Bytes of compiled programs' peaks that one interleaved group may hold: half the machine's memory."""
-  import os
-  return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+  return machine_bytes() // 2
+
+
+def memory_limit() -> int:
+  """Peak bytes above which a cell is not run: three quarters of the machine's memory (the process,
+  the inputs and the other live programs need the rest; beyond it Linux kills the whole run)."""
+  return machine_bytes() * 3 // 4
 
 
 def groups(cells: list[dict], budget: int) -> list[list[dict]]:
@@ -191,8 +200,13 @@ def parser():
 
 
 def main(argv=None):
-  a = parser().parse_args(argv)
+  ap = parser()
+  a = ap.parse_args(argv)
   import jax
+  for name in dict.fromkeys(("ATTN",) + tuple(a.operators)):
+    if not available_impls(name, a.implementations):
+      ap.error(f"--implementations {','.join(a.implementations)} leaves no kernel for {name} on {jax.default_backend()} "
+               f"(its kernels here: {','.join(available_impls(name))})")
   print(f"backend={jax.default_backend()} devices={jax.device_count()} dtype={a.dtype}")
   rows = run(list(a.seqs), a.batch, a.heads, a.head_dim, a.repeats, a.long, a.dtype, a.operators,
              a.implementations)

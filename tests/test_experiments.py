@@ -29,6 +29,12 @@ def test_bench_operators_kernel_choice_and_programs_too_big_for_the_machine(tmp_
   assert big and all("skipped" in r and r["seconds"] != r["seconds"] for r in big)
   assert all(r["seconds"] > 0 for r in rows if r not in big)
   assert "not run: needs" in capsys.readouterr().out
+  import jax
+  cases = [("xla", "CMAP")] + ([("cudnn", "ATTN")] if jax.default_backend() == "cpu" else [])  # cuDNN: GPU only
+  for chosen, name in cases:
+    with pytest.raises(SystemExit) as e:
+      bench_operators.main(["--seqs", "16", "--operators", "ATTN,CMAP", "--implementations", chosen])
+    assert e.value.code == 2 and f"leaves no kernel for {name}" in capsys.readouterr().err
 
 
 def test_bench_groups_hold_at_most_the_memory_budget():

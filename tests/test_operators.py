@@ -172,6 +172,33 @@ def test_fully_masked_rows_are_zero_on_every_kernel():
   np.testing.assert_allclose(outs[0], jnp.einsum("bhij,bjhe->bihe", p, v), atol=3e-6)
 
 
+@pytest.mark.parametrize("key_mask", [False, True])
+def test_rows_emptied_by_the_mask_and_the_causal_order_together_are_zero(key_mask):
+  """Left padding under a causal order: query i < 3 sees keys ≤ i, all padded, so it has no distribution
+  and is 0 on every kernel and in the dense P — though neither the mask nor the order alone empties it."""
+  n = 37
+  q, k, v = qkv(13, n=n)
+  pad = jnp.arange(n) >= 3
+  mask = jnp.broadcast_to(pad, (B, 1, 1, n) if key_mask else (B, H, n, n))
+  p = op.markov_matrix(q, k, beta=0.3, alpha=0.6, causal=True, mask=mask)
+  np.testing.assert_array_equal(p[:, :, :3], 0.0)
+  np.testing.assert_allclose(p[:, :, 3:].sum(-1), 1.0, atol=1e-6)
+  for impl in IMPLS:
+    out = op.transport(q, k, v, beta=0.3, alpha=0.6, causal=True, mask=mask, implementation=impl, block_size=16)
+    np.testing.assert_array_equal(out[:, :3], 0.0)
+    np.testing.assert_allclose(out, jnp.einsum("bhij,bjhe->bihe", p, v), **tol(impl, 3e-6, 1e-5))
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 7, 5), (2, 1, 1, 5), (1, 3, 7, 1), (2, 3, 1, 5)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_attended_rows_against_a_brute_force_count(shape, causal):
+  """t = 7 queries, s = 5 keys (t ≠ s: the causal order is top-left aligned, key j ≤ query i)."""
+  t, s = 7, 5
+  mask = np.asarray(jax.random.bernoulli(jax.random.PRNGKey(sum(shape)), 0.3, shape))
+  full = np.broadcast_to(mask, shape[:2] + (t, s)) & (np.tril(np.ones((t, s), bool)) if causal else True)
+  np.testing.assert_array_equal(kernels.attended_rows(jnp.asarray(mask), causal, t, s), full.any(-1))
+
+
 def test_checked_mode_turns_nan_and_bad_coefficients_under_jit_into_errors():
   from attngeo import _checks
   q, k, v = qkv(12)
