@@ -40,8 +40,9 @@ _NEG = -1e30  # finite "minus infinity": fully masked rows stay NaN-free.
 def default_implementation(seq_len: int | None = None) -> str:
   """Default kernel per backend (see `attngeo bench`): cuDNN flash on GPU, XLA's fused SDPA on TPU;
   on CPU the einsum path below 512 keys and the blockwise path from 512 on: O(n) memory (361 MiB
-  against einsum's 1,153 at 1024 keys, batch 8 × 8 heads), within 15 % of einsum's time at 1024
-  keys and faster from 2048 (with the CLI's huge pages; without them 1.6× faster at 1024)."""
+  against einsum's 1,153 at 1024 keys, batch 8 × 8 heads), within 7 % of einsum's time at 1024
+  keys and 4–17 % slower at 2048 (with the CLI's huge pages, docs/benchmarks.md; without them
+  1.6× faster at 1024)."""
   backend = jax.default_backend()
   if backend in ("gpu", "cuda"):
     return "cudnn"
