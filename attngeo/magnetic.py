@@ -4,8 +4,9 @@ Conventions: `K` `[..., n, n]` is the row-stochastic magnitude, `θ` `[..., n, n
 phases (θ_ji = −θ_ij; `operators.phases`), and `(K_θ v)_i = Σ_j K_ij e^{iθ_ij} v_j`: the transport
 from j to i multiplies by e^{+iθ_ij}. π is K's stationary law (`Σπ = 1`), `Π = diag(π)`.
 
-* Hermitian form `H = Π^{−1/2} W_θ Π^{−1/2}`, `W_ij = ½(π_i K_ij + π_j K_ji)` (the flows, symmetrised),
-  `W_θ = W ⊙ e^{iθ}`. For a reversible K (every α = 0 magnitude, unmasked or under a symmetric
+* Hermitian form `H = D^{−1/2} W_θ D^{−1/2}`, `W_ij = ½(π_i K_ij + π_j K_ji)` (the flows, symmetrised),
+  `W_θ = W ⊙ e^{iθ}`, `D = diag(Σ_j W_ij)` (= Π when π is stationary; the degrees keep every
+  identity below exact for a π known only to the stationary solver's error). For a reversible K (every α = 0 magnitude, unmasked or under a symmetric
   mask) `W_ij = π_i K_ij` and `H = Π^{1/2} K_θ Π^{−1/2}`: K_θ is similar to a Hermitian matrix, so the
   magnetic walk has a real spectrum in [−1, 1]. Otherwise H is the additive reversibilisation (as in
   `markov.eigenbasis`). The magnetic Laplacian is `Δ_θ = I − H` (spectrum in [0, 2]).
@@ -20,11 +21,12 @@ from j to i multiplies by e^{+iθ_ij}. π is K's stationary law (`Σπ = 1`), `�
   Wilson loop is real.
 * Frustration index (Bandeira–Singer–Spielman's, for U(1)) `ν = min_{|x_i| = 1} ½ Σ_ij W_ij |x_i −
   e^{iθ_ij} x_j|²` ∈ [0, 2]: 0 iff θ is pure gauge (θ_ij = φ_i − φ_j) on the support of K. Its
-  relaxation to `Σ π_i |x_i|² = 1` is `λ_min(Δ_θ) = 1 − λ_max(H) ≤ ν`; any unit-modulus section x
-  gives an upper bound `E(x) = Σπ − Re x* W_θ x`. `frustration` rounds the top eigenvector of H to
-  unit moduli and then runs the generalised power method `x ← phase((W_θ + Π) x)` (W_θ + Π =
-  Π^{1/2}(H + I)Π^{1/2} ⪰ 0, so each step cannot raise E) to a fixed point: ν is bracketed by
-  `[lower, upper]`, and the gap says how well it is known (ν itself is a non-convex minimum).
+  relaxation to `Σ D_ii |x_i|² = 1` is `λ_min(Δ_θ) = 1 − λ_max(H) ≤ ν`; any unit-modulus section x
+  gives an upper bound `E(x) = Σ D − Re x* W_θ x`. `frustration` rounds the top eigenvector of H to
+  unit moduli and then runs the generalised power method `x ← phase((W_θ + D) x)` (W_θ + D =
+  D^{1/2}(H + I)D^{1/2} ⪰ 0, so each step cannot raise E) to a fixed point: ν is bracketed by
+  `[lower, upper]`, and the gap says how well it is known (ν itself is a non-convex minimum). Since
+  `|E_π − E_π'| ≤ 2‖π − π'‖₁`, a π from `markov.stationary` widens the bracket by twice its bound.
 * Connection walk (`attngeo.connection`): the edge transport of each channel pair is the rotation
   `R(θ_ij)` — an exact isometry (defect 0); `I − [K_ij R(θ_ij)]` is the real form of `I − K_θ`.
 
@@ -83,19 +85,40 @@ def flows(p, pi=None):
   return 0.5 * (f + jnp.swapaxes(f, -1, -2)), pi
 
 
+def _law(p, pi):
+  """(π, ε): a supplied π checked (shape, a probability vector, stationary for P) with ε = 0, else
+  `markov.stationary`'s π and its ℓ¹ error bound ε (inf when π is not unique)."""
+  if pi is None:
+    st = markov.stationary(p)
+    return st.pi, st.error_bound
+  pi = jnp.asarray(pi)
+  if pi.shape != p.shape[:-1]:
+    raise ValueError(f"pi must be [..., n] = {p.shape[:-1]} (P's stationary law); got {pi.shape}")
+  _checks.check_floating("pi", pi)
+  if _checks.is_concrete(pi):
+    a, pm = np.asarray(pi, np.float64), np.asarray(p, np.float64)
+    if not np.all(np.isfinite(a)) or np.any(a < 0) or np.max(np.abs(a.sum(-1) - 1), initial=0.0) > 1e-4:
+      raise ValueError("pi must be a probability vector (finite, >= 0, summing to 1)")
+    res = float(np.max(np.abs(np.einsum("...i,...ij->...j", a, pm) - a).sum(-1), initial=0.0))
+    if res > 1e-4:
+      raise ValueError(f"pi must be P's stationary law: ||pi P - pi||_1 = {res:.3g} (> 1e-4)")
+  return pi, jnp.zeros(p.shape[:-2], jnp.float32)
+
+
 @jax.jit
 def _hermitian(p, theta, pi):
-  """(H, W_θ, π, Π^{−1/2}) of the module docstring."""
-  w, pi = flows(p, pi)
-  r = jax.lax.rsqrt(jnp.maximum(pi, _TINY))
+  """(H, W_θ, D, D^{−1/2}) of the module docstring; D the flows' degrees."""
+  w, _ = flows(p, pi)
+  d = jnp.sum(w, -1)
+  r = jax.lax.rsqrt(jnp.maximum(d, _TINY))
   wt = w * jnp.exp(1j * theta.astype(w.dtype))
-  return r[..., :, None] * wt * r[..., None, :], wt, pi, r
+  return r[..., :, None] * wt * r[..., None, :], wt, d, r
 
 
 def hermitian_form(p, theta, pi=None) -> jax.Array:
-  """`H = Π^{−1/2} (W ⊙ e^{iθ}) Π^{−1/2}` [..., n, n] complex; `Π^{1/2} K_θ Π^{−1/2}` for reversible K."""
+  """`H = D^{−1/2} (W ⊙ e^{iθ}) D^{−1/2}` [..., n, n] complex; `Π^{1/2} K_θ Π^{−1/2}` for reversible K."""
   _check_pair(p, theta)
-  return _hermitian(p, theta, pi)[0]
+  return _hermitian(p, theta, _law(p, pi)[0])[0]
 
 
 def laplacian(p, theta, pi=None) -> jax.Array:
@@ -112,16 +135,19 @@ def _spectrum(p, theta, pi):
 def spectrum(p, theta, k: int | None = None, pi=None) -> jax.Array:
   """Real eigenvalues of H [..., k], descending (dense `eigh`); those of `Δ_θ` are `1 − λ`."""
   _check_pair(p, theta)
-  lam = _spectrum(p, theta, pi)
-  return lam if k is None else lam[..., :k]
+  if k is not None and not 1 <= int(k) <= p.shape[-1]:
+    raise ValueError(f"k must lie in [1, n] = [1, {p.shape[-1]}] or be None; got {k}")
+  lam = _spectrum(p, theta, _law(p, pi)[0])
+  return lam if k is None else lam[..., :int(k)]
 
 
 class Frustration(NamedTuple):
-  """`lower = 1 − λ_max(H) ≤ ν ≤ upper` [...]; `x` [..., n] the unit-modulus section attaining `upper`.
+  """`lower ≤ ν ≤ upper` [...]; `x` [..., n] the unit-modulus section whose energy gives `upper`.
 
-  `rounded` [...] is the energy of the rounded eigenvector before the power method, `steps` the
-  power-method steps taken, `stalled` [...] whether the last step still moved x by more than `xtol`
-  (then `upper` is still a valid bound, just not at a fixed point).
+  `rounded` [...] bounds ν from the rounded eigenvector before the power method; `steps` [...] the
+  power-method steps each walk took; `stalled` [...] whether its last step still moved x by more
+  than `xtol` (then `upper` is still a valid bound, just not at a fixed point); `pi_error` [...] the
+  ℓ¹ error bound of the π used (0 for a supplied π), by twice which both bounds were widened.
   """
   lower: jax.Array
   upper: jax.Array
@@ -129,20 +155,28 @@ class Frustration(NamedTuple):
   rounded: jax.Array
   steps: jax.Array
   stalled: jax.Array
+  pi_error: jax.Array
 
 
 def frustration(p, theta, pi=None, *, max_steps: int = 500, xtol: float = 1e-6) -> Frustration:
   """Bracket the U(1) frustration index ν (module docstring): `lower ≤ ν ≤ upper`.
 
   `lower = 1 − λ_max(H)` (the spectral relaxation); `upper = E(x)` for the section x reached from
-  the rounded top eigenvector of H (`u = Π^{−1/2}·vec`, `x_i = u_i/|u_i|`, 1 where u_i = 0) by the
-  generalised power method `x ← phase((W_θ + Π) x)`, stopped when no `x_i` moves by more than `xtol`
-  or after `max_steps`. ν = 0 iff θ is pure gauge on the support of K (then lower = upper = 0).
+  the rounded top eigenvector of H (`u = D^{−1/2}·vec`, `x_i = u_i/|u_i|`, 1 where u_i = 0) by the
+  generalised power method `x ← phase((W_θ + D) x)`, each walk stopped when none of its `x_i` moves
+  by more than `xtol`, or after `max_steps`. Both bounds are widened by `2·pi_error` (module
+  docstring; ν ∈ [0, 2] clips them), so they hold for K's true π whenever the stationary solver's
+  bound does: a nearly decomposable K, whose π is ill-determined, gets a wide bracket, and one whose
+  π is not unique [0, 2]. ν = 0 iff θ is pure gauge on the support of K.
   """
   _check_pair(p, theta)
-  if int(max_steps) < 0 or not xtol > 0:
-    raise ValueError(f"max_steps must be ≥ 0 and xtol > 0; got max_steps={max_steps}, xtol={xtol}")
-  return _frustration(p, theta, pi, int(max_steps), float(xtol))
+  if isinstance(max_steps, bool) or not isinstance(max_steps, (int, np.integer)) or max_steps < 0 or not xtol > 0:
+    raise ValueError(f"max_steps must be an integer ≥ 0 and xtol > 0; got max_steps={max_steps!r}, xtol={xtol}")
+  pi, eps = _law(p, pi)
+  fr = _frustration(p, theta, pi, int(max_steps), float(xtol))
+  widen = 2.0 * jnp.minimum(eps.astype(fr.lower.dtype), 2.0)          # ‖π − π'‖₁ ≤ 2, and ν ∈ [0, 2]
+  return fr._replace(lower=jnp.maximum(fr.lower - widen, 0.0), upper=jnp.minimum(fr.upper + widen, 2.0),
+                     rounded=jnp.minimum(fr.rounded + widen, 2.0), pi_error=eps)
 
 
 def _phase_of(u):
@@ -150,34 +184,49 @@ def _phase_of(u):
   return jnp.where(mod > _TINY, u / jnp.maximum(mod, _TINY), 1.0)
 
 
-def _energy(wt, pi, x):
-  """`E(x) = Σπ − Re x* W_θ x` [...] (= ½ Σ W_ij |x_i − e^{iθ_ij} x_j|² for |x_i| = 1)."""
-  return jnp.sum(pi, -1) - jnp.real(jnp.einsum("...i,...ij,...j->...", jnp.conj(x), wt, x))
+def _energy(wt, d, x):
+  """`E(x) = Σ D − Re x* W_θ x` [...] (= ½ Σ W_ij |x_i − e^{iθ_ij} x_j|² for |x_i| = 1, D = diag(Σ_j W_ij))."""
+  return jnp.sum(d, -1) - jnp.real(jnp.einsum("...i,...ij,...j->...", jnp.conj(x), wt, x))
 
 
 @functools.partial(jax.jit, static_argnums=(3, 4))
 def _frustration(p, theta, pi, max_steps, xtol):
-  h, wt, pi, r = _hermitian(p, theta, pi)
+  h, wt, d, r = _hermitian(p, theta, pi)
   lam, vec = linalg.eigh(h)
   x0 = _phase_of(vec[..., -1] * r)
+  batch = lam.shape[:-1]
 
   def cond(c):
-    return (c[1] < max_steps) & c[2]
+    return (c[1] < max_steps) & jnp.any(c[2])
 
-  def step(c):
-    x, i, _ = c
-    y = _phase_of(jnp.einsum("...ij,...j->...i", wt, x) + pi * x)
-    return y, i + 1, jnp.max(jnp.abs(y - x)) > xtol
+  def step(c):                                    # walks that have settled keep their x and step count
+    x, i, moving, steps = c
+    y = _phase_of(jnp.einsum("...ij,...j->...i", wt, x) + d * x)
+    return (jnp.where(moving[..., None], y, x), i + 1, moving & (jnp.max(jnp.abs(y - x), -1) > xtol),
+            steps + moving)
 
-  x, steps, moving = jax.lax.while_loop(cond, step, (x0, jnp.asarray(0), jnp.asarray(max_steps > 0)))
-  stalled = jnp.broadcast_to(moving & (max_steps > 0), lam.shape[:-1])
-  return Frustration(1.0 - lam[..., -1], _energy(wt, pi, x), x, _energy(wt, pi, x0), steps, stalled)
+  init = (x0, jnp.asarray(0), jnp.full(batch, max_steps > 0), jnp.zeros(batch, jnp.int32))
+  x, _, stalled, steps = jax.lax.while_loop(cond, step, init)
+  return Frustration(1.0 - lam[..., -1], _energy(wt, d, x), x, _energy(wt, d, x0), steps, stalled,
+                     jnp.zeros(batch, lam.dtype))
 
 
 # ----------------------------------------------------------------------------- curvature of the connection
 
+def _check_vertices(name, idx, n):
+  """Concrete vertex indices must lie in [0, n) (jnp indexing would clamp them silently)."""
+  if _checks.is_concrete(idx):
+    a = np.asarray(idx)
+    if not np.issubdtype(a.dtype, np.integer):
+      raise ValueError(f"{name} must be integer vertex indices; got dtype {a.dtype}")
+    if a.size and (a.min() < 0 or a.max() >= n):
+      raise ValueError(f"{name} must index the n = {n} tokens (0 <= index < {n}); got [{a.min()}, {a.max()}]")
+
+
 def circulation(theta, i, j, k) -> jax.Array:
   """Wrapped circulations `F = θ_ij + θ_jk + θ_ki` [..., T] for index arrays i, j, k [T]."""
+  for name, idx in (("i", i), ("j", j), ("k", k)):
+    _check_vertices(name, idx, jnp.shape(theta)[-1])
   return wrap(theta[..., i, j] + theta[..., j, k] + theta[..., k, i])
 
 
@@ -190,6 +239,7 @@ def triangle_circulation(q, k, triangles, *, coupling=1.0, scale=None) -> jax.Ar
   tri = np.asarray(triangles)
   if tri.ndim != 2 or tri.shape[1] != 3 or not np.issubdtype(tri.dtype, np.integer):
     raise ValueError(f"triangles must be an integer array [T, 3]; got {tri.dtype} {tri.shape}")
+  _check_vertices("triangles", tri, q.shape[1])
   qf, kf = q.astype(jnp.float32), k.astype(jnp.float32)
   g = jnp.asarray(coupling, jnp.float32)[..., None] * 0.5 * scale                      # [] or [h, 1]
 
@@ -204,7 +254,9 @@ class Curvature(NamedTuple):
   """Distribution of the circulation F over proper triangles under the 3-cycle law `w_ijk ∝ K_ij K_jk K_ki`.
 
   wilson [...] complex: `Σ w e^{iF}`; mean_abs [...]: `Σ w |F|`; rms [...]: `(Σ w F²)^{1/2}` (radians);
-  hist [..., bins]: the weight of each bin `(e_b, e_{b+1}]` of (−π, π]; edges [bins + 1].
+  hist [..., bins]: the weight of each bin `(e_b, e_{b+1}]` of (−π, π]; edges [bins + 1]. A walk with no
+  proper 3-cycle (every K_ij K_jk K_ki = 0 over distinct i, j, k: n < 3, a matching, the identity)
+  has no such law: NaN there.
   """
   wilson: jax.Array
   mean_abs: jax.Array
@@ -239,7 +291,8 @@ def _curvature(p, theta, bins):
       return jnp.stack([w.sum(), jnp.sum(w * jnp.cos(f)), jnp.sum(w * jnp.sin(f)), jnp.sum(w * jnp.abs(f)),
                         jnp.sum(w * f * f)]), hist
     sums, hists = jax.lax.map(row, jnp.arange(n))
-    tot = jnp.maximum(sums[:, 0].sum(), _TINY)
+    tot = sums[:, 0].sum()
+    tot = jnp.where(tot > 0, tot, jnp.nan)                    # no proper 3-cycle: no law (class docstring)
     s = sums.sum(0) / tot
     return s[1] + 1j * s[2], s[3], jnp.sqrt(s[4]), hists.sum(0) / tot
 
@@ -248,21 +301,30 @@ def _curvature(p, theta, bins):
 
 
 class SampledCurvature(NamedTuple):
-  """Monte Carlo read of `Curvature`'s wilson / mean_abs [...] with standard errors [...] (delta method)."""
+  """Monte Carlo read of `Curvature`'s wilson / mean_abs [...] with standard errors [...] (delta method)
+  and the effective sample size `ess` [...] = (Σw)²/Σw² of the weighted triangles. The standard errors
+  are NaN below 30 effective triangles (the delta method does not hold there), the estimates NaN when
+  no sampled triangle carries weight (no proper 3-cycle)."""
   wilson: jax.Array
   mean_abs: jax.Array
   wilson_se: jax.Array
   mean_abs_se: jax.Array
+  ess: jax.Array
+
+
+_MIN_ESS = 30.0
 
 
 def sampled_curvature(p, theta, key, samples: int = 4096) -> SampledCurvature:
   """The circulation law of `curvature` from `samples` random triangles per walk: O(samples), not O(n³).
 
-  Draws `i` uniform, `j ~ K_i·`, `k ~ K_j·` (probability `K_ij K_jk / n`) and weighs the triangle by
-  `K_ki` (0 unless i, j, k are distinct), so the weights are the 3-cycle law `w_ijk ∝ K_ij K_jk K_ki`
-  up to its normaliser; the self-normalised ratio `Σ w g(F) / Σ w` is consistent for `g = e^{iF}`
-  and `|F|`, with standard error `(Σ w²(g − R)²)^{1/2} / Σ w`. Use it where n³ is too many (the probe
-  at model scale); `curvature` is the exact sum.
+  Draws proper triangles only: `i` uniform, `j ≠ i` with probability `K_ij / (1 − K_ii)`, `k ∉ {i, j}`
+  with probability `K_jk / (1 − K_ji − K_jj)`, and weighs each by `K_ki (1 − K_ii)(1 − K_ji − K_jj)`,
+  so the weights are the 3-cycle law `w_ijk ∝ K_ij K_jk K_ki` up to its normaliser even when K is
+  nearly diagonal (drawing j, k from the rows themselves wasted almost every sample there). The
+  self-normalised ratio `Σ w g(F) / Σ w` is consistent for `g = e^{iF}` and `|F|`, with standard error
+  `(Σ w²(g − R)²)^{1/2} / Σ w`. Use it where n³ is too many (the probe at model scale); `curvature` is
+  the exact sum.
   """
   _check_pair(p, theta)
   if int(samples) < 2:
@@ -278,22 +340,28 @@ def _sampled_curvature(p, theta, key, samples):
   def one(pk, tk, kk):
     ki, kj, kl = jax.random.split(kk, 3)
     logp = jnp.log(jnp.maximum(pk, _TINY))
+    cols = jnp.arange(n)
     i = jax.random.randint(ki, (samples,), 0, n)
-    j = jax.random.categorical(kj, logp[i])
-    l = jax.random.categorical(kl, logp[j])
-    w = jnp.where((i != j) & (j != l) & (l != i), pk[l, i], 0.0)
+    j = jax.random.categorical(kj, jnp.where(cols[None, :] == i[:, None], -jnp.inf, logp[i]))
+    l = jax.random.categorical(kl, jnp.where((cols[None, :] == i[:, None]) | (cols[None, :] == j[:, None]),
+                                             -jnp.inf, logp[j]))
+    w = pk[l, i] * jnp.maximum(1 - pk[i, i], 0.0) * jnp.maximum(1 - pk[j, i] - pk[j, j], 0.0)
+    w = jnp.where((i != j) & (j != l) & (l != i), w, 0.0)      # a row with no other state: drawn index moot
     f = wrap(tk[i, j] + tk[j, l] + tk[l, i])
-    tot = jnp.maximum(w.sum(), _TINY)
+    tot = w.sum()
+    ess = tot ** 2 / jnp.maximum(jnp.sum(w * w), _TINY)
+    tot = jnp.where(tot > 0, tot, jnp.nan)
 
     def ratio(g):
       r = jnp.sum(w * g) / tot
-      return r, jnp.sqrt(jnp.sum((w * (g - r)) ** 2)) / tot
+      se = jnp.sqrt(jnp.sum((w * (g - r)) ** 2)) / tot
+      return r, jnp.where(ess >= _MIN_ESS, se, jnp.nan)
     (c, c_se), (s, s_se), (a, a_se) = ratio(jnp.cos(f)), ratio(jnp.sin(f)), ratio(jnp.abs(f))
-    return c + 1j * s, a, jnp.sqrt(c_se ** 2 + s_se ** 2), a_se
+    return c + 1j * s, a, jnp.sqrt(c_se ** 2 + s_se ** 2), a_se, ess
 
   keys = jax.random.split(key, pf.shape[0])
-  wil, mabs, wil_se, mabs_se = jax.vmap(one)(pf, tf, keys)
-  return SampledCurvature(*(x.reshape(lead) for x in (wil, mabs, wil_se, mabs_se)))
+  out = jax.vmap(one)(pf, tf, keys)
+  return SampledCurvature(*(x.reshape(lead) for x in out))
 
 
 # ----------------------------------------------------------------------------- connection-walk read-outs
@@ -309,6 +377,8 @@ def edge_transports(theta, rows=None) -> jax.Array:
 def isometry_defect(p, theta, chunk: int = 64) -> jax.Array:
   """`Σ_ij P_ij δ(R(θ_ij)) / n` [...] with `connection.isometry_defect`: 0 (every transport is a rotation)."""
   _check_pair(p, theta)
+  if isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or chunk < 1:
+    raise ValueError(f"chunk must be a positive integer; got {chunk!r}")
   n = p.shape[-1]
   total = 0.0
   for start in range(0, n, chunk):
@@ -333,14 +403,25 @@ def connection_laplacian_matrix(p, theta) -> jax.Array:
 
 # ----------------------------------------------------------------------------- matrix-free
 
+def _check_symmetric_mask(mask):
+  """π from the log-normaliser and a Hermitian H need a reversible magnitude: a symmetric mask (or none)."""
+  if mask is None or not _checks.is_concrete(mask):
+    return
+  m = np.broadcast_to(np.asarray(mask), mask.shape[:2] + (max(mask.shape[2:]),) * 2)
+  if not np.array_equal(m, np.swapaxes(m, -1, -2)):
+    raise ValueError("mask must be symmetric (mask[..., i, j] == mask[..., j, i]) for the stationary law and H; "
+                     "a key-padding mask is not: drop the padded tokens instead")
+
+
 def stationary(q, k, *, beta=0.0, scale=None, mask=None, block_size: int = 512) -> jax.Array:
   """π [b, n, h] of the magnitude `K = P(β, α = 0)`, matrix-free: `π_i ∝ exp(lse_i + bias_i)`.
 
   With the augmented logit `scale·qa_i·ka_j + bias_j` (`operators.augment`, α = 0) equal to
   `s S_ij − ½ s g_j`, `π_i K_ij ∝ exp(s S_ij − ½ s g_i − ½ s g_j)` is symmetric, and its row sum is
-  `exp(lse_i + bias_i)`. Exact for a symmetric mask (or none).
+  `exp(lse_i + bias_i)`. Exact for a symmetric mask (or none); other masks are refused.
   """
   beta, _, scale, mask = operators.magnetic_arguments(q, k, beta=beta, scale=scale, mask=mask)
+  _check_symmetric_mask(mask)
   aug = operators.augment(q.astype(jnp.float32), k.astype(jnp.float32), beta=beta, alpha=0.0, scale=scale)
   lse = kernels.log_normaliser(aug.q, aug.k, bias=aug.bias, mask=mask, scale=scale, block_size=block_size)
   logw = lse + aug.bias
@@ -354,10 +435,11 @@ def hermitian_operator(q, k, *, beta=0.0, coupling=1.0, scale=None, mask=None, b
   `H u = Π^{1/2} K_θ Π^{−1/2} u`, K_θ applied as the magnetic transport of u's real and imaginary
   parts (one channel pair per column). Returns a function of a complex numpy array [n] or [n, m]
   (jitted; float32 inside) giving the same shape in complex128 — the matvec for
-  `hermitian_eigenvalues`. Memory O(n·m). Masks must be symmetric for H to be Hermitian.
+  `hermitian_eigenvalues`. Memory O(n·m). A mask must be symmetric (checked) for H to be Hermitian.
   """
   beta, coupling, scale, mask = operators.magnetic_arguments(q, k, beta=beta, coupling=coupling, scale=scale,
                                                                  mask=mask)
+  _check_symmetric_mask(mask)
   b, n, h, _ = q.shape
   if not (0 <= batch < b and 0 <= head < h):
     raise ValueError(f"batch and head must index [b, h] = {(b, h)}; got {(batch, head)}")
@@ -410,6 +492,11 @@ def hermitian_eigenvalues(matvec, n: int, num: int = 6, *, which: str = "LA", to
     raise ValueError(f"which must be 'LA' or 'SA'; got {which!r}")
   if not 1 <= int(num) < n:
     raise ValueError(f"num must lie in [1, n) = [1, {n}); got {num}")
+  if not tol > 0:
+    raise ValueError(f"tol must be positive; got {tol}")
+  probe = np.asarray(matvec(np.ones(n, np.complex128)))
+  if probe.shape != (n,):
+    raise ValueError(f"matvec must map [n] = [{n}] to [{n}]; it returned shape {probe.shape} (is n right?)")
   op = LinearOperator((n, n), matvec=matvec, matmat=matvec, dtype=np.complex128)
   v0 = np.ones(n, np.complex128) / math.sqrt(n)
   lam = np.sort(eigsh(op, k=int(num), which=which, tol=tol, v0=v0, return_eigenvectors=False))
@@ -424,6 +511,11 @@ def summary(q, k, *, beta=0.0, coupling=1.0, scale=None, mask=None) -> dict[str,
   `lambda_max` λ_max(H) (1 iff unfrustrated), `frustration_lower` / `frustration_upper` (bounds on ν),
   `wilson` Re of the 3-cycle Wilson loop, `mean_abs_circulation` (radians), `isometry_defect` (0).
   """
+  _, _, _, mask = operators.magnetic_arguments(q, k, mask=mask)
+  if mask is not None and _checks.is_concrete(mask) and not bool(np.all(kernels.attended_rows(mask, False, q.shape[1],
+                                                                                              q.shape[1]))):
+    raise ValueError("mask leaves some tokens with no keys (padding?): the dense read-outs need a stochastic "
+                     "walk on every token; drop the padded tokens instead")
   p = operators.markov_matrix(q, k, beta=beta, alpha=0.0, mask=mask, scale=scale)
   theta = operators.phases(q, k, coupling=coupling, scale=scale)
   fr = frustration(p, theta)
