@@ -25,8 +25,10 @@ from j to i multiplies by e^{+iθ_ij}. π is K's stationary law (`Σπ = 1`), `�
   gives an upper bound `E(x) = Σ D − Re x* W_θ x`. `frustration` rounds the top eigenvector of H to
   unit moduli and then runs the generalised power method `x ← phase((W_θ + D) x)` (W_θ + D =
   D^{1/2}(H + I)D^{1/2} ⪰ 0, so each step cannot raise E) to a fixed point: ν is bracketed by
-  `[lower, upper]`, and the gap says how well it is known (ν itself is a non-convex minimum). Since
-  `|E_π − E_π'| ≤ 2‖π − π'‖₁`, a π from `markov.stationary` widens the bracket by twice its bound.
+  `[lower, upper]`, and the gap says how well it is known (ν itself is a non-convex minimum). With
+  `E_π(x) = ½ Σ_i π_i a_i`, `a_i = Σ_j K_ij |x_i − e^{iθ_ij} x_j|² ∈ [0, 4]`, and `Σ(π − π') = 0`,
+  `|E_π − E_π'| ≤ ‖π − π'‖₁`: a π known to ℓ¹ error ε widens the bracket by ε. And ν ≤ 1 (random
+  phases average `1 − Σ_i W_ii`).
 * Connection walk (`attngeo.connection`): the edge transport of each channel pair is the rotation
   `R(θ_ij)` — an exact isometry (defect 0); `I − [K_ij R(θ_ij)]` is the real form of `I − K_θ`.
 
@@ -86,10 +88,11 @@ def flows(p, pi=None):
 
 
 def _law(p, pi):
-  """(π, ε): a supplied π checked (shape, a probability vector, stationary for P) with ε = 0, else
-  `markov.stationary`'s π and its ℓ¹ error bound ε (inf when π is not unique)."""
+  """(π, ε), ε ≥ ‖π − π_true‖₁: `markov.stationary`'s π and bound, or a supplied π (checked: shape, a
+  probability vector, ‖πP − π‖₁ ≤ 1e-4) with the same a posteriori bound `‖M⁻¹‖·(‖πP − π‖₁ + √n·eps)`.
+  ε is inf or NaN when π is not unique."""
+  st = markov.stationary(p)
   if pi is None:
-    st = markov.stationary(p)
     return st.pi, st.error_bound
   pi = jnp.asarray(pi)
   if pi.shape != p.shape[:-1]:
@@ -102,7 +105,8 @@ def _law(p, pi):
     res = float(np.max(np.abs(np.einsum("...i,...ij->...j", a, pm) - a).sum(-1), initial=0.0))
     if res > 1e-4:
       raise ValueError(f"pi must be P's stationary law: ||pi P - pi||_1 = {res:.3g} (> 1e-4)")
-  return pi, jnp.zeros(p.shape[:-2], jnp.float32)
+  res = jnp.sum(jnp.abs(jnp.einsum("...i,...ij->...j", pi, p) - pi), -1)
+  return pi, st.condition * (res + math.sqrt(p.shape[-1]) * jnp.finfo(st.pi.dtype).eps)
 
 
 @jax.jit
@@ -147,7 +151,8 @@ class Frustration(NamedTuple):
   `rounded` [...] bounds ν from the rounded eigenvector before the power method; `steps` [...] the
   power-method steps each walk took; `stalled` [...] whether its last step still moved x by more
   than `xtol` (then `upper` is still a valid bound, just not at a fixed point); `pi_error` [...] the
-  ℓ¹ error bound of the π used (0 for a supplied π), by twice which both bounds were widened.
+  ℓ¹ error bound of the π used, by which the bounds were widened; `lambda_max` [...] λ_max(H) for
+  that π (not widened: `lower` is `1 − lambda_max` only when `pi_error` is 0).
   """
   lower: jax.Array
   upper: jax.Array
@@ -156,6 +161,7 @@ class Frustration(NamedTuple):
   steps: jax.Array
   stalled: jax.Array
   pi_error: jax.Array
+  lambda_max: jax.Array
 
 
 def frustration(p, theta, pi=None, *, max_steps: int = 500, xtol: float = 1e-6) -> Frustration:
@@ -164,19 +170,21 @@ def frustration(p, theta, pi=None, *, max_steps: int = 500, xtol: float = 1e-6) 
   `lower = 1 − λ_max(H)` (the spectral relaxation); `upper = E(x)` for the section x reached from
   the rounded top eigenvector of H (`u = D^{−1/2}·vec`, `x_i = u_i/|u_i|`, 1 where u_i = 0) by the
   generalised power method `x ← phase((W_θ + D) x)`, each walk stopped when none of its `x_i` moves
-  by more than `xtol`, or after `max_steps`. Both bounds are widened by `2·pi_error` (module
-  docstring; ν ∈ [0, 2] clips them), so they hold for K's true π whenever the stationary solver's
-  bound does: a nearly decomposable K, whose π is ill-determined, gets a wide bracket, and one whose
-  π is not unique [0, 2]. ν = 0 iff θ is pure gauge on the support of K.
+  by more than `xtol`, or after `max_steps`. Both bounds are widened by `pi_error` (module docstring;
+  ν ∈ [0, 1] clips them), so they hold for K's true π whenever the stationary solver's bound does: a
+  nearly decomposable K, whose π is ill-determined, gets a wide bracket, and one whose π is not unique
+  [0, 1]. ν = 0 iff θ is pure gauge on the support of K.
   """
   _check_pair(p, theta)
   if isinstance(max_steps, bool) or not isinstance(max_steps, (int, np.integer)) or max_steps < 0 or not xtol > 0:
     raise ValueError(f"max_steps must be an integer ≥ 0 and xtol > 0; got max_steps={max_steps!r}, xtol={xtol}")
   pi, eps = _law(p, pi)
   fr = _frustration(p, theta, pi, int(max_steps), float(xtol))
-  widen = 2.0 * jnp.minimum(eps.astype(fr.lower.dtype), 2.0)          # ‖π − π'‖₁ ≤ 2, and ν ∈ [0, 2]
-  return fr._replace(lower=jnp.maximum(fr.lower - widen, 0.0), upper=jnp.minimum(fr.upper + widen, 2.0),
-                     rounded=jnp.minimum(fr.rounded + widen, 2.0), pi_error=eps)
+  eps = eps.astype(fr.lower.dtype)
+  known = eps <= 1.0                                 # False for inf/NaN (π not unique): all of [0, 1]
+  bound = lambda x, unknown: jnp.where(known, jnp.clip(x, 0.0, 1.0), unknown)
+  return fr._replace(lower=bound(fr.lower - eps, 0.0), upper=bound(fr.upper + eps, 1.0),
+                     rounded=bound(fr.rounded + eps, 1.0), pi_error=eps)
 
 
 def _phase_of(u):
@@ -208,7 +216,7 @@ def _frustration(p, theta, pi, max_steps, xtol):
   init = (x0, jnp.asarray(0), jnp.full(batch, max_steps > 0), jnp.zeros(batch, jnp.int32))
   x, _, stalled, steps = jax.lax.while_loop(cond, step, init)
   return Frustration(1.0 - lam[..., -1], _energy(wt, d, x), x, _energy(wt, d, x0), steps, stalled,
-                     jnp.zeros(batch, lam.dtype))
+                     jnp.zeros(batch, lam.dtype), lam[..., -1])
 
 
 # ----------------------------------------------------------------------------- curvature of the connection
@@ -318,8 +326,9 @@ _MIN_ESS = 30.0
 def sampled_curvature(p, theta, key, samples: int = 4096) -> SampledCurvature:
   """The circulation law of `curvature` from `samples` random triangles per walk: O(samples), not O(n³).
 
-  Draws proper triangles only: `i` uniform, `j ≠ i` with probability `K_ij / (1 − K_ii)`, `k ∉ {i, j}`
-  with probability `K_jk / (1 − K_ji − K_jj)`, and weighs each by `K_ki (1 − K_ii)(1 − K_ji − K_jj)`,
+  Draws proper triangles only: `i` uniform, `j ≠ i` with probability `K_ij / Σ_{j'≠i} K_ij'`, `k ∉ {i, j}`
+  with probability `K_jk / Σ_{k'∉{i,j}} K_jk'`, and weighs each by `K_ki` times both normalisers (summed
+  from the off-diagonal entries, not as `1 − K_ii`, which loses a sharp walk's mass in float32),
   so the weights are the 3-cycle law `w_ijk ∝ K_ij K_jk K_ki` up to its normaliser even when K is
   nearly diagonal (drawing j, k from the rows themselves wasted almost every sample there). The
   self-normalised ratio `Σ w g(F) / Σ w` is consistent for `g = e^{iF}` and `|F|`, with standard error
@@ -345,8 +354,11 @@ def _sampled_curvature(p, theta, key, samples):
     j = jax.random.categorical(kj, jnp.where(cols[None, :] == i[:, None], -jnp.inf, logp[i]))
     l = jax.random.categorical(kl, jnp.where((cols[None, :] == i[:, None]) | (cols[None, :] == j[:, None]),
                                              -jnp.inf, logp[j]))
-    w = pk[l, i] * jnp.maximum(1 - pk[i, i], 0.0) * jnp.maximum(1 - pk[j, i] - pk[j, j], 0.0)
+    off_i = jnp.sum(jnp.where(cols[None, :] == i[:, None], 0.0, pk[i]), -1)             # Σ_{j≠i} K_ij, summed
+    off_j = jnp.sum(jnp.where((cols[None, :] == i[:, None]) | (cols[None, :] == j[:, None]), 0.0, pk[j]), -1)
+    w = pk[l, i] * off_i * off_j                       # (1 − K_ii) by subtraction loses a sharp walk's mass
     w = jnp.where((i != j) & (j != l) & (l != i), w, 0.0)      # a row with no other state: drawn index moot
+    w = w / jnp.maximum(jnp.max(w), _TINY)                     # scale-free; w² would underflow in float32
     f = wrap(tk[i, j] + tk[j, l] + tk[l, i])
     tot = w.sum()
     ess = tot ** 2 / jnp.maximum(jnp.sum(w * w), _TINY)
@@ -520,7 +532,7 @@ def summary(q, k, *, beta=0.0, coupling=1.0, scale=None, mask=None) -> dict[str,
   theta = operators.phases(q, k, coupling=coupling, scale=scale)
   fr = frustration(p, theta)
   cv = curvature(p, theta)
-  stats = {"lambda_max": 1.0 - fr.lower, "frustration_lower": fr.lower, "frustration_upper": fr.upper,
+  stats = {"lambda_max": fr.lambda_max, "frustration_lower": fr.lower, "frustration_upper": fr.upper,
            "wilson": jnp.real(cv.wilson), "mean_abs_circulation": cv.mean_abs,
            "isometry_defect": isometry_defect(p, theta)}
   return {key: np.asarray(v).mean(0) for key, v in stats.items()}

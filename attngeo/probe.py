@@ -23,8 +23,10 @@ For each attention layer (q, k captured during one forward pass; dense P per hea
   edge-independent virtual heads `W_V^h W_O^h`, `W_V^h J W_O^h` with gates `g cos θ`, `g sin θ`
   (`connection.phase_heads`); `head_isometry_defect` (one head's transport is no longer one matrix)
   is None there. Also per head `[h]`: `cmap_mean_abs_phase` (Σ_ij K_ij |θ_ij| / n) and, without a causal mask (`attngeo.magnetic`),
-  `cmap_lambda_max` λ_max(H), `cmap_frustration_lower/upper` (the bracket on ν), `cmap_wilson`
-  (Re of the 3-cycle Wilson loop) and `cmap_mean_abs_circulation` ± `_se` from `cmap_triangles`
+  `cmap_lambda_max` λ_max(H), `cmap_frustration_lower/upper` (the bracket on ν) with
+  `cmap_frustration_stalled` (the fraction of inputs whose power method had not settled: the upper
+  bound still holds), `cmap_wilson` ± `_se` (the 3-cycle Wilson loop, its standard error from the
+  real and imaginary parts) and `cmap_mean_abs_circulation` ± `_se` from `cmap_triangles`
   sampled triangles per input (`magnetic.sampled_curvature`: O(samples), not n³). Under a causal mask
   K has no proper 3-cycles and π = δ₀, so only the phase's mean is read.
 
@@ -170,8 +172,10 @@ def _phase_readouts(p, theta, key, *, causal, triangles):
   fr = magnetic.frustration(p, theta)
   cv = magnetic.sampled_curvature(p, theta, key, samples=triangles)
   b = p.shape[0]
-  return dict(out, cmap_lambda_max=(1.0 - fr.lower).mean(0), cmap_frustration_lower=fr.lower.mean(0),
+  return dict(out, cmap_lambda_max=fr.lambda_max.mean(0), cmap_frustration_lower=fr.lower.mean(0),
               cmap_frustration_upper=fr.upper.mean(0), cmap_wilson=jnp.real(cv.wilson).mean(0),
+              cmap_frustration_stalled=fr.stalled.astype(jnp.float32).mean(0),
+              cmap_wilson_se=jnp.sqrt(jnp.sum(cv.wilson_se ** 2, 0)) / b,
               cmap_mean_abs_circulation=cv.mean_abs.mean(0),
               cmap_mean_abs_circulation_se=jnp.sqrt(jnp.sum(cv.mean_abs_se ** 2, 0)) / b)
 

@@ -237,6 +237,9 @@ def test_cmap_layers_report_the_phase_and_the_rotated_transport_defect(tmp_path)
     np.testing.assert_allclose(row["cmap_frustration_upper"], fr.upper.mean(0), rtol=1e-4, atol=1e-6)
     err = np.abs(np.asarray(row["cmap_mean_abs_circulation"]) - np.asarray(cv.mean_abs).mean(0))
     assert np.all(err < 4.5 * np.asarray(row["cmap_mean_abs_circulation_se"])), err
+    werr = np.abs(np.asarray(row["cmap_wilson"]) - np.real(np.asarray(cv.wilson)).mean(0))
+    assert np.all(werr < 4.5 * np.asarray(row["cmap_wilson_se"])), werr
+    np.testing.assert_allclose(row["cmap_frustration_stalled"], np.asarray(fr.stalled, np.float32).mean(0))
     dense_phase = (np.asarray(p) * np.abs(np.asarray(theta))).sum((-2, -1)).mean(0) / p.shape[-1]
     np.testing.assert_allclose(row["cmap_mean_abs_phase"], dense_phase, rtol=1e-5)
   assert np.mean(rows[0]["cmap_mean_abs_phase"]) > 0.01                    # a real phase, not γ = 0
