@@ -20,7 +20,7 @@ from j to i multiplies by e^{+iθ_ij}. π is K's stationary law (`Σπ = 1`), `�
   `tr(K_θ³) / tr(K³)`.) For a reversible K both orientations of a triangle weigh the same, so the
   Wilson loop is real.
 * Frustration index (Bandeira–Singer–Spielman's, for U(1)) `ν = min_{|x_i| = 1} ½ Σ_ij W_ij |x_i −
-  e^{iθ_ij} x_j|²` ∈ [0, 2]: 0 iff θ is pure gauge (θ_ij = φ_i − φ_j) on the support of K. Its
+  e^{iθ_ij} x_j|²` ∈ [0, 1]: 0 iff θ is pure gauge (θ_ij = φ_i − φ_j) on the support of K. Its
   relaxation to `Σ D_ii |x_i|² = 1` is `λ_min(Δ_θ) = 1 − λ_max(H) ≤ ν`; any unit-modulus section x
   gives an upper bound `E(x) = Σ D − Re x* W_θ x`. `frustration` rounds the top eigenvector of H to
   unit moduli and then runs the generalised power method `x ← phase((W_θ + D) x)` (W_θ + D =
