@@ -113,6 +113,14 @@ def _unblocks(x):
   return jnp.moveaxis(x, 0, 2).reshape((b, h, nb * size) + x.shape[4:])
 
 
+def _pad_mask(mask, pad_t, pad_s):
+  """A [b|1, h|1, t|1, s|1] mask padded (with False) to the padded lengths on its non-broadcast axes only:
+  a key mask [b, 1, 1, s] stays O(s) (`_mask_block` slices size-1 axes as they are); padded keys are
+  also excluded by their `_NEG` bias, padded queries dropped."""
+  widths = (0, pad_t if mask.shape[2] > 1 else 0), (0, pad_s if mask.shape[3] > 1 else 0)
+  return jnp.pad(mask, ((0, 0), (0, 0)) + widths)
+
+
 def _block_logits(qb, kb, biasb, maskb, causal, scale, iq, ik, bq, bk):
   s = jnp.einsum("bhqd,bhkd->bhqk", qb, kb, preferred_element_type=jnp.float32) * scale
   s = s + biasb[:, :, None, :]
@@ -221,8 +229,7 @@ def _blockwise_sdpa(q, k, v, bias, mask, causal, scale, block_size):
     vt = jnp.pad(vt, ((0, 0), (0, 0), (0, npad - n), (0, 0)))
     bias_t = jnp.pad(bias_t, ((0, 0), (0, 0), (0, npad - n)), constant_values=_NEG)
   if mask is not None:
-    mb = jnp.broadcast_to(mask, (mask.shape[0], mask.shape[1], t, n))
-    mask = jnp.pad(mb, ((0, 0), (0, 0), (0, tp - t), (0, npad - n)))
+    mask = _pad_mask(mask, tp - t, npad - n)
   out = _flash(qt, kt, vt, bias_t, mask, causal, scale, bq, bk)
   return jnp.transpose(out[:, :, :t], (0, 2, 1, 3))
 
@@ -238,6 +245,11 @@ def attended_rows(mask, causal, t, s):
   if causal:
     m = m & (jnp.arange(s)[None, :] <= jnp.arange(t)[:, None])
   return jnp.any(m, -1)
+
+
+def _check_kernel_mask(mask):
+  if mask is not None and jnp.ndim(mask) != 4:
+    raise ValueError(f"mask must be 4-D, broadcastable to [b, h, t, s]; got shape {jnp.shape(mask)}")
 
 
 def _zero_empty_rows(out, mask, causal, s):
@@ -262,6 +274,7 @@ def attention(q, k, v, *, bias=None, mask=None, causal=False, scale=None, implem
   chex.assert_equal_shape_prefix([k, v], 3)
   if bias is not None:
     chex.assert_shape(bias, (k.shape[0], k.shape[1], k.shape[2]))
+  _check_kernel_mask(mask)
   implementation = implementation or default_implementation(k.shape[1])
   scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
   if implementation == "einsum":
@@ -511,8 +524,7 @@ def _blockwise_phase(q, k, v, bias, qt, kt, c, mask, causal, scale, block_size):
     kh, kth, vh = padk(kh), padk(kth), padk(vh)
     bias_t = jnp.pad(bias_t, ((0, 0), (0, 0), (0, npad - n)), constant_values=_NEG)
   if mask is not None:
-    mb = jnp.broadcast_to(mask, (mask.shape[0], mask.shape[1], t, n))
-    mask = jnp.pad(mb, ((0, 0), (0, 0), (0, tp - t), (0, npad - n)))
+    mask = _pad_mask(mask, tp - t, npad - n)
   out = _phase_flash(qh, kh, vh, bias_t, qth, kth, c, mask, causal, scale, bq, bk)
   return _join_pairs(jnp.transpose(out[:, :, :t], (0, 2, 1, 3)))
 
@@ -537,6 +549,7 @@ def phase_attention(q, k, v, qt, kt, coupling, *, bias=None, mask=None, causal=F
   Returns [b, t, h, e] in v's dtype, float32 accumulation; a query row whose keys are all masked (by
   the mask and the causal order together) returns 0.
   """
+  _check_kernel_mask(mask)
   implementation = implementation or ("blockwise" if k.shape[1] >= 512 else "einsum")
   scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
   c = jnp.broadcast_to(jnp.asarray(coupling, jnp.float32), (q.shape[2],))
@@ -570,7 +583,6 @@ def log_normaliser(q, k, *, bias=None, mask=None, causal=False, scale=None, bloc
   bias_t = jnp.zeros((b, h, n), jnp.float32) if bias is None else jnp.transpose(bias, (0, 2, 1)).astype(jnp.float32)
   bias_t = jnp.pad(bias_t, ((0, 0), (0, 0), (0, npad - n)), constant_values=_NEG)
   if mask is not None:
-    mb = jnp.broadcast_to(mask, (mask.shape[0], mask.shape[1], t, n))
-    mask = jnp.pad(mb, ((0, 0), (0, 0), (0, tp - t), (0, npad - n)))
+    mask = _pad_mask(mask, tp - t, npad - n)
   _, lse = _flash_fwd_impl(qh, kh, jnp.zeros((b, h, npad, 1), jnp.float32), bias_t, mask, causal, scale, bq, bk)
   return jnp.transpose(lse[:, :, :t], (0, 2, 1))
