@@ -87,13 +87,10 @@ def flows(p, pi=None):
   return 0.5 * (f + jnp.swapaxes(f, -1, -2)), pi
 
 
-def _law(p, pi):
-  """(π, ε), ε ≥ ‖π − π_true‖₁: `markov.stationary`'s π and bound, or a supplied π (checked: shape, a
-  probability vector, ‖πP − π‖₁ ≤ 1e-4) with the same a posteriori bound `‖M⁻¹‖·(‖πP − π‖₁ + √n·eps)`.
-  ε is inf or NaN when π is not unique."""
-  st = markov.stationary(p)
+def _check_pi(p, pi):
+  """A supplied π [..., n]: the right shape, a probability vector and stationary for P (residual ≤ 1e-4)."""
   if pi is None:
-    return st.pi, st.error_bound
+    return None
   pi = jnp.asarray(pi)
   if pi.shape != p.shape[:-1]:
     raise ValueError(f"pi must be [..., n] = {p.shape[:-1]} (P's stationary law); got {pi.shape}")
@@ -105,8 +102,17 @@ def _law(p, pi):
     res = float(np.max(np.abs(np.einsum("...i,...ij->...j", a, pm) - a).sum(-1), initial=0.0))
     if res > 1e-4:
       raise ValueError(f"pi must be P's stationary law: ||pi P - pi||_1 = {res:.3g} (> 1e-4)")
-  res = jnp.sum(jnp.abs(jnp.einsum("...i,...ij->...j", pi, p) - pi), -1)
-  return pi, st.condition * (res + math.sqrt(p.shape[-1]) * jnp.finfo(st.pi.dtype).eps)
+  return pi
+
+
+def _law(p, pi):
+  """(π, ε ≥ ‖π − π_true‖₁): `markov.stationary`'s π and bound, or a checked supplied π with the same
+  a posteriori bound (`markov.error_bound`). ε is inf or NaN when π is not unique."""
+  pi = _check_pi(p, pi)
+  if pi is None:
+    st = markov.stationary(p)
+    return st.pi, st.error_bound
+  return pi, markov.error_bound(p, pi)
 
 
 @jax.jit
@@ -122,7 +128,7 @@ def _hermitian(p, theta, pi):
 def hermitian_form(p, theta, pi=None) -> jax.Array:
   """`H = D^{−1/2} (W ⊙ e^{iθ}) D^{−1/2}` [..., n, n] complex; `Π^{1/2} K_θ Π^{−1/2}` for reversible K."""
   _check_pair(p, theta)
-  return _hermitian(p, theta, _law(p, pi)[0])[0]
+  return _hermitian(p, theta, _check_pi(p, pi))[0]
 
 
 def laplacian(p, theta, pi=None) -> jax.Array:
@@ -141,7 +147,7 @@ def spectrum(p, theta, k: int | None = None, pi=None) -> jax.Array:
   _check_pair(p, theta)
   if k is not None and not 1 <= int(k) <= p.shape[-1]:
     raise ValueError(f"k must lie in [1, n] = [1, {p.shape[-1]}] or be None; got {k}")
-  lam = _spectrum(p, theta, _law(p, pi)[0])
+  lam = _spectrum(p, theta, _check_pi(p, pi))
   return lam if k is None else lam[..., :int(k)]
 
 
@@ -349,14 +355,15 @@ def _sampled_curvature(p, theta, key, samples):
   def one(pk, tk, kk):
     ki, kj, kl = jax.random.split(kk, 3)
     logp = jnp.log(jnp.maximum(pk, _TINY))
-    cols = jnp.arange(n)
+    cols = jnp.arange(n)[None, :]
     i = jax.random.randint(ki, (samples,), 0, n)
-    j = jax.random.categorical(kj, jnp.where(cols[None, :] == i[:, None], -jnp.inf, logp[i]))
-    l = jax.random.categorical(kl, jnp.where((cols[None, :] == i[:, None]) | (cols[None, :] == j[:, None]),
-                                             -jnp.inf, logp[j]))
-    off_i = jnp.sum(jnp.where(cols[None, :] == i[:, None], 0.0, pk[i]), -1)             # Σ_{j≠i} K_ij, summed
-    off_j = jnp.sum(jnp.where((cols[None, :] == i[:, None]) | (cols[None, :] == j[:, None]), 0.0, pk[j]), -1)
-    w = pk[l, i] * off_i * off_j                       # (1 − K_ii) by subtraction loses a sharp walk's mass
+    not_i = cols != i[:, None]                                                            # [samples, n]
+    j = jax.random.categorical(kj, jnp.where(not_i, logp[i], -jnp.inf))
+    not_ij = not_i & (cols != j[:, None])
+    l = jax.random.categorical(kl, jnp.where(not_ij, logp[j], -jnp.inf))
+    # the proposal's normalisers Σ_{j≠i} K_ij and Σ_{l∉{i,j}} K_jl, summed (1 − K_ii by subtraction loses a
+    # sharp walk's mass in float32)
+    w = pk[l, i] * jnp.sum(jnp.where(not_i, pk[i], 0.0), -1) * jnp.sum(jnp.where(not_ij, pk[j], 0.0), -1)
     w = jnp.where((i != j) & (j != l) & (l != i), w, 0.0)      # a row with no other state: drawn index moot
     w = w / jnp.maximum(jnp.max(w), _TINY)                     # scale-free; w² would underflow in float32
     f = wrap(tk[i, j] + tk[j, l] + tk[l, i])
@@ -415,11 +422,11 @@ def connection_laplacian_matrix(p, theta) -> jax.Array:
 
 # ----------------------------------------------------------------------------- matrix-free
 
-def _check_symmetric_mask(mask):
+def _check_symmetric_mask(mask, n):
   """π from the log-normaliser and a Hermitian H need a reversible magnitude: a symmetric mask (or none)."""
   if mask is None or not _checks.is_concrete(mask):
     return
-  m = np.broadcast_to(np.asarray(mask), mask.shape[:2] + (max(mask.shape[2:]),) * 2)
+  m = np.broadcast_to(np.asarray(mask), mask.shape[:2] + (n, n))
   if not np.array_equal(m, np.swapaxes(m, -1, -2)):
     raise ValueError("mask must be symmetric (mask[..., i, j] == mask[..., j, i]) for the stationary law and H; "
                      "a key-padding mask is not: drop the padded tokens instead")
@@ -433,7 +440,7 @@ def stationary(q, k, *, beta=0.0, scale=None, mask=None, block_size: int = 512) 
   `exp(lse_i + bias_i)`. Exact for a symmetric mask (or none); other masks are refused.
   """
   beta, _, scale, mask = operators.magnetic_arguments(q, k, beta=beta, scale=scale, mask=mask)
-  _check_symmetric_mask(mask)
+  _check_symmetric_mask(mask, q.shape[1])
   aug = operators.augment(q.astype(jnp.float32), k.astype(jnp.float32), beta=beta, alpha=0.0, scale=scale)
   lse = kernels.log_normaliser(aug.q, aug.k, bias=aug.bias, mask=mask, scale=scale, block_size=block_size)
   logw = lse + aug.bias
@@ -451,7 +458,7 @@ def hermitian_operator(q, k, *, beta=0.0, coupling=1.0, scale=None, mask=None, b
   """
   beta, coupling, scale, mask = operators.magnetic_arguments(q, k, beta=beta, coupling=coupling, scale=scale,
                                                                  mask=mask)
-  _check_symmetric_mask(mask)
+  _check_symmetric_mask(mask, q.shape[1])
   b, n, h, _ = q.shape
   if not (0 <= batch < b and 0 <= head < h):
     raise ValueError(f"batch and head must index [b, h] = {(b, h)}; got {(batch, head)}")

@@ -74,12 +74,17 @@ def _inverse_norm_1(lu, n, dtype):
   return jnp.maximum(est, 2.0 * jnp.sum(jnp.abs(solve_b(jnp.broadcast_to(alt, batch + (n,)))), -1) / (3 * n))
 
 
+def _factor(p):
+  """lu_factor(M), `M = I − P + 11ᵀ/n` (one matrix per LAPACK call): `Mᵀπ = 1/n` defines π."""
+  n = p.shape[-1]
+  return linalg.lu_factor(jnp.eye(n, dtype=p.dtype) - p + 1.0 / n)
+
+
 def _solve_pi(p, refine: int = 2):
   """(π, lu_factor(M)) for P [..., n, n] in its working dtype: one LU solve plus `refine` refinement steps."""
-  n = p.shape[-1]
-  lu = linalg.lu_factor(jnp.eye(n, dtype=p.dtype) - p + 1.0 / n)     # one matrix per LAPACK call
+  lu = _factor(p)
   solve = lambda b: linalg.lu_solve(lu, b[..., None], trans=1)[..., 0]
-  pi = solve(jnp.full(p.shape[:-1], 1.0 / n, p.dtype))
+  pi = solve(jnp.full(p.shape[:-1], 1.0 / p.shape[-1], p.dtype))
   for _ in range(refine):
     pi = pi - solve(_residual(p, pi))
   pi = jnp.maximum(pi, 0.0)
@@ -90,15 +95,34 @@ def _residual(p, pi):
   return pi - jnp.einsum("...i,...ij->...j", pi, p)
 
 
+def _bound(p, pi, lu):
+  """(‖πP − π‖₁, ‖M⁻¹‖ estimate, a posteriori bound `‖M⁻¹‖·(‖πP − π‖₁ + √n·eps)` ≥ ‖π − π_true‖₁)
+  for any probability vector π (Mᵀπ − 1/n is then the residual)."""
+  n = p.shape[-1]
+  r = jnp.sum(jnp.abs(_residual(p, pi)), -1)
+  cond = _inverse_norm_1(lu, n, p.dtype)
+  return r, cond, cond * (r + math.sqrt(n) * jnp.finfo(p.dtype).eps)
+
+
 @functools.partial(jax.jit, static_argnames=("tol", "refine"))
 def _stationary(p, tol: float, refine: int = 2) -> Stationary:
   p = _working(p)
-  n = p.shape[-1]
   pi, lu = _solve_pi(p, refine)
-  r = jnp.sum(jnp.abs(_residual(p, pi)), -1)
-  cond = _inverse_norm_1(lu, n, p.dtype)
-  bound = cond * (r + math.sqrt(n) * jnp.finfo(p.dtype).eps)
+  r, cond, bound = _bound(p, pi, lu)
   return Stationary(pi, r, bound, cond, refine, jnp.isfinite(bound) & (bound <= tol))
+
+
+def error_bound(p, pi) -> jax.Array:
+  """The bound `stationary` reports, for a given probability vector π [..., n]: `≥ ‖π − π_true‖₁` [...]
+  (inf/NaN when π_true is not unique)."""
+  _checks.check_stochastic("P", p)
+  return _error_bound(p, _pi(p, pi))
+
+
+@jax.jit
+def _error_bound(p, pi):
+  p = _working(p)
+  return _bound(p, pi.astype(p.dtype), _factor(p))[2]
 
 
 def stationary(p, *, tol: float = 1e-4, refine: int = 2) -> Stationary:

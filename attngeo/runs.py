@@ -105,6 +105,18 @@ def atomic_json(path: str, obj) -> None:
   atomic_write(path, json.dumps(obj, indent=1, default=str))
 
 
+def atomic_npy(path: str, array) -> None:
+  """`atomic_write` of `array` in `.npy` format (through a file object: `np.save` appends no suffix),
+  creating the folder."""
+  import numpy as np
+
+  def save(tmp):
+    with open(tmp, "wb") as f:
+      np.save(f, np.asarray(array))
+  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+  atomic_write(path, save)
+
+
 def cached_result(path: str, key: str, field: str = "key") -> dict | None:
   """The JSON result at `path` if it was produced under `key` (stored in its `field`), else None:
   a result is reused only for the content and config that made it, never for its name."""

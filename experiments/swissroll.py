@@ -306,11 +306,7 @@ def ot_noise(points: np.ndarray, seed: int, cache_dir: str | None = None) -> np.
     _, cols = linear_sum_assignment(cdist(points[i], noise[i], "sqeuclidean"))
     noise[i] = noise[i][cols]
   if path:
-    os.makedirs(cache_dir, exist_ok=True)
-    def save(tmp):
-      with open(tmp, "wb") as f:
-        np.save(f, noise)
-    runs.atomic_write(path, save)
+    runs.atomic_npy(path, noise)
   return noise
 
 

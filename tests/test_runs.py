@@ -30,7 +30,7 @@ def test_fingerprint_follows_content_not_names():
 
 
 def test_atomic_write_takes_a_writer_and_leaves_nothing_behind_on_failure(tmp_path):
-  """`atomic_write` with a writer and `atomic_json`; a writer that raises leaves neither a temporary nor a
+  """`atomic_write` with a writer, `atomic_npy` and `atomic_json`; a writer that raises leaves neither a temporary nor a
   half file, and an existing file untouched; the temporary is hidden (no `*.npy` glob sees it)."""
   path = tmp_path / "noise.npy"
   seen = []
@@ -51,5 +51,7 @@ def test_atomic_write_takes_a_writer_and_leaves_nothing_behind_on_failure(tmp_pa
     runs.atomic_write(str(path), broken)
   np.testing.assert_array_equal(np.load(path), np.arange(3))
   assert sorted(p.name for p in tmp_path.iterdir()) == ["noise.npy"]
+  runs.atomic_npy(str(tmp_path / "sub" / "a.npy"), np.eye(2))
+  np.testing.assert_array_equal(np.load(tmp_path / "sub" / "a.npy"), np.eye(2))
   runs.atomic_json(str(tmp_path / "sub" / "r.json"), {"a": 1, "path": tmp_path})
   assert json.loads((tmp_path / "sub" / "r.json").read_text()) == {"a": 1, "path": str(tmp_path)}

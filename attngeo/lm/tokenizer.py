@@ -82,22 +82,13 @@ class _Base:
     return "".join(parts) + buf.decode("utf-8", errors="replace")
 
   def fingerprint(self) -> str:
-    from attngeo import runs
     return runs.fingerprint(self.to_dict())
 
   def save(self, directory: str) -> None:
     """Write `directory/tokenizer.json` and `directory/token_bytes.npy` (atomically)."""
     os.makedirs(directory, exist_ok=True)
-
-    def dump(tmp):
-      with open(tmp, "w") as f:
-        json.dump(self.to_dict(), f)
-    runs.atomic_write(os.path.join(directory, FILE), dump)
-
-    def save_bytes(tmp):
-      with open(tmp, "wb") as f:
-        np.save(f, self.token_bytes())
-    runs.atomic_write(os.path.join(directory, "token_bytes.npy"), save_bytes)
+    runs.atomic_write(os.path.join(directory, FILE), json.dumps(self.to_dict()))
+    runs.atomic_npy(os.path.join(directory, "token_bytes.npy"), self.token_bytes())
 
 
 class ByteTokenizer(_Base):
