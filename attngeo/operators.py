@@ -52,7 +52,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attngeo import _checks, kernels
+from attngeo import _checks, hermitian_kernel, kernels
 
 # Named corners (β, α) of the operator square.
 ATTN = (1.0, 1.0)
@@ -264,6 +264,9 @@ def rownorm(full, *, causal: bool = False, mask=None):
 # The magnetic operator CMAP (module docstring): magnitude P(β, α = 0), U(1) phase θ on complex value pairs.
 
 MAGNETIC = ("CMAP",)
+# Kernels of the magnetic operator: the one-sided phase kernels, and at β = 0 (no mask, not causal) the
+# Hermitian pairing `attngeo.hermitian_kernel`, which computes each unordered token pair once.
+MAGNETIC_IMPLEMENTATIONS = kernels.PHASE_IMPLEMENTATIONS + ("paired",)
 
 
 def is_magnetic(operator) -> bool:
@@ -311,7 +314,7 @@ def magnetic_arguments(q, k, *, beta=0.0, coupling=1.0, scale=None, mask=None):
 
 
 def magnetic_transport(q, k, v, *, beta=0.0, coupling=1.0, causal: bool = False, mask=None, scale=None,
-                       implementation: str | None = None, block_size: int = 512):
+                       implementation: str | None = None, block_size: int | None = None):
   """The magnetic operator `y_i = Σ_j K_ij e^{iθ_ij} v_j` (see above), as one fused phase attention.
 
   Args:
@@ -319,8 +322,11 @@ def magnetic_transport(q, k, v, *, beta=0.0, coupling=1.0, causal: bool = False,
     v: [b, n, h, e] values, e even; channel pairs (2c, 2c+1) are one complex value (Re, Im).
     beta: β of the magnitude `K = P(β, α = 0)`: scalar or per-head [h] in [0, 1]; 0 is DMAP's kernel.
     coupling: γ, scalar or per-head [h], any finite real; 0 gives exactly `transport(..., alpha=0)`.
-    causal, mask, scale, block_size: as in `transport`.
-    implementation: "einsum" | "blockwise" | None (einsum below 512 keys, else blockwise).
+    causal, mask, scale: as in `transport`.
+    implementation: "einsum" | "blockwise" | "paired" | None (einsum below 512 keys, else blockwise).
+      "paired" (`attngeo.hermitian_kernel`) needs β = 0 as a Python float, no mask and causal=False.
+    block_size: the blockwise kernel's block (default 512) or the paired kernel's diagonal blocks
+      (default 512; tiles of the paired kernel).
   Returns:
     [b, n, h, e] in v's dtype (float32 accumulation); the phase matrix never exists beyond a block
     on the blockwise path. A row whose keys are all masked is 0.
@@ -330,12 +336,18 @@ def magnetic_transport(q, k, v, *, beta=0.0, coupling=1.0, causal: bool = False,
   b, n, h, d = q.shape
   if n == 0 or d == 0:
     raise ValueError(f"q, k, v need at least one token and one channel; got [b, n, h, d] = {q.shape}")
-  if implementation not in (None,) + kernels.PHASE_IMPLEMENTATIONS:
-    raise ValueError(f"implementation must be one of {kernels.PHASE_IMPLEMENTATIONS} or None for the magnetic "
+  if implementation not in (None,) + MAGNETIC_IMPLEMENTATIONS:
+    raise ValueError(f"implementation must be one of {MAGNETIC_IMPLEMENTATIONS} or None for the magnetic "
                      f"operator; got {implementation!r}")
+  if block_size is not None and (isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1):
+    raise ValueError(f"block_size must be a positive integer or None; got {block_size!r}")
   mask = _check_mask(mask, b, h, n, n)
   beta, coupling = _coefficient("beta", beta, h), _coupling(coupling, h)
   scale = _scale(scale, d)
+  if implementation == "paired":
+    _check_paired(beta, mask, causal)
+    return hermitian_kernel.paired_magnetic(q, k, v, coupling, scale=scale, block_size=block_size or 512)
+  block_size = block_size or 512
   if isinstance(coupling, float) and coupling == 0.0:
     return transport(q, k, v, beta=beta, alpha=0.0, causal=causal, mask=mask, scale=scale,
                      implementation=implementation, block_size=block_size)
@@ -344,6 +356,16 @@ def magnetic_transport(q, k, v, *, beta=0.0, coupling=1.0, causal: bool = False,
   c = jnp.asarray(coupling, jnp.float32) * (0.5 * scale)
   return kernels.phase_attention(aug.q, aug.k, v, qt, kt, c, bias=aug.bias, mask=mask, causal=causal, scale=scale,
                                  implementation=implementation, block_size=block_size)
+
+
+def _check_paired(beta, mask, causal):
+  """The paired kernel's scope, in one line: its magnitude is DMAP's symmetric kernel (β = 0), its
+  pairs need a symmetric walk (no mask, not causal)."""
+  if not (isinstance(beta, float) and beta == 0.0):
+    raise ValueError(f"implementation='paired' needs beta=0.0 (a Python float: DMAP's symmetric magnitude); got {beta!r}")
+  if mask is not None or causal:
+    raise ValueError("implementation='paired' needs mask=None and causal=False (it pairs query i with key j and j "
+                     "with i); use 'einsum' or 'blockwise'")
 
 
 def phases(q, k, *, coupling=1.0, scale=None):

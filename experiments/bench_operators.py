@@ -1,7 +1,7 @@
 """Forward+backward time and peak memory of every operator under every attention kernel.
 
     attngeo bench [--seqs 256,1024,4096] [--batch 8] [--heads 8] [--head-dim 64] [--repeats 3]
-                  [--operators ATTN,DMAP,DMTN,ATAP,CMAP] [--implementations einsum,xla,cudnn,blockwise]
+                  [--operators ATTN,DMAP,DMTN,ATAP,CMAP] [--implementations einsum,xla,cudnn,blockwise,paired]
                   [--long 16384] [--dtype float32|bfloat16] [--out DIR]
 
 For each (seq, operator, implementation) it prints the fastest wall time of a jitted
@@ -16,7 +16,8 @@ dense kernels' programs (13–17 GiB each) are timed one at a time, and a progra
 three quarters of the machine's memory (dense CMAP at 4096 keys, 21 GiB) is not run: its row says
 so, with the memory it would need. `--implementations` restricts the kernels (the ratios are then
 to the fastest ATTN among them). CMAP, the magnetic operator
-(`operators.magnetic_transport`, coupling 1), runs on its own phase kernels (einsum, blockwise);
+(`operators.magnetic_transport`, coupling 1, β = 0), runs on its own kernels (einsum, blockwise and
+the Hermitian pairing "paired", which computes each unordered token pair once: `attngeo.hermitian_kernel`);
 the note under the table gives its ratio to ATTN per sequence length. `--long N` adds the blockwise
 path at batch 1, seq N, where a materialised P alone would need b·h·N²·4 bytes. Writes
 bench_operators.{md,csv,json}.
@@ -31,11 +32,12 @@ from attngeo.experiments.report import Col
 
 CORNERS = ("ATTN", "DMAP", "DMTN", "ATAP")
 OPERATORS = CORNERS + ("CMAP",)
-IMPLEMENTATIONS = ("einsum", "xla", "cudnn", "blockwise")
+IMPLEMENTATIONS = ("einsum", "xla", "cudnn", "blockwise", "paired")    # paired: CMAP only
 
 
-def compiled_call(name, impl, b, n, h, d, block_size=512, dtype="float32"):
-  """(call, peak bytes): the compiled fwd+bwd program of one cell, bound to its inputs."""
+def compiled_call(name, impl, b, n, h, d, block_size=None, dtype="float32"):
+  """(call, peak bytes): the compiled fwd+bwd program of one cell, bound to its inputs (block_size None:
+  each kernel's default)."""
   import jax
   import jax.numpy as jnp
 
@@ -49,13 +51,13 @@ def compiled_call(name, impl, b, n, h, d, block_size=512, dtype="float32"):
     beta, alpha = op.corner(name)
 
     def loss(q, k, v):
-      return jnp.sum(op.transport(q, k, v, beta=beta, alpha=alpha, implementation=impl, block_size=block_size))
+      return jnp.sum(op.transport(q, k, v, beta=beta, alpha=alpha, implementation=impl, block_size=block_size or 512))
 
   compiled = jax.jit(jax.grad(loss, (0, 1, 2))).lower(q, k, v).compile()
   return (lambda: compiled(q, k, v)), timing.peak_bytes(compiled)
 
 
-def measure(name, impl, b, n, h, d, repeats, block_size=512, dtype="float32"):
+def measure(name, impl, b, n, h, d, repeats, block_size=None, dtype="float32"):
   """(fastest seconds, peak bytes) of one cell timed alone."""
   call, mem = compiled_call(name, impl, b, n, h, d, block_size, dtype)
   return min(timing.interleaved_seconds({name: call}, repeats)[name]), mem
@@ -65,9 +67,9 @@ def available_impls(name="ATTN", chosen=None):
   """The kernels that run `name` on this backend (restricted to `chosen` when given), in timing order."""
   import jax
 
-  from attngeo import kernels
+  from attngeo import operators
   if name in OPERATORS[len(CORNERS):]:
-    impls = list(kernels.PHASE_IMPLEMENTATIONS)
+    impls = list(operators.MAGNETIC_IMPLEMENTATIONS)
   else:
     impls = ["einsum", "xla", "blockwise"]
     if jax.default_backend() == "gpu":

@@ -1,0 +1,246 @@
+"""The paired (Hermitian) kernel of the magnetic operator CMAP at β = 0: each unordered token pair once.
+
+At β = 0 CMAP's magnitude is DMAP's Gaussian kernel (`operators` module docstring). With
+`m = (q + k)/√2`, `n = (q − k)/√2`, `s` the logit scale and `c = γ s/2`:
+
+    G_ij = exp(−¼ s ‖m_i − m_j‖²) = exp(½ s m_i·m_j − a_i − a_j),   a_i = ¼ s ‖m_i‖²,
+    θ_ij = c (n_i·m_j − m_i·n_j)          (= c (q_i·k_j − k_i·q_j)),
+    H = G ⊙ e^{iθ},   D_i = Σ_j G_ij,    y_i = (Σ_j H_ij v_j) / D_i,
+
+which is `operators.magnetic_transport(..., beta=0)` (K = G/D is DMAP's rownorm(exp L)). G is symmetric
+and θ antisymmetric, so H is Hermitian: one block of it between token sets A and B serves both sides —
+rows A receive `H_AB v_B`, rows B receive `H_ABᴴ v_A`, and its row and column sums go to D_A and D_B.
+The sequence is cut into T tiles of t ≤ `block_size` tokens (halving while a part is even and longer,
+`tiling`): each pair of distinct tiles (a < b) is one such block, visited once by a `lax.scan`, and each
+diagonal tile is computed one-sided (all its entries, batched). Every unordered token pair is computed
+once.
+
+Cost, in units of one n × n product 64 wide (head dim 64): a pair tile costs 21 per unit of area (7
+forward: G's Gram 1, θ 2, the two value products 4; 14 backward: B 4, dv 4, the m, n gradients 6), a
+diagonal tile 15 (as `kernels._dense_phase`), ATTN 6 (dense) or 7 (blockwise, recomputing). With T
+tiles the pair tiles cover (T − 1)/(2T) of the n² entries and the diagonal tiles 1/T: 12.75 units at
+T = 2 (1024 keys, tiles of 512); at T = 4 and 8 (2048, 4096 keys), where the backward recomputes the
+pair tiles (3 more per unit of their area), 12.75 and 12.4 — against the one-sided kernels' 15
+(einsum) and 18 (blockwise). Sums over a tile's row axis (the key side: `H_abᴴ v_a`, the key-side
+gradients) accumulate feature-major, `[B, f, n]`, so their products read the n × n tile untransposed;
+contracting its row axis instead runs 2.3× slower on XLA:CPU.
+
+Backward, from cotangents (gY, gD) of the unnormalised sums (Y_i = Σ_j H_ij v_j, D_i), complex values
+in the realified layout `[re, im]`:
+
+    B_ij = conj(gY_i)·v_j + gY_j·conj(v_i)           (second term: pair tiles only)
+    Φ_ij = ∂L/∂log G_ij = Re(B_ij H_ij) + G_ij (gD_i + gD_j)   (gD_j: pair tiles only)
+    Θ_ij = ∂L/∂θ_ij = −Im(B_ij H_ij)
+    dv_j += conj(H_ij) gY_i,   dv_i += H_ij gY_j       (second: pair tiles only)
+    dm_A = ½ s (Φ m_B − (Φ 1) ⊙ m_A) − c Θ n_B,   dn_A = c Θ m_B,
+    dm_B = ½ s (Φᵀ m_A − (Φᵀ 1) ⊙ m_B) + c Θᵀ n_A,  dn_B = −c Θᵀ m_A,
+    dc = Σ_ij Θ_ij (n_i·m_j − m_i·n_j) = Σ_i n_i·(Θ m_B)_i − m_i·(Θ n_B)_i      (O(n·d)).
+
+Numerics: G ≤ 1 and G_ii = 1, so D_i ≥ 1 — no stabiliser, no overflow, no empty row. Everything runs
+in float32 (16-bit inputs are upcast; the output is cast to v's dtype). Scope: β = 0, no mask, not
+causal — a causal walk pairs nothing (its key j never sees query i > j); those calls take the
+one-sided kernels. Memory is O(n·t): the diagonal tiles keep G, C = G cos θ and S = G sin θ for the
+backward, the pair tiles too while they are no more (T ≤ 3), else the backward recomputes them.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from attngeo.kernels import _join_pairs, _split_pairs, sincos
+
+_dot = functools.partial(jnp.einsum, preferred_element_type=jnp.float32)
+
+
+def _rotate(g):
+  """[re, im] -> [im, −re] (multiplication by −i in the realified layout)."""
+  half = g.shape[-1] // 2
+  return jnp.concatenate([g[..., half:], -g[..., :half]], -1)
+
+
+def levels(n: int, block_size: int) -> int:
+  """How many times the sequence is halved into tiles: while a part is even and longer than `block_size`."""
+  out, size = 0, n
+  while size > block_size and size % 2 == 0:
+    out, size = out + 1, size // 2
+  return out
+
+
+def tiling(n: int, block_size: int) -> tuple[int, int]:
+  """(T, t): n = T·t tokens in T tiles of t ≤ block_size (or one tile when halving stops at an odd part)."""
+  tiles = 2 ** levels(n, block_size)
+  return tiles, n // tiles
+
+
+def pair_tasks(tiles: int) -> np.ndarray:
+  """[P, 2] int32: the tile pairs (a, b), a < b — each unordered pair of distinct tiles once."""
+  return np.array([(a, b) for a in range(tiles) for b in range(a + 1, tiles)], np.int32).reshape(-1, 2)
+
+
+def _tile(x, i, t, axis=1):
+  return jax.lax.dynamic_slice_in_dim(x, i * t, t, axis)
+
+
+def _add_tile(x, i, t, update, axis=1):
+  return jax.lax.dynamic_update_slice_in_dim(x, _tile(x, i, t, axis) + update, i * t, axis)
+
+
+def _swap(x):
+  """[B, n, f] <-> [B, f, n]: key-side sums accumulate feature-major, so their products read an n × n
+  tile untransposed (`"bfi,bij->bfj"`) instead of contracting its row axis (2.3× slower on XLA:CPU)."""
+  return jnp.swapaxes(x, 1, 2)
+
+
+def _block(mA, mB, pA, qB, c, s):
+  """G, C = G cos θ, S = G sin θ of a block A × B, [B', i, j], from m and the phase heads
+  p = [n, m], q = [m, −n] (θ = c p_i·q_j = c (n_i·m_j − m_i·n_j)), c [B']."""
+  aA = 0.25 * s * jnp.sum(mA * mA, -1)
+  aB = 0.25 * s * jnp.sum(mB * mB, -1)
+  g = jnp.exp(0.5 * s * _dot("bid,bjd->bij", mA, mB) - aA[:, :, None] - aB[:, None, :])
+  sin, cos = sincos(c[:, None, None] * _dot("bif,bjf->bij", pA, qB))
+  return g, g * cos, g * sin
+
+
+def _saves_pairs(tiles: int) -> bool:
+  """Whether the pair tiles' (G, C, S) are kept for the backward: while they take no more memory than the
+  diagonal tiles' (T(T − 1)/2 ≤ T), so memory stays O(n·t); beyond, the backward recomputes them
+  (3 of a pair tile's 24 product units; at 2048 and 4096 keys the two ways timed alike)."""
+  return tiles * (tiles - 1) // 2 <= tiles
+
+
+def _pair_block(m, p, q, c, s, t, a, b):
+  """(G, C, S) of the pair tile (a, b): [B, t, t]."""
+  return _block(_tile(m, a, t), _tile(m, b, t), _tile(p, a, t), _tile(q, b, t), c, s)
+
+
+def _forward(m, nn, v, c, s, block_size):
+  """y [B, n, e] (layout [re, im]), D [B, n], the diagonal tiles' (G, C, S) [B·T, t, t] and the pair
+  tiles' [P, B, t, t], from m, nn [B, n, d], v [B, n, e] (interleaved pairs), c [B]."""
+  bb, n, e = v.shape
+  tiles, t = tiling(n, block_size)
+  va, vb = _split_pairs(v)
+  p, q = jnp.concatenate([nn, m], -1), jnp.concatenate([m, -nn], -1)
+  diag = lambda x: x.reshape(bb * tiles, t, x.shape[-1])
+  blocks = _block(diag(m), diag(m), diag(p), diag(q), jnp.repeat(c, tiles), s)
+  y = (_dot("bij,bje->bie", blocks[1], diag(va)) + _dot("bij,bje->bie", blocks[2], diag(vb))).reshape(bb, n, e)
+  den = jnp.sum(blocks[0], -1).reshape(bb, n)
+  if tiles == 1:
+    return y / den[..., None], den, blocks, None
+  va_t, vb_t = _swap(va), _swap(vb)
+
+  def pair(carry, ab):
+    y, yk, den = carry
+    a, b = ab[0], ab[1]
+    g, cm, sm = _pair_block(m, p, q, c, s, t, a, b)
+    y = _add_tile(y, a, t, _dot("bij,bje->bie", cm, _tile(va, b, t)) + _dot("bij,bje->bie", sm, _tile(vb, b, t)))
+    yk = _add_tile(yk, b, t, _dot("bei,bij->bej", _tile(va_t, a, t, 2), cm)
+                   - _dot("bei,bij->bej", _tile(vb_t, a, t, 2), sm), 2)
+    den = _add_tile(_add_tile(den, a, t, jnp.sum(g, -1)), b, t, jnp.sum(g, -2))
+    return (y, yk, den), ((g, cm, sm) if _saves_pairs(tiles) else None)
+
+  (y, yk, den), pairs = jax.lax.scan(pair, (y, jnp.zeros((bb, e, n), jnp.float32), den), pair_tasks(tiles))
+  y = y + _swap(yk)
+  return y / den[..., None], den, blocks, pairs
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _paired(m, nn, v, c, s, block_size):
+  """y [B, n, e] (layout [re, im]) of CMAP at β = 0 from m, nn [B, n, d], v [B, n, e], c [B]."""
+  return _forward(m, nn, v, c, s, block_size)[0]
+
+
+def _paired_fwd(m, nn, v, c, s, block_size):
+  y, den, blocks, pairs = _forward(m, nn, v, c, s, block_size)
+  return y, (m, nn, v, c, y, den, blocks, pairs)
+
+
+def _paired_bwd(s, block_size, res, dy):
+  """The module docstring's backward, with gY = dy/D and gD = −Re⟨gY, y⟩ shared by every tile."""
+  m, nn, v, c, y, den, (g, cm, sm), pairs = res
+  bb, n, e = v.shape
+  tiles, t = tiling(n, block_size)
+  hs = 0.5 * s
+  va, vb = _split_pairs(v)
+  gy = dy / den[..., None]
+  gd = -jnp.sum(gy * y, -1)
+  gr = _rotate(gy)
+  # Diagonal tiles, one side: B_ij = conj(gY_i)·v_j.
+  diag = lambda x: x.reshape(bb * tiles, t, x.shape[-1])
+  mD, nD, gD, rD = diag(m), diag(nn), diag(gy), diag(gr)
+  cD = jnp.repeat(c, tiles)[:, None, None]
+  br, bi = _dot("bif,bjf->bij", gD, diag(va)), -_dot("bif,bjf->bij", gD, diag(vb))
+  phi = br * cm - bi * sm + g * gd.reshape(bb * tiles, t)[:, :, None]
+  th = -(br * sm + bi * cm)
+  th_m, th_n = _dot("bij,bjf->bif", th, mD), _dot("bij,bjf->bif", th, nD)
+  mD_t, nD_t = _swap(mD), _swap(nD)                         # key side feature-major (see `_swap`)
+  key_m = hs * _dot("bfi,bij->bfj", mD_t, phi) + cD * _dot("bfi,bij->bfj", nD_t, th)
+  dm = hs * (_dot("bij,bjf->bif", phi, mD) - (jnp.sum(phi, -1) + jnp.sum(phi, -2))[..., None] * mD) - cD * th_n
+  dm = dm + _swap(key_m)
+  dnn = cD * (th_m - _swap(_dot("bfi,bij->bfj", mD_t, th)))
+  dv = _swap(_dot("bei,bij->bej", _swap(gD), cm) + _dot("bei,bij->bej", _swap(rD), sm))
+  dc = jnp.sum(nD * th_m - mD * th_n, (1, 2)).reshape(bb, tiles).sum(1)
+  dm, dnn, dv = dm.reshape(m.shape), dnn.reshape(nn.shape), dv.reshape(bb, n, e)
+  if tiles == 1:
+    return dm, dnn, _join_pairs(dv), dc
+  # Pair tiles, both sides: B_ij = conj(gY_i)·v_j + gY_j·conj(v_i) as [g, va]·[va, g] + i [g, vb]·[−vb, g].
+  lr, rr = jnp.concatenate([gy, va], -1), jnp.concatenate([va, gy], -1)
+  li, ri = jnp.concatenate([gy, vb], -1), jnp.concatenate([-vb, gy], -1)
+  m_t, n_t, gy_t, gr_t = _swap(m), _swap(nn), _swap(gy), _swap(gr)
+  cc = c[:, None, None]
+  p, q = jnp.concatenate([nn, m], -1), jnp.concatenate([m, -nn], -1)
+
+  def pair(carry, task):
+    dm, dnn, dv, dm_k, dn_k, dv_k, dc = carry
+    ab, saved = task
+    a, b = ab[0], ab[1]
+    g, cm, sm = saved if _saves_pairs(tiles) else _pair_block(m, p, q, c, s, t, a, b)
+    br = _dot("bif,bjf->bij", _tile(lr, a, t), _tile(rr, b, t))
+    bi = _dot("bif,bjf->bij", _tile(li, a, t), _tile(ri, b, t))
+    phi = br * cm - bi * sm + g * (_tile(gd, a, t)[:, :, None] + _tile(gd, b, t)[:, None, :])
+    th = -(br * sm + bi * cm)
+    mA, nA, mB, nB = _tile(m, a, t), _tile(nn, a, t), _tile(m, b, t), _tile(nn, b, t)
+    th_m, th_n = _dot("bij,bjf->bif", th, mB), _dot("bij,bjf->bif", th, nB)
+    dm = _add_tile(dm, a, t, hs * (_dot("bij,bjf->bif", phi, mB) - jnp.sum(phi, -1)[..., None] * mA) - cc * th_n)
+    dnn = _add_tile(dnn, a, t, cc * th_m)
+    dv = _add_tile(dv, a, t, _dot("bij,bje->bie", cm, _tile(gy, b, t)) - _dot("bij,bje->bie", sm, _tile(gr, b, t)))
+    mA_t, nA_t = _tile(m_t, a, t, 2), _tile(n_t, a, t, 2)
+    dm_k = _add_tile(dm_k, b, t, hs * (_dot("bfi,bij->bfj", mA_t, phi) - jnp.sum(phi, -2)[:, None, :] * _tile(m_t, b, t, 2))
+                     + cc * _dot("bfi,bij->bfj", nA_t, th), 2)
+    dn_k = _add_tile(dn_k, b, t, -cc * _dot("bfi,bij->bfj", mA_t, th), 2)
+    dv_k = _add_tile(dv_k, b, t, _dot("bei,bij->bej", _tile(gy_t, a, t, 2), cm)
+                     + _dot("bei,bij->bej", _tile(gr_t, a, t, 2), sm), 2)
+    dc = dc + jnp.sum(nA * th_m - mA * th_n, (1, 2))
+    return (dm, dnn, dv, dm_k, dn_k, dv_k, dc), None
+
+  zeros_t = lambda x: jnp.zeros((bb, x.shape[-1], n), jnp.float32)
+  carry = (dm, dnn, dv, zeros_t(m), zeros_t(nn), zeros_t(dv), dc)
+  (dm, dnn, dv, dm_k, dn_k, dv_k, dc), _ = jax.lax.scan(pair, carry, (pair_tasks(tiles), pairs))
+  return dm + _swap(dm_k), dnn + _swap(dn_k), _join_pairs(dv + _swap(dv_k)), dc
+
+
+_paired.defvjp(_paired_fwd, _paired_bwd)
+
+
+def paired_magnetic(q, k, v, coupling, *, scale: float, block_size: int = 512):
+  """CMAP at β = 0 (no mask, not causal) on the Hermitian pairing of the module docstring.
+
+  Args:
+    q, k: [b, n, h, d] queries and keys; v: [b, n, h, e] values, e even (interleaved complex pairs).
+    coupling: γ — a Python float or a float array broadcastable to [h] (differentiable).
+    scale: the logit scale s.
+    block_size: the largest tile (`tiling`: halving stops at it, or at an odd part).
+  Returns:
+    [b, n, h, e] in v's dtype, equal to `operators.magnetic_transport(q, k, v, beta=0, coupling=γ)`.
+  """
+  b, n, h, d = q.shape
+  e = v.shape[-1]
+  folded = lambda x: jnp.transpose(x.astype(jnp.float32), (0, 2, 1, 3)).reshape(b * h, n, x.shape[-1])
+  qf, kf, vf = folded(q), folded(k), folded(v)
+  m, nn = (qf + kf) * (1 / math.sqrt(2)), (qf - kf) * (1 / math.sqrt(2))
+  c = jnp.broadcast_to(jnp.asarray(coupling, jnp.float32) * (0.5 * scale), (h,))
+  y = _paired(m, nn, vf, jnp.tile(c, b), scale, block_size)
+  return jnp.transpose(_join_pairs(y).reshape(b, h, n, e), (0, 2, 1, 3)).astype(v.dtype)
