@@ -10,8 +10,8 @@ At β = 0 CMAP's magnitude is DMAP's Gaussian kernel (`operators` module docstri
 which is `operators.magnetic_transport(..., beta=0)` (K = G/D is DMAP's rownorm(exp L)). G is symmetric
 and θ antisymmetric, so H is Hermitian: one block of it between token sets A and B serves both sides —
 rows A receive `H_AB v_B`, rows B receive `H_ABᴴ v_A`, and its row and column sums go to D_A and D_B.
-The sequence is cut into T tiles of t ≤ `block_size` tokens (halving while a part is even and longer,
-`tiling`): each pair of distinct tiles (a < b) is one such block, visited once by a `lax.scan`, and each
+The sequence is cut into T tiles of t tokens (halving while a part is even and longer than
+`block_size`, `tiling`): each pair of distinct tiles (a < b) is one such block, visited once by a `lax.scan`, and each
 diagonal tile is computed one-sided (all its entries, batched). Every unordered token pair is computed
 once.
 
@@ -36,11 +36,14 @@ in the realified layout `[re, im]`:
     dm_B = ½ s (Φᵀ m_A − (Φᵀ 1) ⊙ m_B) + c Θᵀ n_A,  dn_B = −c Θᵀ m_A,
     dc = Σ_ij Θ_ij (n_i·m_j − m_i·n_j) = Σ_i n_i·(Θ m_B)_i − m_i·(Θ n_B)_i      (O(n·d)).
 
-Numerics: G ≤ 1 and G_ii = 1, so D_i ≥ 1 — no stabiliser, no overflow, no empty row. Everything runs
+Numerics: G ≤ 1 and G_ii = 1 (enforced against rounding, `_block`), so D_i ≥ 1 — no stabiliser, no
+overflow, no empty row. θ goes through `kernels.sincos`, float32-accurate for |θ| ≤ 1e3. Everything runs
 in float32 (16-bit inputs are upcast; the output is cast to v's dtype). Scope: β = 0, no mask, not
 causal — a causal walk pairs nothing (its key j never sees query i > j); those calls take the
 one-sided kernels. Memory is O(n·t): the diagonal tiles keep G, C = G cos θ and S = G sin θ for the
-backward, the pair tiles too while they are no more (T ≤ 3), else the backward recomputes them.
+backward, the pair tiles too while they are no more (T ≤ 2), else the backward recomputes them. The
+tile t is n halved while even and above `block_size`, so it exceeds `block_size` when n is not a
+power-of-two multiple of one (n = 1025: one tile, no pairing, n² memory like the einsum kernel).
 """
 from __future__ import annotations
 
@@ -95,19 +98,27 @@ def _swap(x):
   return jnp.swapaxes(x, 1, 2)
 
 
-def _block(mA, mB, pA, qB, c, s):
+def _block(mA, mB, pA, qB, c, s, diagonal=False):
   """G, C = G cos θ, S = G sin θ of a block A × B, [B', i, j], from m and the phase heads
-  p = [n, m], q = [m, −n] (θ = c p_i·q_j = c (n_i·m_j − m_i·n_j)), c [B']."""
+  p = [n, m], q = [m, −n] (θ = c p_i·q_j = c (n_i·m_j − m_i·n_j)), c [B'].
+
+  log G = ½ s m_i·m_j − a_i − a_j is −¼ s‖m_i − m_j‖² ≤ 0 up to rounding, which grows with ‖m‖² (at
+  |q|, |k| ~ 1e4 it put log G_ii anywhere in [−96, 160]: D underflowed or overflowed): it is clamped at
+  0, and on a diagonal tile (A = B) its diagonal is 0 exactly, so G ≤ 1 and D_i ≥ G_ii = 1 hold."""
   aA = 0.25 * s * jnp.sum(mA * mA, -1)
   aB = 0.25 * s * jnp.sum(mB * mB, -1)
-  g = jnp.exp(0.5 * s * _dot("bid,bjd->bij", mA, mB) - aA[:, :, None] - aB[:, None, :])
+  log_g = 0.5 * s * _dot("bid,bjd->bij", mA, mB) - aA[:, :, None] - aB[:, None, :]
+  if diagonal:
+    log_g = jnp.where(jnp.eye(log_g.shape[-1], dtype=bool), 0.0, log_g)
+  g = jnp.exp(jnp.minimum(log_g, 0.0))
   sin, cos = sincos(c[:, None, None] * _dot("bif,bjf->bij", pA, qB))
   return g, g * cos, g * sin
 
 
 def _saves_pairs(tiles: int) -> bool:
   """Whether the pair tiles' (G, C, S) are kept for the backward: while they take no more memory than the
-  diagonal tiles' (T(T − 1)/2 ≤ T), so memory stays O(n·t); beyond, the backward recomputes them
+  diagonal tiles' (T(T − 1)/2 ≤ T: T ≤ 2, T being a power of two), so memory stays O(n·t); beyond, the
+  backward recomputes them
   (3 of a pair tile's 24 product units; at 2048 and 4096 keys the two ways timed alike)."""
   return tiles * (tiles - 1) // 2 <= tiles
 
@@ -125,7 +136,7 @@ def _forward(m, nn, v, c, s, block_size):
   va, vb = _split_pairs(v)
   p, q = jnp.concatenate([nn, m], -1), jnp.concatenate([m, -nn], -1)
   diag = lambda x: x.reshape(bb * tiles, t, x.shape[-1])
-  blocks = _block(diag(m), diag(m), diag(p), diag(q), jnp.repeat(c, tiles), s)
+  blocks = _block(diag(m), diag(m), diag(p), diag(q), jnp.repeat(c, tiles), s, diagonal=True)
   y = (_dot("bij,bje->bie", blocks[1], diag(va)) + _dot("bij,bje->bie", blocks[2], diag(vb))).reshape(bb, n, e)
   den = jnp.sum(blocks[0], -1).reshape(bb, n)
   if tiles == 1:

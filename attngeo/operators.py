@@ -266,7 +266,8 @@ def rownorm(full, *, causal: bool = False, mask=None):
 MAGNETIC = ("CMAP",)
 # Kernels of the magnetic operator: the one-sided phase kernels, and at β = 0 (no mask, not causal) the
 # Hermitian pairing `attngeo.hermitian_kernel`, which computes each unordered token pair once.
-MAGNETIC_IMPLEMENTATIONS = kernels.PHASE_IMPLEMENTATIONS + ("paired",)
+MAGNETIC_ONLY = ("paired",)
+MAGNETIC_IMPLEMENTATIONS = kernels.PHASE_IMPLEMENTATIONS + MAGNETIC_ONLY
 
 
 def is_magnetic(operator) -> bool:
@@ -321,12 +322,13 @@ def magnetic_transport(q, k, v, *, beta=0.0, coupling=1.0, causal: bool = False,
     q, k: [b, n, h, d] queries and keys.
     v: [b, n, h, e] values, e even; channel pairs (2c, 2c+1) are one complex value (Re, Im).
     beta: β of the magnitude `K = P(β, α = 0)`: scalar or per-head [h] in [0, 1]; 0 is DMAP's kernel.
-    coupling: γ, scalar or per-head [h], any finite real; 0 gives exactly `transport(..., alpha=0)`.
+    coupling: γ, scalar or per-head [h], any finite real; 0 gives exactly `transport(..., alpha=0)`
+      (on the paired kernel, to float32 rounding).
     causal, mask, scale: as in `transport`.
     implementation: "einsum" | "blockwise" | "paired" | None (einsum below 512 keys, else blockwise).
       "paired" (`attngeo.hermitian_kernel`) needs β = 0 as a Python float, no mask and causal=False.
-    block_size: the blockwise kernel's block (default 512) or the paired kernel's diagonal blocks
-      (default 512; tiles of the paired kernel).
+    block_size: the blockwise kernel's block, or the paired kernel's tile bound (`hermitian_kernel.tiling`);
+      default 512.
   Returns:
     [b, n, h, e] in v's dtype (float32 accumulation); the phase matrix never exists beyond a block
     on the blockwise path. A row whose keys are all masked is 0.
@@ -339,15 +341,13 @@ def magnetic_transport(q, k, v, *, beta=0.0, coupling=1.0, causal: bool = False,
   if implementation not in (None,) + MAGNETIC_IMPLEMENTATIONS:
     raise ValueError(f"implementation must be one of {MAGNETIC_IMPLEMENTATIONS} or None for the magnetic "
                      f"operator; got {implementation!r}")
-  if block_size is not None and (isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1):
-    raise ValueError(f"block_size must be a positive integer or None; got {block_size!r}")
   mask = _check_mask(mask, b, h, n, n)
   beta, coupling = _coefficient("beta", beta, h), _coupling(coupling, h)
   scale = _scale(scale, d)
+  block_size = 512 if block_size is None else block_size
   if implementation == "paired":
-    _check_paired(beta, mask, causal)
-    return hermitian_kernel.paired_magnetic(q, k, v, coupling, scale=scale, block_size=block_size or 512)
-  block_size = block_size or 512
+    _check_paired(beta, mask, causal, block_size)
+    return hermitian_kernel.paired_magnetic(q, k, v, coupling, scale=scale, block_size=int(block_size))
   if isinstance(coupling, float) and coupling == 0.0:
     return transport(q, k, v, beta=beta, alpha=0.0, causal=causal, mask=mask, scale=scale,
                      implementation=implementation, block_size=block_size)
@@ -358,9 +358,11 @@ def magnetic_transport(q, k, v, *, beta=0.0, coupling=1.0, causal: bool = False,
                                  implementation=implementation, block_size=block_size)
 
 
-def _check_paired(beta, mask, causal):
+def _check_paired(beta, mask, causal, block_size):
   """The paired kernel's scope, in one line: its magnitude is DMAP's symmetric kernel (β = 0), its
   pairs need a symmetric walk (no mask, not causal)."""
+  if int(block_size) < 1:
+    raise ValueError(f"block_size must be a positive integer; got {block_size}")
   if not (isinstance(beta, float) and beta == 0.0):
     raise ValueError(f"implementation='paired' needs beta=0.0 (a Python float: DMAP's symmetric magnitude); got {beta!r}")
   if mask is not None or causal:

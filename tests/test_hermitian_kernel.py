@@ -1,7 +1,8 @@
 """The paired (Hermitian) kernel of CMAP at β = 0, against complex128 numpy and complex autodiff.
 
-Theorem checked: the recursion's blocks cover every unordered token pair exactly once (pair blocks
-both ways round, diagonal blocks one way), for even, odd and ragged splits.
+Theorem checked: the tiles carry every ordered token pair (i, j) to row i exactly once (pair tiles
+both ways round, diagonal tiles one way), for lengths that halve evenly, stop at an odd part, or do
+not halve.
 """
 import jax
 import jax.numpy as jnp
@@ -81,14 +82,46 @@ def test_gradients_on_peaked_rows_are_float32_accurate():
     assert np.abs(np.asarray(a, np.float64) - b).max() <= 2e-5 * np.abs(b).max()
 
 
-def test_bf16_inputs_keep_their_dtypes():
-  """16-bit inputs are upcast (float32 throughout); the output and the gradients come back in their dtypes."""
+def test_bf16_inputs_keep_their_dtypes_and_float32_values():
+  """16-bit inputs are upcast (float32 throughout): the output and the gradients come back in their dtypes,
+  equal to the float32 kernel's on the same (rounded) inputs up to the final rounding to bf16."""
   q, k, v = (x.astype(jnp.bfloat16) for x in qkv(14, n=8))
-  loss = lambda q, k, v, g: jnp.sum(_paired(q, k, v, g, 4).astype(jnp.float32))
-  value, grads = jax.jit(jax.value_and_grad(loss, range(4)))(q, k, v, jnp.full((H,), 0.5))
-  f32 = [x.astype(jnp.float32) for x in (q, k, v)]
-  assert abs(float(value) - float(reference(*f32, 0.0, 0.5).sum())) < 0.05       # bf16 rounding of y only
+  w = jax.random.normal(jax.random.PRNGKey(6), v.shape)
+  loss = lambda q, k, v, g: jnp.sum(w * _paired(q, k, v, g, 4).astype(jnp.float32))
+  g0 = jnp.full((H,), 0.5)
+  grads = jax.jit(jax.grad(loss, range(4)))(q, k, v, g0)
+  want = jax.jit(jax.grad(loss, range(4)))(*(x.astype(jnp.float32) for x in (q, k, v)), g0)
   assert [g.dtype for g in grads] == [jnp.bfloat16] * 3 + [jnp.float32]
+  for a, b in zip(grads, want):
+    np.testing.assert_allclose(np.asarray(a, np.float32), b, rtol=1e-2, atol=1e-2 * float(jnp.abs(b).max()))
+
+
+def test_huge_inputs_stay_finite():
+  """At |q|, |k| ~ 1e4 rounding put log G_ii in [−96, 160] before G was clamped (NaN from 0/0 and inf/inf)."""
+  q, k, v = (jax.random.normal(jax.random.PRNGKey(i), (1, 64, 2, 64)) for i in range(3))
+  q, k = 1e4 * q, 1e4 * k
+  out = _paired(q, k, v, 0.0, 32)                       # two tiles: the diagonal's and the pair tile's clamp
+  assert bool(jnp.isfinite(out).all())
+  np.testing.assert_allclose(out, op.magnetic_transport(q, k, v, coupling=0.0, implementation="einsum"), atol=1e-5)
+
+
+def test_block_size_forms_and_the_attention_layer():
+  q, k, v = qkv(17, n=8)
+  want = _paired(q, k, v, 0.5, 4)
+  for bs in (np.int64(4), 4.0):
+    np.testing.assert_array_equal(_paired(q, k, v, 0.5, bs), want)
+  from flax import nnx
+  from attngeo import nn
+  att = nn.Attention(16, H, 8, operator="CMAP", implementation="paired", rngs=nnx.Rngs(0))
+  x = jax.random.normal(jax.random.PRNGKey(1), (B, 4, 16))
+  y = att(x)
+  att.implementation = "einsum"
+  np.testing.assert_allclose(y, att(x), atol=2e-6)
+  with pytest.raises(ValueError, match="needs mask=None and causal=False"):
+    nn.Attention(16, H, 8, operator="CMAP", implementation="paired", causal=True, rngs=nnx.Rngs(0))(x)
+  nn.graft(att, "DMAP")                                  # the family ignores the CMAP-only kernel name
+  att.implementation = "paired"
+  assert bool(jnp.isfinite(att(x)).all())
 
 
 @pytest.mark.parametrize("kwargs,match", [

@@ -227,12 +227,12 @@ class Attention(nnx.Module):
     beta, alpha = self.coefficients()
     if self.magnetic:
       coupling = self.coupling[...] if self.learnable_operator else self.coupling
-      impl = self.implementation if self.implementation in kernels.PHASE_IMPLEMENTATIONS else None
+      impl = self.implementation if self.implementation in operators.MAGNETIC_IMPLEMENTATIONS else None
       y = operators.magnetic_transport(q, k, v, beta=beta, coupling=coupling, causal=self.causal, mask=mask,
                                        implementation=impl)
     else:
-      y = operators.transport(q, k, v, beta=beta, alpha=alpha, causal=self.causal, mask=mask,
-                              implementation=self.implementation)
+      impl = None if self.implementation in operators.MAGNETIC_ONLY else self.implementation
+      y = operators.transport(q, k, v, beta=beta, alpha=alpha, causal=self.causal, mask=mask, implementation=impl)
     out = jnp.einsum("bnhk,hkd->bnd", y, self.wo[...].astype(self.dtype))
     return out + self.bo[...].astype(self.dtype) if self.out_bias else out
 
