@@ -128,28 +128,66 @@ def _pair_block(m, p, q, c, s, t, a, b):
   return _block(_tile(m, a, t), _tile(m, b, t), _tile(p, a, t), _tile(q, b, t), c, s)
 
 
+def _phase_heads(m, nn):
+  """θ's heads `p = [n, m]`, `q = [m, −n]` [B, n, 2d]: θ_ij = c p_i·q_j."""
+  return jnp.concatenate([nn, m], -1), jnp.concatenate([m, -nn], -1)
+
+
+def _rows(cm, sm, x, y):
+  """`C x + S y` [B', i, e]: a tile applied along its rows (H v is (C·va + S·vb), layout [re, im])."""
+  return _dot("bij,bje->bie", cm, x) + _dot("bij,bje->bie", sm, y)
+
+
+def _columns(cm, sm, x_t, y_t):
+  """`xᵀC + yᵀS` [B', e, j], feature-major: a tile applied along its columns (see `_swap`)."""
+  return _dot("bei,bij->bej", x_t, cm) + _dot("bei,bij->bej", y_t, sm)
+
+
+def _cotangents(br, bi, g, cm, sm, wd):
+  """(Φ, Θ) of a tile: `Φ = ∂L/∂log G = Re(B H) + G·wd`, `Θ = ∂L/∂θ = −Im(B H)`, B = br + i·bi, H = C + iS."""
+  return br * cm - bi * sm + g * wd, -(br * sm + bi * cm)
+
+
+def _row_grads(phi, th, mA, mB, nB, hs, cc):
+  """The row side A of a tile: (dm_A, dn_A, Θ m_B, Θ n_B) — the last two also give dc."""
+  th_m, th_n = _dot("bij,bjf->bif", th, mB), _dot("bij,bjf->bif", th, nB)
+  dm = hs * (_dot("bij,bjf->bif", phi, mB) - jnp.sum(phi, -1)[..., None] * mA) - cc * th_n
+  return dm, cc * th_m, th_m, th_n
+
+
+def _column_grads(phi, th, mA_t, nA_t, mB_t, hs, cc):
+  """The column side B of a tile, feature-major [B', d, j]: (dm_Bᵀ, dn_Bᵀ)."""
+  dm = hs * (_dot("bfi,bij->bfj", mA_t, phi) - jnp.sum(phi, -2)[:, None, :] * mB_t) + cc * _dot("bfi,bij->bfj", nA_t, th)
+  return dm, -cc * _dot("bfi,bij->bfj", mA_t, th)
+
+
+def _tile_coupling_grad(mA, nA, th_m, th_n):
+  """dc of a tile [B′]: Σ_ij Θ_ij (n_i·m_j − m_i·n_j) = Σ_i n_i·(Θ m_B)_i − m_i·(Θ n_B)_i (as `kernels._coupling_grad`,
+  from the products the gradients already made)."""
+  return jnp.sum(nA * th_m - mA * th_n, (1, 2))
+
+
 def _forward(m, nn, v, c, s, block_size):
   """y [B, n, e] (layout [re, im]), D [B, n], the diagonal tiles' (G, C, S) [B·T, t, t] and the pair
   tiles' [P, B, t, t], from m, nn [B, n, d], v [B, n, e] (interleaved pairs), c [B]."""
   bb, n, e = v.shape
   tiles, t = tiling(n, block_size)
   va, vb = _split_pairs(v)
-  p, q = jnp.concatenate([nn, m], -1), jnp.concatenate([m, -nn], -1)
+  p, q = _phase_heads(m, nn)
   diag = lambda x: x.reshape(bb * tiles, t, x.shape[-1])
   blocks = _block(diag(m), diag(m), diag(p), diag(q), jnp.repeat(c, tiles), s, diagonal=True)
-  y = (_dot("bij,bje->bie", blocks[1], diag(va)) + _dot("bij,bje->bie", blocks[2], diag(vb))).reshape(bb, n, e)
+  y = _rows(blocks[1], blocks[2], diag(va), diag(vb)).reshape(bb, n, e)
   den = jnp.sum(blocks[0], -1).reshape(bb, n)
   if tiles == 1:
     return y / den[..., None], den, blocks, None
-  va_t, vb_t = _swap(va), _swap(vb)
+  va_t, vb_t = _swap(va), _swap(-vb)                        # Hᴴ v = (Cᵀ·va − Sᵀ·vb)
 
   def pair(carry, ab):
     y, yk, den = carry
     a, b = ab[0], ab[1]
     g, cm, sm = _pair_block(m, p, q, c, s, t, a, b)
-    y = _add_tile(y, a, t, _dot("bij,bje->bie", cm, _tile(va, b, t)) + _dot("bij,bje->bie", sm, _tile(vb, b, t)))
-    yk = _add_tile(yk, b, t, _dot("bei,bij->bej", _tile(va_t, a, t, 2), cm)
-                   - _dot("bei,bij->bej", _tile(vb_t, a, t, 2), sm), 2)
+    y = _add_tile(y, a, t, _rows(cm, sm, _tile(va, b, t), _tile(vb, b, t)))
+    yk = _add_tile(yk, b, t, _columns(cm, sm, _tile(va_t, a, t, 2), _tile(vb_t, a, t, 2)), 2)
     den = _add_tile(_add_tile(den, a, t, jnp.sum(g, -1)), b, t, jnp.sum(g, -2))
     return (y, yk, den), ((g, cm, sm) if _saves_pairs(tiles) else None)
 
@@ -179,22 +217,18 @@ def _paired_bwd(s, block_size, res, dy):
   gy = dy / den[..., None]
   gd = -jnp.sum(gy * y, -1)
   gr = _rotate(gy)
-  # Diagonal tiles, one side: B_ij = conj(gY_i)·v_j.
+  # Diagonal tiles, one side: B_ij = conj(gY_i)·v_j; each tile is its own row and column side.
   diag = lambda x: x.reshape(bb * tiles, t, x.shape[-1])
   mD, nD, gD, rD = diag(m), diag(nn), diag(gy), diag(gr)
   cD = jnp.repeat(c, tiles)[:, None, None]
   br, bi = _dot("bif,bjf->bij", gD, diag(va)), -_dot("bif,bjf->bij", gD, diag(vb))
-  phi = br * cm - bi * sm + g * gd.reshape(bb * tiles, t)[:, :, None]
-  th = -(br * sm + bi * cm)
-  th_m, th_n = _dot("bij,bjf->bif", th, mD), _dot("bij,bjf->bif", th, nD)
-  mD_t, nD_t = _swap(mD), _swap(nD)                         # key side feature-major (see `_swap`)
-  key_m = hs * _dot("bfi,bij->bfj", mD_t, phi) + cD * _dot("bfi,bij->bfj", nD_t, th)
-  dm = hs * (_dot("bij,bjf->bif", phi, mD) - (jnp.sum(phi, -1) + jnp.sum(phi, -2))[..., None] * mD) - cD * th_n
-  dm = dm + _swap(key_m)
-  dnn = cD * (th_m - _swap(_dot("bfi,bij->bfj", mD_t, th)))
-  dv = _swap(_dot("bei,bij->bej", _swap(gD), cm) + _dot("bei,bij->bej", _swap(rD), sm))
-  dc = jnp.sum(nD * th_m - mD * th_n, (1, 2)).reshape(bb, tiles).sum(1)
-  dm, dnn, dv = dm.reshape(m.shape), dnn.reshape(nn.shape), dv.reshape(bb, n, e)
+  phi, th = _cotangents(br, bi, g, cm, sm, gd.reshape(bb * tiles, t)[:, :, None])
+  dm, dnn, th_m, th_n = _row_grads(phi, th, mD, mD, nD, hs, cD)
+  mD_t = _swap(mD)
+  dm_t, dn_t = _column_grads(phi, th, mD_t, _swap(nD), mD_t, hs, cD)
+  dm, dnn = (dm + _swap(dm_t)).reshape(m.shape), (dnn + _swap(dn_t)).reshape(nn.shape)
+  dv = _swap(_columns(cm, sm, _swap(gD), _swap(rD))).reshape(bb, n, e)
+  dc = _tile_coupling_grad(mD, nD, th_m, th_n).reshape(bb, tiles).sum(1)
   if tiles == 1:
     return dm, dnn, _join_pairs(dv), dc
   # Pair tiles, both sides: B_ij = conj(gY_i)·v_j + gY_j·conj(v_i) as [g, va]·[va, g] + i [g, vb]·[−vb, g].
@@ -202,7 +236,7 @@ def _paired_bwd(s, block_size, res, dy):
   li, ri = jnp.concatenate([gy, vb], -1), jnp.concatenate([-vb, gy], -1)
   m_t, n_t, gy_t, gr_t = _swap(m), _swap(nn), _swap(gy), _swap(gr)
   cc = c[:, None, None]
-  p, q = jnp.concatenate([nn, m], -1), jnp.concatenate([m, -nn], -1)
+  p, q = (None, None) if _saves_pairs(tiles) else _phase_heads(m, nn)
 
   def pair(carry, task):
     dm, dnn, dv, dm_k, dn_k, dv_k, dc = carry
@@ -211,21 +245,15 @@ def _paired_bwd(s, block_size, res, dy):
     g, cm, sm = saved if _saves_pairs(tiles) else _pair_block(m, p, q, c, s, t, a, b)
     br = _dot("bif,bjf->bij", _tile(lr, a, t), _tile(rr, b, t))
     bi = _dot("bif,bjf->bij", _tile(li, a, t), _tile(ri, b, t))
-    phi = br * cm - bi * sm + g * (_tile(gd, a, t)[:, :, None] + _tile(gd, b, t)[:, None, :])
-    th = -(br * sm + bi * cm)
-    mA, nA, mB, nB = _tile(m, a, t), _tile(nn, a, t), _tile(m, b, t), _tile(nn, b, t)
-    th_m, th_n = _dot("bij,bjf->bif", th, mB), _dot("bij,bjf->bif", th, nB)
-    dm = _add_tile(dm, a, t, hs * (_dot("bij,bjf->bif", phi, mB) - jnp.sum(phi, -1)[..., None] * mA) - cc * th_n)
-    dnn = _add_tile(dnn, a, t, cc * th_m)
-    dv = _add_tile(dv, a, t, _dot("bij,bje->bie", cm, _tile(gy, b, t)) - _dot("bij,bje->bie", sm, _tile(gr, b, t)))
-    mA_t, nA_t = _tile(m_t, a, t, 2), _tile(n_t, a, t, 2)
-    dm_k = _add_tile(dm_k, b, t, hs * (_dot("bfi,bij->bfj", mA_t, phi) - jnp.sum(phi, -2)[:, None, :] * _tile(m_t, b, t, 2))
-                     + cc * _dot("bfi,bij->bfj", nA_t, th), 2)
-    dn_k = _add_tile(dn_k, b, t, -cc * _dot("bfi,bij->bfj", mA_t, th), 2)
-    dv_k = _add_tile(dv_k, b, t, _dot("bei,bij->bej", _tile(gy_t, a, t, 2), cm)
-                     + _dot("bei,bij->bej", _tile(gr_t, a, t, 2), sm), 2)
-    dc = dc + jnp.sum(nA * th_m - mA * th_n, (1, 2))
-    return (dm, dnn, dv, dm_k, dn_k, dv_k, dc), None
+    phi, th = _cotangents(br, bi, g, cm, sm, _tile(gd, a, t)[:, :, None] + _tile(gd, b, t)[:, None, :])
+    mA, nA = _tile(m, a, t), _tile(nn, a, t)
+    dm_a, dn_a, th_m, th_n = _row_grads(phi, th, mA, _tile(m, b, t), _tile(nn, b, t), hs, cc)
+    dm_b, dn_b = _column_grads(phi, th, _tile(m_t, a, t, 2), _tile(n_t, a, t, 2), _tile(m_t, b, t, 2), hs, cc)
+    dm, dnn = _add_tile(dm, a, t, dm_a), _add_tile(dnn, a, t, dn_a)
+    dm_k, dn_k = _add_tile(dm_k, b, t, dm_b, 2), _add_tile(dn_k, b, t, dn_b, 2)
+    dv = _add_tile(dv, a, t, _rows(cm, sm, _tile(gy, b, t), -_tile(gr, b, t)))
+    dv_k = _add_tile(dv_k, b, t, _columns(cm, sm, _tile(gy_t, a, t, 2), _tile(gr_t, a, t, 2)), 2)
+    return (dm, dnn, dv, dm_k, dn_k, dv_k, dc + _tile_coupling_grad(mA, nA, th_m, th_n)), None
 
   zeros_t = lambda x: jnp.zeros((bb, x.shape[-1], n), jnp.float32)
   carry = (dm, dnn, dv, zeros_t(m), zeros_t(nn), zeros_t(dv), dc)

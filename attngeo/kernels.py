@@ -48,7 +48,16 @@ def default_implementation(seq_len: int | None = None) -> str:
     return "cudnn"
   if backend == "tpu":
     return "xla"
-  return "blockwise" if seq_len is not None and seq_len >= 512 else "einsum"
+  return dense_or_blockwise(seq_len)
+
+
+BLOCKWISE_FROM = 512   # keys: the portable kernels' switch from the dense einsum path to the blockwise one
+
+
+def dense_or_blockwise(seq_len: int | None) -> str:
+  """"einsum" below `BLOCKWISE_FROM` keys (or unknown length), else "blockwise": the choice between the
+  two kernels every attention (plain and phase) has on every backend."""
+  return "blockwise" if seq_len is not None and seq_len >= BLOCKWISE_FROM else "einsum"
 
 
 def _einsum_sdpa(q, k, v, bias, mask, causal, scale):
@@ -550,7 +559,7 @@ def phase_attention(q, k, v, qt, kt, coupling, *, bias=None, mask=None, causal=F
   the mask and the causal order together) returns 0.
   """
   _check_kernel_mask(mask)
-  implementation = implementation or ("blockwise" if k.shape[1] >= 512 else "einsum")
+  implementation = implementation or dense_or_blockwise(k.shape[1])
   scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
   c = jnp.broadcast_to(jnp.asarray(coupling, jnp.float32), (q.shape[2],))
   if implementation == "einsum":

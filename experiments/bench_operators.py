@@ -44,14 +44,15 @@ def compiled_call(name, impl, b, n, h, d, block_size=None, dtype="float32"):
   from attngeo import operators as op
   ks = jax.random.split(jax.random.PRNGKey(0), 3)
   q, k, v = [jax.random.normal(kk, (b, n, h, d), jnp.dtype(dtype)) for kk in ks]
+  kw = dict(implementation=impl) if block_size is None else dict(implementation=impl, block_size=block_size)
   if op.is_magnetic(name):
     def loss(q, k, v):
-      return jnp.sum(op.magnetic_transport(q, k, v, coupling=1.0, implementation=impl, block_size=block_size))
+      return jnp.sum(op.magnetic_transport(q, k, v, coupling=1.0, **kw))
   else:
     beta, alpha = op.corner(name)
 
     def loss(q, k, v):
-      return jnp.sum(op.transport(q, k, v, beta=beta, alpha=alpha, implementation=impl, block_size=block_size or 512))
+      return jnp.sum(op.transport(q, k, v, beta=beta, alpha=alpha, **kw))
 
   compiled = jax.jit(jax.grad(loss, (0, 1, 2))).lower(q, k, v).compile()
   return (lambda: compiled(q, k, v)), timing.peak_bytes(compiled)
