@@ -15,12 +15,15 @@ process's rows of each global batch.
   the RNG key and the data iterator position; `train` resumes from the newest intact one in
   `workdir`, and the resumed run reproduces the uninterrupted one exactly (per-step keys are
   `fold_in(key, step)`). A workdir holding a run of another config is refused, naming the fields.
+* One process per workdir: `train` holds its lock (`attngeo.runlock`) for the whole run, so a
+  second run on the same folder is refused in one line (`RunFolderBusy`) before it reads anything.
 * Every logged row goes once to `workdir/metrics.jsonl` and to TensorBoard event files in
   `workdir/tb`; a tqdm bar shows loss and ETA; MFU is logged when the device peak is known.
 * The EMA of the weights is optax's Polyak average `ema ← ema + (1 − decay)(θ − ema)`.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -35,7 +38,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from tqdm.auto import tqdm
 
-from attngeo import checkpoint, optim, runs, sharding
+from attngeo import checkpoint, optim, runlock, runs, sharding
 from attngeo.nn import registry
 
 # Dense bf16 peak FLOP/s per chip, for MFU.
@@ -228,6 +231,11 @@ def _resume(cfg: TrainConfig, state, shardings, data, model_cfg):
   return mngr, state
 
 
+def _run_folder(workdir: str | None):
+  """The run folder's lock (`attngeo.runlock`), held by process 0 (the processes of one run share it)."""
+  return runlock.hold(workdir) if workdir and jax.process_index() == 0 else contextlib.nullcontext()
+
+
 def train(model, loss_fn: Callable, data: Iterator, cfg: TrainConfig, *, flops_per_step: float | None = None,
           hooks: tuple[Callable, ...] = (), desc: str = "train", tokens_per_step: int | None = None) -> TrainResult:
   """Train for `cfg.steps` steps, resuming from `cfg.workdir` if it holds an intact checkpoint.
@@ -245,52 +253,54 @@ def train(model, loss_fn: Callable, data: Iterator, cfg: TrainConfig, *, flops_p
   Returns:
     `TrainResult` (model, EMA params, metrics history, final step).
   """
-  mesh = sharding.make_mesh(cfg.mesh)
-  graphdef, state, shardings = init_state(model, cfg, mesh)
-  if not isinstance(model, nnx.Module):
-    model = nnx.merge(graphdef, state["train"])[0]
-  step_fn = jax.jit(make_step(graphdef, loss_fn, cfg.ema),
-                    in_shardings=(shardings, sharding.batch_sharding(mesh)), out_shardings=(shardings, None),
-                    donate_argnums=0)
-  mngr = None
-  if cfg.workdir:
-    mngr, state = _resume(cfg, state, shardings, data, registry.config_dict(model))
-  start = int(jax.device_get(state["step"]))
-  log = MetricsLog(cfg.workdir, start)
-  peak = device_peak_flops()
-  bar = tqdm(range(start, cfg.steps), desc=desc, disable=not cfg.progress, initial=start, total=cfg.steps,
-             dynamic_ncols=True, leave=False)
-  t0 = time.perf_counter()
-  try:
-    for step in bar:
-      batch = sharding.global_batch(next(data), mesh)
-      state, metrics = step_fn(state, batch)
-      done = step + 1
-      if done % cfg.log_every == 0 or done == cfg.steps:
-        metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-        if not np.isfinite(metrics["loss"]):
-          raise FloatingPointError(f"loss is {metrics['loss']} at step {done}; the last checkpoint in "
-                                   f"{cfg.workdir} holds the state before it (lower the learning rate?)")
-        dt = (time.perf_counter() - t0) / (done - start)
-        row = dict(step=done, **metrics, step_s=dt, samples_per_s=cfg.batch_size / dt)
-        if tokens_per_step:
-          row["tokens_per_s"] = tokens_per_step / dt
-        if flops_per_step and peak:
-          row["mfu"] = flops_per_step / dt / (peak * jax.device_count())
-        if hooks:
-          sync_model(model, graphdef, state)
-          for hook in hooks:
-            row.update(hook(done, model) or {})
-        log.write(row)
-        bar.set_postfix(loss=f"{metrics['loss']:.4f}",
-                        **({"tok/s": f"{row['tokens_per_s']:.0f}"} if tokens_per_step else {}))
-      if mngr and ((cfg.ckpt_every and done % cfg.ckpt_every == 0) or done == cfg.steps):
-        checkpoint.save(mngr, done, state, data.get_state())
-  finally:
-    bar.close()
-    log.close()
-    if mngr:
-      mngr.wait_until_finished()
-      mngr.close()
-  sync_model(model, graphdef, state)
-  return TrainResult(model=model, ema=state["ema"], history=log.rows, step=int(jax.device_get(state["step"])), start_step=start)
+  with _run_folder(cfg.workdir):
+    mesh = sharding.make_mesh(cfg.mesh)
+    graphdef, state, shardings = init_state(model, cfg, mesh)
+    if not isinstance(model, nnx.Module):
+      model = nnx.merge(graphdef, state["train"])[0]
+    step_fn = jax.jit(make_step(graphdef, loss_fn, cfg.ema),
+                      in_shardings=(shardings, sharding.batch_sharding(mesh)), out_shardings=(shardings, None),
+                      donate_argnums=0)
+    mngr = None
+    if cfg.workdir:
+      mngr, state = _resume(cfg, state, shardings, data, registry.config_dict(model))
+    start = int(jax.device_get(state["step"]))
+    log = MetricsLog(cfg.workdir, start)
+    peak = device_peak_flops()
+    bar = tqdm(range(start, cfg.steps), desc=desc, disable=not cfg.progress, initial=start, total=cfg.steps,
+               dynamic_ncols=True, leave=False)
+    t0 = time.perf_counter()
+    try:
+      for step in bar:
+        batch = sharding.global_batch(next(data), mesh)
+        state, metrics = step_fn(state, batch)
+        done = step + 1
+        if done % cfg.log_every == 0 or done == cfg.steps:
+          metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+          if not np.isfinite(metrics["loss"]):
+            raise FloatingPointError(f"loss is {metrics['loss']} at step {done}; the last checkpoint in "
+                                     f"{cfg.workdir} holds the state before it (lower the learning rate?)")
+          dt = (time.perf_counter() - t0) / (done - start)
+          row = dict(step=done, **metrics, step_s=dt, samples_per_s=cfg.batch_size / dt)
+          if tokens_per_step:
+            row["tokens_per_s"] = tokens_per_step / dt
+          if flops_per_step and peak:
+            row["mfu"] = flops_per_step / dt / (peak * jax.device_count())
+          if hooks:
+            sync_model(model, graphdef, state)
+            for hook in hooks:
+              row.update(hook(done, model) or {})
+          log.write(row)
+          bar.set_postfix(loss=f"{metrics['loss']:.4f}",
+                          **({"tok/s": f"{row['tokens_per_s']:.0f}"} if tokens_per_step else {}))
+        if mngr and ((cfg.ckpt_every and done % cfg.ckpt_every == 0) or done == cfg.steps):
+          checkpoint.save(mngr, done, state, data.get_state())
+    finally:
+      bar.close()
+      log.close()
+      if mngr:
+        mngr.wait_until_finished()
+        mngr.close()
+    sync_model(model, graphdef, state)
+    return TrainResult(model=model, ema=state["ema"], history=log.rows, step=int(jax.device_get(state["step"])),
+                       start_step=start)
