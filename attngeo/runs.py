@@ -1,7 +1,9 @@
 """Run folders: `config.json` (what produced the run), `ckpt/` (orbax steps), `metrics.jsonl`.
 
-`write_config` records every config of a run; `load_run` rebuilds a run's model from its
-config.json (`attngeo.nn.registry`) and restores a checkpoint's weights into it.
+`write_config` records every config of a run, and under `"classes"` the class of each one that is a
+dataclass (`"train": "attngeo.lm.recipe.LMTrainConfig"`), so a reader rebuilds a config as the class
+that wrote it; `load_run` rebuilds a run's model from its config.json (`attngeo.nn.registry`), its
+training config as its recorded class, and restores a checkpoint's weights into the model.
 """
 from __future__ import annotations
 
@@ -13,9 +15,16 @@ from attngeo import config as config_lib
 
 
 def write_config(workdir: str, **configs):
-  """`workdir/config.json` = {name: asdict(config) or value}."""
+  """`workdir/config.json` = {name: asdict(config) or value, "classes": {name: "module.Class"}}.
+
+  "classes" names the class of every dataclass config (kept from `configs["classes"]` for the
+  others, so a config.json read and written back keeps its record)."""
   os.makedirs(workdir, exist_ok=True)
   payload = {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in configs.items()}
+  classes = {k: f"{type(v).__module__}.{type(v).__qualname__}" for k, v in configs.items()
+             if dataclasses.is_dataclass(v) and not isinstance(v, type)}
+  if classes:
+    payload["classes"] = {**(payload.get("classes") or {}), **classes}
   atomic_write(os.path.join(workdir, "config.json"), json.dumps(payload, indent=1, default=str))
 
 
@@ -38,18 +47,56 @@ def load_model(model, workdir: str, step: int | None = None, use_ema: bool = Fal
   return model
 
 
+# Trainer configs a run written before config.json named its classes may hold (chosen by their fields).
+LEGACY_TRAIN_CLASSES = ("attngeo.train.TrainConfig", "attngeo.lm.recipe.LMTrainConfig")
+
+
+def _import_class(name: str):
+  """`"attngeo.lm.recipe.LMTrainConfig"` → the class; only attngeo's own modules are imported."""
+  import importlib
+  module, _, qualname = name.rpartition(".")
+  if not module.startswith("attngeo."):
+    raise ValueError(f"config class {name!r} is not an attngeo class")
+  try:
+    cls = getattr(importlib.import_module(module), qualname)
+  except (ImportError, AttributeError):
+    raise ValueError(f"config class {name!r} does not exist in this version of attngeo") from None
+  return cls
+
+
+def train_config(workdir: str, saved: dict | None = None):
+  """The training config of a run folder (`saved`: its config.json, read if not given), rebuilt as the
+  class recorded under "classes" — a subclass of `attngeo.train.TrainConfig` — or, for a run written
+  before classes were recorded, as the first of `LEGACY_TRAIN_CLASSES` that has every saved field."""
+  from attngeo import train
+  saved = read_config(workdir) if saved is None else saved
+  fields = saved.get("train")
+  if not isinstance(fields, dict):
+    raise ValueError(f"{workdir}/config.json records no train config; runs written by attngeo.train record one")
+  recorded = (saved.get("classes") or {}).get("train")
+  if recorded:
+    cls = _import_class(recorded)
+    if not (isinstance(cls, type) and issubclass(cls, train.TrainConfig)):
+      raise ValueError(f"{workdir}/config.json: train class {recorded!r} is not an attngeo.train.TrainConfig")
+    return config_lib.from_dict(cls, fields)
+  for name in LEGACY_TRAIN_CLASSES:
+    cls = _import_class(name)
+    if set(fields) <= {f.name for f in dataclasses.fields(cls)}:
+      return config_lib.from_dict(cls, fields)
+  return config_lib.from_dict(train.TrainConfig, fields)       # names the fields no class has
+
+
 def load_run(workdir: str, step: int | None = None):
   """Rebuild the model of a run folder from its config.json and load checkpoint `step` (default latest).
 
-  Returns (model, train config, model config).
+  Returns (model, train config as the class that wrote it (`train_config`), model config).
   """
-  from attngeo import train
   from attngeo.nn import registry
   saved = read_config(workdir)
   if not saved.get("model"):
     raise ValueError(f"{workdir}/config.json records no model config; runs written by attngeo.train record one")
   mcfg = registry.config_from_dict(saved["model"])
-  tcfg = config_lib.from_dict(train.TrainConfig, saved["train"])
+  tcfg = train_config(workdir, saved)
   model = load_model(registry.build(mcfg), workdir, step)
   return model, tcfg, mcfg
 

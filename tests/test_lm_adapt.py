@@ -174,6 +174,30 @@ def test_finished_states_are_reused_only_on_an_exact_match(chain, capsys):
       chain["result"]["records"][2]["graft"]["bpb"], rel=1e-6)       # M1 under ATTN is A1's graft
 
 
+def test_load_run_reads_every_lm_run_folder(chain, tmp_path):
+  """`runs.load_run` (probe, export, study connection) on an `lm train` run, an `lm adapt` state and an `lm table2`
+  condition: the trainer config comes back as the class that wrote it (it has the Muon/AdamW split's fields), the
+  model with the checkpoint's weights; a run written before config.json named its classes loads too."""
+  t2 = lm_cmd.Table2Config(conditions=("ATTN",), seeds=(0,), eval_rows=2, out=str(tmp_path / "t2"),
+                           lm=dataclasses.replace(TINY, data_dir=chain["data_dir"], train=dataclasses.replace(
+                               TINY.train, steps=1)))
+  row = lm_cmd.run_condition(t2, "ATTN", 0)
+  folders = [chain["src"], chain["result"]["records"][1]["workdir"],
+             os.path.join(t2.out, "runs", f"ATTN_s0_{row['key']}")]
+  for path in folders:
+    model, tcfg, mcfg = runs.load_run(path)
+    assert type(tcfg) is recipe.LMTrainConfig and tcfg.embedding_lr == pytest.approx(0.3 * (32 / 768) ** -0.5)
+    assert mcfg == model.cfg and adapt.weights_key(model) == adapt.weights_key(runs.load_model(
+        nn.GPT(mcfg, rngs=nnx.Rngs(1)), path))
+  assert adapt.weights_key(runs.load_run(chain["src"])[0]) == chain["before"]
+  legacy = tmp_path / "legacy"
+  legacy.mkdir()
+  saved = runs.read_config(chain["src"])
+  del saved["classes"]
+  (legacy / "config.json").write_text(json.dumps(saved))
+  assert type(runs.train_config(str(legacy))) is recipe.LMTrainConfig
+
+
 # ----------------------------------------------------------------------------- summary, data, plan
 
 def test_summary_mean_and_sd_by_hand():

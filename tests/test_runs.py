@@ -55,3 +55,25 @@ def test_atomic_write_takes_a_writer_and_leaves_nothing_behind_on_failure(tmp_pa
   np.testing.assert_array_equal(np.load(tmp_path / "sub" / "a.npy"), np.eye(2))
   runs.atomic_json(str(tmp_path / "sub" / "r.json"), {"a": 1, "path": tmp_path})
   assert json.loads((tmp_path / "sub" / "r.json").read_text()) == {"a": 1, "path": str(tmp_path)}
+
+
+def test_write_config_records_each_dataclass_config_class_and_train_config_rebuilds_it(tmp_path):
+  from attngeo import train
+  from attngeo.lm import recipe
+  wd = str(tmp_path)
+  runs.write_config(wd, train=recipe.LMTrainConfig(steps=3, embedding_lr=0.5), model={"kind": "gpt"})
+  saved = runs.read_config(wd)
+  assert saved["classes"] == {"train": "attngeo.lm.recipe.LMTrainConfig"}
+  assert runs.train_config(wd) == recipe.LMTrainConfig(steps=3, embedding_lr=0.5)
+  runs.write_config(wd, **saved, extra={"a": 1})                       # read and written back: the record stays
+  assert runs.read_config(wd)["classes"] == {"train": "attngeo.lm.recipe.LMTrainConfig"}
+  runs.write_config(wd, train=train.TrainConfig(steps=2))
+  assert type(runs.train_config(wd)) is train.TrainConfig
+  for name, message in (("os.path", "not an attngeo class"), ("attngeo.train.Nothing", "does not exist"),
+                        ("attngeo.lm.config.LMTrain", "is not an attngeo.train.TrainConfig")):
+    runs.write_config(wd, train={"steps": 2}, classes={"train": name})
+    with pytest.raises(ValueError, match=message):
+      runs.train_config(wd)
+  runs.write_config(wd, train={"steps": 2, "colour": "red"})           # no record, no class has the field
+  with pytest.raises(ValueError, match=r"TrainConfig has no field\(s\) \['colour'\]"):
+    runs.train_config(wd)
