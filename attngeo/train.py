@@ -65,7 +65,35 @@ class TrainConfig:
   log_every: int = 10
   progress: bool = True
 
+  def __post_init__(self):
+    self.validate()
 
+  def validate(self):
+    """One-line ValueError naming the first field no run can use (`RULES`, `optim.RULES`).
+
+    Runs at construction (so a command-line override fails before any work) and again in `train`
+    before anything is written (a field may have been changed since).
+    """
+    optim.check(self)
+    optim.require(self, RULES)
+
+
+_positive_int = lambda v: optim.is_integer(v) and v >= 1
+RULES = (
+    ("steps", _positive_int, "an integer ≥ 1"),
+    ("batch_size", _positive_int, "an integer ≥ 1 (the global batch)"),
+    ("ema", lambda v: optim.is_real(v) and 0 <= v < 1, "a decay in [0, 1) (0 disables)"),
+    ("mesh", lambda v: isinstance(v, (tuple, list)) and len(v) == 3 and all(map(_positive_int, v)),
+     "three integers ≥ 1 (data, fsdp, tensor)"),
+    ("seed", optim.is_integer, "an integer"),
+    ("workdir", lambda v: v is None or (isinstance(v, (str, os.PathLike)) and str(v) != ""),
+     "a folder path or None"),
+    ("ckpt_every", lambda v: optim.is_integer(v) and v >= 0,
+     "an integer ≥ 0 (steps between checkpoints; 0: only at the end)"),
+    ("keep", _positive_int, "an integer ≥ 1 (checkpoints kept)"),
+    ("log_every", _positive_int, "an integer ≥ 1 (steps between logged rows)"),
+    ("progress", lambda v: isinstance(v, bool), "true or false"),
+)
 # Fields that change how a run is watched, not what it computes: a resume may change them.
 RUN_CONTROL_FIELDS = ("workdir", "ckpt_every", "keep", "log_every", "progress")
 
@@ -253,6 +281,7 @@ def train(model, loss_fn: Callable, data: Iterator, cfg: TrainConfig, *, flops_p
   Returns:
     `TrainResult` (model, EMA params, metrics history, final step).
   """
+  cfg.validate()
   with _run_folder(cfg.workdir):
     mesh = sharding.make_mesh(cfg.mesh)
     graphdef, state, shardings = init_state(model, cfg, mesh)

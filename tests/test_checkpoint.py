@@ -141,9 +141,32 @@ def test_resume_at_the_final_step_returns_the_logged_history(finished, tmp_path)
 
 
 def test_non_finite_state_is_never_checkpointed(tmp_path):
+  nan_loss = lambda m, b, r: (loss(m, b, r)[0] * np.nan, {})
+  cfg = train.TrainConfig(steps=4, batch_size=2, ckpt_every=2, log_every=100, progress=False, workdir=str(tmp_path))
   with pytest.raises(FloatingPointError, match="NaN/Inf at step 2: not checkpointed"):
-    run(tmp_path, steps=4, lr=float("nan"), log_every=100)      # no loss check before the save at step 2
+    train.train(gpt(), nan_loss, Batches(TOK), cfg)              # no loss check before the save at step 2
   assert not os.path.exists(step_dir(str(tmp_path), 2))
+
+
+def snapshot(root):
+  """{relative path: (size, mtime)} of every file under `root`."""
+  out = {}
+  for d, _, fs in os.walk(root):
+    for f in fs:
+      st = os.stat(os.path.join(d, f))
+      out[os.path.relpath(os.path.join(d, f), root)] = (st.st_size, st.st_mtime_ns)
+  return out
+
+
+def test_an_impossible_config_on_resume_touches_nothing(finished, tmp_path):
+  """keep 0 used to leave ckpt/ empty on a resume, deleting the good steps: now refused before any write."""
+  wd = copy_run(finished, tmp_path)
+  before = snapshot(wd)
+  cfg = train.TrainConfig(steps=6, batch_size=2, ckpt_every=2, progress=False, workdir=wd)
+  cfg.keep = 0
+  with pytest.raises(ValueError, match=r"^keep must be an integer ≥ 1 \(checkpoints kept\); got 0$"):
+    train.train(gpt(), loss, Batches(TOK), cfg)
+  assert snapshot(wd) == before
 
 
 def test_load_run_reads_only_the_weights_and_verifies_them(finished, tmp_path):

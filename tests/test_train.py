@@ -2,6 +2,7 @@
 import dataclasses
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -117,6 +118,30 @@ def test_bad_mesh_and_optimizer():
     optim.make_optimizer(train.TrainConfig(optimizer="sgd"))
   with pytest.raises(ValueError, match="schedule must be"):
     optim.make_optimizer(train.TrainConfig(schedule="step"))
+
+
+IMPOSSIBLE = [("keep", 0), ("steps", -1), ("steps", 0), ("lr", -1.0), ("lr", float("nan")), ("warmup", -3),
+              ("ckpt_every", -5), ("batch_size", 0), ("log_every", 0), ("ema", 1.0), ("ema", -0.1), ("clip", -1.0),
+              ("weight_decay", float("inf")), ("schedule", "step"), ("optimizer", "sgd"), ("mesh", (1, 0, 1)),
+              ("mesh", (1, 1)), ("steps", 2.5), ("progress", "yes"), ("workdir", "")]
+
+
+@pytest.mark.parametrize("field,value", IMPOSSIBLE)
+def test_impossible_config_values_are_one_line_errors_naming_the_field(field, value):
+  with pytest.raises(ValueError, match=rf"^{field} must be [^\n]*; got {re.escape(repr(value))}$"):
+    train.TrainConfig(**{field: value})
+  cfg = train.TrainConfig()
+  setattr(cfg, field, value)                                    # changed after construction: train refuses too
+  with pytest.raises(ValueError, match=rf"^{field} must be"):
+    train.train(lambda: pytest.fail("work started"), lambda m, b, r: (0.0, {}), Batches({}), cfg)
+
+
+def test_impossible_values_from_the_command_line_fail_while_parsing():
+  import argparse
+  ap = argparse.ArgumentParser()
+  config_lib.add_arguments(ap, train.TrainConfig)
+  with pytest.raises(ValueError, match=r"^keep must be an integer ≥ 1"):
+    config_lib.from_arguments(ap.parse_args(["--keep", "0"]), train.TrainConfig)
 
 
 def test_logical_rules_skip_indivisible_dimensions():
