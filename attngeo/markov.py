@@ -195,14 +195,17 @@ def entropy_production(p, pi=None) -> jax.Array:
 
   `σ = ½ Σ_ij [rel_entr(F_ij, F_ji) + rel_entr(F_ji, F_ij)]` with `F_ij = π_i P_ij`, over pairs
   where both directions have positive flow (a one-way edge makes σ infinite; it is skipped and
-  should be read through `reversibility` instead).
+  should be read through `reversibility` instead). Under jit, where P is not validated, a non-finite
+  flow makes σ NaN (the pair mask alone would skip it and report 0, "reversible").
   """
   _checks.check_stochastic("P", p)
   f = _flows(p, pi)
   ft = jnp.swapaxes(f, -1, -2)
   both = (f > _TINY) & (ft > _TINY)
+  finite = jnp.all(jnp.isfinite(f), (-2, -1))
   f, ft = jnp.where(both, f, 1.0), jnp.where(both, ft, 1.0)
-  return 0.5 * jnp.sum(jnp.where(both, rel_entr(f, ft) + rel_entr(ft, f), 0.0), (-2, -1))
+  sigma = 0.5 * jnp.sum(jnp.where(both, rel_entr(f, ft) + rel_entr(ft, f), 0.0), (-2, -1))
+  return jnp.where(finite, sigma, jnp.nan)
 
 
 def double_centre(x) -> jax.Array:

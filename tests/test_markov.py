@@ -255,6 +255,17 @@ def test_entropy_production_of_biased_cycle():
   np.testing.assert_allclose(markov.reversibility(p), 2 * a - 1, rtol=1e-5)  # ½·n·(1/n)·2|a−(1−a)|
 
 
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_entropy_production_of_a_non_finite_chain_is_nan_under_jit(bad):
+  """Traced P is not validated: a NaN/Inf entry must give σ = NaN, not the 0 of a reversible chain
+  (the pair mask `F_ij, F_ji > 0` is False for NaN and skipped it); eagerly it is a one-line error."""
+  p = jnp.full((2, 4, 4), 0.25).at[0, 1, 2].set(bad)
+  sigma = jax.jit(markov.entropy_production)(p)
+  assert np.isnan(sigma[0]) and float(sigma[1]) == 0.0
+  with pytest.raises(ValueError, match="P must be finite"):
+    markov.entropy_production(p)
+
+
 def test_diffusion_coordinates_of_two_state_chain():
   """Two-state chain: λ₁ = 1 − a − b; coordinates are right eigenvectors scaled by λ₁^t."""
   a, b = 0.2, 0.3
