@@ -221,3 +221,42 @@ def test_core_shuffles_with_1337_and_draws_demonstrations_with_1234_plus_index(t
   for idx, (item, shots) in enumerate(seen):
     assert item == data[idx]
     assert shots == [data[i] for i in random.Random(1234 + idx).sample([i for i in range(5) if i != idx], 2)]
+
+
+@pytest.mark.parametrize("kind, example, message", [
+    ("multiple_choice", {"query": "q", "choices": ["a", "b"], "gold": "0"}, "field 'gold' must be an integer index into 'choices' (0 to 1); got '0'"),
+    ("multiple_choice", {"query": "q", "choices": ["a", "b"], "gold": -1}, "field 'gold' must be an integer index"),
+    ("multiple_choice", {"query": "q", "choices": ["a", "b"], "gold": 2}, "(0 to 1); got 2"),
+    ("multiple_choice", {"query": "q", "choices": ["a", "b"], "gold": True}, "got True"),
+    ("multiple_choice", {"query": "q", "choices": "ab", "gold": 0}, "field 'choices' must be a non-empty list of strings; got 'ab'"),
+    ("multiple_choice", {"query": 3, "choices": ["a"], "gold": 0}, "field 'query' must be a string; got 3"),
+    ("schema", {"context_options": ["a", "b"], "continuation": "c", "gold": 5}, "index into 'context_options' (0 to 1); got 5"),
+    ("language_modeling", {"context": "a", "continuation": ["b"]}, "field 'continuation' must be a string"),
+])
+def test_core_examples_with_a_bad_field_are_one_line_naming_file_line_and_field(tmp_path, kind, example, message):
+  """A string, negative or out-of-range gold, or a string of choices, was scored (wrongly) or crashed: now refused."""
+  good = {"multiple_choice": MC, "schema": SCHEMA, "language_modeling": LM}[kind]
+  bundle = write_bundle(tmp_path / "b", {"t": (kind, 1, " ", 25.0, good[:2] + [example])})
+  with pytest.raises(ValueError) as e:
+    core.load_bundle(bundle)
+  assert str(e.value).startswith(os.path.join(bundle, "eval_data", "t.jsonl") + ":3: ") and message in str(e.value)
+  assert "\n" not in str(e.value)
+
+
+def test_core_bundle_baselines_shots_and_max_per_task_are_checked_before_scoring(tmp_path):
+  bundle = write_bundle(tmp_path / "b", {"mc": ("multiple_choice", 1, " ", 100.0, MC)})
+  meta = os.path.join(bundle, "eval_meta_data.csv")
+  with pytest.raises(ValueError, match=r"eval_meta_data.csv:2: field 'Random baseline' of task 'mc' must be a "
+                                       r"percentage in \[0, 100\); got '100.0'"):
+    core.load_bundle(bundle)
+  bundle = write_bundle(tmp_path / "c", {"mc": ("multiple_choice", 4, " ", 25.0, MC)})       # 4 examples, 4 shots
+  with pytest.raises(ValueError, match=r"mc.jsonl: 4 examples; 4-shot prompts need at least 5"):
+    core.load_bundle(bundle)
+  bundle = write_bundle(tmp_path / "d", {"mc": ("multiple_choice", 2, " ", 25.0, MC)})
+  model, tok = Successor(265), tok_lib.ByteTokenizer()
+  with pytest.raises(ValueError, match=r"max_per_task 2 is too few for the few-shot prompts of \['mc'\]"):
+    core.evaluate_core(model, tok, bundle, seq_len=64, max_per_task=2)
+  for bad in (0, -2):
+    with pytest.raises(ValueError, match="max_per_task must be -1 .every example. or an integer ≥ 1"):
+      core.evaluate_core(model, tok, bundle, seq_len=64, max_per_task=bad)
+  assert 0 <= core.evaluate_core(model, tok, bundle, seq_len=64, max_per_task=3)["results"]["mc"] <= 1

@@ -27,6 +27,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import math
 import os
 import random
 
@@ -40,6 +41,7 @@ from attngeo.lm import bpb
 TASK_TYPES = ("multiple_choice", "schema", "language_modeling")
 REQUIRED = {"multiple_choice": ("query", "choices", "gold"), "schema": ("context_options", "continuation", "gold"),
             "language_modeling": ("context", "continuation")}
+OPTIONS = {"multiple_choice": "choices", "schema": "context_options"}     # the list `gold` indexes
 
 
 @dataclasses.dataclass
@@ -70,10 +72,37 @@ def _read_jsonl(path: str, task_type: str) -> list[dict]:
       missing = [k for k in REQUIRED[task_type] if not isinstance(item, dict) or k not in item]
       if missing:
         raise ValueError(f"{path}:{n}: a {task_type} example needs {list(REQUIRED[task_type])}; missing {missing}")
+      problem = _bad_field(task_type, item)
+      if problem:
+        raise ValueError(f"{path}:{n}: {problem}")
       out.append(item)
   if not out:
     raise ValueError(f"{path}: no examples")
   return out
+
+
+def _bad_field(task_type: str, item: dict) -> str | None:
+  """What is wrong with an example's fields (None: nothing): text fields are strings, the options a
+  non-empty list of strings, `gold` an integer index into them."""
+  options = OPTIONS.get(task_type)
+  for key in REQUIRED[task_type]:
+    if key not in ("gold", options) and not isinstance(item[key], str):
+      return f"field {key!r} must be a string; got {item[key]!r}"
+  if options is None:
+    return None
+  values = item[options]
+  if not isinstance(values, list) or not values or not all(isinstance(v, str) for v in values):
+    return f"field {options!r} must be a non-empty list of strings; got {values!r}"
+  gold = item["gold"]
+  if isinstance(gold, bool) or not isinstance(gold, int) or not 0 <= gold < len(values):
+    return f"field 'gold' must be an integer index into {options!r} (0 to {len(values) - 1}); got {gold!r}"
+  return None
+
+
+def check_max_per_task(max_per_task: int) -> None:
+  """One-line ValueError unless `max_per_task` is −1 (every example) or ≥ 1."""
+  if isinstance(max_per_task, bool) or not isinstance(max_per_task, int) or not (max_per_task == -1 or max_per_task >= 1):
+    raise ValueError(f"max_per_task must be -1 (every example) or an integer ≥ 1; got {max_per_task!r}")
 
 
 def load_bundle(directory: str) -> list[Task]:
@@ -91,12 +120,7 @@ def load_bundle(directory: str) -> list[Task]:
       raise ValueError(f"{config_path}: not valid YAML ({e})") from None
   if not isinstance(config, dict) or not isinstance(config.get("icl_tasks"), list):
     raise ValueError(f"{config_path}: needs a list `icl_tasks`")
-  with open(meta_path, encoding="utf-8") as f:
-    rows = list(csv.DictReader(f))
-  try:
-    baselines = {r["Eval Task"]: float(r["Random baseline"]) for r in rows}
-  except (KeyError, TypeError, ValueError) as e:
-    raise ValueError(f"{meta_path}: needs columns 'Eval Task' and 'Random baseline' (a number); {e!r}") from None
+  baselines = _baselines(meta_path)
   tasks = []
   for n, t in enumerate(config["icl_tasks"]):
     try:
@@ -105,14 +129,42 @@ def load_bundle(directory: str) -> list[Task]:
       shots = int(shots[0] if isinstance(shots, list) else shots)
     except (KeyError, TypeError, IndexError, ValueError):
       raise ValueError(f"{config_path}: icl_tasks[{n}] needs label, icl_task_type, dataset_uri, num_fewshot") from None
+    if shots < 0:
+      raise ValueError(f"{config_path}: icl_tasks[{n}] ({label!r}) num_fewshot must be ≥ 0; got {shots}")
+    delimiter = t.get("continuation_delimiter", " ")
+    if not isinstance(delimiter, str):
+      raise ValueError(f"{config_path}: icl_tasks[{n}] ({label!r}) continuation_delimiter must be a string; "
+                       f"got {delimiter!r}")
     if task_type not in TASK_TYPES:
       raise ValueError(f"{config_path}: task {label!r} has icl_task_type {task_type!r}; expected one of {TASK_TYPES}")
     if label not in baselines:
       raise ValueError(f"{meta_path}: no random baseline for task {label!r}")
     path = os.path.join(directory, "eval_data", uri)
-    tasks.append(Task(label, task_type, shots, t.get("continuation_delimiter", " "), baselines[label],
-                      _read_jsonl(path, task_type), path))
+    data = _read_jsonl(path, task_type)
+    if len(data) <= shots:
+      raise ValueError(f"{path}: {len(data)} examples; {shots}-shot prompts need at least {shots + 1} "
+                       f"(num_fewshot of task {label!r} in core.yaml)")
+    tasks.append(Task(label, task_type, shots, delimiter, baselines[label], data, path))
   return tasks
+
+
+def _baselines(meta_path: str) -> dict[str, float]:
+  """{task: random baseline in percent, in [0, 100)} from eval_meta_data.csv (line numbers in errors)."""
+  with open(meta_path, encoding="utf-8") as f:
+    rows = list(csv.DictReader(f))
+  if rows and not {"Eval Task", "Random baseline"} <= set(rows[0]):
+    raise ValueError(f"{meta_path}: needs columns 'Eval Task' and 'Random baseline'; got {sorted(rows[0])}")
+  out = {}
+  for line, r in enumerate(rows, 2):
+    try:
+      base = float(r["Random baseline"])
+    except (TypeError, ValueError):
+      base = math.nan
+    if not 0 <= base < 100:
+      raise ValueError(f"{meta_path}:{line}: field 'Random baseline' of task {r['Eval Task']!r} must be a "
+                       f"percentage in [0, 100); got {r['Random baseline']!r}")
+    out[r["Eval Task"]] = base
+  return out
 
 
 # ----------------------------------------------------------------------------- prompts
@@ -216,16 +268,26 @@ def centered(accuracy: float, baseline: float) -> float:
 
 def evaluate_task(model, tokenizer, task: Task, seq_len: int, max_per_task: int = -1) -> float:
   """Accuracy of one task (examples shuffled by Random(1337), the first `max_per_task` if > 0)."""
+  check_max_per_task(max_per_task)
   data = list(task.data)
   random.Random(1337).shuffle(data)
   if max_per_task > 0:
     data = data[:max_per_task]
+  if len(data) <= task.num_fewshot:
+    raise ValueError(f"max_per_task {max_per_task} keeps {len(data)} examples of task {task.label!r}; its "
+                     f"{task.num_fewshot}-shot prompts need at least {task.num_fewshot + 1}")
   return float(np.mean([example_correct(model, tokenizer, task, data, i, seq_len) for i in range(len(data))]))
 
 
 def evaluate_core(model, tokenizer, bundle: str, seq_len: int, max_per_task: int = -1, progress: bool = False) -> dict:
   """{"results": {label: acc}, "centered": {label: centred acc}, "core": mean centred acc}."""
+  check_max_per_task(max_per_task)
   tasks = load_bundle(bundle)
+  if max_per_task > 0:
+    short = [t.label for t in tasks if max_per_task <= t.num_fewshot]
+    if short:
+      raise ValueError(f"max_per_task {max_per_task} is too few for the few-shot prompts of {short} (each needs "
+                       f"num_fewshot + 1 examples)")
   results, centred = {}, {}
   for task in tasks:
     results[task.label] = evaluate_task(model, tokenizer, task, seq_len, max_per_task)
