@@ -18,7 +18,9 @@ process's rows of each global batch.
 * One process per workdir: `train` holds its lock (`attngeo.runlock`) for the whole run, so a
   second run on the same folder is refused in one line (`RunFolderBusy`) before it reads anything.
 * Every logged row goes once to `workdir/metrics.jsonl` and to TensorBoard event files in
-  `workdir/tb`; a tqdm bar shows loss and ETA; MFU is logged when the device peak is known.
+  `workdir/tb`, both flushed with each checkpoint; after a resume (even from a kill -9) each step
+  appears exactly once in both. A tqdm bar shows loss and ETA; MFU is logged when the device peak
+  is known.
 * The EMA of the weights is optax's Polyak average `ema ← ema + (1 − decay)(θ − ema)`.
 """
 from __future__ import annotations
@@ -169,8 +171,12 @@ def make_step(graphdef, loss_fn, ema_decay: float):
 class MetricsLog:
   """Each logged row once in `metrics.jsonl` and as TensorBoard scalars in `tb/` (process 0 only).
 
-  On resume from step s the rows after s (written by the interrupted run) are dropped, so every
-  step appears once; `rows` holds the rows kept, for the returned history.
+  On resume from step s the rows after s (written by the interrupted run) are dropped from
+  metrics.jsonl (and a line cut short by a kill), and `tb/` is rebuilt from the rows kept: they go
+  to a fresh events file and the earlier events files — which may hold steps after s, or lack
+  rows never flushed — are removed, so every step appears exactly once in both. `flush()`, called
+  before each checkpoint is saved, puts both on disk up to that step. `rows` holds the rows kept,
+  for the returned history.
   """
 
   def __init__(self, workdir: str | None, resume_step: int):
@@ -180,10 +186,9 @@ class MetricsLog:
     self.path = os.path.join(workdir, "metrics.jsonl")
     if os.path.exists(self.path):
       with open(self.path) as f:
-        self.rows = [r for r in (json.loads(line) for line in f if line.strip()) if r.get("step", 0) <= resume_step]
+        self.rows = [r for r in map(_parse_row, f) if r is not None and r.get("step", 0) <= resume_step]
       runs.atomic_write(self.path, "".join(json.dumps(r) + "\n" for r in self.rows))
-    from tensorboardX import SummaryWriter
-    self.tb = SummaryWriter(os.path.join(workdir, "tb"), flush_secs=30)
+    self.tb = _fresh_events(os.path.join(workdir, "tb"), self.rows)
 
   def write(self, row: dict):
     self.rows.append(row)
@@ -191,13 +196,45 @@ class MetricsLog:
       return
     with open(self.path, "a") as f:
       f.write(json.dumps(row) + "\n")
-    for key, value in row.items():
-      if key != "step" and isinstance(value, (int, float)):
-        self.tb.add_scalar(key, value, row["step"])
+    _add_scalars(self.tb, row)
+
+  def flush(self):
+    if self.path is not None:
+      self.tb.flush()
+      with open(self.path, "a") as f:
+        os.fsync(f.fileno())
 
   def close(self):
     if self.tb is not None:
       self.tb.close()
+
+
+def _parse_row(line: str) -> dict | None:
+  """A metrics.jsonl row, or None for a blank line or one a kill cut short."""
+  try:
+    return json.loads(line) if line.strip() else None
+  except json.JSONDecodeError:
+    return None
+
+
+def _add_scalars(tb, row: dict):
+  for key, value in row.items():
+    if key != "step" and isinstance(value, (int, float)):
+      tb.add_scalar(key, value, row["step"])
+
+
+def _fresh_events(folder: str, rows: list[dict]):
+  """A TensorBoard writer on a new events file in `folder` holding `rows`; earlier events files removed."""
+  from tensorboardX import SummaryWriter
+  old = [os.path.join(folder, f) for f in os.listdir(folder) if f.startswith("events.out.tfevents.")] \
+      if os.path.isdir(folder) else []
+  tb = SummaryWriter(folder, flush_secs=30, filename_suffix=f".{os.getpid()}.{time.time_ns()}")
+  for row in rows:
+    _add_scalars(tb, row)
+  tb.flush()                         # the kept rows are on disk before the old copies go
+  for path in old:
+    os.remove(path)
+  return tb
 
 
 # ----------------------------------------------------------------------------- loop
@@ -323,6 +360,7 @@ def train(model, loss_fn: Callable, data: Iterator, cfg: TrainConfig, *, flops_p
           bar.set_postfix(loss=f"{metrics['loss']:.4f}",
                           **({"tok/s": f"{row['tokens_per_s']:.0f}"} if tokens_per_step else {}))
         if mngr and ((cfg.ckpt_every and done % cfg.ckpt_every == 0) or done == cfg.steps):
+          log.flush()                # every row up to `done` on disk before the step that resumes after it
           checkpoint.save(mngr, done, state, data.get_state())
     finally:
       bar.close()

@@ -107,6 +107,30 @@ def test_killed_run_resumes_exactly(tmp_path, single_device):
   assert [r["step"] for r in logged] == list(range(1, 13)), "each step logged once after the resume"
   np.testing.assert_allclose([r["loss"] for r in logged], reference, rtol=1e-6)
   np.testing.assert_allclose([r["loss"] for r in losses], reference, rtol=1e-6)   # history = whole run
+  events = tb_scalars(os.path.join(wd, "tb"), "loss")
+  assert [step for step, _ in events] == list(range(1, 13)), "each step once in the TensorBoard events"
+  np.testing.assert_allclose([v for _, v in events], reference, rtol=1e-6)      # float32 in the events
+
+
+def tb_scalars(folder, tag):
+  """[(step, value)] of `tag` in every events file of `folder`, in file order: TFRecords (length u64,
+  its masked CRC u32, an `Event` proto, its CRC u32) read with tensorboardX's proto; a cut record ends a file."""
+  import struct
+
+  from tensorboardX.proto import event_pb2
+  out = []
+  for name in sorted(f for f in os.listdir(folder) if f.startswith("events.out.tfevents.")):
+    with open(os.path.join(folder, name), "rb") as f:
+      data = f.read()
+    at = 0
+    while at + 12 <= len(data):
+      (size,) = struct.unpack("<Q", data[at:at + 8])
+      if at + 16 + size > len(data):
+        break
+      event = event_pb2.Event.FromString(data[at + 12:at + 12 + size])
+      out += [(event.step, v.simple_value) for v in event.summary.value if v.tag == tag]
+      at += 16 + size
+  return out
 
 
 def test_bad_mesh_and_optimizer():
