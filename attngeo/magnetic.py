@@ -88,17 +88,13 @@ def flows(p, pi=None):
 
 
 def _check_pi(p, pi):
-  """A supplied π [..., n]: the right shape, a probability vector and stationary for P (residual ≤ 1e-4)."""
+  """A supplied π [..., n]: a probability vector (`markov.check_law`, returned as π/Σπ) and stationary
+  for P (residual ≤ 1e-4)."""
   if pi is None:
     return None
-  pi = jnp.asarray(pi)
-  if pi.shape != p.shape[:-1]:
-    raise ValueError(f"pi must be [..., n] = {p.shape[:-1]} (P's stationary law); got {pi.shape}")
-  _checks.check_floating("pi", pi)
+  pi = markov.check_law(p, pi)
   if _checks.is_concrete(pi):
     a, pm = np.asarray(pi, np.float64), np.asarray(p, np.float64)
-    if not np.all(np.isfinite(a)) or np.any(a < 0) or np.max(np.abs(a.sum(-1) - 1), initial=0.0) > 1e-4:
-      raise ValueError("pi must be a probability vector (finite, >= 0, summing to 1)")
     res = float(np.max(np.abs(np.einsum("...i,...ij->...j", a, pm) - a).sum(-1), initial=0.0))
     if res > 1e-4:
       raise ValueError(f"pi must be P's stationary law: ||pi P - pi||_1 = {res:.3g} (> 1e-4)")

@@ -3,7 +3,8 @@
 Conventions: `P` is `[..., n, n]`, `P_ij ≥ 0`, `Σ_j P_ij = 1`; masked entries are exactly 0.
 Logs are natural. Each public function validates `P` (shape, dtype, finiteness, stochasticity)
 once when it holds concrete values (one host transfer per call), and is jit/vmap/grad-compatible
-otherwise; the helpers it calls do not validate again.
+otherwise; the helpers it calls do not validate again. A supplied law π is checked the same way
+(`check_law`: a probability vector, used as π/Σπ).
 
 * stationary law `π`: the left Perron vector, `πP = π`, `Σπ = 1`, solved directly. With `v = 1/n`,
   `M = I − P + 1vᵀ` is invertible whenever π is unique (one closed class) and `πM = vᵀ`, so π is one
@@ -33,6 +34,8 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax.experimental import checkify
 from jax.scipy.special import entr, rel_entr
 
 from attngeo import _checks, eigen, linalg
@@ -114,9 +117,12 @@ def _stationary(p, tol: float, refine: int = 2) -> Stationary:
 
 def error_bound(p, pi) -> jax.Array:
   """The bound `stationary` reports, for a given probability vector π [..., n]: `≥ ‖π − π_true‖₁` [...]
-  (inf/NaN when π_true is not unique)."""
+  (inf/NaN when π_true is not unique). π is checked by `check_law`; the bound is that of π/Σπ plus
+  `|Σπ − 1|` = ‖π − π/Σπ‖₁, so it holds for the π given."""
   _checks.check_stochastic("P", p)
-  return _error_bound(p, _pi(p, pi))
+  pi = jnp.asarray(pi)
+  law = check_law(p, pi)
+  return _error_bound(p, law) + jnp.abs(jnp.sum(pi, -1) - 1.0).astype(law.dtype)
 
 
 @jax.jit
@@ -143,12 +149,30 @@ def stationary(p, *, tol: float = 1e-4, refine: int = 2) -> Stationary:
   return _stationary(p, float(tol), int(refine))
 
 
+def check_law(p, pi, atol: float = 1e-4) -> jax.Array:
+  """A supplied law π [..., n] for P [..., n, n]: P's leading shape, floating, finite, ≥ 0 and Σπ = 1
+  within `atol` (one-line errors on concrete values); returned as π/Σπ, so read-outs stay in their
+  documented ranges (ε_rev ∈ [0, 1]). Traced, the checks are staged (`_checks`) and a π that fails
+  them comes back NaN, so nothing computed from it looks valid."""
+  pi = jnp.asarray(pi)
+  if pi.shape != p.shape[:-1]:
+    raise ValueError(f"pi must be [..., n] = {p.shape[:-1]} (a law on P's states); got shape {pi.shape}")
+  _checks.check_floating("pi", pi)
+  total = jnp.sum(pi, -1, keepdims=True)
+  if _checks.is_concrete(pi):
+    a = np.asarray(pi, np.float64)
+    sums = a.sum(-1)
+    if not (np.all(np.isfinite(a)) and np.all(a >= 0) and np.all(np.abs(sums - 1) <= atol)):
+      raise ValueError(f"pi must be a probability vector (finite, >= 0, summing to 1 within {atol:g}); got "
+                       f"min {np.min(a, initial=0.0):.3g}, sums in [{sums.min():.6g}, {sums.max():.6g}]")
+    return pi / total
+  ok = jnp.all(jnp.isfinite(pi) & (pi >= 0), -1, keepdims=True) & (jnp.abs(total - 1) <= atol)
+  checkify.debug_check(jnp.all(ok), "pi must be a probability vector (finite, >= 0, summing to 1)")
+  return jnp.where(ok, pi / total, jnp.nan)
+
+
 def _pi(p, pi):
-  if pi is None:
-    return _solve_pi(_working(p))[0]
-  if jnp.shape(pi) != p.shape[:-1]:
-    raise ValueError(f"pi must be [..., n] = {p.shape[:-1]}; got {jnp.shape(pi)}")
-  return pi
+  return _solve_pi(_working(p))[0] if pi is None else check_law(p, pi)
 
 
 # ----------------------------------------------------------------------------- entropies and flows

@@ -348,6 +348,38 @@ def test_argument_errors():
     markov.stationary(p, tol=0.0)
 
 
+@pytest.mark.parametrize("pi,match", [
+    (np.ones(4), "summing to 1"), (np.array([0.5, 0.6, -0.1, 0.0]), ">= 0"),
+    (np.array([np.nan, 0.5, 0.25, 0.25]), "finite"), (np.full(3, 1 / 3), r"pi must be \[\.\.\., n\]"),
+    (np.array([1, 0, 0, 0]), "floating")])
+def test_a_supplied_pi_is_checked_in_one_line(pi, match):
+  """ε_rev = 1.18 (outside [0, 1]) came out of π = 1 before; every read-out taking π refuses it eagerly."""
+  p = jax.nn.softmax(jax.random.normal(jax.random.PRNGKey(0), (4, 4)), -1)
+  for fn in (markov.reversibility, markov.entropy_production, markov.flows, markov.error_bound,
+             lambda p, pi: markov.eigenbasis(p, 2, pi)):
+    with pytest.raises((ValueError, TypeError), match=match) as err:
+      fn(p, jnp.asarray(pi))
+    assert "pi must be" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_supplied_pi_keeps_the_read_outs_in_range():
+  """A π off by 5e-5 in its sum (within the tolerance) is used as π/Σπ: the directed cycle keeps
+  ε_rev = 1, not 1 + 5e-5; `error_bound` stays ≥ the true ℓ¹ error of the π given (≥ |Σπ − 1|), where
+  the bound of the unnormalised π was the condition times its tiny residual. Traced, a π that fails
+  the check gives NaN read-outs (its own batch entry only)."""
+  n = 5
+  cycle = jnp.roll(jnp.eye(n), 1, axis=1)
+  pi = jnp.full(n, (1 + 5e-5) / n)
+  assert float(markov.reversibility(cycle, pi)) <= 1 + 1e-6
+  p = jax.nn.softmax(jax.random.normal(jax.random.PRNGKey(1), (6, 6)), -1)
+  ref = reference_pi(p)
+  given = ref * (1 + 5e-5)
+  assert np.abs(given - ref).sum() <= float(markov.error_bound(p, jnp.asarray(given, jnp.float32)))
+  pis = jnp.stack([jnp.asarray(ref, jnp.float32), jnp.ones(6)])
+  eps = jax.jit(markov.reversibility)(jnp.stack([p, p]), pis)
+  assert np.isfinite(eps[0]) and np.isnan(eps[1])
+
+
 def test_propagate_is_the_adjoint_of_heat():
   p = jax.nn.softmax(jax.random.normal(jax.random.PRNGKey(5), (6, 6)), -1)
   mu = jnp.zeros(6).at[2].set(1.0)
