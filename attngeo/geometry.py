@@ -67,7 +67,7 @@ def _from_apply(apply, tau) -> MarkovOperator:
 
 def dense(p, tau: float = 1.0) -> MarkovOperator:
   """A materialised row-stochastic `P` `[..., n, n]` as an operator."""
-  _checks.check_stochastic("P", p)
+  markov.check_chain(p)
   _checks.check_positive("tau", tau)
   return _from_apply(lambda f: jnp.einsum("...ij,...jm->...im", p, f.astype(p.dtype)), tau)
 
@@ -271,7 +271,7 @@ def spectral(p, k: int, tau: float = 1.0, *, tol: float = 1e-4, log_generator: b
   `log_generator`, `μ_c = log λ_c / τ` (the generator of the semigroup P^{t/τ}; for a Gaussian
   kernel walk the consistent estimate of Δ, see `ricci_estimate`).
   """
-  _checks.check_stochastic("P", p)
+  markov.check_chain(p)
   _checks.check_positive("tau", tau)
   if k < 2:
     raise ValueError(f"k must be at least 2 eigenfunctions; got {k}")
@@ -387,7 +387,7 @@ def graph_curvature(p, dimension: float = math.inf, tau: float = 1.0, iters: int
   Normalisation: for the simple random walk on a D-regular graph (P = A/D), K_i is the
   unnormalised-Laplacian curvature divided by D, e.g. K_n: (1 + n/2)/(n − 1), Q_d: 2/d, C_n (n ≥ 5): 0.
   """
-  _checks.check_stochastic("P", p)
+  markov.check_chain(p)
   if p.ndim != 2:
     raise ValueError(f"P must be a single [n, n] operator; got shape {p.shape}")
   p = np.asarray(p, np.float64)

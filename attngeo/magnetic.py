@@ -55,7 +55,7 @@ _TINY = 1e-30
 
 
 def _check_pair(p, theta):
-  _checks.check_stochastic("P", p)
+  markov.check_chain(p)
   _checks.check_square("theta", theta)
   _checks.check_floating("theta", theta)
   if jnp.shape(theta) != jnp.shape(p):

@@ -1,10 +1,10 @@
 """Markov diagnostics of a row-stochastic operator `P` (dense reference, batched over leading axes).
 
 Conventions: `P` is `[..., n, n]`, `P_ij ≥ 0`, `Σ_j P_ij = 1`; masked entries are exactly 0.
-Logs are natural. Each public function validates `P` (shape, dtype, finiteness, stochasticity)
-once when it holds concrete values (one host transfer per call), and is jit/vmap/grad-compatible
-otherwise; the helpers it calls do not validate again. A supplied law π is checked the same way
-(`check_law`: a probability vector, used as π/Σπ).
+Logs are natural. Each public function validates `P` (`check_chain`: shape, size, dtype,
+finiteness, stochasticity) once when it holds concrete values (one host transfer per call), and is
+jit/vmap/grad-compatible otherwise; the helpers it calls do not validate again. A supplied law π is
+checked the same way (`check_law`: a probability vector, used as π/Σπ).
 
 * stationary law `π`: the left Perron vector, `πP = π`, `Σπ = 1`, solved directly. With `v = 1/n`,
   `M = I − P + 1vᵀ` is invertible whenever π is unique (one closed class) and `πM = vᵀ`, so π is one
@@ -41,6 +41,18 @@ from jax.scipy.special import entr, rel_entr
 from attngeo import _checks, eigen, linalg
 
 _TINY = 1e-30
+
+
+def _check_nonempty(name, x):
+  if jnp.size(x) == 0:
+    raise ValueError(f"{name} must have at least one state and a non-empty batch; got shape {jnp.shape(x)}")
+
+
+def check_chain(p, name: str = "P") -> None:
+  """`p` [..., n, n] must be a non-empty row-stochastic array (`_checks.check_stochastic`, one-line errors)."""
+  _checks.check_square(name, p)
+  _check_nonempty(name, p)
+  _checks.check_stochastic(name, p)
 
 
 def _working(p):
@@ -119,7 +131,7 @@ def error_bound(p, pi) -> jax.Array:
   """The bound `stationary` reports, for a given probability vector π [..., n]: `≥ ‖π − π_true‖₁` [...]
   (inf/NaN when π_true is not unique). π is checked by `check_law`; the bound is that of π/Σπ plus
   `|Σπ − 1|` = ‖π − π/Σπ‖₁, so it holds for the π given."""
-  _checks.check_stochastic("P", p)
+  check_chain(p)
   pi = jnp.asarray(pi)
   law = check_law(p, pi)
   return _error_bound(p, law) + jnp.abs(jnp.sum(pi, -1) - 1.0).astype(law.dtype)
@@ -143,7 +155,7 @@ def stationary(p, *, tol: float = 1e-4, refine: int = 2) -> Stationary:
     `Stationary`. Periodic chains are fine (no power iteration); a chain with several closed
     classes has no unique π and returns a non-finite bound with `converged = False`.
   """
-  _checks.check_stochastic("P", p)
+  check_chain(p)
   if not tol > 0:
     raise ValueError(f"tol must be positive; got {tol}")
   return _stationary(p, float(tol), int(refine))
@@ -179,7 +191,7 @@ def _pi(p, pi):
 
 def entropy(p) -> jax.Array:
   """Mean row entropy `H̄` [...] (nats); `exp(H̄)` is the effective neighbour count."""
-  _checks.check_stochastic("P", p)
+  check_chain(p)
   return _entropy(p)
 
 
@@ -189,7 +201,7 @@ def _entropy(p):
 
 def effective_neighbours(p) -> jax.Array:
   """`e^{H̄}` [...]: 1 for a deterministic walk, n for the uniform one."""
-  _checks.check_stochastic("P", p)
+  check_chain(p)
   return jnp.exp(_entropy(p))
 
 
@@ -199,7 +211,7 @@ def _flows(p, pi):
 
 def flows(p, pi=None) -> jax.Array:
   """Edge flows `F_ij = π_i P_ij` [..., n, n] (the one-step path law)."""
-  _checks.check_stochastic("P", p)
+  check_chain(p)
   return _flows(p, pi)
 
 
@@ -210,7 +222,7 @@ def _reversibility(p, pi):
 
 def reversibility(p, pi=None) -> jax.Array:
   """`ε_rev = ½ Σ_ij |π_i P_ij − π_j P_ji|` [...] ∈ [0, 1]; 0 iff detailed balance holds."""
-  _checks.check_stochastic("P", p)
+  check_chain(p)
   return _reversibility(p, pi)
 
 
@@ -222,7 +234,7 @@ def entropy_production(p, pi=None) -> jax.Array:
   should be read through `reversibility` instead). Under jit, where P is not validated, a non-finite
   flow makes σ NaN (the pair mask alone would skip it and report 0, "reversible").
   """
-  _checks.check_stochastic("P", p)
+  check_chain(p)
   f = _flows(p, pi)
   ft = jnp.swapaxes(f, -1, -2)
   both = (f > _TINY) & (ft > _TINY)
@@ -248,12 +260,13 @@ def skew_share(logits=None, *, p=None) -> jax.Array:
   if (logits is None) == (p is None):
     raise ValueError("skew_share takes exactly one of `logits` or `p`")
   if p is not None:
-    _checks.check_stochastic("p", p)
+    check_chain(p, "p")
     if _checks.is_concrete(p) and bool(jnp.any(p <= 0)):
       raise ValueError("p has zero entries (masked): pass the parametric `logits` instead")
     logits = jnp.log(p)
   else:
     _checks.check_square("logits", logits)
+    _check_nonempty("logits", logits)
     _checks.check_finite("logits", logits)
   lt = double_centre(logits.astype(jnp.float32))
   skew = 0.5 * (lt - jnp.swapaxes(lt, -1, -2))
@@ -277,7 +290,7 @@ def spectrum(p, k: int | None = None, *, tol: float = 1e-5, krylov: int | None =
   (complex, decreasing modulus; λ₀ = 1), `vectors` [..., n, k] (right eigenvectors), `residuals`
   [..., k], `converged` [...] (every residual ≤ tol·max|λ|).
   """
-  _checks.check_stochastic("P", p)
+  check_chain(p)
   _check_k(k, p.shape[-1])
   return _spectrum(p, k, float(tol), krylov)
 
@@ -305,7 +318,7 @@ class SpectralGap(NamedTuple):
 
 def spectral_gap(p, *, tol: float = 1e-5) -> SpectralGap:
   """`1 − |λ₁|` [...], the gap between the unit eigenvalue and the next largest modulus."""
-  _checks.check_stochastic("P", p)
+  check_chain(p)
   ev = _spectrum(p, min(2, p.shape[-1]), float(tol), None)
   return SpectralGap(1.0 - jnp.abs(ev.values[..., -1]), ev.residuals[..., -1], ev.converged)
 
@@ -319,7 +332,7 @@ def eigenbasis(p, k: int | None = None, pi=None):
   `(P + P*)/2`) is used. ψ₀ is constant with λ₀ = 1. π is `stationary(p)` unless given (its
   accuracy is `stationary(p).error_bound`).
   """
-  _checks.check_stochastic("P", p)
+  check_chain(p)
   return _eigenbasis(p, k, pi)
 
 
@@ -341,7 +354,7 @@ def diffusion_coordinates(p, k: int, t: float = 1.0, pi=None):
   The trivial pair (λ₀ = 1, ψ₀ = 1) is dropped. Returns (coords [..., n, k], eigenvalues [..., k]).
   For large point clouds use `attngeo.diffmap.diffusion_map` (matrix-free, with residuals).
   """
-  _checks.check_stochastic("P", p)
+  check_chain(p)
   lam, psi = _eigenbasis(p, k + 1, pi)
   lam, psi = lam[..., 1:], psi[..., 1:]
   return jnp.sign(lam)[..., None, :] * jnp.abs(lam)[..., None, :] ** t * psi, lam
@@ -351,7 +364,7 @@ def diffusion_coordinates(p, k: int, t: float = 1.0, pi=None):
 
 def propagate(p, mu, t: int) -> jax.Array:
   """Law of the walk after t steps, `μ P^t`, for an initial law μ `[..., n]` (heat from a point: μ = δ_i)."""
-  _checks.check_stochastic("P", p)
+  check_chain(p)
   if int(t) != t or t < 0:
     raise ValueError(f"t must be a non-negative integer; got {t}")
   if mu.shape[-1] != p.shape[-1]:
@@ -365,7 +378,7 @@ def heat(p, f, t, *, tau: float | None = None) -> jax.Array:
   Discrete semigroup (`tau=None`): `P^t f` for integer `t ≥ 0` (t applications, O(t·n²)).
   Continuous (`tau` given): `e^{t L} f` with generator `L = (P − I)/τ`, via `expm`.
   """
-  _checks.check_stochastic("P", p)
+  check_chain(p)
   if f.shape[-2] != p.shape[-1]:
     raise ValueError(f"f must be [..., n, m] with n = {p.shape[-1]}; got {f.shape}")
   if tau is None:

@@ -286,6 +286,8 @@ def test_bad_inputs():
     geo.gamma(p, jnp.ones((4, 1)), tau=-1.0)
   with pytest.raises(ValueError, match="x must have rank 2"):
     geo.gaussian(jnp.ones((4,)), 1.0)
+  with pytest.raises(ValueError, match="P must have at least one state"):      # numpy's zero-size error before
+    geo.gamma(jnp.zeros((0, 0)), jnp.ones((0, 1)))
 
 
 def test_matrix_free_spectral_matches_dense_spectral():

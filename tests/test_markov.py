@@ -325,10 +325,24 @@ def test_diagnostics_are_jittable_and_batched():
     (-np.eye(3) + 2 * np.roll(np.eye(3), 1, 1), "negative"),
     (np.full((3, 3), np.nan), "finite"),
     (np.eye(3, dtype=np.int32), "floating"),
+    (np.zeros((0, 0)), r"at least one state.*\(0, 0\)"),
+    (np.zeros((0, 3, 3)), r"non-empty batch.*\(0, 3, 3\)"),
 ])
 def test_bad_markov_matrix(bad, match):
   with pytest.raises((ValueError, TypeError), match=match):
     markov.reversibility(jnp.asarray(bad))
+
+
+def test_zero_size_arguments_are_one_line_errors():
+  """Zero-size P raised numpy's "zero-size array to reduction operation maximum" (naming nothing), and
+  zero-size logits gave ρ_skew = 0 silently; every read-out names the argument."""
+  empty = jnp.zeros((0, 0))
+  for fn in (markov.stationary, markov.entropy, markov.spectrum, lambda p: markov.error_bound(p, jnp.zeros(0)),
+             lambda p: markov.skew_share(p=p)):
+    with pytest.raises(ValueError, match="^[pP] must have at least one state"):
+      fn(empty)
+  with pytest.raises(ValueError, match="^logits must have at least one state"):
+    markov.skew_share(empty)
 
 
 def test_argument_errors():
