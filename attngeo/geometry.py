@@ -295,12 +295,16 @@ def _as_operator(p, tau) -> MarkovOperator:
 
 
 def _check_values(name, f, g=None):
+  """Test functions f (and g): floating `[..., n, m]`, finite — refused eagerly, NaN-propagating under jit."""
   _checks.check_floating(name, f)
   _checks.check_finite(name, f)
   if jnp.ndim(f) < 2:
     raise ValueError(f"{name} must be [..., n, m] (m test functions as columns); got shape {jnp.shape(f)}")
-  if g is not None and jnp.shape(g) != jnp.shape(f):
-    raise ValueError(f"g must have f's shape {jnp.shape(f)}; got {jnp.shape(g)}")
+  if g is not None:
+    if jnp.shape(g) != jnp.shape(f):
+      raise ValueError(f"g must have f's shape {jnp.shape(f)}; got {jnp.shape(g)}")
+    _checks.check_floating("g", g)
+    _checks.check_finite("g", g)
 
 
 def _split(x, parts):
@@ -339,6 +343,8 @@ def gamma(p, f, g=None, tau=None):
   """Carré du champ `Γ(f, g)` `[..., n, m]` (column-wise pairs); `Γ(f) = Γ(f, f)` when g is None.
 
   p: a dense `[..., n, n]` P (with `tau`, default 1) or a `MarkovOperator`. One application of P.
+  A non-finite f or g is a one-line error on concrete values; traced (under jit) it is not checked
+  and its columns come out NaN (column c of Γ depends on f_c and g_c only).
   """
   op = _as_operator(p, tau)
   _check_values("f", f, g)
@@ -356,7 +362,8 @@ def _gamma2(op, f, g=None):
 
 
 def gamma2(p, f, g=None, tau=None):
-  """Iterated carré du champ `Γ₂(f, g)` `[..., n, m]`; two sequential applications of P."""
+  """Iterated carré du champ `Γ₂(f, g)` `[..., n, m]`; two sequential applications of P. Non-finite
+  f or g as in `gamma`: refused eagerly, NaN columns under jit."""
   op = _as_operator(p, tau)
   _check_values("f", f, g)
   return _gamma2(op, f, g)

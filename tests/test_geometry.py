@@ -290,6 +290,26 @@ def test_bad_inputs():
     geo.gamma(jnp.zeros((0, 0)), jnp.ones((0, 1)))
 
 
+@pytest.mark.parametrize("fn", [geo.gamma, geo.gamma2])
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_a_non_finite_g_is_refused_and_propagates_under_jit(fn, bad):
+  """g was not checked (only f): a NaN g went through silently. Eagerly it is one line naming g; under
+  jit its column is NaN and the finite column matches the float64 definition."""
+  p = jax.nn.softmax(jax.random.normal(jax.random.PRNGKey(0), (5, 5)), -1)
+  f = jax.random.normal(jax.random.PRNGKey(1), (5, 2))
+  g = jnp.ones((5, 2)).at[:, 1].set(jnp.arange(5.0)).at[2, 0].set(bad)
+  with pytest.raises(ValueError, match="^g must be finite"):
+    fn(p, f, g)
+  with pytest.raises(TypeError, match="^g must be a floating"):
+    fn(p, f, jnp.ones((5, 2), jnp.int32))
+  out = jax.jit(fn)(p, f, g)
+  assert np.all(np.isnan(out[:, 0]))
+  if fn is geo.gamma:
+    np.testing.assert_allclose(out[:, 1:], gamma_reference(p, f[:, 1:], g[:, 1:], 1.0), rtol=1e-5, atol=1e-6)
+  else:
+    assert np.all(np.isfinite(out[:, 1]))
+
+
 def test_matrix_free_spectral_matches_dense_spectral():
   x = jnp.asarray(data.sphere(800, seed=3))
   f = (x @ A)[:, None]
