@@ -88,11 +88,15 @@ def _coefficient(name: str, x, heads: int):
   if isinstance(x, str):
     raise TypeError(f"{name} must be a number or a per-head array in [0, 1]; got the string {x!r} "
                     f"(for a named operator use operators.corner({x!r}))")
+  if isinstance(x, (bool, np.bool_)):
+    raise TypeError(f"{name} must be a number or a per-head array in [0, 1], not a bool; got {x!r}")
   if isinstance(x, (int, float, np.floating, np.integer)):
     x = float(x)
     _checks.check_unit_interval(name, x)
     return x
   x = jnp.asarray(x)
+  if x.dtype == jnp.bool_:
+    raise TypeError(f"{name} must be a number or a per-head array in [0, 1], not a bool array")
   if x.ndim > 1 or (x.ndim == 1 and x.shape[0] not in (1, heads)):
     raise ValueError(f"{name} must be a scalar or a per-head array of shape [{heads}]; got shape {x.shape}")
   _checks.check_unit_interval(name, x)
@@ -199,11 +203,24 @@ def transport(q, k, v, *, beta=1.0, alpha=1.0, causal: bool = False, mask=None, 
                    implementation=implementation, block_size=block_size)
 
 
+def _is_number(x) -> bool:
+  """A real scalar that is not a bool (`True` is an int: it read as 1.0): a Python/numpy int or float, or
+  a 0-d integer or floating array."""
+  if isinstance(x, (bool, np.bool_)):
+    return False
+  if isinstance(x, (int, float, np.integer, np.floating)):
+    return True
+  return (isinstance(x, (np.ndarray, jax.Array)) and x.ndim == 0
+          and (jnp.issubdtype(x.dtype, jnp.integer) or jnp.issubdtype(x.dtype, jnp.floating)))
+
+
 def _scale(scale, d: int) -> float:
-  """The logit scale s: default 1/√d; a given one must be a finite positive number."""
+  """The logit scale s: default 1/√d; a given one must be a finite positive number (not a bool)."""
   if scale is None:
     return 1.0 / math.sqrt(d)
-  if isinstance(scale, str) or not np.isfinite(float(scale)) or float(scale) <= 0:
+  if not _is_number(scale):
+    raise TypeError(f"scale must be a finite positive number (default 1/sqrt(head_dim)); got {scale!r}")
+  if not np.isfinite(float(scale)) or float(scale) <= 0:
     raise ValueError(f"scale must be a finite positive number (default 1/sqrt(head_dim)); got {scale!r}")
   return float(scale)
 
@@ -279,6 +296,8 @@ def _coupling(x, heads: int):
   """γ as a Python float (static) or a finite array broadcastable to [h]."""
   if isinstance(x, str):
     raise TypeError(f"coupling must be a number or a per-head array; got the string {x!r}")
+  if isinstance(x, (bool, np.bool_)):
+    raise TypeError(f"coupling must be a number or a per-head array, not a bool; got {x!r}")
   if isinstance(x, (int, float, np.floating, np.integer)):
     x = float(x)
     if not np.isfinite(x):

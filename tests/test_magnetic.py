@@ -582,6 +582,8 @@ def test_attention_option_and_grafting_to_and_from_the_family():
 @pytest.mark.parametrize("kwargs,match", [
     (dict(coupling="strong"), "coupling must be a number"),
     (dict(coupling=float("nan")), "coupling must be finite"),
+    (dict(coupling=True), "coupling must be a number .* not a bool"),
+    (dict(scale=True), "scale must be a finite positive number"),
     (dict(coupling=np.ones(5, np.float32)), "per-head array of shape"),
     (dict(beta=1.5), "beta must lie in"),
     (dict(implementation="xla"), "implementation must be one of .* for the magnetic operator"),

@@ -241,6 +241,12 @@ def test_checked_mode_turns_nan_and_bad_coefficients_under_jit_into_errors():
     (dict(beta="ATTN"), r"beta must be a number .* operators.corner\('ATTN'\)"),
     (dict(scale=float("nan")), "scale must be a finite positive number"),
     (dict(scale=-1.0), "scale must be a finite positive number"),
+    (dict(scale=True), r"scale must be a finite positive number .*; got True"),      # bool is an int: read as 1.0
+    (dict(scale=np.bool_(True)), "scale must be a finite positive number"),
+    (dict(scale="0.5"), "scale must be a finite positive number"),
+    (dict(scale=[0.5]), "scale must be a finite positive number"),
+    (dict(beta=True), "beta must be a number .* not a bool"),
+    (dict(alpha=np.array([True, False, True])), "alpha must be .* not a bool"),
     (dict(implementation="blockwise", block_size=0), "block_size must be a positive integer"),
 ])
 def test_bad_arguments(kwargs, match):
