@@ -28,11 +28,16 @@ COMMANDS = {
     "probe": ("attngeo.experiments.probe", "per-layer Markov/Bakry-Emery/connection diagnostics of a checkpoint"),
     "import": ("attngeo.experiments.import_export:import_main", "a nanochat or GPT-2 checkpoint as a run folder"),
     "export": ("attngeo.experiments.import_export:export_main", "a run's GPT back to the nanochat or GPT-2 layout"),
-    "sit": ("attngeo.experiments.sit", "SiT on images; the ATTN->DMTN->DMAP transfer (Figures 3-5)"),
-    "lm": ("attngeo.experiments.lm", "language models: train, eval (bpb, induction, DAC, CORE), sample, Table 2"),
+    "sit": ("attngeo.experiments.sit", "SiT on images, the ATTN->DMTN->DMAP transfer (Figures 3-5), SiT/DiT import"),
+    "lm": ("attngeo.experiments.lm", "language models: bpb, induction, DAC, CORE; Table 2; adaptation chains (Table 3)"),
     "bench-probe": ("attngeo.experiments.bench_probe", "probe time and memory at the d12 shape; training-hook overhead"),
-    "study": ("attngeo.experiments.study", "studies that train, probe and compare models: study connection"),
+    "study": ("attngeo.experiments.study", "studies that train, probe and compare models across sizes"),
 }
+
+# The sub-commands of the dispatching commands, listed in the top-level help (test_cli checks them against
+# each dispatcher's parser).
+SUBCOMMANDS = {"lm": ("train", "eval", "sample", "table2", "adapt"), "sit": ("train", "sample", "transfer", "import"),
+               "study": ("connection",)}
 
 # Transparent huge pages for glibc's malloc (glibc ≥ 2.35). XLA on CPU allocates fresh buffers for its
 # n × n temporaries at every call, and glibc maps large ones from the kernel 4 KiB page by page: a
@@ -73,13 +78,19 @@ def _reexec_with_huge_pages() -> None:
     pass
 
 
+# The variables `sharding.initialize_distributed` reads (a coordinator, or a TPU pod slice's workers): only when
+# one is set is JAX imported before the command parses its options, so argument errors answer at once.
+DISTRIBUTED_ENV = ("JAX_COORDINATOR_ADDRESS", "TPU_WORKER_HOSTNAMES")
+
 # Errors that mean "the input is wrong", reported in one line (anything else is a bug: traceback).
 USER_ERRORS = (ValueError, TypeError, FileNotFoundError, NotADirectoryError, IsADirectoryError, FloatingPointError)
 
 
 def usage() -> str:
   lines = ["usage: attngeo COMMAND [--help] [options]", "", "commands:"]
-  lines += [f"  {name:<15} {desc}" for name, (_, desc) in COMMANDS.items()]
+  names = {name: name + (" " + "|".join(SUBCOMMANDS[name]) if name in SUBCOMMANDS else "") for name in COMMANDS}
+  width = max(len(n) for n in names.values()) + 2
+  lines += [f"  {names[name]:<{width}}{desc}" for name, (_, desc) in COMMANDS.items()]
   return "\n".join(lines)
 
 
@@ -97,8 +108,8 @@ def main(argv=None):
     _reexec_with_huge_pages()
   module_name, _, entry = COMMANDS[argv[0]][0].partition(":")   # "module" runs main, "module:fn" runs fn
   command = getattr(importlib.import_module(module_name), entry or "main")
-  if not wants_help:
-    from attngeo import sharding
+  if not wants_help and any(os.environ.get(v) for v in DISTRIBUTED_ENV):
+    from attngeo import sharding                                # imports JAX: only where there is a cluster
     sharding.initialize_distributed()
   try:
     command(argv[1:])

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import sys
 import types
 import typing
 
@@ -113,10 +115,16 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
 class Parser(argparse.ArgumentParser):
   """An argparse parser whose errors are one line, `PROG: error: MESSAGE (see PROG --help)`, exit status 2.
 
-  (argparse's own `error` prints the whole usage block first.) Sub-parsers inherit the class.
+  (argparse's own `error` prints the whole usage block first.) Sub-parsers inherit the class. Called
+  while an exception is being handled (`except ValueError as e: ap.error(str(e))`), it re-raises that
+  exception instead under `ATTNGEO_DEBUG`, so the traceback shows where the error arose (argparse's
+  own parse errors stay one line).
   """
 
   def error(self, message):
+    handled = sys.exc_info()[1]
+    if os.environ.get("ATTNGEO_DEBUG") and handled is not None and not isinstance(handled, argparse.ArgumentError):
+      raise handled
     self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 

@@ -1,5 +1,8 @@
 """The `attngeo` command line: fast help for every command, one-line errors with exit status 2."""
+import argparse
+import json
 import os
+import re
 import subprocess
 import sys
 
@@ -8,19 +11,30 @@ import pytest
 from attngeo import cli
 
 HELP_SCRIPT = """
-import sys, time
+import argparse, json, sys, time
 t0 = time.perf_counter()
+printed = []                                  # (option strings, help) of each parser whose help is printed
+format_help = argparse.ArgumentParser.format_help
+def recording(self):
+  printed.append([(a.option_strings or [a.dest], a.help) for a in self._actions
+                  if not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction))])
+  return format_help(self)
+argparse.ArgumentParser.format_help = recording
 from attngeo import cli
 try:
   cli.main(sys.argv[1:] + ["--help"])
 except SystemExit as e:
   assert e.code in (0, None), e.code
+print("ACTIONS", json.dumps(printed[-1] if printed else []))
 print("JAX_IMPORTED" if "jax" in sys.modules else "NO_JAX", f"{time.perf_counter() - t0:.3f}")
 """
 
+SUBCOMMANDS = [f"{name} {sub}" for name, subs in cli.SUBCOMMANDS.items() for sub in subs]
 
-SUBCOMMANDS = ["study connection", "lm train", "lm eval", "lm sample", "lm table2", "lm adapt", "sit train",
-               "sit sample", "sit transfer", "sit import"]
+
+def description(text: str | None) -> str:
+  """An option's help without its default ("(default: 4)", "; default off", "default 10")."""
+  return re.sub(r"[\s(;,]*\bdefault\b.*$", "", text or "", flags=re.I | re.S).strip()
 
 
 @pytest.mark.parametrize("command", sorted(cli.COMMANDS) + SUBCOMMANDS)
@@ -30,11 +44,32 @@ def test_help_documents_every_option_without_importing_jax(command):
   assert out.returncode == 0, out.stderr[-2000:]
   assert f"usage: attngeo {command}" in out.stdout
   assert "NO_JAX" in out.stdout, f"`attngeo {command} --help` imported JAX"
+  actions = json.loads(out.stdout.split("ACTIONS ")[-1].splitlines()[0])
+  undescribed = [opts[0] for opts, text in actions if not description(text)]
+  assert not undescribed, f"`attngeo {command} --help`: options without a description: {undescribed}"
   if command in ("study", "lm", "sit"):                  # dispatchers: their sub-commands are checked below
     return
   for line in out.stdout.split("options:")[1].split("\n  -")[1:]:
     if not line.startswith("h, --help"):
       assert "default" in line.lower() or "required" in line.lower(), f"option without its default: -{line[:60]}"
+
+
+def test_description_of_an_option_is_its_help_without_the_default():
+  assert description("points per set (default: 256)") == "points per set"
+  assert description("(default: 256)") == description("default off") == description(None) == ""
+
+
+def test_top_level_help_lists_the_sub_commands_of_each_dispatcher(capsys):
+  """cli.SUBCOMMANDS (shown as `lm train|eval|…`) are exactly what each dispatcher's parser accepts."""
+  from attngeo.experiments import lm, sit, study
+
+  def choices(ap):
+    return tuple(next(a for a in ap._actions if isinstance(a, argparse._SubParsersAction)).choices)
+  assert cli.SUBCOMMANDS == {"lm": choices(lm.parser()), "sit": choices(sit.parser()), "study": tuple(study.STUDIES)}
+  assert cli.main(["--help"]) == 0
+  out = capsys.readouterr().out
+  for name, subs in cli.SUBCOMMANDS.items():
+    assert f"  {name} {'|'.join(subs)} " in out
 
 
 def test_unknown_command_and_top_level_help(capsys):
@@ -99,3 +134,61 @@ def test_a_command_from_the_shell_reexecutes_once_with_huge_pages(monkeypatch):
   with pytest.raises(SystemExit) as exit_:
     cli.main()
   assert exit_.value.code == 2
+
+
+ERROR_SCRIPT = """
+import sys
+from attngeo import cli
+try:
+  code = cli.main(sys.argv[1:])
+except SystemExit as e:
+  code = e.code
+print("JAX_IMPORTED" if "jax" in sys.modules else "NO_JAX")
+sys.exit(code)
+"""
+
+
+def test_argument_errors_answer_before_jax_is_imported(tmp_path):
+  """A bad option, a missing file or a --data the run's model cannot read: exit 2, one line, JAX never imported."""
+  (tmp_path / "gpt").mkdir()
+  (tmp_path / "gpt" / "config.json").write_text('{"model": {"class": "GPTConfig"}}')       # the class is all it reads
+  cases = [(["swissroll", "--steps", "0"], "--steps must be a positive integer"),
+           (["swissroll-order", "--protocols", "nope"], "--protocols must be"),
+           (["heat", "--n", "5"], "--n must be at least 10"),
+           (["diffmap", str(tmp_path / "missing.npy")], "FILE must be an existing"),
+           (["curvature", "--sizes", "10"], "--sizes must be"),
+           (["probe", str(tmp_path / "missing")], "not a run folder"),
+           (["probe", str(tmp_path / "gpt"), "--data", "swiss_roll"], "--data must be an existing text file"),
+           (["study", "connection", "--probe-samples", "1"], "probe_samples must be at least 2"),
+           (["bench", "--seqs", "0"], "expected a positive integer"),
+           (["bench-diffmap", "--sizes", "0"], "every size ≥ k + 2"),
+           (["import", "gpt2", str(tmp_path / "missing.safetensors"), "--out", str(tmp_path / "o")], "does not exist")]
+  env = {k: v for k, v in os.environ.items() if k not in cli.DISTRIBUTED_ENV + ("ATTNGEO_DEBUG",)}
+  for argv, message in cases:
+    out = subprocess.run([sys.executable, "-c", ERROR_SCRIPT, *argv], capture_output=True, text=True, timeout=60,
+                         env=env, cwd=tmp_path)
+    assert out.returncode == 2 and message in out.stderr and len(out.stderr.strip().splitlines()) == 1, (argv, out.stderr)
+    assert "NO_JAX" in out.stdout, f"`attngeo {' '.join(argv)}` imported JAX before its argument error"
+  assert sorted(os.listdir(tmp_path)) == ["gpt"]                                 # nothing written
+
+
+def test_debug_shows_the_traceback_of_errors_a_command_reports_itself(tmp_path, monkeypatch):
+  """Under ATTNGEO_DEBUG, `ap.error(str(e))` inside an except block re-raises `e` (its traceback); plain
+  validation messages and argparse's own parse errors stay one line."""
+  out = subprocess.run([sys.executable, "-m", "attngeo.cli", "probe", str(tmp_path / "missing")], capture_output=True,
+                       text=True, timeout=60, env=dict(os.environ, ATTNGEO_DEBUG="1"))
+  assert out.returncode != 0 and "Traceback" in out.stderr and "in read_config" in out.stderr, out.stderr
+  assert out.stderr.strip().splitlines()[-1].startswith("FileNotFoundError:")
+  from attngeo import config
+  ap = config.parser("attngeo x", None)
+  ap.add_argument("--n", type=config.positive_int)
+  monkeypatch.setenv("ATTNGEO_DEBUG", "1")
+  with pytest.raises(ValueError, match="the cause"):
+    try:
+      raise ValueError("the cause")
+    except ValueError as e:
+      ap.error(str(e))
+  for call in (lambda: ap.error("plain"), lambda: ap.parse_args(["--n", "0"])):
+    with pytest.raises(SystemExit) as exit_:
+      call()
+    assert exit_.value.code == 2
