@@ -116,7 +116,20 @@ HELP = {"families": f"model families to study, subset of {FAMILIES}",
         "corpus": "decoder text: shakespeare, pydoc, or a local file/folder/glob/parquet (attngeo.data.text)",
         "seeds": "training/initialisation seeds, comma-separated",
         "decoder_depths": "GPT depths (the size knob: width = aspect·depth rounded to head_dim)",
+        "decoder_aspect": "GPT width per layer: width = aspect·depth rounded up to a multiple of decoder_head_dim",
+        "decoder_head_dim": "GPT head dimension (heads = width ÷ head_dim)",
+        "seq_len": "decoder context: tokens per training row and per probed sequence",
+        "decoder_steps": "GPT training steps", "decoder_batch": "GPT rows per step",
+        "decoder_lr": "GPT peak learning rate",
         "encoder_widths": "PointFlow widths, zipped with encoder_depths and encoder_heads",
+        "encoder_depths": "PointFlow depths (blocks, ≥ 2), zipped with encoder_widths",
+        "encoder_heads": "PointFlow heads (each divides its width), zipped with encoder_widths",
+        "set_size": "points per Swiss-roll set (encoders: training and probing)",
+        "num_sets": "Swiss-roll training sets (held-out sets are drawn beyond them)",
+        "encoder_steps": "PointFlow training steps", "encoder_batch": "PointFlow sets per step",
+        "encoder_lr": "PointFlow peak learning rate",
+        "warmup": "warm-up steps of both families (capped at half a family's steps)",
+        "probe_batch": "held-out sequences / sets each model is probed on",
         "probe_samples": "edges sampled per input for partial gate supports, ≥ 2",
         "probe_tokens": "decoders: .npy of token ids [b, n] to probe on (imported checkpoints: their tokenizer's "
                         "ids of held-out text); none: held-out bytes",
@@ -124,7 +137,7 @@ HELP = {"families": f"model families to study, subset of {FAMILIES}",
                    "reusing the cached read-outs",
         "runs": "comma-separated run folders (trained or imported) to probe with their random initialisation "
                 "instead of training the sizes above",
-        "out": "output folder"}
+        "out": "output folder", "progress": "training progress bars (true/false)"}
 
 
 # ----------------------------------------------------------------------------- data
