@@ -56,3 +56,13 @@ def test_generation_stops_at_the_context_and_rejects_long_prompts():
     s.generate(list(range(9)), 4)
   with pytest.raises(ValueError, match="temperature must be"):
     s.generate([1], 4, temperature=-1.0)
+  with pytest.raises(ValueError, match="prompt is 8 tokens; the model's context is 8 tokens, so no new token fits"):
+    s.generate(list(range(8)), 4)
+  for kwargs, message in (({"max_new_tokens": -5}, "max_new_tokens must be an integer ≥ 1; got -5"),
+                          ({"max_new_tokens": 0}, "max_new_tokens must be an integer ≥ 1; got 0"),
+                          ({"num_samples": 0}, "num_samples must be an integer ≥ 1; got 0"),
+                          ({"top_k": 0}, "top_k must be an integer ≥ 1 .or none"),
+                          ({"temperature": float("nan")}, "temperature must be ≥ 0")):
+    with pytest.raises(ValueError, match=message):       # these returned nothing (or crashed) without a word
+      s.generate([1], **{"max_new_tokens": 4, **kwargs})
+  assert s.room([1, 2, 3]) == 5

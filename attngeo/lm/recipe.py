@@ -71,8 +71,19 @@ def loss_fn(model, batch, rng):
   return bpb.token_losses(model, batch["tokens"]).mean(), {}
 
 
+def check(cfg: LMConfig, prefix: str = ""):
+  """Refuse `cfg` before any work (one-line ValueError naming the field: `LMConfig.validate`, the
+  model's shape rule and overrides, the trainer's fields). Returns the model config for a byte tokenizer."""
+  from attngeo.lm import tokenizer as tok_lib
+  cfg.validate(prefix)
+  mcfg = model_config(cfg, tok_lib.ByteTokenizer().vocab_size)
+  train_config(cfg, mcfg.width, None)            # LMTrainConfig validates its fields at construction
+  return mcfg
+
+
 def tokenizer_for(cfg: LMConfig, run_dir: str | None):
-  """The run's saved tokenizer, else a new one (BPE trained on the train split) saved into the run."""
+  """The run's saved tokenizer, else a new one (BPE trained on the train split); nothing is written
+  (`train` saves a new one into the run once every check has passed)."""
   from attngeo.data import text
   from attngeo.lm import tokenizer as tok_lib
   tdir = run_dir and os.path.join(run_dir, "tokenizer")
@@ -82,48 +93,78 @@ def tokenizer_for(cfg: LMConfig, run_dir: str | None):
       raise ValueError(f"{tdir}: the run's tokenizer ({tok.kind}, {tok.vocab_size} ids) differs from the config "
                        f"({cfg.tokenizer}, vocab_size {cfg.vocab_size}); use another --out")
     return tok
-  tok = tok_lib.create(cfg.tokenizer, text.split_documents(cfg.text_spec(), "train"), cfg.vocab_size)
-  if tdir:
-    tok.save(tdir)
-  return tok
+  return tok_lib.create(cfg.tokenizer, text.split_documents(cfg.text_spec(), "train"), cfg.vocab_size)
+
+
+def recorded_corpus(run_dir: str) -> str | None:
+  """The corpus key a run folder recorded in corpus.json (None: none recorded)."""
+  path = os.path.join(run_dir, "corpus.json")
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f)["key"]
+
+
+def check_folder(out: str, tok, corpus, tcfg, mcfg) -> None:
+  """Refuse (one-line ValueError) to write this run into `out` when `out` holds another run: another
+  tokenizer, another corpus (corpus.json), or another trainer/model config (`train.check_resumable`)."""
+  from attngeo import train as train_lib
+  from attngeo.lm import tokenizer as tok_lib
+  from attngeo.nn import registry
+  tdir = os.path.join(out, "tokenizer")
+  if os.path.exists(os.path.join(tdir, tok_lib.FILE)) and tok_lib.load(tdir).to_dict() != tok.to_dict():
+    raise ValueError(f"{tdir}: the run's tokenizer differs from this one (another process wrote it?); "
+                     f"use another --out")
+  before = recorded_corpus(out)
+  if before is not None and before != corpus.key:
+    raise ValueError(f"{out}: its corpus changed since the run started (key {before} → {corpus.key}); "
+                     f"resuming would read other rows — use another --out")
+  if os.path.exists(os.path.join(out, "config.json")):
+    train_lib.check_resumable(out, train=tcfg, model=registry.config_dict(mcfg))
 
 
 def train(cfg: LMConfig, out: str, hooks=(), desc: str = "lm") -> dict:
-  """Train (or resume) the run in `out`; returns {"run_dir", "history", "model", "tokenizer", "corpus"}."""
+  """Train (or resume) the run in `out`; returns {"run_dir", "history", "model", "tokenizer", "corpus"}.
+
+  Every check comes first and nothing is written before they all pass: the config (`check`), then,
+  for a folder that holds a run, its tokenizer, corpus and configs (`check_folder`) — a refused
+  resume leaves every file as it was. The folder is then held (`attngeo.runlock`: one process per
+  run folder), checked again, and lm.json, tokenizer/ and corpus.json are written.
+  """
   from flax import nnx
 
-  from attngeo import nn, train as train_lib
+  from attngeo import nn, runlock, train as train_lib
   from attngeo.data import text
-  from attngeo.lm import bpb
+  from attngeo.lm import bpb, tokenizer as tok_lib
   from attngeo.nn import gpt
-  os.makedirs(out, exist_ok=True)
+  check(cfg)
   tok = tokenizer_for(cfg, out)
   corpus = text.open_corpus(cfg.text_spec(), tok, cfg.data_dir)
-  key_path = os.path.join(out, "corpus.json")
-  if os.path.exists(key_path):
-    with open(key_path) as f:
-      before = json.load(f)["key"]
-    if before != corpus.key:
-      raise ValueError(f"{out}: its corpus changed since the run started (key {before} → {corpus.key}); "
-                       f"resuming would read other rows — use another --out")
-  runs.atomic_json(key_path, {"key": corpus.key, "stats": corpus.stats})
   mcfg = model_config(cfg, tok.vocab_size)
   tcfg = train_config(cfg, mcfg.width, out)
-  runs.atomic_json(os.path.join(out, "lm.json"), dataclasses.asdict(cfg))
-  model = nn.GPT(mcfg, rngs=nnx.Rngs(tcfg.seed))
-  data = text.loader(corpus, "train", cfg.seq_len, tcfg.batch_size, tcfg.seed)
-  hooks = tuple(hooks)
-  if cfg.eval_every:
-    val = corpus.rows("val", cfg.seq_len).array(cfg.eval_rows)
-    table = tok.token_bytes()
+  for split in ("train", "val"):
+    corpus.rows(split, cfg.seq_len)              # each split holds a row (a one-line ValueError if not)
+  check_folder(out, tok, corpus, tcfg, mcfg)
+  with runlock.hold(out):
+    check_folder(out, tok, corpus, tcfg, mcfg)
+    if not os.path.exists(os.path.join(out, "tokenizer", tok_lib.FILE)):
+      tok.save(os.path.join(out, "tokenizer"))
+    runs.atomic_json(os.path.join(out, "corpus.json"), {"key": corpus.key, "stats": corpus.stats})
+    runs.atomic_json(os.path.join(out, "lm.json"), dataclasses.asdict(cfg))
+    model = nn.GPT(mcfg, rngs=nnx.Rngs(tcfg.seed))
+    data = text.loader(corpus, "train", cfg.seq_len, tcfg.batch_size, tcfg.seed)
+    hooks = tuple(hooks)
+    if cfg.eval_every:
+      val = corpus.rows("val", cfg.seq_len).array(cfg.eval_rows)
+      table = tok.token_bytes()
 
-    def val_hook(step, m):
-      if step % cfg.eval_every == 0 or step == tcfg.steps:
-        return {"val_bpb": bpb.bits_per_byte(m, val, table)["bpb"]}
-    hooks += (val_hook,)
-  tokens = tcfg.batch_size * cfg.seq_len
-  result = train_lib.train(model, loss_fn, data, tcfg, flops_per_step=gpt.flops_per_token(mcfg) * tokens,
-                           hooks=hooks, desc=desc, tokens_per_step=tokens)
+      def val_hook(step, m):
+        if step % cfg.eval_every == 0 or step == tcfg.steps:
+          return {"val_bpb": bpb.bits_per_byte(m, val, table)["bpb"]}
+      hooks += (val_hook,)
+    tokens = tcfg.batch_size * cfg.seq_len
+    result = train_lib.train(model, loss_fn, data, tcfg, flops_per_step=gpt.flops_per_token(mcfg) * tokens,
+                             hooks=hooks, desc=desc, tokens_per_step=tokens)
   return {"run_dir": out, "history": result.history, "model": result.model, "tokenizer": tok, "corpus": corpus}
 
 
