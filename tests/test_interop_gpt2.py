@@ -3,6 +3,7 @@ independent numpy forward pass written from transformers' modeling_gpt2.py; expo
 import json
 import os
 
+import export_audit
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -160,3 +161,58 @@ def test_missing_config_json_is_one_line(tmp_path):
   safetensors_io.write(str(tmp_path / "model.safetensors"), random_state())
   with pytest.raises(FileNotFoundError, match="no GPT-2 config.json"):
     gpt2.load(str(tmp_path / "model.safetensors"))
+
+
+# ----------------------------------------------------------------------------- export: lossless or refuses
+
+REFUSED = {   # field: (a change config.json cannot carry, what the one-line refusal names)
+    "learned_positions": ({"learned_positions": False}, "learned_positions=False"),
+    "embed_norm": ({"embed_norm": True}, "embed_norm=True"),
+    "padded_vocab": ({"padded_vocab": 64}, "padded_vocab=64"),
+    "logit_softcap": ({"logit_softcap": 15.0}, "logit_softcap=15.0"),
+    "attn_windows": ({"attn_windows": (4, 4)}, r"attn_windows=\(4, 4\)"),
+    "resid_mix": ({"resid_mix": True}, "resid_mix=True"),
+    "smear_channels": ({"smear_channels": 8}, "smear_channels=8"),
+    "backout_layer": ({"backout_layer": 0}, "backout_layer=0"),
+    "value_embeds": ({"value_embeds": (1,)}, r"value_embeds=\(1,\)"),
+    "head_dim": ({"head_dim": 4}, "head_dim=4"),
+    "mlp_act": ({"mlp_act": "relu2"}, "mlp_act='relu2'"),
+    "order": ({"order": "ffn_first"}, "order='ffn_first'"),
+    "operator": ({"operator": "DMAP"}, "operator='DMAP'"),
+    "learnable_operator": ({"learnable_operator": True}, "learnable_operator=True"),
+    "use_rope": ({"use_rope": True}, "use_rope=True"),
+    "qk_norm": ({"qk_norm": True}, "qk_norm=True"),
+    "qkv_bias": ({"qkv_bias": False}, "qkv_bias=False"),
+    "num_kv_heads": ({"num_kv_heads": 2}, "num_kv_heads=2"),
+    "out_bias": ({"out_bias": False}, "out_bias=False"),
+    "mlp_bias": ({"mlp_bias": False}, "mlp_bias=False"),
+    "norm": ({"norm": "rms", "norm_bias": False}, "norm='rms'"),
+    "norm_scale": ({"norm_scale": False}, "norm_scale=False"),
+    "norm_bias": ({"norm_bias": False}, "norm_bias=False"),
+    "qk_gain": ({"qk_gain": 1.2}, "qk_gain=1.2"),
+    "distance_form": ({"distance_form": True, "operator": "DMAP"}, "distance_form=True"),
+}
+INERT = {"rope_base": 1e5, "rope_sign": -1, "rope_style": "interleaved", "rope_dtype": "bfloat16",   # no rotary
+         "qk_norm_scale": False, "coupling": 2.0, "value_gate_channels": 6}   # no QK-norm, not CMAP, no VE
+CARRIED = [{"norm_eps": 1e-3, "tie_embeddings": False, "implementation": "einsum", **INERT},   # config.json's own
+           {"mlp_ratio": 2.0, "dtype": "bfloat16"}]                                           # keys; compute-only
+
+
+def save_gpt2(model, folder):
+  gpt2.save(model, os.path.join(folder, "model.safetensors"))
+
+
+def test_export_covers_every_field():
+  export_audit.check_covered(REFUSED, CARRIED)
+
+
+@pytest.mark.parametrize("field", sorted(REFUSED))
+def test_export_refuses_what_config_json_cannot_carry(field, tmp_path):
+  changes, match = REFUSED[field]
+  export_audit.check_refused(gpt2.config(HF), changes, match, save_gpt2, tmp_path / "out")
+
+
+@pytest.mark.parametrize("changes", CARRIED, ids=str)
+def test_export_carries_the_rest(changes, tmp_path):
+  export_audit.check_carried(gpt2.config(HF), changes, save_gpt2, lambda folder: gpt2.load(folder)[0],
+                             tmp_path / "out", IDS)

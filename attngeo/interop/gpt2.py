@@ -16,11 +16,15 @@ Keys: `wte.weight [V, d]`, `wpe.weight [P, d]`, `h.i.ln_1.{weight,bias}`,
 `h.i.ln_2.*`, `h.i.mlp.c_fc.{weight [d, f], bias}`, `h.i.mlp.c_proj.{weight [f, d], bias}`,
 `ln_f.{weight,bias}`. Accepted and dropped on import: a `transformer.` prefix, the causal-mask
 buffers `h.i.attn.bias` / `h.i.attn.masked_bias`, and `lm_head.weight` when it equals `wte.weight`.
-Export writes the unprefixed keys of the hub's file plus a `config.json`.
+Export writes the unprefixed keys of the hub's file plus a `config.json`, and is lossless or
+refuses: `config.json` carries the shapes, `n_inner`, `layer_norm_epsilon` and
+`tie_word_embeddings`; a model with any other setting that `config` would not give back is refused
+in one line naming it (`layout.unexpressed`).
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 
@@ -58,14 +62,18 @@ def config(hf: dict, **overrides):
     unsupported.append("add_cross_attention=true")
   if unsupported:
     raise ValueError("GPT-2 config options not supported: " + ", ".join(unsupported))
-  d, h = int(hf["n_embd"]), int(hf["n_head"])
+  depth, vocab, positions, d, h = layout.positive_ints(hf, ("n_layer", "vocab_size", "n_positions", "n_embd", "n_head"),
+                                                      "GPT-2 config.json")
   if d % h:
     raise ValueError(f"GPT-2 needs n_head | n_embd; got n_embd={d}, n_head={h}")
-  inner = hf.get("n_inner") or 4 * d
-  fields = dict(depth=int(hf["n_layer"]), vocab_size=int(hf["vocab_size"]), seq_len=int(hf["n_positions"]), width=d,
+  inner = layout.positive_ints(hf, ("n_inner",), "GPT-2 config.json")[0] if hf.get("n_inner") is not None else 4 * d
+  eps = hf.get("layer_norm_epsilon", 1e-5)
+  if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < math.inf:
+    raise ValueError(f"GPT-2 config.json layer_norm_epsilon must be a finite number >= 0; got {eps!r}")
+  fields = dict(depth=depth, vocab_size=vocab, seq_len=positions, width=d,
                 num_heads=h, head_dim=d // h, mlp_ratio=inner / d, mlp_act="gelu", mlp_bias=True, qkv_bias=True,
                 out_bias=True, use_rope=False, qk_norm=False, norm="layer", norm_scale=True, norm_bias=True,
-                norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)), learned_positions=True,
+                norm_eps=float(eps), learned_positions=True,
                 tie_embeddings=bool(hf.get("tie_word_embeddings", True)))
   fields.update(overrides)
   cfg = GPTConfig.create(**fields)
@@ -207,7 +215,7 @@ def load(path: str, hf_config_path: str | dict | None = None, **overrides):
     hf_config_path: its `config.json` path or dict (default: beside the weights).
     **overrides: GPTConfig/BlockConfig fields (e.g. `operator="DMTN"`).
   Returns:
-    (model, info) with info = {"source", "config"}.
+    (model, info) with info = {"source", "config", "file"}.
   """
   weights, cfg_path = _paths(path)
   hf = hf_config_path
@@ -215,24 +223,30 @@ def load(path: str, hf_config_path: str | dict | None = None, **overrides):
     cfg_path = hf or cfg_path
     if not os.path.exists(cfg_path):
       raise FileNotFoundError(f"no GPT-2 config.json at {cfg_path}; pass the one that came with {weights}")
-    with open(cfg_path, encoding="utf-8") as f:
-      hf = json.load(f)
+    try:
+      with open(cfg_path, encoding="utf-8") as f:
+        hf = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+      raise ValueError(f"{cfg_path} is not valid JSON ({e})") from None
+    if not isinstance(hf, dict):
+      raise ValueError(f"{cfg_path} must hold a JSON object; got {type(hf).__name__}")
   cfg, arrays = convert(safetensors_io.read(weights), hf, source=weights, **overrides)
-  return layout.build(cfg, arrays, source=weights), {"source": SOURCE, "config": hf}
+  return layout.build(cfg, arrays, source=weights), {"source": SOURCE, "config": hf, "file": weights}
 
 
 def save(model, path: str) -> dict:
   """Write `model` (a GPT-2-family GPT) as `path` (.safetensors, hub key names) and `config.json` beside it.
 
+  A model with a setting `config.json` cannot carry is refused in one line before a file is written.
   Returns:
     the config.json dict written.
   """
+  from attngeo import runs
   cfg = model.cfg
-  _check_family(cfg)
+  hf = hf_config(cfg)
+  layout.unexpressed(cfg, config(hf), "GPT-2")
   tensors = from_attngeo(layout.params(model), cfg)
   layout.check(layout.shapes(tensors), expected(cfg), "exported state")
-  safetensors_io.write(path, tensors, {"format": "pt", "attngeo_operator": json.dumps(cfg.block.operator)})
-  hf = hf_config(cfg)
-  with open(os.path.join(os.path.dirname(os.path.abspath(path)), "config.json"), "w", encoding="utf-8") as f:
-    json.dump(hf, f, indent=2)
+  safetensors_io.write(path, tensors, {"format": "pt"})
+  runs.atomic_write(os.path.join(os.path.dirname(os.path.abspath(path)), "config.json"), json.dumps(hf, indent=2))
   return hf

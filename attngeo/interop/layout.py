@@ -4,14 +4,20 @@ arrays in and out of an attngeo model by parameter path.
 A parameter path is the `nnx` state path joined by dots (`blocks.3.attn.wq`, `embed`). `check`
 raises ONE line naming every missing key, unexpected key and wrong shape; `build` fills an
 abstract (shape-only) model with given arrays, so no random weights are ever materialised.
+
+Export is lossless or refuses: `settings` is what fixes the function a GPT computes, and
+`unexpressed` names, in one line, every setting of a model that a layout's own reading of its
+files (its importer's config) would not give back.
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import numpy as np
 
 MAX_LISTED = 24
+COMPUTE_ONLY = ("implementation", "dtype")   # how a forward is computed (kernel, precision), not which function
 
 
 def natural_key(name: str):
@@ -48,6 +54,15 @@ def check(found: dict[str, tuple], expected: dict[str, tuple], source: str) -> N
     raise ValueError(f"{source} does not match the expected layout: " + "; ".join(parts))
 
 
+def positive_ints(source: dict, names, where: str) -> tuple[int, ...]:
+  """source[name] for each of `names`, each required to be an integer ≥ 1: else one line naming them all."""
+  bad = [f"{k}={source[k]!r}" for k in names
+         if isinstance(source[k], bool) or not isinstance(source[k], (int, np.integer)) or source[k] < 1]
+  if bad:
+    raise ValueError(f"{where} needs positive integers; got {', '.join(bad)}")
+  return tuple(int(source[k]) for k in names)
+
+
 def shapes(tensors: dict[str, np.ndarray]) -> dict[str, tuple]:
   return {k: tuple(np.shape(v)) for k, v in tensors.items()}
 
@@ -80,3 +95,52 @@ def build(cfg, arrays: dict[str, np.ndarray], source: str = "converted state"):
   for p, v in flat:
     v.set_value(jnp.asarray(np.asarray(arrays[_path(p)], np.float32)))
   return nnx.merge(graphdef, nnx.from_flat_state(flat))
+
+
+def settings(cfg) -> dict:
+  """{field: value} of a GPTConfig and its block that fix the function the model computes.
+
+  Left out: the `COMPUTE_ONLY` fields, and fields that cannot act — rotary options without rotary,
+  QK-norm's scale without QK-norm, the gate width without value embeddings, CMAP's coupling under
+  another operator. Equal functions get equal values: head_dim as the head width used, num_kv_heads
+  and padded_vocab None when they equal num_heads / vocab_size, mlp_ratio as hidden/width of the
+  integer hidden width, the operator as its corner name (else (β, α); "CMAP"), every window equal
+  to seq_len as () (the same attention on every input of up to seq_len + 1 tokens).
+  """
+  b = cfg.block
+  out = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name != "block"}
+  out.update({f.name: getattr(b, f.name) for f in dataclasses.fields(b) if f.name not in COMPUTE_ONLY})
+  out.update(head_dim=b.dh, num_kv_heads=None if b.num_kv_heads in (None, b.num_heads) else b.num_kv_heads,
+             padded_vocab=None if cfg.padded_vocab in (None, cfg.vocab_size) else cfg.padded_vocab,
+             mlp_ratio=int(b.width * b.mlp_ratio) / b.width,
+             operator=_operator_name(b.operator),
+             attn_windows=() if all(w == cfg.seq_len for w in cfg.attn_windows) else tuple(cfg.attn_windows))
+  inert = [("use_rope", ("rope_base", "rope_sign", "rope_style", "rope_dtype")), ("qk_norm", ("qk_norm_scale",)),
+           ("value_embeds", ("value_gate_channels",))]
+  for switch, fields in inert:
+    if not out[switch]:
+      for name in fields:
+        out.pop(name)
+  if out["operator"] != "CMAP":
+    out.pop("coupling")
+  return out
+
+
+def _operator_name(operator):
+  from attngeo import operators
+  from attngeo.nn.layers import resolve_operator
+  if operators.is_magnetic(operator):
+    return "CMAP"
+  pair = resolve_operator(operator)
+  return next((name for name, corner in operators.CORNERS.items() if corner == pair), pair)
+
+
+def unexpressed(cfg, readback, layout_name: str) -> None:
+  """Raise one ValueError line naming every setting of `cfg` that `readback` (the config an import of
+  the exported files gives) does not reproduce; `settings` decides what counts (a field that only
+  acts under a switch is compared where both have the switch: the switch itself is named)."""
+  have, get = settings(cfg), settings(readback)
+  bad = [f"{k}={have[k]!r} ({layout_name}: {get[k]!r})" for k in have.keys() & get.keys() if have[k] != get[k]]
+  if bad:
+    raise ValueError(f"cannot export to {layout_name} without changing the model: " + ", ".join(sorted(bad)) +
+                     f" ({layout_name}'s files cannot carry these settings)")

@@ -22,12 +22,22 @@ Two architectures, each pinned to the commit whose `gpt.py` it matches (`ARCHS`)
   `i ≡ n_layer − 1 (mod 2)`, gated into v by `3σ(ve_gate(x[:12]))`; per-layer sliding windows from
   `window_pattern` (tiled, last layer always L; L = sequence_len, S = ⌈sequence_len/4/128⌉·128);
   back-out `x ← x − λ_b·x^(n_layer//2)` before the final norm. The rotary direction (−θ) did not
-  change between the two commits; only its base did.
+  change between the two commits; only its base did, and the tables' dtype: 2026-07 keeps them in
+  its compute dtype (`nanochat/common.py`: `NANOCHAT_DTYPE` if set, else bfloat16 on a CUDA GPU of
+  compute capability ≥ 8.0, float32 elsewhere), so `load` takes the dtype nanochat would use on
+  this machine (`rope_tables`) and says which.
 
 The seed author's fork (jcandane/nanochat, `modal/initialize.py`) loads the 2025-10 d32 weights
 into the 2026 model code with neutral fills (value embeddings 0, λ_r = 1, λ_0 = 0, smear and
 back-out 0, window "L"), so its forward also has base 100000 and the 1.2 gain: `load(...,
 arch="2026-07", fill_missing=True)` builds exactly that model.
+
+`save` is lossless or refuses: nanochat's loader builds its model from `model_config` alone
+(`GPTConfig(**model_config)`, no other key read), so a model whose settings differ from what
+`config` gives for its `model_config` is refused in one line naming them (`layout.unexpressed`).
+The one machine-dependent setting, 2026-07's table dtype, is recorded in the meta as
+`attngeo_rope_dtype` (a key nanochat ignores) and read back by `load`. A folder is read as
+nanochat's checkpoint folder: its latest `model_<step>` (safetensors before `.pt`) and that step's meta.
 
 Key layout (torch `nn.Linear` weights are `[out, in]`; `_orig_mod.` prefixes from torch.compile are
 stripped): `transformer.wte.weight [V', d]`, `lm_head.weight [V', d]`, per layer i
@@ -56,19 +66,51 @@ SOFTCAP = 15.0
 PAD_VOCAB_TO = 64
 SMEAR_CHANNELS, VE_GATE_CHANNELS = 24, 12
 EXTRAS_2026 = ("resid_lambdas", "x0_lambdas", "smear_gate.weight", "smear_lambda", "backout_lambda")
+COMPUTE_DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float32": None}   # nanochat dtype -> rope_dtype
+RECORDED_ROPE = "attngeo_rope_dtype"   # meta key: the table dtype an attngeo export was computed with
+MODEL_FILE = re.compile(r"model_(\d+)\.(safetensors|pt|pth|bin)$")
 
 
 # ----------------------------------------------------------------------------- config
 
+def short_window(seq_len: int) -> int:
+  """nanochat's S window: a quarter of the context rounded up to FA3's 128-token tile (≥ seq_len below 512)."""
+  return -(-seq_len // 4 // 128) * 128
+
+
 def windows(pattern: str, seq_len: int, depth: int) -> tuple[int, ...]:
   """nanochat's per-layer left windows: `pattern` (S/L) tiled over layers, the last layer L."""
-  pattern = pattern.upper()
-  if not pattern or set(pattern) - set("SL"):
+  if not isinstance(pattern, str) or not pattern or set(pattern.upper()) - set("SL"):
     raise ValueError(f"window_pattern must be a non-empty string of S and L; got {pattern!r}")
-  short = -(-seq_len // 4 // 128) * 128
+  pattern = pattern.upper()
+  short = short_window(seq_len)
   out = [seq_len if pattern[i % len(pattern)] == "L" else short for i in range(depth)]
   out[-1] = seq_len
   return tuple(out)
+
+
+def rope_tables(arch: str) -> tuple[str | None, str]:
+  """(rope_dtype, why): the dtype nanochat `arch` keeps its rotary cos/sin tables in on this machine.
+
+  2025-10 rounds them to bfloat16 on every device. 2026-07 keeps them in its compute dtype
+  (`_detect_compute_dtype` in `nanochat/common.py`): `NANOCHAT_DTYPE` when set, else bfloat16 on a
+  CUDA GPU of compute capability ≥ 8.0, else float32 (CPU, MPS, older GPUs — and TPUs, where
+  nanochat does not run on the accelerator).
+  """
+  if arch == "2025-10":
+    return "bfloat16", "bfloat16 rotary tables (nanochat 2025-10 on every device)"
+  env = os.environ.get("NANOCHAT_DTYPE")
+  if env is not None:
+    if env not in COMPUTE_DTYPES:
+      raise ValueError(f"NANOCHAT_DTYPE must be one of {sorted(COMPUTE_DTYPES)}; got {env!r}")
+    return COMPUTE_DTYPES[env], f"{env} rotary tables (nanochat 2026-07 under NANOCHAT_DTYPE={env})"
+  import jax
+  device = jax.devices()[0]
+  capability = getattr(device, "compute_capability", None)
+  if device.platform == "gpu" and capability is not None and float(capability) >= 8.0:
+    return "bfloat16", f"bfloat16 rotary tables (nanochat 2026-07 on this CUDA GPU, SM {capability})"
+  return None, (f"float32 rotary tables (nanochat 2026-07 without an Ampere+ CUDA GPU; this machine: "
+                f"{device.platform}; --set rope_dtype='\"bfloat16\"' gives its GPU tables)")
 
 
 def config(model_config: dict, arch: str = "2025-10", **overrides):
@@ -77,7 +119,8 @@ def config(model_config: dict, arch: str = "2025-10", **overrides):
   Args:
     model_config: {sequence_len, vocab_size, n_layer, n_head, n_kv_head, n_embd[, window_pattern]}.
     arch: a key of `ARCHS`.
-    **overrides: GPTConfig/BlockConfig fields to change (e.g. `norm_eps`, `rope_base`, `operator`).
+    **overrides: GPTConfig/BlockConfig fields to change (e.g. `norm_eps`, `rope_base`, `operator`);
+      `rope_dtype` defaults to `rope_tables(arch)`.
   Returns:
     GPTConfig.
   """
@@ -88,14 +131,14 @@ def config(model_config: dict, arch: str = "2025-10", **overrides):
   absent = [k for k in need if k not in model_config]
   if absent:
     raise ValueError(f"nanochat model_config lacks {absent}; it has {sorted(model_config)}")
-  d, h, g, depth = (int(model_config[k]) for k in ("n_embd", "n_head", "n_kv_head", "n_layer"))
-  vocab, seq = int(model_config["vocab_size"]), int(model_config["sequence_len"])
+  d, h, g, depth, vocab, seq = layout.positive_ints(model_config, ("n_embd", "n_head", "n_kv_head", "n_layer",
+                                                                   "vocab_size", "sequence_len"), "nanochat model_config")
   if d % h or h % g:
     raise ValueError(f"nanochat needs n_head | n_embd and n_kv_head | n_head; got n_embd={d}, n_head={h}, "
                      f"n_kv_head={g}")
   fields = dict(depth=depth, vocab_size=vocab, seq_len=seq, width=d, num_heads=h, head_dim=d // h,
                 num_kv_heads=None if g == h else g, mlp_ratio=4.0, mlp_act="relu2", mlp_bias=False, qkv_bias=False,
-                use_rope=True, rope_sign=-1, rope_base=10_000.0, rope_dtype="bfloat16", qk_norm=True,
+                use_rope=True, rope_sign=-1, rope_base=10_000.0, qk_norm=True,
                 qk_norm_scale=False, norm="rms", norm_scale=False, norm_eps=TORCH_FLOAT32_EPS, embed_norm=True,
                 logit_softcap=SOFTCAP)
   if arch == "2026-07":
@@ -107,22 +150,36 @@ def config(model_config: dict, arch: str = "2025-10", **overrides):
                   value_embeds=tuple(i for i in range(depth) if i % 2 == (depth - 1) % 2),
                   value_gate_channels=VE_GATE_CHANNELS)
   fields.update(overrides)
+  if "rope_dtype" not in overrides:
+    fields["rope_dtype"] = rope_tables(arch)[0]
   return GPTConfig.create(**fields)
 
 
-def model_config(cfg) -> dict:
-  """nanochat's `model_config` dict for a GPTConfig (inverse of `config` on the shape fields)."""
+def window_pattern(cfg, prefer: str | None = None) -> str:
+  """The S/L `window_pattern` giving `cfg`'s windows under nanochat's rule: `prefer` (the source's
+  pattern) when it does, else the shortest that does. Windows are told apart by value (L = seq_len,
+  S = `short_window`), so an S window wider than the context (S = 128 over sequence_len 64) stays S."""
+  wins = tuple(cfg.attn_windows) or (cfg.seq_len,) * cfg.depth
+  fits = lambda p: windows(p, cfg.seq_len, cfg.depth) == wins
+  if isinstance(prefer, str) and prefer and not set(prefer.upper()) - set("SL") and fits(prefer):
+    return prefer
+  letters = "".join("L" if w == cfg.seq_len else "S" if w == short_window(cfg.seq_len) else "?" for w in wins)
+  pattern = next((letters[:p] for p in range(1, len(letters) + 1) if "?" not in letters[:p] and fits(letters[:p])),
+                 None)
+  if pattern is None:
+    raise ValueError(f"attn_windows={tuple(cfg.attn_windows)} is not a nanochat window_pattern over "
+                     f"sequence_len={cfg.seq_len} (L = {cfg.seq_len}, S = {short_window(cfg.seq_len)}, last layer L)")
+  return pattern
+
+
+def model_config(cfg, pattern: str | None = None) -> dict:
+  """nanochat's `model_config` dict for a GPTConfig (inverse of `config` on the shape fields; the
+  2026 layout adds the `window_pattern`, `pattern` kept when it gives the model's windows)."""
   out = {"sequence_len": cfg.seq_len, "vocab_size": cfg.vocab_size, "n_layer": cfg.depth,
          "n_head": cfg.block.num_heads, "n_kv_head": cfg.block.num_kv_heads or cfg.block.num_heads,
          "n_embd": cfg.width}
-  if cfg.resid_mix:   # 2026 layout: the shortest S/L pattern that tiles to the model's windows
-    wins = cfg.attn_windows or (cfg.seq_len,) * cfg.depth
-    full = "".join("L" if w >= cfg.seq_len else "S" for w in wins)
-    pattern = next((full[:p] for p in range(1, len(full) + 1)
-                    if windows(full[:p], cfg.seq_len, cfg.depth) == tuple(wins)), None)
-    if pattern is None:
-      raise ValueError(f"attn_windows={cfg.attn_windows} is not a nanochat window_pattern over seq_len={cfg.seq_len}")
-    out["window_pattern"] = pattern
+  if cfg.resid_mix:
+    out["window_pattern"] = window_pattern(cfg, pattern)
   return out
 
 
@@ -223,18 +280,44 @@ def from_attngeo(params: dict[str, np.ndarray], cfg) -> dict[str, np.ndarray]:
 
 # ----------------------------------------------------------------------------- files
 
+def weights_file(path: str) -> str:
+  """`path` itself, or for a folder (nanochat's checkpoint folder) its `model_<step>` file of the
+  latest step, `.safetensors` before `.pt`/`.pth`/`.bin`."""
+  if not os.path.isdir(path):
+    return path
+  found = [(int(m.group(1)), m.group(2) != "safetensors", name) for name in os.listdir(path)
+           if (m := MODEL_FILE.match(name))]
+  if not found:
+    raise FileNotFoundError(f"{path} holds no model_NNNNNN.safetensors (or .pt) checkpoint")
+  step = max(found)[0]
+  return os.path.join(path, min(f for f in found if f[0] == step)[2])
+
+
+def read_json(path: str) -> dict:
+  """A JSON object from `path`, or one line naming the file."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      out = json.load(f)
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise ValueError(f"{path} is not valid JSON ({e})") from None
+  if not isinstance(out, dict):
+    raise ValueError(f"{path} must hold a JSON object; got {type(out).__name__}")
+  return out
+
+
 def find_meta(path: str) -> dict | None:
-  """The `meta_*.json` beside `model_NNNNNN.*` (same step), else safetensors metadata `nanochat_meta`."""
-  m = re.match(r"model_(\d+)\.", os.path.basename(path))
-  if m:
-    sibling = os.path.join(os.path.dirname(path), f"meta_{m.group(1)}.json")
-    if os.path.exists(sibling):
-      with open(sibling, encoding="utf-8") as f:
-        return json.load(f)
-  metas = sorted(glob.glob(os.path.join(os.path.dirname(path) or ".", "meta_*.json")))
+  """The `meta_*.json` beside `model_NNNNNN.*` (same step), or `<name>.meta.json` beside `<name>.*` (what
+  `save` writes for other names), or the folder's only `meta_*.json`, else the safetensors metadata
+  `nanochat_meta`."""
+  folder, name = os.path.split(path)
+  m = re.match(r"model_(\d+)\.", name)
+  siblings = ([f"meta_{m.group(1)}.json"] if m else []) + [os.path.splitext(name)[0] + ".meta.json"]
+  for sibling in siblings:
+    if os.path.isfile(os.path.join(folder, sibling)):
+      return read_json(os.path.join(folder, sibling))
+  metas = sorted(glob.glob(os.path.join(folder or ".", "meta_*.json")))
   if len(metas) == 1 and not m:
-    with open(metas[0], encoding="utf-8") as f:
-      return json.load(f)
+    return read_json(metas[0])
   if path.endswith(".safetensors"):
     text = safetensors_io.metadata(path).get("nanochat_meta")
     return json.loads(text) if text else None
@@ -307,49 +390,77 @@ def load(path: str, meta: str | dict | None = None, *, arch: str = "auto", fill_
   """An `nn.GPT` holding a nanochat checkpoint's weights.
 
   Args:
-    path: `model_NNNNNN.pt` (needs torch) or a `.safetensors` of the same state dict.
+    path: `model_NNNNNN.pt` (needs torch), a `.safetensors` of the same state dict, or nanochat's
+      checkpoint folder (its latest step: `weights_file`).
     meta: the `meta_NNNNNN.json` path or dict (default: found beside `path`, or in the safetensors
       metadata key `nanochat_meta`).
-    arch, fill_missing, **overrides: see `convert`.
+    arch, fill_missing, **overrides: see `convert`. Without a `rope_dtype` override, 2026-07 takes the
+      dtype the meta records (`attngeo_rope_dtype`, from `save`), else `rope_tables`.
   Returns:
-    (model, info) with info = {"arch", "commit", "meta"}.
+    (model, info) with info = {"arch", "commit", "meta", "file", "rope_tables"} (`rope_tables`: the
+    table dtype used and why).
   """
+  path = weights_file(path)
   if isinstance(meta, str):
-    with open(meta, encoding="utf-8") as f:
-      meta = json.load(f)
+    meta = read_json(meta)
   meta = meta if meta is not None else find_meta(path)
-  if not meta or "model_config" not in meta:
+  if not isinstance(meta, dict) or not isinstance(meta.get("model_config"), dict):
     raise ValueError(f"{path}: no nanochat meta with a model_config found; pass the meta_NNNNNN.json that came with it")
   tensors = safetensors_io.read(path)
   arch = detect({k.removeprefix("_orig_mod.") for k in tensors}) if arch == "auto" else arch
+  if arch not in ARCHS:
+    raise ValueError(f"nanochat arch must be one of {sorted(ARCHS)}; got {arch!r}")
+  if "rope_dtype" in overrides:
+    tables = f"{overrides['rope_dtype'] or 'float32'} rotary tables (set by the caller)"
+  elif arch == "2026-07" and meta.get(RECORDED_ROPE) in COMPUTE_DTYPES:
+    overrides["rope_dtype"] = COMPUTE_DTYPES[meta[RECORDED_ROPE]]
+    tables = f"{meta[RECORDED_ROPE]} rotary tables (recorded by the attngeo export that wrote {path})"
+  else:
+    overrides["rope_dtype"], tables = rope_tables(arch)
   cfg, arrays = convert(tensors, meta["model_config"], arch=arch, fill_missing=fill_missing, source=path, **overrides)
   del tensors
   model = layout.build(cfg, arrays, source=path)
-  return model, {"arch": arch, "commit": ARCHS[arch]["commit"], "meta": meta}
+  return model, {"arch": arch, "commit": ARCHS[arch]["commit"], "meta": meta, "file": path, "rope_tables": tables}
+
+
+def export_config(cfg, source_pattern: str | None = None) -> tuple[str, dict]:
+  """(arch, model_config) that write `cfg` losslessly: the 2026 layout for a model with `resid_mix`,
+  else 2025-10; one ValueError line naming every setting that layout's `config` would not give back."""
+  arch = "2026-07" if cfg.resid_mix else "2025-10"
+  mc = model_config(cfg, source_pattern)
+  tables = cfg.block.rope_dtype if arch == "2026-07" and cfg.block.rope_dtype in COMPUTE_DTYPES.values() else \
+      rope_tables("2025-10")[0]   # 2026-07: any dtype nanochat computes in (machine-dependent, recorded in the meta)
+  layout.unexpressed(cfg, config(mc, arch, rope_dtype=tables), f"nanochat {arch}")
+  return arch, mc
 
 
 def save(model, path: str, *, meta: dict | None = None) -> dict:
   """Write `model` (a nanochat-family GPT) as a nanochat state dict in safetensors, and its meta json.
 
   Args:
-    model: an `nn.GPT` whose config nanochat's forward expresses (e.g. one imported by `load`).
+    model: an `nn.GPT` whose config nanochat's forward expresses (e.g. one imported by `load`);
+      anything else is refused before a file is written (`export_config`).
     path: the `.safetensors` file; `meta_<step>.json` is written beside it when the name is
       `model_<step>.safetensors`, else `<name>.meta.json`.
-    meta: extra meta fields (`model_config` is always written from the model's config).
+    meta: extra meta fields; `model_config` is written from the model's config (a given one's
+      `window_pattern` is kept when it gives the same windows); 2026-07 adds `attngeo_rope_dtype`.
   Returns:
     the meta dict written.
   """
+  from attngeo import runs
   cfg = model.cfg
-  _check_family(cfg)
-  meta = {**(meta or {}), "model_config": model_config(cfg)}
+  meta = dict(meta or {})
+  arch, mc = export_config(cfg, (meta.get("model_config") or {}).get("window_pattern"))
+  meta.pop(RECORDED_ROPE, None)
+  meta["model_config"] = mc
+  if arch == "2026-07":
+    meta[RECORDED_ROPE] = next(k for k, v in COMPUTE_DTYPES.items() if v == cfg.block.rope_dtype)
   tensors = from_attngeo(layout.params(model), cfg)
   layout.check(layout.shapes(tensors), expected(cfg), "exported state")
-  safetensors_io.write(path, tensors, {"format": "nanochat", "nanochat_meta": json.dumps(meta),
-                                       "attngeo_operator": json.dumps(cfg.block.operator)})
   m = re.match(r"model_(\d+)\.safetensors$", os.path.basename(path))
   meta_path = os.path.join(os.path.dirname(path), f"meta_{m.group(1)}.json") if m else \
       os.path.splitext(path)[0] + ".meta.json"
-  with open(meta_path, "w", encoding="utf-8") as f:
-    json.dump(meta, f, indent=2)
+  safetensors_io.write(path, tensors, {"format": "nanochat", "nanochat_meta": json.dumps(meta)})
+  runs.atomic_write(meta_path, json.dumps(meta, indent=2))
   return meta
 
