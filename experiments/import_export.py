@@ -1,7 +1,7 @@
 """Public checkpoints in and out: `attngeo import` writes an attngeo run folder, `attngeo export`
 writes a run's model back in a public layout (attngeo.interop).
 
-    attngeo import nanochat model_000650.pt [--meta meta_000650.json] [--arch auto|2025-10|2026-07]
+    attngeo import nanochat model_000650.pt|CHECKPOINT_DIR [--meta meta_000650.json] [--arch auto|2025-10|2026-07]
                    [--fill-missing] [--set FIELD=VALUE ...] --out RUN_DIR
     attngeo import gpt2 MODEL_DIR_OR_model.safetensors [--config config.json] [--set FIELD=VALUE ...] --out RUN_DIR
     attngeo export RUN_DIR --format gpt2|nanochat --out FILE.safetensors [--step N]
@@ -10,7 +10,10 @@ The run folder is the one `attngeo.train` writes: `config.json` (`model`: the GP
 `attngeo.nn.registry.config_dict`, `train`: a default TrainConfig, `imported`: kind, file, sha256,
 architecture and commit matched, the source's own config) and `ckpt/0` (an orbax train state at
 step 0 with a fresh optimizer state), so `attngeo.runs.load_run`, `attngeo probe` and anything that
-resumes from a run read it unchanged. Nothing is downloaded: the files must be local.
+resumes from a run read it unchanged. Nothing is downloaded: the files must be local. The import
+summary names the rotary-table dtype of a nanochat import (nanochat's on this machine:
+`attngeo.interop.nanochat.rope_tables`). Export is lossless or refuses in one line naming the
+settings the layout cannot carry (`attngeo.interop.layout.unexpressed`).
 """
 from __future__ import annotations
 
@@ -69,8 +72,8 @@ def import_main(argv=None):
   ap = config.Parser(prog="attngeo import", description=__doc__,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("kind", choices=("nanochat", "gpt2"), help="checkpoint family: nanochat | gpt2")
-  ap.add_argument("path", help="nanochat: model_NNNNNN.pt or a .safetensors of its state dict; gpt2: a Hugging Face "
-                               "model folder or its model.safetensors")
+  ap.add_argument("path", help="nanochat: model_NNNNNN.pt, a .safetensors of its state dict, or its checkpoint folder "
+                               "(latest step); gpt2: a Hugging Face model folder or its model.safetensors")
   ap.add_argument("--out", required=True, help="run folder to write (required; must not hold a checkpoint yet)")
   ap.add_argument("--meta", default=None, help="nanochat meta_NNNNNN.json (default: the one beside PATH)")
   ap.add_argument("--arch", default="auto", choices=("auto", "2025-10", "2026-07"),
@@ -103,16 +106,13 @@ def import_main(argv=None):
     if a.kind == "nanochat":
       model, info = interop.load("nanochat", a.path, meta=a.meta, arch=a.arch, fill_missing=a.fill_missing, **overrides)
       source = {"arch": info["arch"], "commit": info["commit"], "repository": "karpathy/nanochat",
-                "meta": info["meta"], "fill_missing": a.fill_missing}
+                "meta": info["meta"], "fill_missing": a.fill_missing, "rope_tables": info["rope_tables"]}
     else:
       model, info = interop.load("gpt2", a.path, hf_config_path=a.config, **overrides)
       source = {"matched": info["source"], "config": info["config"]}
   except (ValueError, TypeError, FileNotFoundError, ImportError) as e:
     ap.error(str(e))
-  weights = a.path
-  if os.path.isdir(weights):
-    weights = next(os.path.join(weights, n) for n in ("model.safetensors", "pytorch_model.bin")
-                   if os.path.exists(os.path.join(weights, n)))
+  weights = info["file"]
   imported = {"kind": a.kind, "file": os.path.abspath(weights), "sha256": sha256(weights), "overrides": overrides,
               **source}
   write_run(model, a.out, imported)
@@ -120,8 +120,8 @@ def import_main(argv=None):
   n_params = sum(int(v.size) for v in _param_values(model))
   print(f"imported {a.kind} {weights}: depth {cfg.depth}, width {cfg.width}, heads {cfg.block.num_heads} "
         f"(kv {cfg.block.num_kv_heads or cfg.block.num_heads}), vocab {cfg.vocab_size}, context {cfg.seq_len}, "
-        f"{n_params / 1e6:.2f}M parameters" + (f", nanochat {source['arch']} ({source['commit'][:7]})"
-                                                if a.kind == "nanochat" else ""))
+        f"{n_params / 1e6:.2f}M parameters" + (f", nanochat {source['arch']} ({source['commit'][:7]}), "
+                                                f"{source['rope_tables']}" if a.kind == "nanochat" else ""))
   print(f"wrote run folder {a.out} (config.json, ckpt/0): attngeo.runs.load_run or `attngeo probe {a.out}` read it")
   return model
 
@@ -152,7 +152,7 @@ def export_main(argv=None):
   meta = {}
   if a.format == "nanochat":
     imported = runs.read_config(a.run_dir).get("imported") or {}
-    meta = {k: v for k, v in (imported.get("meta") or {}).items() if k != "model_config"}
+    meta = dict(imported.get("meta") or {})   # its model_config is rewritten from the model (window_pattern kept)
     meta["attngeo_run"] = os.path.abspath(a.run_dir)
   try:
     written = interop.save(model, a.format, a.out, **({"meta": meta} if a.format == "nanochat" else {}))

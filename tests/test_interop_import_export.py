@@ -2,6 +2,7 @@
 runs.load_run and the probe read; export writes the same tensors back."""
 import hashlib
 import json
+import os
 import re
 
 import jax.numpy as jnp
@@ -92,3 +93,38 @@ def test_import_bad_input_exits_2_with_one_line(tmp_path, capsys, args, match):
   assert e.value.code == 2
   err = capsys.readouterr().err.strip().splitlines()[-1]
   assert re.search(match, err), err
+
+
+def test_nanochat_folder_import_names_its_rotary_tables_and_refused_export_writes_nothing(tmp_path, capsys):
+  """`attngeo import nanochat FOLDER`: nanochat's checkpoint folder (it said "no nanochat meta"); the
+  summary names the rotary-table dtype; an export the layout cannot carry is one line, no file."""
+  from test_interop_nanochat import CURRENT
+  write(tmp_path / "ckpt", nanochat_state(CURRENT, current=True, seed=15), CURRENT)
+  run = str(tmp_path / "run")
+  assert cli.main(["import", "nanochat", str(tmp_path / "ckpt"), "--out", run]) == 0
+  out = capsys.readouterr().out
+  assert f"imported nanochat {tmp_path / 'ckpt' / 'model_000650.safetensors'}" in out
+  assert re.search(r"nanochat 2026-07 \(92d63d4\), (float32|bfloat16) rotary tables \(nanochat 2026-07", out), out
+  saved = json.loads((tmp_path / "run" / "config.json").read_text())
+  saved["model"]["block"]["rope_sign"] = 1                       # as if the run had been built with attngeo's rotary
+  (tmp_path / "run" / "config.json").write_text(json.dumps(saved))
+  target = tmp_path / "exp" / "model_000650.safetensors"
+  with pytest.raises(SystemExit) as e:
+    import_export.export_main([run, "--format", "nanochat", "--out", str(target)])
+  assert e.value.code == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "rope_sign=1 (nanochat 2026-07: -1)" in err[0], err
+  assert not (tmp_path / "exp").exists()
+
+
+@pytest.mark.parametrize("cut", [0, 100])
+def test_damaged_gpt2_file_is_one_line(tmp_path, capsys, cut):
+  src = write_model(tmp_path / "hub", random_state(seed=16))
+  with open(os.path.join(src, "model.safetensors"), "r+b") as f:
+    f.truncate(cut)
+  with pytest.raises(SystemExit) as e:
+    import_export.import_main(["gpt2", src, "--out", str(tmp_path / "run")])
+  assert e.value.code == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "model.safetensors is not a readable checkpoint" in err[0], err
+  assert not (tmp_path / "run").exists()
