@@ -37,6 +37,22 @@ def test_tpu_dry_run_prints_every_command():
   assert "delete ag" in lines[4]
 
 
+@pytest.mark.parametrize("tpu_type, image", [("v4-32", "tpu-ubuntu2204-base"), ("v3-8", "tpu-ubuntu2204-base"),
+                                             ("v5litepod-8", "v2-alpha-tpuv5-lite"), ("v5p-8", "v2-alpha-tpuv5"),
+                                             ("v6e-8", "v2-alpha-tpuv6e")])
+def test_tpu_runtime_image_follows_the_generation(tpu_type, image):
+  """Google's JAX runtime images per generation (cloud.google.com/tpu/docs/runtimes); --version overrides."""
+  code, out, _ = run(SCRIPTS[0], "--name", "ag", "--zone", "z", "--type", tpu_type, "--dry-run")
+  assert code == 0 and out.splitlines()[0].endswith(f"--accelerator-type {tpu_type} --version {image}")
+  code, out, _ = run(SCRIPTS[0], "--name", "ag", "--zone", "z", "--type", tpu_type, "--version", "mine", "--dry-run")
+  assert code == 0 and out.splitlines()[0].endswith("--version mine")
+
+
+def test_tpu_unknown_generation_asks_for_the_image():
+  code, out, err = run(SCRIPTS[0], "--name", "ag", "--zone", "z", "--type", "x9-8", "--dry-run")
+  assert code == 2 and not out and "--type x9-8 is not a known TPU generation" in err and "--version" in err
+
+
 def test_tpu_clone_and_keep():
   code, out, _ = run(SCRIPTS[0], "--name", "ag", "--zone", "z", "--repo", "https://example.org/attngeo.git", "--keep",
                      "--dry-run")
