@@ -1,16 +1,17 @@
 """Per-layer geometry of a trained model: Markov, Bakry–Émery and connection-walk read-outs.
 
-    attngeo probe RUN_DIR [--data swiss_roll|sphere|torus|random|FILE.npy|FILE.txt] [--batch 4]
+    attngeo probe RUN_DIR [--data swiss_roll|sphere|torus|random|noise|FILE.npy|FILE.txt] [--batch 4]
                           [--set-size 256] [--seq-len 64] [--step N] [--layers 0,3] [--heads 0,1]
                           [--samples 32] [--out DIR]
 
 RUN_DIR is a run folder written by `attngeo.train` (config.json + ckpt/) — GPT, DiT, PointFlow, or a
 checkpoint imported into a run folder. Inputs: PointFlow takes point sets drawn from a generated
-cloud or an [n, dim] .npy file (t = 1, the data end); GPT takes byte tokens of a text file, a .npy
-of token ids [b, n], or random tokens; DiT takes a .npy of images [b, H, W, C] or Gaussian noise
-(t = 1, null class). Prints the per-layer table and writes probe.md / probe.csv / probe.json (every
-read-out, per head where it is per head) and probe.png (one panel per quantity against the layer)
-to --out (default RUN_DIR/probe). See `attngeo.probe` for the definitions.
+cloud (default swiss_roll) or an [n, dim] .npy/.csv file (t = 1, the data end); GPT takes byte tokens of
+a text file, a .npy of token ids [b, n], or random tokens (the default); DiT takes a .npy of images
+[b, H, W, C] or Gaussian noise (the default; t = 1, null class). A path that does not exist or an input
+of another model is an error; the inputs probed are printed and named in probe.md. Prints the
+per-layer table and writes probe.md / probe.csv / probe.json (every read-out, per head where it is per
+head) and probe.png (one panel per quantity against the layer) to --out (default RUN_DIR/probe). See `attngeo.probe` for the definitions.
 """
 from __future__ import annotations
 
@@ -41,34 +42,84 @@ def _indices(text: str | None):
     return "bad"
 
 
+# Per model config class (config.json's "model"."class"): the --data it takes, the files it reads, its default.
+TAKES = {"PointFlowConfig": "swiss_roll, sphere, torus or an existing .npy/.csv of points [n, dim]",
+         "GPTConfig": "an existing text file, an existing .npy of token ids [b, n], or 'random'",
+         "DiTConfig": "an existing .npy of images [b, H, W, C], or 'noise'"}
+FILES = {"PointFlowConfig": (".npy", ".csv"), "GPTConfig": ("",), "DiTConfig": (".npy",)}
+DEFAULT_DATA = {"PointFlowConfig": "swiss_roll", "GPTConfig": "random", "DiTConfig": "noise"}
+CLOUD_POINTS = 4000                   # points drawn for a named cloud (the Swiss-roll scan's training set)
+
+
+def check_data(kind: str | None, data: str | None) -> str | None:
+  """--data for a model of config class `kind`, checked before JAX is imported: the model's default input
+  when None; a one-line ValueError for a file that does not exist or an input of another model (a point
+  cloud or a mistyped path for a token model). Cloud names are checked when loaded (`data.load_cloud`)."""
+  if kind not in TAKES:                             # not a probed model: runs.load_run names the problem
+    return data
+  if data is None:
+    return DEFAULT_DATA[kind]
+  if os.path.isfile(data) and data.endswith(FILES[kind]):
+    return data
+  bare_name = not os.path.splitext(data)[1] and os.sep not in data
+  if not os.path.exists(data) and (data == DEFAULT_DATA[kind] or kind == "PointFlowConfig" and bare_name):
+    return data
+  what = "not a file" if not os.path.exists(data) else "a file this model does not read"
+  raise ValueError(f"--data must be {TAKES[kind]} for a {kind.removesuffix('Config')} run; got {data!r} ({what})")
+
+
+def _token_ids(path: str, vocab: int) -> np.ndarray:
+  """Token ids [b, n] from a .npy: integers in [0, vocab), at least two per row."""
+  tok = np.load(path)
+  if tok.ndim != 2 or tok.shape[1] < 2 or not np.issubdtype(tok.dtype, np.integer):
+    raise ValueError(f"--data {path} must hold integer token ids [b, n ≥ 2]; got {tok.dtype} of shape {tok.shape}")
+  if tok.size and not (0 <= tok.min() and tok.max() < vocab):
+    raise ValueError(f"--data {path} must hold token ids in [0, {vocab}); got [{tok.min()}, {tok.max()}]")
+  return tok
+
+
 def inputs(model, args, rng):
-  """A zero-argument callable running `model` on a batch built from --data."""
+  """(A zero-argument callable running `model` on a batch built from --data, a phrase naming that batch)."""
   import jax.numpy as jnp
 
   from attngeo import data, nn
   cfg = model.cfg
   if isinstance(model, nn.PointFlow):
-    cloud = data.load_cloud(args.data, 4000, args.seed)
+    try:
+      cloud = data.load_cloud(args.data, CLOUD_POINTS, args.seed)
+    except ValueError as e:
+      raise ValueError(f"--data: {e}") from e
+    if cloud.shape[1] != cfg.dim:
+      raise ValueError(f"--data {args.data} has points of dimension {cloud.shape[1]}; this PointFlow takes {cfg.dim}")
+    if not 2 <= args.set_size <= len(cloud):
+      raise ValueError(f"--set-size must be in [2, {len(cloud)}] (the points of --data {args.data}); got {args.set_size}")
     idx = np.stack([rng.choice(len(cloud), args.set_size, replace=False) for _ in range(args.batch)])
     x = jnp.asarray(cloud[idx])
-    return lambda: model(x, jnp.ones((args.batch,)))
+    return (lambda: model(x, jnp.ones((args.batch,)))), f"{args.batch} sets of {args.set_size} points of {args.data} (t = 1)"
   if isinstance(model, nn.GPT):
-    if args.data.endswith(".npy"):
-      tok = np.load(args.data)[: args.batch, : args.seq_len]
-    elif os.path.exists(args.data):
+    if args.data == "random":
+      tok, what = rng.integers(0, cfg.vocab_size, (args.batch, args.seq_len)), f"random tokens (uniform ids in [0, {cfg.vocab_size}))"
+    elif args.data.endswith(".npy"):
+      tok, what = _token_ids(args.data, cfg.vocab_size)[: args.batch, : args.seq_len], f"token ids of {args.data}"
+    else:
       raw = np.frombuffer(pathlib.Path(args.data).read_bytes(), np.uint8).astype(np.int32) % cfg.vocab_size
       if len(raw) < args.batch * args.seq_len:
         raise ValueError(f"{args.data} has {len(raw)} bytes; --batch × --seq-len needs {args.batch * args.seq_len}")
       tok = np.stack([raw[i * args.seq_len:(i + 1) * args.seq_len] for i in range(args.batch)])
-    else:
-      tok = rng.integers(0, cfg.vocab_size, (args.batch, args.seq_len))
+      what = f"bytes of {args.data} as token ids (mod {cfg.vocab_size})"
     tok = jnp.asarray(tok, jnp.int32)
-    return lambda: model(tok)
+    return (lambda: model(tok)), f"{what}, {tok.shape[0]} × {tok.shape[1]}"
   if isinstance(model, nn.DiT):
-    shape = (args.batch, cfg.image_size, cfg.image_size, cfg.channels)
-    x = jnp.asarray(np.load(args.data)[: args.batch]) if args.data.endswith(".npy") else \
-        jnp.asarray(rng.standard_normal(shape), jnp.float32)
-    return lambda: model(x, jnp.ones((x.shape[0],)), jnp.full((x.shape[0],), cfg.num_classes))
+    shape = (cfg.image_size, cfg.image_size, cfg.channels)
+    if args.data == "noise":
+      x, what = jnp.asarray(rng.standard_normal((args.batch, *shape)), jnp.float32), "Gaussian noise images"
+    else:
+      x, what = np.load(args.data)[: args.batch], f"images of {args.data}"
+      if x.ndim != 4 or x.shape[1:] != shape or not np.issubdtype(x.dtype, np.number):
+        raise ValueError(f"--data {args.data} must hold images [b, {', '.join(map(str, shape))}]; got {x.dtype} {x.shape}")
+      x = jnp.asarray(x, jnp.float32)
+    return (lambda: model(x, jnp.ones((x.shape[0],)), jnp.full((x.shape[0],), cfg.num_classes))), \
+        f"{what}, {x.shape[0]} × {'×'.join(map(str, shape))} (t = 1, null class)"
   raise ValueError(f"no probe inputs for {type(model).__name__}")
 
 
@@ -145,11 +196,14 @@ def parser() -> argparse.ArgumentParser:
   ap = config.Parser(prog="attngeo probe", description=__doc__,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("run_dir", help="run folder with config.json and ckpt/ (written by attngeo.train or an import)")
-  ap.add_argument("--data", default="swiss_roll",
-                  help="PointFlow: swiss_roll | sphere | torus | FILE.npy [n, dim]; GPT: FILE.txt (bytes) | "
-                       "FILE.npy token ids [b, n] | random; DiT: FILE.npy images | noise (default: swiss_roll)")
+  ap.add_argument("--data", default=None,
+                  help="PointFlow: swiss_roll | sphere | torus | FILE.npy/.csv [n, dim]; GPT: FILE.txt (bytes) | "
+                       "FILE.npy token ids [b, n] | random; DiT: FILE.npy images | noise (default: swiss_roll for "
+                       "PointFlow, random for GPT, noise for DiT; the inputs used are printed and in probe.md)")
   ap.add_argument("--batch", type=int, default=4, help="sets / sequences / images probed, ≥ 1 (default: 4)")
-  ap.add_argument("--set-size", type=int, default=256, help="points per set for PointFlow, ≥ 2 (default: 256)")
+  ap.add_argument("--set-size", type=int, default=256,
+                  help=f"points per set for PointFlow, in [2, points of --data] ({CLOUD_POINTS} for a named cloud; "
+                       "default: 256)")
   ap.add_argument("--seq-len", type=int, default=64, help="tokens per sequence for GPT, ≥ 2 (default: 64)")
   ap.add_argument("--step", type=int, default=None, help="checkpoint step to load (default: the latest)")
   ap.add_argument("--layers", default=None, help="comma-separated attention-layer indices (default: all)")
@@ -174,7 +228,13 @@ def main(argv=None):
   layers, heads = _indices(a.layers), _indices(a.heads)
   if layers == "bad" or heads == "bad":
     ap.error(f"--layers and --heads take comma-separated integers; got {a.layers!r}, {a.heads!r}")
-  from attngeo import nn, probe, runs
+  from attngeo import runs                          # JAX-free: the run folder and --data are checked first
+  default_data = a.data is None
+  try:
+    a.data = check_data((runs.read_config(a.run_dir).get("model") or {}).get("class"), a.data)
+  except (FileNotFoundError, ValueError) as e:
+    ap.error(str(e))
+  from attngeo import nn, probe
   try:
     model, _, mcfg = runs.load_run(a.run_dir, a.step)
   except (FileNotFoundError, ValueError) as e:
@@ -184,22 +244,25 @@ def main(argv=None):
     if idx is not None and (not idx or any(not 0 <= i < size for i in idx) or len(set(idx)) != len(idx)):
       ap.error(f"{name} must be distinct indices in [0, {size}); got {idx}")
   try:
-    run = inputs(model, a, np.random.default_rng(a.seed))
+    run, what = inputs(model, a, np.random.default_rng(a.seed))
   except ValueError as e:
     ap.error(str(e))
+  print(f"inputs: {what}" + (f" (the default for a {type(model).__name__} run; choose with --data)" if default_data
+                             else ""), flush=True)
   rows = probe.model_report(model, run, layers=layers, heads=heads, samples=a.samples, seed=a.seed,
                             triangles=a.triangles, progress=not a.no_progress)
   out = a.out or os.path.join(a.run_dir, "probe")
   title = f"{os.path.basename(os.path.abspath(a.run_dir))} — {type(model).__name__}, {len(mods)} attention layers"
-  note = (f"{title}; inputs: {a.data}, batch {a.batch}; heads {heads if heads is not None else 'all'}. "
+  note = (f"{title}; inputs: {what}; heads {heads if heads is not None else 'all'}. "
           "Per-head quantities are head means (per head in probe.json); δ effective ± its standard error "
           "where edges with a partial gate support were sampled. CMAP layers: walk read-outs of the magnitude, "
           "transport defects not defined (blank), phase read-outs in the CMAP columns.")
   report.write(out, "probe", table_rows(rows), columns(rows), note=note,
                payload={"run": os.path.abspath(a.run_dir), "model": type(mcfg).__name__, "data": a.data,
-                        "batch": a.batch, "heads": heads, "layers": rows})
+                        "inputs": what, "batch": a.batch, "heads": heads, "layers": rows})
   plot(rows, os.path.join(out, "probe.png"), title)
-  print(f"\nwrote {out}/probe.md, probe.csv, probe.json, probe.png")
+  print()
+  report.wrote(out, "probe.md", "probe.csv", "probe.json", "probe.png")
   return rows
 
 

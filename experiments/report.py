@@ -5,6 +5,7 @@
 
 writes `<out>/<name>.md` (the table and the note), `<out>/<name>.csv` (raw values of the
 columns) and `<out>/<name>.json` (`payload`, default the rows), prints the Markdown and returns it.
+A command that writes files ends with one line naming them, `report.wrote(out, "a.md", "a.png")`.
 """
 from __future__ import annotations
 
@@ -62,3 +63,8 @@ def write(out: str, name: str, rows: list[dict], cols: list[Col], *, payload=Non
   with open(os.path.join(out, f"{name}.json"), "w") as f:
     json.dump(rows if payload is None else payload, f, indent=1, default=str)
   return md
+
+
+def wrote(out: str, *names: str, suffix: str = "") -> None:
+  """Print the one line every command that writes files ends with: `wrote OUT/a, b, c` (and `suffix`)."""
+  print(f"wrote {os.path.join(out, names[0])}" + "".join(f", {n}" for n in names[1:]) + suffix, flush=True)

@@ -140,6 +140,54 @@ def test_probe_cli_rejects_bad_arguments(gpt_run, tmp_path, capsys):
   assert "not a run folder" in err and "--layers must be distinct indices in [0, 3)" in err
 
 
+def test_probe_cli_names_its_default_inputs_on_the_terminal_and_in_the_report(gpt_run, tmp_path, capsys):
+  """A GPT run without --data is probed on random tokens: said on the terminal and in probe.md/json."""
+  wd, _, _ = gpt_run
+  probe_cli.main([wd, "--batch", "1", "--seq-len", "12", "--out", str(tmp_path / "p"), "--layers", "0", "--no-progress"])
+  out = capsys.readouterr().out
+  said = "inputs: random tokens (uniform ids in [0, 32)), 1 × 12 (the default for a GPT run; choose with --data)"
+  assert said in out and f"wrote {tmp_path / 'p' / 'probe.md'}, probe.csv, probe.json, probe.png" in out
+  assert "inputs: random tokens (uniform ids in [0, 32)), 1 × 12;" in (tmp_path / "p" / "probe.md").read_text()
+  assert json.loads((tmp_path / "p" / "probe.json").read_text())["data"] == "random"
+
+
+def test_probe_cli_refuses_inputs_a_gpt_cannot_read(gpt_run, tmp_path, capsys):
+  """A mistyped path, a point cloud's name, malformed or out-of-vocabulary token ids: one line each, exit 2."""
+  wd, _, _ = gpt_run
+  np.save(tmp_path / "flat.npy", np.arange(12))
+  np.save(tmp_path / "big.npy", np.full((2, 12), 32))
+  cases = {"swiss_roll": "--data must be an existing text file, an existing .npy of token ids [b, n], or 'random' "
+                         "for a GPT run; got 'swiss_roll' (not a file)",
+           str(tmp_path / "typo.txt"): "(not a file)",
+           str(tmp_path / "flat.npy"): "must hold integer token ids [b, n ≥ 2]; got int64 of shape (12,)",
+           str(tmp_path / "big.npy"): "must hold token ids in [0, 32); got [32, 32]"}
+  for data, message in cases.items():
+    with pytest.raises(SystemExit) as e:
+      probe_cli.main([wd, "--data", data, "--out", str(tmp_path / "p"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+  assert not (tmp_path / "p").exists()                                  # refused before anything is written
+
+
+def test_probe_cli_checks_point_sets_against_the_cloud(tmp_path, capsys):
+  """PointFlow: --set-size beyond the cloud and points of the wrong dimension are one line, not numpy's error."""
+  from attngeo import flow
+  wd = str(tmp_path / "pf")
+  pf = nn.PointFlow(nn.PointFlowConfig.create(width=16, depth=2, num_heads=2), rngs=nnx.Rngs(0))
+  pts = {"points": np.random.default_rng(0).standard_normal((2, 16, 3)).astype(np.float32)}
+  train.train(pf, lambda m, b, r: (flow.loss(m, b["points"], r), {}), Batches(pts),
+              train.TrainConfig(steps=1, batch_size=2, workdir=wd, log_every=1, progress=False))
+  np.save(tmp_path / "plane.npy", np.zeros((50, 2)))
+  for argv, message in (([], "--set-size must be in [2, 4000] (the points of --data swiss_roll); got 100000"),
+                        (["--data", str(tmp_path / "plane.npy")], "has points of dimension 2; this PointFlow takes 3"),
+                        (["--data", "swissroll"], "--data: cloud must be one of"),
+                        (["--data", str(tmp_path / "cloud.npy")], "for a PointFlow run; got")):
+    with pytest.raises(SystemExit) as e:
+      probe_cli.main([wd, "--set-size", "100000", *argv, "--no-progress", "--out", str(tmp_path / "p")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_training_hook_logs_probe_metrics_without_changing_training(gpt_run, tmp_path):
   wd, res, hook = gpt_run
   # deferred: the probe dispatched at step 5 is collected at step 10; the one at step 10 waits in flush()
