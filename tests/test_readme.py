@@ -10,7 +10,7 @@ from markdown_it import MarkdownIt
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-PAGES = ["README.md"] + sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "*.md")))
+PAGES = ["README.md"] + sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True))
 
 
 def tokens(page):
