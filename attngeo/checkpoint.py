@@ -14,14 +14,24 @@ are exact and associative, so h does not depend on the sharding or the device co
 recomputes h on what it read and compares; a corrupt, truncated or incomplete step is skipped
 with a one-line `CheckpointWarning`, moved aside to `ckpt_corrupt/`, and the previous good step
 is used. A state holding NaN/Inf is never written (`save` raises).
+
+A disk that fills during a save (ENOSPC, however deep in orbax/TensorStore and on whichever of
+its threads) ends in one `DiskFull` line naming the folder, the bytes the step needs (the state's
+array bytes) and the bytes free; orbax's logged copies of the error are dropped, the unfinished
+step's temporary folder is removed (it is never a step: orbax lists committed steps only) and
+the earlier steps stay as they were. `save` starts a write, `finish` waits for it and closes.
 """
 from __future__ import annotations
 
+import contextlib
+import errno
+import logging
 import os
 import shutil
 import sys
 import time
 import warnings
+import weakref
 from typing import NamedTuple
 
 import jax
@@ -35,10 +45,59 @@ class CheckpointWarning(UserWarning):
   """A checkpoint step was skipped (corrupt or incomplete)."""
 
 
-def manager(workdir: str, keep: int = 2) -> ocp.CheckpointManager:
-  """The `CheckpointManager` of `workdir/ckpt` keeping the newest `keep` steps."""
+class DiskFull(OSError, ValueError):
+  """A write ran out of disk space (errno ENOSPC); the message is one line (a ValueError: the CLI prints it)."""
+
+  def __init__(self, message: str):
+    super().__init__(message)
+    self.errno = errno.ENOSPC
+
+
+def disk_full(folder: str, needed: int, what: str, note: str = "") -> DiskFull:
+  """The one-line `DiskFull` for writing `what` (about `needed` bytes) into `folder`."""
+  free = shutil.disk_usage(folder).free if os.path.isdir(folder) else 0
+  return DiskFull(f"no space left on the device of {folder}: {what} needs about {needed:,} bytes, {free:,} are "
+                  f"free{note}; free some space and rerun (the run resumes from its last checkpoint)")
+
+
+def is_disk_full(err: BaseException | None) -> bool:
+  """ENOSPC anywhere in `err`'s chain: an OSError's errno, or TensorStore's text for it."""
+  while err is not None:
+    if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+      return True
+    if any(mark in str(err) for mark in ("No space left on device", "os_error_code='28'")):
+      return True
+    err = err.__cause__ or err.__context__
+  return False
+
+
+class _DropDiskFullLogs(logging.Filter):
+  """Drops orbax's log records of an ENOSPC (each thread logs its traceback): `DiskFull` reports it once.
+
+  The first such record comes from the failing write's own thread, before its leftovers (callbacks
+  into the closed event loop) are reported, so it also opens the window that drops those."""
+
+  def filter(self, record):
+    full = is_disk_full(record.exc_info[1] if record.exc_info else None) or is_disk_full(Exception(record.getMessage()))
+    if full:
+      _quiet_leftovers()
+    return not full
+
+
+def manager(workdir: str, keep: int = 2, clean: bool = False) -> ocp.CheckpointManager:
+  """The `CheckpointManager` of `workdir/ckpt` keeping the newest `keep` steps.
+
+  `clean`: remove the temporary folders of steps never finished (a kill or a full disk) — only for
+  the run that writes the folder (`attngeo.train` holds its lock), never a reader beside it.
+  """
+  absl = logging.getLogger("absl")
+  if not any(isinstance(f, _DropDiskFullLogs) for f in absl.filters):
+    absl.addFilter(_DropDiskFullLogs())
   opts = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True)
-  return ocp.CheckpointManager(os.path.abspath(os.path.join(workdir, "ckpt")), options=opts)
+  mngr = ocp.CheckpointManager(os.path.abspath(os.path.join(workdir, "ckpt")), options=opts)
+  if clean:
+    _remove_unfinished(mngr)
+  return mngr
 
 
 def _pure(state):
@@ -82,16 +141,63 @@ def integrity(state) -> tuple[dict[str, int], bool]:
   return dict(zip(paths, (int(s) for s in sums))), bool(finite)
 
 
+def nbytes(state) -> int:
+  """Bytes of a state pytree's arrays (global shapes): what one checkpoint step holds, uncompressed."""
+  return sum(int(np.prod(np.shape(x))) * jnp.result_type(x).itemsize for x in jax.tree.leaves(_pure(state)))
+
+
+_saving = weakref.WeakKeyDictionary()            # manager → (step, bytes) of its newest save
+
+
 def save(mngr, step: int, state, data_state: dict):
-  """Save `state` and the data iterator's state at `step`, with checksums; refuse a non-finite state."""
+  """Start saving `state` and the data iterator's state at `step`, with checksums (`finish` waits for
+  it); refuse a non-finite state; a full disk (here or from the previous save) is one `DiskFull`."""
   sums, finite = integrity(state)
   if not finite:
     last = mngr.latest_step()
     raise FloatingPointError(f"the training state holds NaN/Inf at step {step}: not checkpointed; the last good "
                              f"checkpoint is {'step ' + str(last) if last is not None else 'none'} in {mngr.directory}")
-  mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(_pure(state)),
-                                          data=ocp.args.JsonSave(data_state),
-                                          integrity=ocp.args.JsonSave({"checksums": sums})))
+  with _writing(mngr):
+    _saving[mngr] = (step, nbytes(state))
+    mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(_pure(state)),
+                                            data=ocp.args.JsonSave(data_state),
+                                            integrity=ocp.args.JsonSave({"checksums": sums})))
+
+
+def finish(mngr):
+  """Wait for `mngr`'s pending save and close it; a full disk is one `DiskFull`."""
+  try:
+    with _writing(mngr):
+      mngr.wait_until_finished()
+  finally:
+    mngr.close()
+
+
+@contextlib.contextmanager
+def _writing(mngr):
+  """Orbax writes of `mngr`: an ENOSPC becomes one `DiskFull`, the unfinished step's folder removed."""
+  try:
+    yield
+    return
+  except Exception as e:  # noqa: BLE001 — orbax raises ENOSPC as ValueError/OSError/RuntimeError
+    if not is_disk_full(e):
+      raise
+  _settle_failed_read()             # the failed writes' late callbacks land quietly
+  unfinished = _remove_unfinished(mngr) or [_saving.get(mngr, (None,))[0]]   # the step being written
+  mngr.reload()
+  raise disk_full(str(mngr.directory), _saving.get(mngr, (None, 0))[1], f"checkpoint step {unfinished[0]}",
+                  f" (steps {sorted(mngr.all_steps())} are intact)") from None
+
+
+def _remove_unfinished(mngr) -> list[int]:
+  """Delete the temporary folders of unfinished steps (`<step>.orbax-checkpoint-tmp…`); their steps."""
+  root, steps = str(mngr.directory), []
+  if jax.process_index() == 0 and os.path.isdir(root):
+    for name in sorted(os.listdir(root)):
+      if ".orbax-checkpoint-tmp" in name:
+        shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+        steps += [int(name.split(".")[0])] if name.split(".")[0].isdigit() else []
+  return steps
 
 
 def _restore_step(mngr, step: int, state, shardings):
@@ -224,15 +330,21 @@ def _settle_failed_read(seconds: float = 0.5):
   `RuntimeError('Event loop is closed')` (or an orbax read coroutine never awaited). This silences
   exactly those reports for `_LEFTOVER_WINDOW_S` after each failed read — however late a loaded
   machine lands them — and waits `seconds` (then collects garbage) so most land within the call.
-  A skipped checkpoint prints one warning, not a page, and none lands later.
+  A skipped checkpoint prints one warning, not a page, and none lands later. A save that fails
+  (a full disk) leaves the same leftovers from its writes.
   """
   import gc
+  _quiet_leftovers()
+  time.sleep(seconds)
+  gc.collect()
+
+
+def _quiet_leftovers():
+  """Open the window in which failed orbax I/O's leftover reports are dropped (see `_settle_failed_read`)."""
   global _leftovers_quiet_until
   _leftovers_quiet_until = time.monotonic() + _LEFTOVER_WINDOW_S
   if not getattr(sys.unraisablehook, "_attngeo_read_leftovers", False):
     sys.unraisablehook = _leftover_filter(sys.unraisablehook)
-  time.sleep(seconds)
-  gc.collect()
 
 
 _LEFTOVER_WINDOW_S = 120.0

@@ -174,39 +174,54 @@ class MetricsLog:
   On resume from step s the rows after s (written by the interrupted run) are dropped from
   metrics.jsonl (and a line cut short by a kill), and `tb/` is rebuilt from the rows kept: they go
   to a fresh events file and the earlier events files — which may hold steps after s, or lack
-  rows never flushed — are removed, so every step appears exactly once in both. `flush()`, called
-  before each checkpoint is saved, puts both on disk up to that step. `rows` holds the rows kept,
-  for the returned history.
+  rows never flushed — are removed, so every step appears exactly once in both. Events are
+  written on the calling thread (one per row); `flush()`, called before each checkpoint is saved,
+  puts both files on disk up to that step. A full disk is one `checkpoint.DiskFull` line. `rows`
+  holds the rows kept, for the returned history.
   """
 
   def __init__(self, workdir: str | None, resume_step: int):
-    self.rows, self.path, self.tb = [], None, None
+    self.rows, self.path, self.events = [], None, None
     if not workdir or jax.process_index() != 0:
       return
     self.path = os.path.join(workdir, "metrics.jsonl")
     if os.path.exists(self.path):
       with open(self.path) as f:
         self.rows = [r for r in map(_parse_row, f) if r is not None and r.get("step", 0) <= resume_step]
+    with self._writing("the kept metrics rows", sum(len(json.dumps(r)) + 1 for r in self.rows)):
       runs.atomic_write(self.path, "".join(json.dumps(r) + "\n" for r in self.rows))
-    self.tb = _fresh_events(os.path.join(workdir, "tb"), self.rows)
+      self.events = _fresh_events(os.path.join(workdir, "tb"), self.rows)
 
   def write(self, row: dict):
     self.rows.append(row)
     if self.path is None:
       return
-    with open(self.path, "a") as f:
-      f.write(json.dumps(row) + "\n")
-    _add_scalars(self.tb, row)
+    line = json.dumps(row) + "\n"
+    with self._writing(f"the metrics row of step {row['step']}", len(line)):
+      with open(self.path, "a") as f:
+        f.write(line)
+      self.events.write_event(_event(row))
 
   def flush(self):
     if self.path is not None:
-      self.tb.flush()
-      with open(self.path, "a") as f:
-        os.fsync(f.fileno())
+      with self._writing("the metrics", 0):
+        self.events.flush()
+        with open(self.path, "a") as f:
+          os.fsync(f.fileno())
 
   def close(self):
-    if self.tb is not None:
-      self.tb.close()
+    if self.events is not None:
+      with self._writing("the metrics", 0):
+        self.events.close()
+
+  @contextlib.contextmanager
+  def _writing(self, what: str, needed: int):
+    try:
+      yield
+    except OSError as e:
+      if not checkpoint.is_disk_full(e):
+        raise
+      raise checkpoint.disk_full(os.path.dirname(self.path), needed, what) from None
 
 
 def _parse_row(line: str) -> dict | None:
@@ -217,24 +232,26 @@ def _parse_row(line: str) -> dict | None:
     return None
 
 
-def _add_scalars(tb, row: dict):
-  for key, value in row.items():
-    if key != "step" and isinstance(value, (int, float)):
-      tb.add_scalar(key, value, row["step"])
+def _event(row: dict):
+  """One TensorBoard event holding the row's numbers as scalars at its step."""
+  from tensorboardX.proto import event_pb2, summary_pb2
+  values = [summary_pb2.Summary.Value(tag=k, simple_value=v) for k, v in row.items()
+            if k != "step" and isinstance(v, (int, float))]
+  return event_pb2.Event(wall_time=time.time(), step=row["step"], summary=summary_pb2.Summary(value=values))
 
 
 def _fresh_events(folder: str, rows: list[dict]):
-  """A TensorBoard writer on a new events file in `folder` holding `rows`; earlier events files removed."""
-  from tensorboardX import SummaryWriter
-  old = [os.path.join(folder, f) for f in os.listdir(folder) if f.startswith("events.out.tfevents.")] \
-      if os.path.isdir(folder) else []
-  tb = SummaryWriter(folder, flush_secs=30, filename_suffix=f".{os.getpid()}.{time.time_ns()}")
+  """An events writer on a new file in `folder` holding `rows`; the folder's earlier events files removed."""
+  from tensorboardX.event_file_writer import EventsWriter
+  os.makedirs(folder, exist_ok=True)
+  old = [os.path.join(folder, f) for f in os.listdir(folder) if f.startswith("events.out.tfevents.")]
+  events = EventsWriter(os.path.join(folder, "events"), f".{os.getpid()}.{time.time_ns()}")
   for row in rows:
-    _add_scalars(tb, row)
-  tb.flush()                         # the kept rows are on disk before the old copies go
+    events.write_event(_event(row))
+  events.flush()                     # the kept rows are on disk before the old copies go
   for path in old:
     os.remove(path)
-  return tb
+  return events
 
 
 # ----------------------------------------------------------------------------- loop
@@ -283,7 +300,7 @@ def _resume(cfg: TrainConfig, state, shardings, data, model_cfg):
   has_steps = os.path.isdir(ckpt_dir) and any(name.isdigit() for name in os.listdir(ckpt_dir))
   if has_steps and os.path.exists(os.path.join(cfg.workdir, "config.json")):
     check_resumable(cfg.workdir, train=cfg, model=model_cfg)
-  mngr = checkpoint.manager(cfg.workdir, cfg.keep)
+  mngr = checkpoint.manager(cfg.workdir, cfg.keep, clean=True)      # the lock is held: unfinished steps are ours
   try:
     restored = checkpoint.restore_latest(mngr, state, shardings)
   except BaseException:
@@ -319,7 +336,8 @@ def train(model, loss_fn: Callable, data: Iterator, cfg: TrainConfig, *, flops_p
     `TrainResult` (model, EMA params, metrics history, final step).
   """
   cfg.validate()
-  with _run_folder(cfg.workdir):
+  with contextlib.ExitStack() as closing:             # closed in reverse order, each even if one fails
+    closing.enter_context(_run_folder(cfg.workdir))
     mesh = sharding.make_mesh(cfg.mesh)
     graphdef, state, shardings = init_state(model, cfg, mesh)
     if not isinstance(model, nnx.Module):
@@ -330,44 +348,39 @@ def train(model, loss_fn: Callable, data: Iterator, cfg: TrainConfig, *, flops_p
     mngr = None
     if cfg.workdir:
       mngr, state = _resume(cfg, state, shardings, data, registry.config_dict(model))
+      closing.callback(checkpoint.finish, mngr)
     start = int(jax.device_get(state["step"]))
     log = MetricsLog(cfg.workdir, start)
+    closing.callback(log.close)
     peak = device_peak_flops()
-    bar = tqdm(range(start, cfg.steps), desc=desc, disable=not cfg.progress, initial=start, total=cfg.steps,
-               dynamic_ncols=True, leave=False)
+    bar = closing.enter_context(tqdm(range(start, cfg.steps), desc=desc, disable=not cfg.progress, initial=start,
+                                     total=cfg.steps, dynamic_ncols=True, leave=False))
     t0 = time.perf_counter()
-    try:
-      for step in bar:
-        batch = sharding.global_batch(next(data), mesh)
-        state, metrics = step_fn(state, batch)
-        done = step + 1
-        if done % cfg.log_every == 0 or done == cfg.steps:
-          metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-          if not np.isfinite(metrics["loss"]):
-            raise FloatingPointError(f"loss is {metrics['loss']} at step {done}; the last checkpoint in "
-                                     f"{cfg.workdir} holds the state before it (lower the learning rate?)")
-          dt = (time.perf_counter() - t0) / (done - start)
-          row = dict(step=done, **metrics, step_s=dt, samples_per_s=cfg.batch_size / dt)
-          if tokens_per_step:
-            row["tokens_per_s"] = tokens_per_step / dt
-          if flops_per_step and peak:
-            row["mfu"] = flops_per_step / dt / (peak * jax.device_count())
-          if hooks:
-            sync_model(model, graphdef, state)
-            for hook in hooks:
-              row.update(hook(done, model) or {})
-          log.write(row)
-          bar.set_postfix(loss=f"{metrics['loss']:.4f}",
-                          **({"tok/s": f"{row['tokens_per_s']:.0f}"} if tokens_per_step else {}))
-        if mngr and ((cfg.ckpt_every and done % cfg.ckpt_every == 0) or done == cfg.steps):
-          log.flush()                # every row up to `done` on disk before the step that resumes after it
-          checkpoint.save(mngr, done, state, data.get_state())
-    finally:
-      bar.close()
-      log.close()
-      if mngr:
-        mngr.wait_until_finished()
-        mngr.close()
-    sync_model(model, graphdef, state)
-    return TrainResult(model=model, ema=state["ema"], history=log.rows, step=int(jax.device_get(state["step"])),
-                       start_step=start)
+    for step in bar:
+      batch = sharding.global_batch(next(data), mesh)
+      state, metrics = step_fn(state, batch)
+      done = step + 1
+      if done % cfg.log_every == 0 or done == cfg.steps:
+        metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        if not np.isfinite(metrics["loss"]):
+          raise FloatingPointError(f"loss is {metrics['loss']} at step {done}; the last checkpoint in "
+                                   f"{cfg.workdir} holds the state before it (lower the learning rate?)")
+        dt = (time.perf_counter() - t0) / (done - start)
+        row = dict(step=done, **metrics, step_s=dt, samples_per_s=cfg.batch_size / dt)
+        if tokens_per_step:
+          row["tokens_per_s"] = tokens_per_step / dt
+        if flops_per_step and peak:
+          row["mfu"] = flops_per_step / dt / (peak * jax.device_count())
+        if hooks:
+          sync_model(model, graphdef, state)
+          for hook in hooks:
+            row.update(hook(done, model) or {})
+        log.write(row)
+        bar.set_postfix(loss=f"{metrics['loss']:.4f}",
+                        **({"tok/s": f"{row['tokens_per_s']:.0f}"} if tokens_per_step else {}))
+      if mngr and ((cfg.ckpt_every and done % cfg.ckpt_every == 0) or done == cfg.steps):
+        log.flush()                  # every row up to `done` on disk before the step that resumes after it
+        checkpoint.save(mngr, done, state, data.get_state())
+  sync_model(model, graphdef, state)
+  return TrainResult(model=model, ema=state["ema"], history=log.rows, step=int(jax.device_get(state["step"])),
+                     start_step=start)

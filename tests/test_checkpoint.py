@@ -1,7 +1,9 @@
 """attngeo.checkpoint and the trainer's resume: integrity checked, corrupt steps skipped, configs compared."""
 import dataclasses
+import errno
 import json
 import os
+import subprocess
 
 import numpy as np
 import optax
@@ -140,6 +142,14 @@ def test_resume_at_the_final_step_returns_the_logged_history(finished, tmp_path)
   assert any(f.startswith("events.out.tfevents") for f in os.listdir(os.path.join(wd, "tb")))
 
 
+def test_an_unfinished_step_folder_left_by_a_kill_is_removed_on_resume(finished, tmp_path):
+  wd = copy_run(finished, tmp_path)
+  partial = os.path.join(wd, "ckpt", "6.orbax-checkpoint-tmp")       # a save killed mid-write
+  os.makedirs(os.path.join(partial, "state"))
+  res = run(wd)
+  assert res.start_step == 4 and not os.path.exists(partial)
+
+
 def test_non_finite_state_is_never_checkpointed(tmp_path):
   nan_loss = lambda m, b, r: (loss(m, b, r)[0] * np.nan, {})
   cfg = train.TrainConfig(steps=4, batch_size=2, ckpt_every=2, log_every=100, progress=False, workdir=str(tmp_path))
@@ -203,3 +213,116 @@ def test_a_step_without_integrity_data_is_refused_not_called_corrupt(finished, t
   with pytest.raises(ValueError, match="step 4 .* has no integrity data"):
     run(wd)
   assert os.path.isdir(os.path.join(step_dir(wd, 4), "state")) and not os.path.exists(os.path.join(wd, "ckpt_corrupt"))
+
+
+# ----------------------------------------------------------------------------- a full disk
+
+def resumable_at_step_2(finished, tmp_path):
+  """A copy of the finished run whose newest step is 2 (steps 3, 4 are redone on resume)."""
+  import shutil
+  wd = copy_run(finished, tmp_path)
+  shutil.rmtree(step_dir(wd, 4))
+  return wd
+
+
+def assert_disk_full_left_the_run_resumable(wd, finished, err, stderr):
+  """One line naming the folder and the state's bytes, no tracebacks printed, no unfinished step
+  folder left, step 2 intact: the rerun resumes there and redoes steps 3, 4 exactly."""
+  from attngeo import runs
+  model, _, _ = runs.load_run(wd, step=2)
+  nbytes = sum(x.size * x.dtype.itemsize for x in map(np.asarray, jax_leaves(model)))
+  assert "\n" not in str(err) and isinstance(err, ValueError) and err.errno == errno.ENOSPC
+  assert f"device of {os.path.join(wd, 'ckpt')}: checkpoint step 4 needs about" in str(err)
+  assert "steps [2] are intact" in str(err)
+  assert int(str(err).split("needs about ")[1].split(" ")[0].replace(",", "")) > 3 * nbytes   # params, 2 moments
+  assert "Traceback" not in stderr and "No space left" not in stderr, stderr[-3000:]
+  assert sorted(os.listdir(os.path.join(wd, "ckpt"))) == ["2"]
+  res = run(wd)
+  assert res.start_step == 2
+  np.testing.assert_allclose([r["loss"] for r in res.history], finished[1], rtol=1e-6)
+
+
+def jax_leaves(model):
+  import jax
+  return jax.tree.leaves(nnx.state(model, nnx.Param))
+
+
+def test_a_full_disk_during_a_checkpoint_write_is_one_line_and_the_run_resumes(finished, tmp_path, monkeypatch,
+                                                                                capfd):
+  """The JSON items of step 4 fail with ENOSPC on orbax's background commit thread."""
+  from orbax.checkpoint._src.handlers import json_checkpoint_handler as jch
+  wd = resumable_at_step_2(finished, tmp_path)
+
+  async def full(self, x, directory):
+    raise OSError(errno.ENOSPC, "No space left on device", str(directory))
+  with monkeypatch.context() as patch:
+    patch.setattr(jch.JsonCheckpointHandler, "_save_fn", full)
+    capfd.readouterr()
+    with pytest.raises(checkpoint.DiskFull) as err:
+      run(wd)
+    stderr = capfd.readouterr().err
+  assert_disk_full_left_the_run_resumable(wd, finished, err.value, stderr)
+
+
+def can_mount_tmpfs(tmp_path):
+  probe = tmp_path / "probe"
+  probe.mkdir()
+  ok = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(probe)], capture_output=True).returncode == 0
+  if ok:
+    subprocess.run(["umount", str(probe)], check=True)
+  return ok
+
+
+def test_a_really_full_disk_is_one_line_and_the_run_resumes(finished, tmp_path, capfd):
+  """A tmpfs with half a checkpoint step free (needs root): TensorStore's own ENOSPC, on its threads."""
+  import shutil
+  if not can_mount_tmpfs(tmp_path):
+    pytest.skip("mounting a tmpfs needs root")
+  src = resumable_at_step_2(finished, tmp_path / "src")
+  step_bytes = int(subprocess.run(["du", "-s", "-B1", step_dir(finished[0], 4)], capture_output=True,
+                                  text=True).stdout.split()[0])
+  used = int(subprocess.run(["du", "-s", "-B1", src], capture_output=True, text=True).stdout.split()[0])
+  mnt = tmp_path / "disk"
+  mnt.mkdir()
+  subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={used + 2 * step_bytes}", "tmpfs", str(mnt)], check=True)
+  try:
+    wd = str(mnt / "run")
+    shutil.copytree(src, wd)
+    filler = mnt / "filler"
+    with open(filler, "wb") as f:                          # leave half a step free
+      f.write(b"\0" * (shutil.disk_usage(mnt).free - step_bytes // 2))
+    capfd.readouterr()
+    with pytest.raises(checkpoint.DiskFull) as err:
+      run(wd)
+    stderr = capfd.readouterr().err
+    filler.unlink()
+    assert_disk_full_left_the_run_resumable(wd, finished, err.value, stderr)
+  finally:
+    subprocess.run(["umount", "-l", str(mnt)])
+
+
+def test_a_full_disk_during_a_metrics_write_is_one_line(tmp_path, monkeypatch):
+  """metrics.jsonl's append fails with ENOSPC: one line naming the run folder, before any checkpoint."""
+  import builtins
+
+  class Full:
+    def __init__(self, *a, **k):
+      pass
+
+    def __enter__(self):
+      return self
+
+    def __exit__(self, *a):
+      return False
+
+    def write(self, text):
+      raise OSError(errno.ENOSPC, "No space left on device")
+
+  real_open = builtins.open
+  fake = lambda path, mode="r", *a, **k: Full() if str(path).endswith("metrics.jsonl") and "a" in mode else \
+      real_open(path, mode, *a, **k)
+  monkeypatch.setattr(train, "open", fake, raising=False)
+  with pytest.raises(checkpoint.DiskFull, match=rf"^no space left on the device of {tmp_path}: the metrics row of "
+                                                rf"step 1 needs about \d+ bytes, [\d,]+ are free; [^\n]*$"):
+    run(tmp_path)
+  assert not os.path.exists(step_dir(str(tmp_path), 2))
