@@ -548,26 +548,13 @@ def aggregate(rows: list[dict]) -> list[dict]:
   return out
 
 
-def welch_p(a: np.ndarray, b: np.ndarray) -> float:
-  """Two-sided p-value of Welch's t-test (unequal variances; Welch–Satterthwaite degrees of freedom).
-
-  Two constant samples: 0 if their values differ, else 1.
-  """
-  from scipy import stats
-  va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
-  if va + vb == 0:
-    return 0.0 if a.mean() != b.mean() else 1.0
-  t = (a.mean() - b.mean()) / np.sqrt(va + vb)
-  df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
-  return float(2 * stats.t.sf(abs(t), df))
-
-
 def differences(agg: list[dict], keys, level: float = 0.05) -> dict[str, list[dict]]:
   """Per column, the pairs of conditions whose means differ beyond the seed-to-seed spread.
 
-  Welch's t-test (`welch_p`) on the per-seed values of each pair, Holm-corrected over the pairs
-  of a column (family-wise level `level`).
+  Welch's t-test (`attngeo.stats.welch`) on the per-seed values of each pair, Holm-corrected over
+  the pairs of a column (family-wise level `level`).
   """
+  from attngeo import stats
   found = {}
   for key in keys:
     tests = []
@@ -575,7 +562,7 @@ def differences(agg: list[dict], keys, level: float = 0.05) -> dict[str, list[di
       for j in range(i + 1, len(agg)):
         a, b = np.array(agg[i][key + "_values"]), np.array(agg[j][key + "_values"])
         if len(a) >= 2 and len(b) >= 2:
-          tests.append((welch_p(a, b), i, j))
+          tests.append((stats.welch(a, b).p, i, j))
     tests.sort()
     rows, m = [], len(tests)
     for rank, (p, i, j) in enumerate(tests):          # Holm: stop at the first non-rejection
@@ -678,8 +665,9 @@ def run(cfg: SwissRollConfig) -> dict:
         f"ratio ≥ oracle's − {check['tolerance']}: {'yes' if check['within_floor'] else 'NO'} (worst d_NN ÷ floor "
         f"{check['worst_d_nn_ratio']:.3f}, worst coverage ÷ floor {check['worst_coverage_ratio']:.3f}, lowest "
         f"memo. {check['lowest_memorisation']:.3f} vs oracle {check['oracle_memorisation']:.3f})")
-  print(f"wrote {cfg.out}/table1.md, table1.csv, results.json, samples.png, heat.png"
-        f"{', differences.md' if cfg.seeds > 1 else ''}; wall time {wall:.0f} s")
+  report.wrote(cfg.out, "table1.md", "table1.csv", "table1.json", "results.json", "samples.png", "heat.png",
+               *(["differences.md"] if cfg.seeds > 1 else []), "config.json", "conditions/",
+               suffix=f"; wall time {wall:.0f} s")
   return results
 
 

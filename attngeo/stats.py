@@ -1,0 +1,41 @@
+"""Statistics for comparing conditions over seeds: Welch's unequal-variance t-test.
+
+For samples a (n_a values) and b (n_b values), variances with ddof 1:
+
+    d = mean(a) − mean(b),    s_a = var(a) / n_a,    s_b = var(b) / n_b,
+    t = d / √(s_a + s_b),     ν = (s_a + s_b)² / (s_a² / (n_a − 1) + s_b² / (n_b − 1))   (Welch–Satterthwaite),
+    p = 2·P(T_ν > |t|)        (two-sided; `scipy.stats.t.sf`),
+
+the t, ν and p of `scipy.stats.ttest_ind(a, b, equal_var=False)`. Two constant samples (s_a + s_b = 0,
+where scipy gives NaN) are decided by their means: t = ±∞ and p = 0 if they differ, t = 0 and p = 1
+if not; ν is NaN.
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+
+class Welch(NamedTuple):
+  difference: float        # mean(a) − mean(b)
+  t: float
+  df: float                # Welch–Satterthwaite degrees of freedom
+  p: float                 # two-sided
+
+
+def welch(a, b) -> Welch:
+  """Welch's t-test of mean(a) − mean(b) (see the module docstring); each sample needs ≥ 2 finite values."""
+  from scipy import stats
+  a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
+  for name, x in (("a", a), ("b", b)):
+    if len(x) < 2 or not np.all(np.isfinite(x)):
+      raise ValueError(f"Welch's t-test needs at least 2 finite values in sample {name}; got {x.tolist()}")
+  d = float(a.mean() - b.mean())
+  va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+  if va + vb == 0:
+    return Welch(d, math.copysign(math.inf, d) if d else 0.0, math.nan, 0.0 if d else 1.0)
+  t = d / math.sqrt(va + vb)
+  df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+  return Welch(d, float(t), float(df), float(2 * stats.t.sf(abs(t), df)))
