@@ -18,6 +18,7 @@ import argparse
 import dataclasses
 import math
 import os
+import shlex
 import sys
 import time
 
@@ -49,8 +50,23 @@ def cmd_train(args, ap) -> dict:
         f"{last.get('tokens_per_s', 0):.0f} tokens/s")
   if not args.no_eval:
     return cmd_eval(argparse.Namespace(run_dir=args.out, core_bundle=None, max_rows=args.eval_max_rows, step=None,
-                                       max_per_task=-1, no_dac=False), ap, loaded=result)
+                                       max_per_task=-1, no_dac=False, allow_changed_corpus=False), ap, loaded=result)
   return result
+
+
+def corpus_changed(run_dir: str, key: str, data: str, allow: bool) -> bool:
+  """Whether the text at `data` now differs from the corpus the run trained on (its corpus.json key):
+  a one-line ValueError unless `allow`, then a warning on stderr."""
+  from attngeo.lm import recipe
+  recorded = recipe.recorded_corpus(run_dir)
+  if recorded is None or recorded == key:
+    return False
+  message = (f"{run_dir}: the text at data {data!r} is not the corpus the run trained on (corpus.json key {recorded}, "
+             f"now {key})")
+  if not allow:
+    raise ValueError(f"{message}; pass --allow-changed-corpus to evaluate on the new text")
+  print(f"warning: {message}; evaluating on the new text (--allow-changed-corpus)", file=sys.stderr)
+  return True
 
 
 EVAL_COLS = [Col("metric"), Col("value", fmt=lambda v: f"{v:.4f}" if isinstance(v, float) else str(v))]
@@ -58,18 +74,23 @@ EVAL_COLS = [Col("metric"), Col("value", fmt=lambda v: f"{v:.4f}" if isinstance(
 
 def cmd_eval(args, ap, loaded=None) -> dict:
   from attngeo.data import text
-  from attngeo.lm import evals, recipe
+  from attngeo.lm import core, evals, recipe
   try:
+    if args.max_rows is not None and args.max_rows < 1:
+      raise ValueError(f"--max-rows must be ≥ 1 (omit it for all rows); got {args.max_rows}")
+    core.check_max_per_task(args.max_per_task)
     if loaded is None:
       model, tok, cfg = recipe.load(args.run_dir, args.step)
     else:
       model, tok, cfg = loaded["model"], loaded["tokenizer"], recipe.read_config(args.run_dir)
     corpus = text.open_corpus(cfg.text_spec(), tok, cfg.data_dir)
+    changed = corpus_changed(args.run_dir, corpus.key, cfg.data, args.allow_changed_corpus)
     out = evals.evaluate(model, tok, corpus.rows("val", cfg.seq_len), max_rows=args.max_rows,
                          with_dac=not args.no_dac, core_bundle=args.core_bundle, max_per_task=args.max_per_task,
                          progress=True)
   except (ValueError, FileNotFoundError) as e:
     ap.error(str(e))
+  out.update(corpus_key=corpus.key, corpus_changed=changed)
   rows = [{"metric": "val bpb", "value": out["bpb"]}, {"metric": "val loss (nats/token)", "value": out["val_loss"]},
           {"metric": "val tokens", "value": out["val_tokens"]}]
   if "induction" in out:
@@ -89,12 +110,20 @@ def cmd_eval(args, ap, loaded=None) -> dict:
 def cmd_sample(args, ap) -> list[str]:
   from attngeo.lm import generate, recipe
   try:
+    if args.top_k < 0:
+      raise ValueError(f"--top-k must be ≥ 0 (0: all tokens); got {args.top_k}")
+    generate.check_args(args.max_tokens, args.temperature, args.top_k or None, args.num_samples,
+                        names=("--max-tokens", "--temperature", "--top-k", "--num-samples"))
     model, tok, _ = recipe.load(args.run_dir, args.step)
     ids = tok.encode(args.prompt, prepend=tok.bos_id)
-    samples = generate.Sampler(model).generate(ids, args.max_tokens, args.temperature, args.top_k or None,
-                                               args.num_samples, args.seed, stop=tok.bos_id)
+    sampler = generate.Sampler(model)
+    samples = sampler.generate(ids, args.max_tokens, args.temperature, args.top_k or None, args.num_samples,
+                               args.seed, stop=tok.bos_id)
   except (ValueError, FileNotFoundError) as e:
     ap.error(str(e))
+  if args.max_tokens > sampler.room(ids):
+    print(f"note: --max-tokens {args.max_tokens} capped at {sampler.room(ids)}: the prompt (BOS included) takes "
+          f"{len(ids)} of the model's {sampler.seq_len}-token context", file=sys.stderr)
   texts = [args.prompt + tok.decode(s) for s in samples]
   for t in texts:
     print("-" * 72)
@@ -125,52 +154,81 @@ PEAKS = {"H100 (bf16 dense)": 989e12, "TPU v4 (bf16)": 275e12}
 
 
 def run_key(lm: LMConfig) -> str:
-  """What makes two runs the same: every LMConfig field except display-only ones."""
-  return runs.fingerprint(dataclasses.replace(lm, train=dataclasses.replace(lm.train, progress=True)))
+  """What a run computes: every LMConfig field but where the text lives (`data`, `data_dir`) and the
+  progress bar, and the text's content (`text.content_key`): new text at the same path is another
+  run, the same text moved is the same run. Names the run's folder."""
+  from attngeo.data import text
+  same = dataclasses.replace(lm, data="", data_dir="", train=dataclasses.replace(lm.train, progress=True))
+  return runs.fingerprint(same, text.content_key(lm.text_spec()))
+
+
+def result_key(run: str, eval_rows: int) -> str:
+  """What a result holds: the run (`run_key`), the validation rows and the evaluation's version."""
+  from attngeo.lm import evals
+  return runs.fingerprint(run, eval_rows, evals.VERSION)
 
 
 def run_condition(cfg: Table2Config, name: str, seed: int) -> dict:
-  """Train and evaluate one (condition, seed); reused when its result.json holds the same config key."""
+  """Train and evaluate one (condition, seed); its result.json is reused only under the same
+  `result_key`. A run already trained is resumed (a finished one trains no step) and re-evaluated
+  when only the evaluation changed; the evaluation holds the run folder (`attngeo.runlock`)."""
+  from attngeo import runlock
   from attngeo.lm import evals, recipe
   op, learnable = CONDITIONS[name]
   lm = dataclasses.replace(cfg.lm, operator=op, learnable_operator=learnable,
                            train=dataclasses.replace(cfg.lm.train, seed=seed))
-  key = run_key(lm)
-  run_dir = os.path.join(cfg.out, "runs", f"{name}_s{seed}_{key}")
+  run = run_key(lm)
+  key = result_key(run, cfg.eval_rows)
+  run_dir = os.path.join(cfg.out, "runs", f"{name}_s{seed}_{run}")
   result_path = os.path.join(run_dir, "result.json")
   cached = runs.cached_result(result_path, key)
   if cached is not None:
     return cached
   t0 = time.perf_counter()
   trained = recipe.train(lm, run_dir, desc=f"{name} s{seed}")
-  val = trained["corpus"].rows("val", lm.seq_len)
-  ev = evals.evaluate(trained["model"], trained["tokenizer"], val, max_rows=cfg.eval_rows or None)
-  hist = trained["history"]
-  row = dict(condition=name, seed=seed, key=key, bpb=ev["bpb"], val_loss=ev["val_loss"], induction=ev["induction"],
-             dac_max_contrast=ev["dac"]["max_contrast"], final_train_loss=hist[-1]["loss"] if hist else None,
-             seconds=time.perf_counter() - t0, curve=[(h["step"], h["loss"]) for h in hist],
-             induction_per_length=ev["induction_per_length"], dac=ev["dac"])
-  if learnable:
-    from attngeo import nn
-    row["learned_operator"] = [[np.asarray(c).tolist() for c in m.coefficients()]
-                               for m in nn.attention_modules(trained["model"])]
-  runs.atomic_json(result_path, row)
+  with runlock.hold(run_dir):
+    val = trained["corpus"].rows("val", lm.seq_len)
+    ev = evals.evaluate(trained["model"], trained["tokenizer"], val, max_rows=cfg.eval_rows or None)
+    hist = trained["history"]
+    row = dict(condition=name, seed=seed, key=key, run_key=run, corpus=trained["corpus"].key, bpb=ev["bpb"],
+               val_loss=ev["val_loss"], induction=ev["induction"], dac_max_contrast=ev["dac"]["max_contrast"],
+               final_train_loss=hist[-1]["loss"] if hist else None, seconds=time.perf_counter() - t0,
+               curve=[(h["step"], h["loss"]) for h in hist], induction_per_length=ev["induction_per_length"],
+               dac=ev["dac"])
+    if learnable:
+      from attngeo import nn
+      row["learned_operator"] = [[np.asarray(c).tolist() for c in m.coefficients()]
+                                 for m in nn.attention_modules(trained["model"])]
+    runs.atomic_json(result_path, row)
   return row
 
 
 def summarise(rows: list[dict], conditions) -> list[dict]:
-  """Per condition: mean ± sd (ddof = 1) over seeds of bpb and induction accuracy."""
+  """Per condition: mean ± sd (ddof = 1) over seeds of bpb and induction accuracy, and bpb's
+  difference from ATTN with Welch's t and p (`attngeo.stats.welch`; None for ATTN itself, without an
+  ATTN row, or with fewer than 2 seeds on either side)."""
+  from attngeo import stats
   out = []
+  attn = np.array([r["bpb"] for r in rows if r["condition"] == "ATTN"])
   for name in conditions:
     rs = [r for r in rows if r["condition"] == name]
     if not rs:
       continue
     bpbs, inds = np.array([r["bpb"] for r in rs]), np.array([r["induction"] for r in rs])
     sd = lambda x: float(x.std(ddof=1)) if len(x) > 1 else float("nan")
+    test = stats.welch(bpbs, attn) if name != "ATTN" and len(bpbs) > 1 and len(attn) > 1 else None
     out.append(dict(condition=name, seeds=len(rs), bpb_mean=float(bpbs.mean()), bpb_sd=sd(bpbs),
                     induction_mean=float(inds.mean()), induction_sd=sd(inds), seed_bpb=SEED_TABLE2.get(name),
-                    bpb_per_seed=bpbs.tolist()))
+                    bpb_per_seed=bpbs.tolist(), bpb_vs_attn=test and test.difference, welch_t=test and test.t,
+                    welch_df=test and test.df, welch_p=test and test.p))
   return out
+
+
+def vs_attn(row: dict) -> str:
+  """'+0.0215 (t = 4.5, p = 0.03)' from a `summarise` row; '—' where no test was made."""
+  if row["welch_t"] is None:
+    return "—"
+  return f"{row['bpb_vs_attn']:+.4f} (t = {row['welch_t']:.1f}, p = {row['welch_p']:.2g})"
 
 
 def pm(mean_key, sd_key, digits=4):
@@ -179,7 +237,9 @@ def pm(mean_key, sd_key, digits=4):
 
 
 TABLE2_COLS = [Col("condition", "Operator"), Col("seeds", "seeds"),
-               Col("bpb_mean", "val bpb ↓ (mean ± sd)", align="right"), Col("induction_mean", "induction ↑ (mean ± sd)", align="right"),
+               Col("bpb_mean", "val bpb ↓ (mean ± sd)", align="right"),
+               Col("vs_attn", "here − ATTN (Welch t, p)", align="right"),
+               Col("induction_mean", "induction ↑ (mean ± sd)", align="right"),
                Col("seed_bpb", "seed paper bpb (d12, FineWeb-edu)", ".4f")]
 
 
@@ -203,35 +263,61 @@ def loss_figure(rows: list[dict], path: str) -> None:
   plt.close(fig)
 
 
-def full_plan(cfg: Table2Config, mfu: float) -> dict:
-  """FLOPs per token, total FLOPs and estimated step time of the --full recipe (no training)."""
+def vocab_size(lm: LMConfig) -> int:
+  """The vocabulary a run of `lm` gets: the byte tokenizer's 265 ids, or the BPE `vocab_size`."""
+  from attngeo.lm import tokenizer as tok_lib
+  return tok_lib.ByteTokenizer().vocab_size if lm.tokenizer == "byte" else lm.vocab_size
+
+
+def given_flags(args, skip=()) -> list[str]:
+  """The Table2Config flags given on the command line, as `--name value` (names in `skip` left out)."""
+  out = []
+  for name, value in sorted(vars(args).items()):
+    if value is None or name in skip or name in ("command", "full", "dry_run", "mfu"):
+      continue
+    text = ",".join(map(str, value)) if isinstance(value, (tuple, list)) else str(value).lower() \
+        if isinstance(value, bool) else str(value)
+    out += [f"--{name.replace('_', '-')}", shlex.quote(text)]
+  return out
+
+
+def plan(cfg: Table2Config, mfu: float, command: str) -> dict:
+  """FLOPs per token, total FLOPs and estimated step time of `cfg` (no training), and the launch lines
+  that run `command` (the table2 command with the flags given) on a TPU v4-32 or one 8-GPU node."""
   from attngeo.lm import recipe
   from attngeo.nn import gpt
-  mcfg = recipe.model_config(cfg.lm, cfg.lm.vocab_size)
+  mcfg = recipe.model_config(cfg.lm, vocab_size(cfg.lm))
   flops = gpt.flops_per_token(mcfg)
   tokens_per_step = cfg.lm.train.batch_size * cfg.lm.seq_len
-  plan = {"width": mcfg.width, "heads": mcfg.block.num_heads, "head_dim": mcfg.block.dh, "depth": mcfg.depth,
-          "seq_len": mcfg.seq_len, "vocab_size": mcfg.vocab_size, "matmul_params": gpt.matmul_params(mcfg),
-          "flops_per_token": flops, "tokens_per_step": tokens_per_step, "steps": cfg.lm.train.steps,
-          "mfu_assumed": mfu, "runs": len(cfg.conditions) * len(cfg.seeds)}
-  plan["step_seconds"] = {chip: flops * tokens_per_step / (peak * mfu) for chip, peak in PEAKS.items()}
+  out = {"width": mcfg.width, "heads": mcfg.block.num_heads, "head_dim": mcfg.block.dh, "depth": mcfg.depth,
+         "seq_len": mcfg.seq_len, "vocab_size": mcfg.vocab_size, "tokenizer": cfg.lm.tokenizer,
+         "matmul_params": gpt.matmul_params(mcfg), "flops_per_token": flops, "tokens_per_step": tokens_per_step,
+         "steps": cfg.lm.train.steps, "mfu_assumed": mfu, "runs": len(cfg.conditions) * len(cfg.seeds)}
+  out["step_seconds"] = {chip: flops * tokens_per_step / (peak * mfu) for chip, peak in PEAKS.items()}
   # v4-32: 16 chips over 4 hosts; one 8-GPU node: 8 devices. The mesh is data-parallel over all of them.
-  plan["launch"] = ("tpu/launch_tpu.sh --name attngeo-lm --zone ZONE --type v4-32 -- attngeo lm table2 --full "
-                    f"--lm.data {cfg.lm.data} --lm.train.mesh 16,1,1 --out {cfg.out}")
-  plan["launch_gpu"] = ("tpu/launch_gpu.sh slurm --nodes 1 --partition gpu -- attngeo lm table2 --full "
-                        f"--lm.data {cfg.lm.data} --lm.train.mesh 8,1,1 --out {cfg.out}")
-  return plan
+  tail = f"--lm.data {shlex.quote(cfg.lm.data)} --out {shlex.quote(cfg.out)}"
+  out["command"] = command
+  out["launch"] = f"tpu/launch_tpu.sh --name attngeo-lm --zone ZONE --type v4-32 -- {command} {tail} --lm.train.mesh 16,1,1"
+  out["launch_gpu"] = f"tpu/launch_gpu.sh slurm --nodes 1 --partition gpu -- {command} {tail} --lm.train.mesh 8,1,1"
+  return out
+
+
+def amount(x: float) -> str:
+  """Thousands separated and whole from 10 up, two significant digits below (0.0031, never 0)."""
+  return f"{x:,.0f}" if x >= 10 else f"{x:.2g}"
 
 
 def print_plan(plan: dict) -> None:
   print(f"d{plan['depth']}: width {plan['width']}, {plan['heads']} heads × {plan['head_dim']}, context {plan['seq_len']}, "
-        f"vocab {plan['vocab_size']:,}; {plan['matmul_params'] / 1e6:.1f} M matmul parameters")
-  print(f"FLOPs per token (6·N + 12·L·h·d_h·T, nanochat): {plan['flops_per_token'] / 1e9:.3f} G; "
+        f"vocab {plan['vocab_size']:,} ({plan['tokenizer']} tokenizer); "
+        f"{plan['matmul_params'] / 1e6:.3g} M matmul parameters")
+  print(f"FLOPs per token (6·N + 12·L·h·d_h·T, nanochat): {plan['flops_per_token'] / 1e9:.4g} G; "
         f"{plan['tokens_per_step']:,} tokens per step, {plan['steps']:,} steps, {plan['runs']} runs")
   for chip, s in plan["step_seconds"].items():
     total = s * plan["steps"] * plan["runs"] / 3600
-    print(f"  {chip}: {s:.2f} s per step per chip at {100 * plan['mfu_assumed']:.0f}% MFU "
-          f"({total:,.0f} chip-hours for all runs)")
+    print(f"  {chip}: {amount(s)} s per step per chip at {100 * plan['mfu_assumed']:.0f}% MFU "
+          f"({amount(total)} chip-hours for all runs)")
+  print(f"run:    {plan['command']}")
   print(f"launch: {plan['launch']}")
   print(f"        {plan['launch_gpu']}")
 
@@ -245,9 +331,27 @@ def full_steps(cfg: Table2Config) -> int:
   """Steps for FULL_TOKENS_PER_PARAM tokens per parameter (embeddings included)."""
   from attngeo.lm import recipe
   from attngeo.nn import gpt
-  mcfg = recipe.model_config(cfg.lm, cfg.lm.vocab_size)
+  mcfg = recipe.model_config(cfg.lm, vocab_size(cfg.lm))
   params = gpt.matmul_params(mcfg) + mcfg.vocab_size * mcfg.width
   return round(FULL_TOKENS_PER_PARAM * params / (cfg.lm.train.batch_size * cfg.lm.seq_len))
+
+
+def check_table2(cfg: Table2Config, mfu: float) -> None:
+  """One-line ValueError naming the first field of `cfg` (or `mfu`) no Table 2 run can use, before any work."""
+  from attngeo.lm import recipe
+  unknown = [c for c in cfg.conditions if c not in CONDITIONS]
+  if not cfg.conditions or unknown:
+    raise ValueError(f"--conditions: unknown {unknown}; choose from {list(CONDITIONS)}" if unknown else
+                     f"--conditions must name at least one of {list(CONDITIONS)}")
+  if not cfg.seeds or len(set(cfg.seeds)) != len(cfg.seeds):
+    raise ValueError(f"--seeds must name distinct training seeds; got {list(cfg.seeds)}")
+  if cfg.eval_rows < 0:
+    raise ValueError(f"--eval-rows must be ≥ 0 (0: all); got {cfg.eval_rows}")
+  if not 0 < mfu <= 1:
+    raise ValueError(f"--mfu must lie in (0, 1]; got {mfu}")
+  for name in cfg.conditions:                    # each condition's model (CMAP needs an even head_dim)
+    op, learnable = CONDITIONS[name]
+    recipe.check(dataclasses.replace(cfg.lm, operator=op, learnable_operator=learnable), "lm.")
 
 
 def cmd_table2(args, ap) -> dict:
@@ -255,21 +359,20 @@ def cmd_table2(args, ap) -> dict:
   if args.full:
     base = full_config(base)
   cfg = config_lib.from_arguments(args, Table2Config, base)
+  try:
+    check_table2(cfg, args.mfu)
+  except ValueError as e:
+    ap.error(str(e))
   if args.full and getattr(args, "lm.train.steps") is None:
     cfg = dataclasses.replace(cfg, lm=dataclasses.replace(cfg.lm, train=dataclasses.replace(cfg.lm.train,
                                                                                             steps=full_steps(cfg))))
-  unknown = [c for c in cfg.conditions if c not in CONDITIONS]
-  if unknown:
-    ap.error(f"--conditions: unknown {unknown}; choose from {list(CONDITIONS)}")
   if args.full or args.dry_run:
-    plan = full_plan(cfg, args.mfu)
-    print_plan(plan)
+    command = " ".join(["attngeo lm table2", *(["--full"] if args.full else []),
+                        *given_flags(args, skip=("out", "lm.data", "lm.train.mesh"))])
+    the_plan = plan(cfg, args.mfu, command)
+    print_plan(the_plan)
     if args.dry_run:
-      return {"plan": plan}
-  try:
-    cfg.lm.text_spec()
-  except ValueError as e:
-    ap.error(str(e))
+      return {"plan": the_plan}
   if args.full and not os.path.exists(cfg.lm.data):
     ap.error(f"--lm.data {cfg.lm.data!r}: no such file or directory (place the FineWeb-edu parquet shards there)")
   t0 = time.perf_counter()
@@ -284,12 +387,14 @@ def cmd_table2(args, ap) -> dict:
       ap.error(str(e))
   table = summarise(rows, cfg.conditions)
   for r in table:
+    r["vs_attn"] = vs_attn(r)
     r["bpb_mean"] = pm("bpb_mean", "bpb_sd")(r)
     r["induction_mean"] = pm("induction_mean", "induction_sd", 3)(r)
   wall = time.perf_counter() - t0
   note = (f"Depth-{cfg.lm.depth} GPT (width {cfg.lm.width or cfg.lm.aspect * cfg.lm.depth}, context {cfg.lm.seq_len}, "
           f"{cfg.lm.tokenizer} tokenizer) trained from scratch on '{cfg.lm.data}' for {cfg.lm.train.steps} steps × "
           f"{cfg.lm.train.batch_size} rows per condition and seed; sd over {len(cfg.seeds)} seeds (ddof 1). "
+          f"here − ATTN: the difference of mean bpb from ATTN's, Welch's t-test over the seeds (two-sided p). "
           f"Seed paper: depth 12, FineWeb-edu, 65,536-token BPE, one seed. Wall time {wall:.0f} s.")
   payload = dict(config=dataclasses.asdict(cfg), table=summarise(rows, cfg.conditions), runs=rows, wall_seconds=wall)
   md = report.write(cfg.out, "table2", table, TABLE2_COLS, payload=payload, note=note)
@@ -317,6 +422,9 @@ def parser() -> argparse.ArgumentParser:
   ev.add_argument("--max-per-task", type=int, default=-1, help="CORE examples per task (default: -1, all)")
   ev.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
   ev.add_argument("--no-dac", action="store_true", help="skip the DAC probe (default: run it)")
+  ev.add_argument("--allow-changed-corpus", action="store_true",
+                  help="evaluate even when the text at the run's data path differs from the corpus it trained on "
+                       "(corpus.json; a warning says so); default: refuse")
   sa = sub.add_parser("sample", help="sample text from a run (KV-cached)", prog="attngeo lm sample")
   sa.add_argument("run_dir", help="a run folder written by attngeo lm train")
   sa.add_argument("--prompt", default="", help="text to continue (default: empty, BOS only)")

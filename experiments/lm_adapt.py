@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from attngeo import config as config_lib
+from attngeo import config as config_lib, runlock
 from attngeo.experiments import report
 from attngeo.experiments.report import Col
 from attngeo.lm.adapt import AdaptConfig, pm
@@ -275,16 +275,23 @@ def cmd_adapt(args, ap) -> dict:
     if cfg.source is None:
       cfg = dataclasses.replace(cfg, source=default_source(cfg, args.table2_out))
     source = adapt.load_source(cfg)
-    print(f"source {cfg.source} ({source.kind}, key {source.key}); chain {' → '.join(map(adapt.operator_label, ops))}; "
-          f"{cfg.adapt.steps} steps per state; seeds {list(cfg.seeds)}", flush=True)
-    result = adapt.run(cfg, source, log=lambda line: print(line, flush=True))
-    control = None
-    if cfg.control and adapt.control_chain(ops) != ops:
-      print(f"control: {' → '.join(map(adapt.operator_label, adapt.control_chain(ops)))}", flush=True)
-      control = adapt.run(dataclasses.replace(cfg, chain=adapt.chain_text(adapt.control_chain(ops))),
-                          source, log=lambda line: print(line, flush=True))
+    with runlock.hold(cfg.out):             # one process per output folder (its states hold their own)
+      return finish(cfg, ops, source, t0)
   except (ValueError, FileNotFoundError) as e:
     ap.error(str(e))
+
+
+def finish(cfg: AdaptConfig, ops, source, t0: float) -> dict:
+  """Run the chain (and its control) from `source`, then write Table 3, results.json and the figure."""
+  from attngeo.lm import adapt
+  print(f"source {cfg.source} ({source.kind}, key {source.key}); chain {' → '.join(map(adapt.operator_label, ops))}; "
+        f"{cfg.adapt.steps} steps per state; seeds {list(cfg.seeds)}", flush=True)
+  result = adapt.run(cfg, source, log=lambda line: print(line, flush=True))
+  control = None
+  if cfg.control and adapt.control_chain(ops) != ops:
+    print(f"control: {' → '.join(map(adapt.operator_label, adapt.control_chain(ops)))}", flush=True)
+    control = adapt.run(dataclasses.replace(cfg, chain=adapt.chain_text(adapt.control_chain(ops))),
+                        source, log=lambda line: print(line, flush=True))
   wall = time.perf_counter() - t0
   summary = adapt.summarise(result)
   control_summary = adapt.summarise(control) if control else None

@@ -52,6 +52,10 @@ def test_parse_chain_labels_and_one_line_errors():
     (["--source", "/nonexistent/run"], "source '/nonexistent/run': no such run folder"),
     (["--dry-run"], "--dry-run plans the --full (d32) protocol; add --full"),
     (["--adapt.steps", "-1"], "adapt.steps must be >= 0"),
+    (["--adapt.lr", "-1"], "lr must be a positive finite rate; got -1.0"),
+    (["--core-max-per-task", "0"], "max_per_task must be -1 (every example) or an integer ≥ 1; got 0"),
+    (["--lm.seq-len", "32"], "lm.seq_len must be an integer ≥ 63"),
+    (["--lm.width", "0"], "lm.width must be an integer ≥ 1 or none"),
 ])
 def test_bad_input_is_one_line_before_any_work(tmp_path, capsys, argv, message):
   out = tmp_path / "out"
@@ -183,7 +187,7 @@ def test_load_run_reads_every_lm_run_folder(chain, tmp_path):
                                TINY.train, steps=1)))
   row = lm_cmd.run_condition(t2, "ATTN", 0)
   folders = [chain["src"], chain["result"]["records"][1]["workdir"],
-             os.path.join(t2.out, "runs", f"ATTN_s0_{row['key']}")]
+             os.path.join(t2.out, "runs", f"ATTN_s0_{row['run_key']}")]
   for path in folders:
     model, tcfg, mcfg = runs.load_run(path)
     assert type(tcfg) is recipe.LMTrainConfig and tcfg.embedding_lr == pytest.approx(0.3 * (32 / 768) ** -0.5)

@@ -86,6 +86,16 @@ TINY = ["--data", "pydoc", "--depth", "1", "--width", "32", "--head-dim", "16", 
         "--train.schedule", "constant", "--train.warmup", "1"]
 
 
+def snapshot(folder) -> dict:
+  """{relative path: bytes} of every file under `folder`."""
+  out = {}
+  for d, _, names in os.walk(folder):
+    for name in names:
+      with open(os.path.join(d, name), "rb") as f:
+        out[os.path.relpath(os.path.join(d, name), folder)] = f.read()
+  return out
+
+
 def losses(run_dir):
   with open(os.path.join(run_dir, "metrics.jsonl")) as f:
     rows = [json.loads(line) for line in f]
@@ -111,6 +121,31 @@ def test_train_resume_eval_sample_and_bad_input(tmp_path, capsys):
   with pytest.raises(SystemExit) as e:
     lm_cmd.main(["sample", part, "--prompt", "x" * 80])
   assert e.value.code == 2 and "prompt is 81 tokens; the model's context is 64 tokens" in capsys.readouterr().err
+  lm_cmd.main(["sample", part, "--prompt", "The ", "--max-tokens", "500", "--temperature", "0"])
+  assert "note: --max-tokens 500 capped at 59: the prompt (BOS included) takes 5 of the model's 64-token context" \
+      in capsys.readouterr().err
+  for flags, message in ((["--max-tokens", "-5"], "--max-tokens must be an integer ≥ 1; got -5"),
+                         (["--num-samples", "0"], "--num-samples must be an integer ≥ 1; got 0"),
+                         (["--top-k", "-1"], "--top-k must be ≥ 0"), (["--temperature", "-1"], "--temperature must be ≥ 0")):
+    with pytest.raises(SystemExit) as e:
+      lm_cmd.main(["sample", part, *flags])
+    assert e.value.code == 2 and message in capsys.readouterr().err
+  # A refused resume (another context) changes nothing on disk, and lm eval still reads the run's own context.
+  before = snapshot(part)
+  with pytest.raises(SystemExit) as e:
+    lm_cmd.main(["train", *TINY, "--seq-len", "128", "--data-dir", data_dir, "--train.steps", "4", "--out", part])
+  assert e.value.code == 2 and "model.seq_len 64 → 128" in capsys.readouterr().err
+  assert snapshot(part) == before
+  assert recipe.read_config(part).seq_len == 64
+  # lm eval of a run whose corpus changed refuses, or evaluates the new text with a warning when asked.
+  corpus_json = tmp_path / "part" / "corpus.json"
+  corpus_json.write_text(json.dumps({**json.loads(corpus_json.read_text()), "key": "c0000000000000000"}))
+  with pytest.raises(SystemExit) as e:
+    lm_cmd.main(["eval", part, "--max-rows", "2", "--no-dac"])
+  assert e.value.code == 2 and "is not the corpus the run trained on (corpus.json key c0000000000000000" in \
+      capsys.readouterr().err
+  ev = lm_cmd.main(["eval", part, "--max-rows", "2", "--no-dac", "--allow-changed-corpus"])
+  assert ev["corpus_changed"] and "evaluating on the new text" in capsys.readouterr().err
   with pytest.raises(SystemExit):
     lm_cmd.main(["eval", str(tmp_path / "nowhere")])
   assert "lm.json: missing" in capsys.readouterr().err
@@ -123,6 +158,38 @@ def test_train_resume_eval_sample_and_bad_input(tmp_path, capsys):
   assert "no such file or directory" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--seq-len", "32"], "seq_len must be an integer ≥ 63 (the shortest induction sequence"),
+    (["--seq-len", "0"], "seq_len must be an integer ≥ 63"),
+    (["--width", "0"], "width must be an integer ≥ 1 or none"),
+    (["--depth", "0"], "depth must be an integer ≥ 1"),
+    (["--head-dim", "-4"], "head_dim must be an integer ≥ 1"),
+    (["--aspect", "0", "--width", "none"], "aspect must be an integer ≥ 1"),
+    (["--width", "40"], "head_dim=16 does not divide width=40"),
+    (["--train.steps", "0"], "steps must be an integer ≥ 1"),
+    (["--eval-rows", "0"], "eval_rows must be an integer ≥ 1"),
+    (["--operator", "CMAP", "--head-dim", "15", "--width", "30"], "CMAP needs an even head_dim"),
+])
+def test_bad_train_settings_are_one_line_before_anything_is_written(tmp_path, capsys, flags, message):
+  out = tmp_path / "run"
+  with pytest.raises(SystemExit) as e:
+    lm_cmd.main(["train", *TINY, *flags, "--data-dir", str(tmp_path / "data"), "--out", str(out)])
+  err = capsys.readouterr().err.strip().splitlines()
+  assert e.value.code == 2 and message in err[-1] and len(err) == 1, err
+  assert not out.exists() and not (tmp_path / "data").exists()
+
+
+def test_a_refused_new_run_leaves_no_folder(tmp_path, capsys):
+  """A corpus too small for a validation document was refused after tokenizer/ was written into the new folder."""
+  data = tmp_path / "one.txt"
+  data.write_text("a single document " * 10)
+  out = tmp_path / "run"
+  with pytest.raises(SystemExit) as e:
+    lm_cmd.main(["train", *TINY, "--data", str(data), "--data-dir", str(tmp_path / "cache"), "--out", str(out)])
+  assert e.value.code == 2 and "the val split has no documents" in capsys.readouterr().err
+  assert not out.exists()
+
+
 def test_a_run_resumes_only_on_its_own_corpus(tmp_path):
   out = tmp_path / "run"
   out.mkdir()
@@ -132,25 +199,33 @@ def test_a_run_resumes_only_on_its_own_corpus(tmp_path):
     recipe.train(cfg, str(out))
 
 
-def fake_run(calls):
-  """recipe.train / evals.evaluate stand-ins: Table 2's bookkeeping without training."""
+OFFSET = {"ATTN": 0.0, "0.5,0.5": 0.03}
+
+
+def fake_run(calls, evaluated=None):
+  """recipe.train / evals.evaluate stand-ins: Table 2's bookkeeping without training. bpb of seed s:
+  2 + 0.1·s + o·(1 + s²), o = OFFSET[operator] (so the conditions' spreads differ)."""
   def train(lm, run_dir, desc=""):
     calls.append((lm.operator, lm.train.seed))
     os.makedirs(run_dir, exist_ok=True)
     model = nn.GPT(nn.GPTConfig.from_depth(1, vocab_size=8, head_dim=4, width=8, operator=recipe.parse_operator(lm.operator),
                                            learnable_operator=lm.learnable_operator), rngs=nnx.Rngs(0))
-    corpus = type("Corpus", (), {"rows": lambda self, split, n: None})()
+    corpus = type("Corpus", (), {"rows": lambda self, split, n: None, "key": "c0"})()
     return {"model": model, "tokenizer": None, "corpus": corpus,
             "history": [{"step": s, "loss": 3.0 - 0.1 * s - 0.01 * lm.train.seed} for s in (1, 2, 3)]}
 
   def evaluate(model, tok, rows, max_rows=None):
-    seed = calls[-1][1]
-    return {"bpb": 2.0 + 0.1 * seed, "val_loss": 1.0, "induction": 0.1 * seed, "induction_per_length": {},
-            "dac": {"max_contrast": 0.0}}
+    op, seed = calls[-1]
+    if evaluated is not None:
+      evaluated.append((op, seed, max_rows))
+    return {"bpb": 2.0 + 0.1 * seed + OFFSET[op] * (1 + seed ** 2), "val_loss": 1.0, "induction": 0.1 * seed,
+            "induction_per_length": {}, "dac": {"max_contrast": 0.0}}
   return train, evaluate
 
 
-def test_table2_tables_reuse_and_figure(tmp_path, monkeypatch, capsys):
+def test_table2_tables_reuse_welch_column_and_figure(tmp_path, monkeypatch, capsys):
+  from scipy import stats as sps
+
   from attngeo.lm import evals
   calls = []
   train, evaluate = fake_run(calls)
@@ -162,15 +237,54 @@ def test_table2_tables_reuse_and_figure(tmp_path, monkeypatch, capsys):
   row = next(r for r in out["table"] if r["condition"] == "ATTN")
   assert row["bpb_mean"] == pytest.approx(2.1) and row["bpb_sd"] == pytest.approx(0.1)          # 2.0, 2.1, 2.2
   assert row["induction_sd"] == pytest.approx(np.std([0.0, 0.1, 0.2], ddof=1)) and row["seed_bpb"] == 0.8471
-  assert "2.1000 ± 0.1000" in (tmp_path / "table2.md").read_text()
+  assert row["welch_t"] is None
+  learnable = next(r for r in out["table"] if r["condition"] == "learnable")
+  attn_bpb, learn_bpb = [2.0, 2.1, 2.2], [2.0 + 0.1 * s + 0.03 * (1 + s * s) for s in range(3)]
+  ref = sps.ttest_ind(learn_bpb, attn_bpb, equal_var=False)
+  assert learnable["bpb_vs_attn"] == pytest.approx(np.mean(learn_bpb) - 2.1, rel=1e-9)
+  assert learnable["welch_t"] == pytest.approx(ref.statistic, rel=1e-9)
+  assert learnable["welch_p"] == pytest.approx(ref.pvalue, rel=1e-9)
+  md = (tmp_path / "table2.md").read_text()
+  assert "2.1000 ± 0.1000" in md and "here − ATTN (Welch t, p)" in md
+  assert f"{np.mean(learn_bpb) - 2.1:+.4f} (t = {ref.statistic:.1f}, p = {ref.pvalue:.2g})" in md
   for name in ("table2.csv", "results.json", "loss_curves.png"):
     assert (tmp_path / name).stat().st_size > 0
-  learned = json.loads((tmp_path / "results.json").read_text())["runs"]
-  assert any("learned_operator" in r for r in learned)
+  results = json.loads((tmp_path / "results.json").read_text())
+  assert any("learned_operator" in r for r in results["runs"])
+  assert next(r for r in results["table"] if r["condition"] == "learnable")["welch_p"] == pytest.approx(ref.pvalue)
   lm_cmd.main(args)                                   # same configs: finished runs are reused
   assert len(calls) == 6
   lm_cmd.main(args + ["--lm.train.steps", "7"])       # another config: trained again
   assert len(calls) == 12
+
+
+def test_table2_results_are_keyed_by_the_corpus_content_and_the_evaluation(tmp_path, monkeypatch):
+  """New text at the same path trains again (it reused the old bpb: keyed by the path); another --eval-rows
+  re-evaluates (it was left out of the key); the same text at another path is the same run."""
+  from attngeo.lm import evals
+  calls, evaluated = [], []
+  train, evaluate = fake_run(calls, evaluated)
+  monkeypatch.setattr(recipe, "train", train)
+  monkeypatch.setattr(evals, "evaluate", evaluate)
+  data = tmp_path / "text"
+  data.mkdir()
+  (data / "a.txt").write_text("first text " * 20)
+  args = ["table2", "--conditions", "ATTN", "--seeds", "0", "--out", str(tmp_path / "out"), "--lm.data", str(data)]
+  lm_cmd.main(args)
+  assert len(calls) == len(evaluated) == 1
+  lm_cmd.main(args + ["--eval-rows", "7"])
+  assert len(evaluated) == 2 and evaluated[-1][2] == 7
+  lm_cmd.main(args + ["--eval-rows", "7"])
+  assert len(evaluated) == 2                                         # reused under its own key
+  (data / "a.txt").write_text("other text " * 20)
+  lm_cmd.main(args)
+  assert len(evaluated) == 3
+  folders = sorted(os.listdir(tmp_path / "out" / "runs"))
+  assert len(folders) == 2                                           # another corpus: another run folder
+  moved = tmp_path / "moved"
+  os.rename(data, moved)
+  lm_cmd.main([*args[:-1], str(moved)])
+  assert len(evaluated) == 3 and sorted(os.listdir(tmp_path / "out" / "runs")) == folders
 
 
 def test_table2_full_dry_run_plan_and_launch_line(capsys):
@@ -185,6 +299,23 @@ def test_table2_full_dry_run_plan_and_launch_line(capsys):
   cmd = ["bash", os.path.join(ROOT, launch[0]).split()[0], *launch[0].split()[1:], "--dry-run", "--", *launch[1].split()]
   res = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT)
   assert res.returncode == 0 and "attngeo\\ lm\\ table2\\ --full" in res.stdout
+
+
+def test_table2_dry_run_without_full_plans_the_protocol_that_would_run(capsys):
+  """Without --full the plan printed vocab 4,096 (the BPE default, under the byte tokenizer), 0 chip-hours and
+  launch lines with --full; now the byte vocabulary, the small protocol's hours and the command as given."""
+  from attngeo.nn import gpt
+  out = lm_cmd.main(["table2", "--dry-run", "--seeds", "0,1", "--lm.train.steps", "50"])["plan"]
+  mcfg = nn.GPTConfig.from_depth(2, head_dim=64, width=128, vocab_size=265, seq_len=128)
+  assert out["vocab_size"] == 265 and out["flops_per_token"] == gpt.flops_per_token(mcfg)
+  assert out["runs"] == 5 * 2 and out["steps"] == 50
+  hours = out["step_seconds"]["H100 (bf16 dense)"] * 50 * 10 / 3600
+  printed = capsys.readouterr().out
+  assert "vocab 265 (byte tokenizer)" in printed and f"({lm_cmd.amount(hours)} chip-hours" in printed
+  assert hours > 0 and lm_cmd.amount(hours) != "0"
+  assert "--full" not in out["launch"] and "--full" not in printed
+  assert "attngeo lm table2 --lm.train.steps 50 --seeds 0,1 --lm.data shakespeare --out runs/table2" in out["launch"]
+  assert lm_cmd.amount(0.0031) == "0.0031" and lm_cmd.amount(12345.6) == "12,346"
 
 
 def test_help_imports_no_jax():

@@ -30,13 +30,15 @@ Keys and reuse. Each model along the chain has a content key (`attngeo.runs.fing
     key(graft k) = fp(key(θ_{k−1}), o_k)
     key(θ_k)     = fp(key(graft k), adaptation config, corpus key, s)
 
-State k trains in its own workdir `states/<label>_<operator>_s<s>_<key(θ_k)>`: a killed run resumes
+State k trains in its own workdir `states/<label>_<operator>_s<s>_<key(θ_k)>` (held by one process:
+`attngeo.runlock`): a killed run resumes
 there exactly (the trainer restores weights, optimizer and data position, and refuses another
 config), a finished state (its `state.json` holds the key) is read back instead of retrained, and
 any change upstream — the source's weights, an earlier operator, the adaptation config, the corpus,
 the seed — leads to another folder. Evaluations are stored in `evals/` under fp(model key,
 evaluation settings), so the seed-independent ones (state 0 and the first graft) run once and a
-changed evaluation setting re-evaluates without retraining.
+changed evaluation setting (or new content in the CORE bundle's files: `core.bundle_key`) re-evaluates
+without retraining.
 """
 from __future__ import annotations
 
@@ -54,7 +56,6 @@ from attngeo.lm.config import LMConfig, LMTrain
 
 LETTERS = {"ATTN": "A", "DMTN": "M", "DMAP": "D", "ATAP": "P"}
 RUN_CONTROL = ("ckpt_every", "keep", "log_every", "progress")   # how a run is watched, not what it computes
-EVAL_VERSION = 1                                               # bump when the evaluation changes meaning
 
 
 @dataclasses.dataclass
@@ -144,6 +145,7 @@ def state_labels(ops) -> list[str]:
 
 def validate(cfg: AdaptConfig) -> list:
   """Check `cfg` before any work (one-line ValueError / FileNotFoundError); returns the parsed chain."""
+  from attngeo.lm import core, recipe
   ops = parse_chain(cfg.chain)
   if not cfg.seeds:
     raise ValueError("seeds must name at least one adaptation seed")
@@ -153,6 +155,12 @@ def validate(cfg: AdaptConfig) -> list:
     raise ValueError(f"adapt.batch_size must be positive; got {cfg.adapt.batch_size}")
   if cfg.eval_rows < 0:
     raise ValueError(f"eval_rows must be >= 0 (0: all); got {cfg.eval_rows}")
+  core.check_max_per_task(cfg.core_max_per_task)
+  lm = dataclasses.replace(cfg.lm, operator="ATTN", learnable_operator=False)
+  if cfg.source is None:                     # the Table 2 source is trained with cfg.lm
+    recipe.check(lm, "lm.")
+  if cfg.adapt.steps:                        # the adaptation's trainer fields (rates, schedule, ...)
+    recipe.train_config(dataclasses.replace(lm, train=cfg.adapt), 768, None)
   if cfg.source is not None:
     if not os.path.isdir(cfg.source):
       raise FileNotFoundError(f"source {cfg.source!r}: no such run folder")
@@ -269,10 +277,11 @@ class Evaluator:
   """`attngeo.lm.evaluate` on the validation rows, stored in `out/evals/` by fp(model key, settings)."""
 
   def __init__(self, cfg: AdaptConfig, tokenizer, corpus, seq_len: int, out: str):
+    from attngeo.lm import core, evals
     self.cfg, self.tokenizer, self.out = cfg, tokenizer, out
     self.val_rows = corpus.rows("val", seq_len).array(cfg.eval_rows or None)
-    self.settings = runs.fingerprint(EVAL_VERSION, corpus.key, seq_len, cfg.eval_rows, cfg.core_max_per_task,
-                                     cfg.core_bundle and os.path.abspath(cfg.core_bundle))
+    self.settings = runs.fingerprint(evals.VERSION, corpus.key, seq_len, cfg.eval_rows, cfg.core_max_per_task,
+                                     cfg.core_bundle and core.bundle_key(cfg.core_bundle))
     self.computed = 0
 
   def __call__(self, model, key: str) -> dict:
@@ -309,6 +318,7 @@ def run(cfg: AdaptConfig, source: Source, log=print) -> dict:
   """
   from flax import nnx
 
+  from attngeo import runlock
   from attngeo.data import text as text_lib
   ops = validate(cfg)
   labels = state_labels(ops)
@@ -339,12 +349,13 @@ def run(cfg: AdaptConfig, source: Source, log=print) -> dict:
         runs.load_model(model, workdir)
         history, reused = done["history"], True
       else:
-        history = adapt(model, source.text, corpus, cfg.adapt, seed, workdir,
-                        desc=f"s{seed} {labels[k]} {operator_name(ops[k])}")
-        runs.atomic_json(os.path.join(workdir, "state.json"),
-                         {"key": skey, "graft_key": gkey, "operator": ops[k], "label": labels[k], "seed": seed,
-                          "chain": ops[:k + 1], "source": source.path, "source_key": source.key,
-                          "train": train_key(cfg, seed), "corpus": corpus.key, "history": history})
+        with runlock.hold(workdir):          # one process per state folder, its state.json included
+          history = adapt(model, source.text, corpus, cfg.adapt, seed, workdir,
+                          desc=f"s{seed} {labels[k]} {operator_name(ops[k])}")
+          runs.atomic_json(os.path.join(workdir, "state.json"),
+                           {"key": skey, "graft_key": gkey, "operator": ops[k], "label": labels[k], "seed": seed,
+                            "chain": ops[:k + 1], "source": source.path, "source_key": source.key,
+                            "train": train_key(cfg, seed), "corpus": corpus.key, "history": history})
         reused = False
         trained += 1
       seconds = time.perf_counter() - t0

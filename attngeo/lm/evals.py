@@ -9,6 +9,8 @@ import os
 
 from attngeo.lm import bpb, core, dac, induction
 
+VERSION = 1            # bump when an evaluation changes meaning: stored results keyed by it are recomputed
+
 
 def evaluate(model, tokenizer, val_rows, *, seq_len: int | None = None, max_rows: int | None = None,
              batch_size: int = 16, with_induction: bool = True, with_dac: bool = True,

@@ -8,8 +8,10 @@ scaled by its width rule `(width / 768)^−½`.
 
 A run folder holds `lm.json` (this config), `tokenizer/` (`tokenizer.json`, `token_bytes.npy`),
 `corpus.json` (the tokenised corpus's key and stats: a run resumes only on the same corpus),
-`config.json`, `metrics.jsonl` and `ckpt/` (written by `attngeo.train.train`, which resumes a killed
-run from its last checkpoint). The loss is the mean next-token cross-entropy over every target
+`config.json` (its "classes" name `LMTrainConfig`, so `attngeo.runs.load_run` rebuilds it), `metrics.jsonl`
+and `ckpt/` (written by `attngeo.train.train`, which resumes a killed run from its last checkpoint).
+`train` checks everything before it writes anything (a refused run leaves the folder as it was) and
+holds the folder (`attngeo.runlock`) while it writes and trains. The loss is the mean next-token cross-entropy over every target
 of the packed rows (BOS targets included, as nanochat trains).
 """
 from __future__ import annotations
