@@ -205,3 +205,25 @@ def test_imported_model_grafts_and_folds(tmp_path):
   np.testing.assert_allclose(np.asarray(call(model, x, t, y)), grafted, atol=2e-5, rtol=1e-5)
   assert model.cfg.block.distance_form and not hasattr(model.blocks[0].attn, "wq")
   assert nnx.state(model, nnx.Param)["blocks"][0]["attn"]["wp"][...].shape == (D, HEADS, D // HEADS)
+
+
+@pytest.mark.parametrize("options,message", [
+    ({"num_heads": 0}, r"a SiT/DiT import needs positive integers; got num_heads=0"),
+    ({"num_heads": -4}, r"got num_heads=-4"),
+    ({"num_heads": 3}, r"num_heads=3 must divide the checkpoint's width 32"),
+    ({"num_classes": 0}, r"got num_classes=0"),
+])
+def test_impossible_heads_and_classes_are_one_line(options, message):
+  with pytest.raises(ValueError, match=message) as e:
+    dit_import.config_from_state_dict(official_state_dict(np.random.default_rng(0)), **options)
+  assert "\n" not in str(e.value)
+
+
+def test_damaged_checkpoint_is_one_line(tmp_path):
+  path = str(tmp_path / "sit.safetensors")
+  safetensors_io.write(path, official_state_dict(np.random.default_rng(0)))
+  with open(path, "r+b") as f:
+    f.truncate(50)
+  with pytest.raises(ValueError, match=rf"{path} is not a readable checkpoint") as e:
+    dit_import.import_checkpoint(path)
+  assert "\n" not in str(e.value)

@@ -46,13 +46,15 @@ def config_from_state_dict(sd: dict, num_heads: int | None = None, num_classes: 
 
   Args:
     sd: `{name: array}` in the official layout.
-    num_heads: heads per layer (default: the preset of the width).
-    num_classes: real classes; the table then has `num_classes + 1` rows (label dropout, null label
+    num_heads: heads per layer, a positive divisor of the width (default: the preset of the width).
+    num_classes: real classes (≥ 1); the table then has `num_classes + 1` rows (label dropout, null label
       last) or `num_classes` rows (no dropout). Default: rows − 1 with a null label, as the official
       class-conditional checkpoints (1001 rows for ImageNet's 1000 classes).
     overrides: further `DiTConfig.create` fields (e.g. `operator`, `implementation`).
   """
   from attngeo.nn import DiTConfig
+  given = {k: v for k, v in (("num_heads", num_heads), ("num_classes", num_classes)) if v is not None}
+  layout.positive_ints(given, given, "a SiT/DiT import")
   missing = [k for k in REQUIRED if k not in sd]
   if missing:
     raise ValueError(f"not a SiT/DiT checkpoint: missing {_names(missing)} (it has {_names(sd) or 'no tensors'})")
@@ -79,6 +81,8 @@ def config_from_state_dict(sd: dict, num_heads: int | None = None, num_classes: 
   heads = num_heads or HEADS_BY_WIDTH.get(int(d))
   if heads is None:
     raise ValueError(f"width {d} is not a SiT/DiT preset width {sorted(HEADS_BY_WIDTH)}; pass num_heads")
+  if d % heads:
+    raise ValueError(f"num_heads={heads} must divide the checkpoint's width {d}")
   fields = dict(image_size=int(grid * p), patch=int(p), channels=int(c), depth=depth, num_classes=int(num_classes),
                 class_dropout_prob=dropout, learn_sigma=out == 2 * c, time_scale=1.0, width=int(d),
                 num_heads=int(heads), mlp_ratio=hidden / d, mlp_act="gelu", qkv_bias=True, out_bias=True,

@@ -16,14 +16,19 @@ so their checkpoints import exactly (`attngeo.interop.dit`):
 * `time_scale`: SiT embeds t ∈ [0, 1] as it is (1.0, the default); DiT feeds integer steps 0…999.
 
 `DiTConfig.preset("XL/2")` is SiT-XL/2 (depth 28, width 1152, 16 heads, patch 2, 675M parameters).
+Labels outside the table (`[0, num_classes]` with the null label, else `[0, num_classes)`) are one
+line when the call sees concrete values (JAX's gather would clamp them to a wrong class);
+`flops_per_image` is the training cost of one image, for plans.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax.numpy as jnp
 from flax import nnx
 
+from attngeo import _checks
 from attngeo.nn.embeddings import FinalLayer, TimestepEmbedder, sincos_2d
 from attngeo.nn.layers import Block, BlockConfig, NestsBlock, param
 
@@ -105,6 +110,11 @@ class DiT(nnx.Module):
 
   def raw(self, x, t, y):
     """All `out_channels` output channels [b, H, W, C_out] (DiT's ε and learned variance)."""
+    rows = self.y_embed[...].shape[0]
+    if _checks.is_concrete(y) and jnp.size(y) and not 0 <= int(jnp.min(y)) <= int(jnp.max(y)) < rows:
+      null = f" and the null label {self.cfg.null_label}" if self.cfg.null_label is not None else ""
+      raise ValueError(f"labels y must lie in [0, {rows}) ({self.cfg.num_classes} classes{null}); got "
+                       f"[{int(jnp.min(y))}, {int(jnp.max(y))}]")
     h = self.patchify(x) @ self.patch_w[...] + self.patch_b[...] + self.pos[...][None]
     cond = self.t_embed(t) + self.y_embed[...][y]
     for blk in self.blocks:
@@ -114,3 +124,29 @@ class DiT(nnx.Module):
   def __call__(self, x, t, y):
     out = self.raw(x, t, y)
     return out[..., :self.cfg.channels] if self.cfg.learn_sigma else out
+
+
+PER_IMAGE = ("t_embed", "ada_w")   # parameters applied once per image (to the conditioning vector)
+
+
+def flops_per_image(cfg: DiTConfig) -> float:
+  """Training FLOPs of one image (forward + backward): `6·(T·N_token + N_image) + 12·L·T²·d`.
+
+  T = (image_size/patch)² tokens; N_token = the weight matrices applied to every token (patch
+  embedding, q, k, v, o, MLP, read-out), N_image = those applied once to the conditioning vector
+  (the timestep MLP, every adaLN map), both counted on the abstract model; the label table is a
+  lookup, biases are not counted. The attention term counts q·k and P·v over T keys in each of the
+  L blocks (PaLM's convention, as `gpt.flops_per_token`); DMTN/ATAP are credited ATTN's count.
+  """
+  model = nnx.eval_shape(lambda: DiT(cfg, rngs=nnx.Rngs(0)))
+  tokens = (cfg.image_size // cfg.patch) ** 2
+  per_token = per_image = 0
+  for path, v in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+    shape = v.get_value().shape
+    if len(shape) < 2 or path[-1] == "y_embed":
+      continue
+    if any(name in path for name in PER_IMAGE):
+      per_image += math.prod(shape)
+    else:
+      per_token += math.prod(shape)
+  return 6.0 * (tokens * per_token + per_image) + 12.0 * cfg.depth * tokens ** 2 * cfg.block.width
