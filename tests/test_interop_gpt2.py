@@ -216,3 +216,11 @@ def test_export_refuses_what_config_json_cannot_carry(field, tmp_path):
 def test_export_carries_the_rest(changes, tmp_path):
   export_audit.check_carried(gpt2.config(HF), changes, save_gpt2, lambda folder: gpt2.load(folder)[0],
                              tmp_path / "out", IDS)
+
+
+@pytest.mark.parametrize("field,value", [("n_head", 0), ("n_layer", -1), ("n_positions", 0), ("n_embd", "32"),
+                                         ("n_inner", 0), ("vocab_size", 2.5), ("layer_norm_epsilon", -1e-5)])
+def test_impossible_config_json_is_one_line(tmp_path, field, value):
+  with pytest.raises(ValueError, match=rf"{field}(={value!r}| must be a finite number >= 0)") as e:
+    gpt2.load(write_model(tmp_path, random_state(), dict(HF, **{field: value})))
+  assert "\n" not in str(e.value)
