@@ -129,7 +129,7 @@ def main(argv=None):
   payload = dict(rows=rows, n=len(x), dim=int(x.shape[1]), eps=eps, eps_rule=rule, alpha=a.alpha, t=a.t, tol=a.tol,
                  converged=bool(dm.converged), matvecs=int(dm.matvecs), seconds=seconds)
   report.write(a.out, "diffmap", rows, cols, payload=payload, note=note)
-  print(f"wrote {a.out}/coordinates.npy, {a.out}/diffmap.png")
+  report.wrote(a.out, "coordinates.npy", "diffmap.md", "diffmap.csv", "diffmap.json", "diffmap.png")
 
 
 if __name__ == "__main__":

@@ -50,6 +50,7 @@ STABILITY = (("next_relative_change", "ΔW rel. Frobenius"), ("next_js_divergenc
 ISOMETRY = (("head_isometry_defect", "δ heads"), ("effective_isometry_defect", "δ effective"),
             ("effective_participation", "participation (eff.)"))
 QUANTITIES = STABILITY + ISOMETRY
+TABLES = ("stability", "isometry", "scale")       # study_<table>.{md,csv,json}
 
 
 @dataclasses.dataclass
@@ -431,11 +432,11 @@ def tables(results: list[dict], out: str) -> str:
   scale = [Col("family"), Col("state")] + [c for key, label in QUANTITIES for c in (
       Col(f"{key}:mean", f"{label}: mean", ".3g"), Col(f"{key}:slope", "depth slope", ".3g"))]
   parts = ["## Stability of the effective walk W_ℓ → W_ℓ₊₁ (seed means; slope against relative depth)",
-           report.write(out, "study_stability", rows, stab, quiet=True),
+           report.write(out, f"study_{TABLES[0]}", rows, stab, quiet=True),
            "## Scaled-isometry defects of the transports (seed means)",
-           report.write(out, "study_isometry", rows, iso, quiet=True),
+           report.write(out, f"study_{TABLES[1]}", rows, iso, quiet=True),
            "## Trends in scale: change per decade of non-embedding parameters (least squares over every model)",
-           report.write(out, "study_scale", srows, scale, quiet=True)]
+           report.write(out, f"study_{TABLES[2]}", srows, scale, quiet=True)]
   return "\n\n".join(parts)
 
 
@@ -508,7 +509,9 @@ def run(cfg: StudyConfig) -> dict:
   with open(os.path.join(cfg.out, "study.json"), "w") as f:
     json.dump(payload, f, indent=1)
   print(md + "\n\n" + note)
-  print(f"\nwrote {cfg.out}/study.md, study.json, study.png")
+  print()
+  report.wrote(cfg.out, "study.md", "study.json", "study.png", *(f"study_{t}.{{md,csv,json}}" for t in TABLES),
+               "config.json", *([] if cfg.runs else ["models/"]))
   return payload
 
 

@@ -86,7 +86,10 @@ def run(protocols, operators, out: str, progress: bool = True) -> list[dict]:
           "of the trained model at t = 1 on sets of n training points; the seed states no set size for its value.")
   report.write(out, "order", rows, cols, payload=rows, note=note)
   figure(rows, os.path.join(out, "order.png"))
-  print(f"\nwrote {out}/order.md, order.csv, order.json, order.png; wall time {time.perf_counter() - t0:.0f} s")
+  models = ", ".join(dict.fromkeys(protocol_config(p, operators, out).out for p in protocols))
+  print()
+  report.wrote(out, "order.md", "order.csv", "order.json", "order.png",
+               suffix=f"; models in {models}; wall time {time.perf_counter() - t0:.0f} s")
   return rows
 
 

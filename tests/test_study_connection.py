@@ -71,7 +71,9 @@ def test_study_smoke_decoder(tmp_path, capsys):
   (m,) = json.loads((tmp_path / "study.json").read_text())["models"]
   assert m["family"] == "decoder" and len(m["trained"]) == len(m["init"]) == 2 and m["params"] > 0
   assert 0 <= m["trained"][0]["effective_isometry_defect"] <= 1 and m["held_out"] > 0
-  assert "Stability of the effective walk" in capsys.readouterr().out
+  out = capsys.readouterr().out
+  assert "Stability of the effective walk" in out
+  assert f"wrote {tmp_path}/study.md, study.json, study.png, study_stability.{{md,csv,json}}, " in out
   assert payload["summary"][0]["family"] == "decoder"
 
 
