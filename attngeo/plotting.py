@@ -5,6 +5,8 @@ spiral is visible without occlusion); 3-D views are available through `point_pan
 """
 from __future__ import annotations
 
+import textwrap
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -21,6 +23,12 @@ def _ax3d(fig, rows, cols, i, title):
   ax.set_xticks([]), ax.set_yticks([]), ax.set_zticks([])
   ax.view_init(elev=12, azim=-70)
   return ax
+
+
+def _wrap(text: str, inches: float, fontsize: float) -> str:
+  """`text` broken into lines that fit `inches` at `fontsize` points (≈ 0.55 em a character): an axis or
+  colour-bar label no longer than its axis, so never clipped by the figure's edge."""
+  return "\n".join(textwrap.wrap(text, max(int(inches * 72 / (0.55 * fontsize)), 10)))
 
 
 def _plane(ax, title, lim, fontsize=9):
@@ -68,8 +76,9 @@ def sample_grid(path: str, rows: list[tuple[str, list[tuple[np.ndarray, np.ndarr
   colour_all = np.concatenate([c for _, _, c in top] + [c for _, frames in rows for _, c in frames])
   norm = colors.Normalize(float(colour_all.min()), float(colour_all.max()))
   lim = 1.25 * float(max(np.abs(p[:, [0, 2]]).max() for _, p, _ in top))
-  fig = plt.figure(figsize=(size * ncols + 1.2, size * (len(rows) + 1) + 1.3))
-  outer = fig.add_gridspec(len(rows) + 1, 1, left=0.1, right=0.84, top=1 - 1.05 / fig.get_figheight(),
+  fig = plt.figure(figsize=(size * ncols + 1.7, size * (len(rows) + 1) + 1.3))
+  width = fig.get_figwidth()                          # the last 1.6 in: the colour bar, its label, the legend
+  outer = fig.add_gridspec(len(rows) + 1, 1, left=0.1, right=1 - 1.6 / width, top=1 - 1.05 / fig.get_figheight(),
                            bottom=0.01, hspace=0.12, height_ratios=[1.25] + [1] * len(rows))
   ntop = len(top) + (noise is not None) + bool(nn_cdfs)
   head = outer[0].subgridspec(2, ntop, wspace=0.45, height_ratios=[1, 0.25])
@@ -93,7 +102,8 @@ def sample_grid(path: str, rows: list[tuple[str, list[tuple[np.ndarray, np.ndarr
     ax.set_xlabel("d_NN to training set", fontsize=8), ax.set_ylabel("fraction ≤", fontsize=8)
     ax.set_title("d_NN, final samples", fontsize=8)
     ax.tick_params(labelsize=7)
-    ax.legend(fontsize=5, loc="lower right", frameon=False, handlelength=1.2)
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.04, 1.0), borderaxespad=0, frameon=False,
+              handlelength=1.2)                                   # right of the panel: over no data
   for r, (label, frames) in enumerate(rows):
     grid = outer[r + 1].subgridspec(1, ncols, wspace=0.05)
     for c, (pts, col) in enumerate(frames):
@@ -101,8 +111,10 @@ def sample_grid(path: str, rows: list[tuple[str, list[tuple[np.ndarray, np.ndarr
       ax.scatter(pts[:, 0], pts[:, 2], s=0.8, c=col, cmap=cmap, norm=norm, linewidths=0)
       if c == 0:
         ax.set_ylabel(label, fontsize=9)
-  cax = fig.add_axes([0.89, 0.1, 0.02, 0.7])
-  fig.colorbar(plt.cm.ScalarMappable(norm=norm, cmap=cmap), cax=cax).set_label(colour_label, fontsize=9)
+  rows_box = outer[1:, 0].get_position(fig)          # beside the condition rows: the d_NN legend is above it
+  cax = fig.add_axes([1 - 1.3 / width, rows_box.y0 + 0.05 * rows_box.height, 0.18 / width, 0.9 * rows_box.height])
+  fig.colorbar(plt.cm.ScalarMappable(norm=norm, cmap=cmap), cax=cax).set_label(
+      _wrap(colour_label, 0.9 * rows_box.height * fig.get_figheight(), 9), fontsize=9)
   if title:
     fig.suptitle(title, fontsize=10)
   fig.savefig(path, dpi=DPI)
@@ -118,7 +130,7 @@ def heat_panels(points: np.ndarray, rows: list[tuple[str, list[tuple[str, np.nda
     points: the cloud [n, 3].
     rows: [(row label, [(panel title, values [n]), …]), …], every row equally long.
     path: PNG to write.
-    source: index of the heat's source point, marked with a star and named in a legend.
+    source: index of the heat's source point, marked with a star and named in a legend (above the colour bar).
     title: the figure's title (name the model, layer and time unit there).
     colour_label: the colour bar's label.
     floor: values below it are drawn at it (log scale).
@@ -129,7 +141,8 @@ def heat_panels(points: np.ndarray, rows: list[tuple[str, list[tuple[str, np.nda
   vmax = max(float(np.max(v)) for _, panels in rows for _, v in panels)
   norm = colors.LogNorm(floor, max(vmax, 10 * floor))
   lim = 1.1 * float(np.abs(points[:, [0, 2]]).max())
-  fig, axes = plt.subplots(len(rows), ncols, figsize=(size * ncols + 1.0, size * len(rows) + 0.9), squeeze=False)
+  fig, axes = plt.subplots(len(rows), ncols, figsize=(size * ncols + 1.6, size * len(rows) + 0.9), squeeze=False)
+  width = fig.get_figwidth()                          # the last 1.4 in: the colour bar, its label, the legend
   for r, (label, panels) in enumerate(rows):
     for c, (p_title, vals) in enumerate(panels):
       ax = _plane(axes[r, c], p_title, lim)
@@ -141,13 +154,16 @@ def heat_panels(points: np.ndarray, rows: list[tuple[str, list[tuple[str, np.nda
                    linewidths=0.6, label="source point")
       if c == 0:
         ax.set_ylabel(label, fontsize=9)
-  fig.subplots_adjust(left=0.06, right=0.86, bottom=0.04, top=1 - 0.9 / fig.get_figheight(), wspace=0.05, hspace=0.15)
-  cax = fig.add_axes([0.885, 0.1, 0.02, 0.7])
-  fig.colorbar(plt.cm.ScalarMappable(norm=norm, cmap="inferno"), cax=cax).set_label(colour_label, fontsize=9)
-  if source is not None:
-    axes[0, 0].legend(loc="lower left", fontsize=7, frameon=True)
+  fig.subplots_adjust(left=0.06, right=1 - 1.4 / width, bottom=0.04, top=1 - 0.9 / fig.get_figheight(), wspace=0.05,
+                      hspace=0.15)
+  cax = fig.add_axes([1 - 1.15 / width, 0.1, 0.18 / width, 0.7])
+  fig.colorbar(plt.cm.ScalarMappable(norm=norm, cmap="inferno"), cax=cax).set_label(
+      _wrap(colour_label, 0.7 * fig.get_figheight(), 9), fontsize=9)
+  if source is not None:                              # above the colour bar, outside every panel
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    fig.legend(handles[:1], labels[:1], loc="lower left", bbox_to_anchor=(1 - 1.35 / width, 0.82), fontsize=7,
+               frameon=False)
   if title:
-    import textwrap
     fig.suptitle("\n".join(textwrap.wrap(title, 110)), fontsize=9)
   fig.savefig(path, dpi=DPI)
   plt.close(fig)

@@ -43,25 +43,27 @@ def _parser():
 
 def _plot(x, coords, dm, path):
   """Left: the cloud (first three coordinates) coloured by Ψ₁; middle: Ψ₁ against Ψ₂ coloured by Ψ₃;
-  right: 1 − λ and the residuals per eigenpair."""
+  right: 1 − λ and the residuals per eigenpair. Each colouring has its labelled colour bar."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  fig = plt.figure(figsize=(13, 4))
+  fig = plt.figure(figsize=(14, 4))
   c1 = coords[:, 0]
   if x.shape[1] >= 3:
     ax = fig.add_subplot(1, 3, 1, projection="3d")
-    ax.scatter(x[:, 0], x[:, 1], x[:, 2], s=1.0, c=c1, cmap="viridis")
+    points = ax.scatter(x[:, 0], x[:, 1], x[:, 2], s=1.0, c=c1, cmap="viridis")
     ax.set_xticks([]), ax.set_yticks([]), ax.set_zticks([])
   else:
     ax = fig.add_subplot(1, 3, 1)
-    ax.scatter(x[:, 0], x[:, 1] if x.shape[1] > 1 else np.zeros(len(x)), s=1.0, c=c1, cmap="viridis")
+    points = ax.scatter(x[:, 0], x[:, 1] if x.shape[1] > 1 else np.zeros(len(x)), s=1.0, c=c1, cmap="viridis")
   ax.set_title("cloud coloured by Ψ₁", fontsize=9)
+  fig.colorbar(points, ax=ax, shrink=0.7, pad=0.08).set_label("Ψ₁", fontsize=9)
   ax = fig.add_subplot(1, 3, 2)
   if coords.shape[1] >= 2:
-    colour = coords[:, 2] if coords.shape[1] >= 3 else c1
-    ax.scatter(coords[:, 0], coords[:, 1], s=1.0, c=colour, cmap="viridis")
+    name = "Ψ₃" if coords.shape[1] >= 3 else "Ψ₁"
+    points = ax.scatter(coords[:, 0], coords[:, 1], s=1.0, c=coords[:, 2] if name == "Ψ₃" else c1, cmap="viridis")
     ax.set_xlabel("Ψ₁"), ax.set_ylabel("Ψ₂")
+    fig.colorbar(points, ax=ax).set_label(name, fontsize=9)
   else:
     ax.hist(c1, bins=50)
     ax.set_xlabel("Ψ₁")

@@ -114,11 +114,11 @@ def figure(rows: list[dict], path: str) -> None:
           e = np.array([r[f"e_{s}"] for s in SIZES])
           ax.plot(n, e / n if norm else e, ls, marker="o", ms=3, color=plt.cm.tab10(k),
                   label=f"{LABELS.get(p, p)}, {swissroll.ORDER_NAMES[order]}")
+      seed = {order: SEED.get((op, order)) for order in ("ffn_first", "attn_first")}
       for order, ls in (("ffn_first", "-"), ("attn_first", "--")):
-        v = SEED.get((op, order))
-        if v is not None and not norm:
-          ax.axhline(v, color="k", ls=ls, lw=0.8, alpha=0.6)
-          ax.annotate(f"seed {swissroll.ORDER_NAMES[order]}: {v:g}", (n[0], v), fontsize=6, va="bottom")
+        if seed[order] is not None and not norm:
+          ax.axhline(seed[order], color="k", ls=ls, lw=0.8, alpha=0.6,
+                     label=f"the seed's Table 1, {swissroll.ORDER_NAMES[order]} (value in the title)")
       ax.set_xscale("log")
       if norm:
         ax.set_ylim(0, None)
@@ -128,12 +128,18 @@ def figure(rows: list[dict], path: str) -> None:
       ax.minorticks_off()
       ax.set_xlabel("set size n (points per set)", fontsize=8)
       ax.set_ylabel("e^H̄ ÷ n" if norm else "e^H̄ (effective neighbours)", fontsize=8)
-      ax.set_title(f"{op}" + (" — normalised" if norm else ""), fontsize=9)
+      values = " / ".join(f"{v:g}" for v in seed.values() if v is not None)
+      ax.set_title(f"{op} — normalised" if norm else f"{op} (seed: {values})" if values else op, fontsize=9)
       ax.tick_params(labelsize=7)
-  handles, labels = axes[0, 0].get_legend_handles_labels()
-  fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=7, frameon=False, handlelength=4.5)
+  entries = {}                                             # label → handle, over every panel (seed lines too)
+  for ax in axes.flat:
+    for handle, label in zip(*ax.get_legend_handles_labels()):
+      entries.setdefault(label, handle)
+  handles = list(entries.values())
+  fig.legend(handles, list(entries), loc="lower center", ncol=2, fontsize=7, frameon=False, handlelength=4.5)
   fig.suptitle("Learned neighbourhood size e^H̄ against the set size it is measured on\n(solid FFN → MHSA, "
-               "dashed MHSA → FFN; black: the seed's Table 1, set size not stated)", fontsize=9)
+               "dashed MHSA → FFN; black: the seed's Table 1, FFN → MHSA / MHSA → FFN, set size not stated)",
+               fontsize=9)
   fig.tight_layout(rect=(0, 0.22 * ((len(handles) + 1) // 2) / fig.get_figheight() + 0.02, 1, 0.93))
   fig.savefig(path, dpi=110)
   plt.close(fig)
