@@ -667,6 +667,7 @@ def run(cfg: SwissRollConfig) -> dict:
         f"memo. {check['lowest_memorisation']:.3f} vs oracle {check['oracle_memorisation']:.3f})")
   report.wrote(cfg.out, "table1.md", "table1.csv", "table1.json", "results.json", "samples.png", "heat.png",
                *(["differences.md"] if cfg.seeds > 1 else []), "config.json", "conditions/",
+               *(["data/"] if cfg.coupling == "ot" else []),                  # the OT-noise cache
                suffix=f"; wall time {wall:.0f} s")
   return results
 

@@ -50,13 +50,16 @@ def test_scan_writes_every_output_with_the_oracle_floor(scan):
   assert res["verdict"]["within_floor"] is False      # 40 steps are far from the floor
 
 
-def test_rerun_reuses_finished_conditions(scan):
+def test_rerun_reuses_finished_conditions(scan, capsys):
   cfg, res = scan
   path = os.path.join(_dir(cfg, "DMAP"), "result.json")
   mtime = os.path.getmtime(path)
   again = swissroll.run(cfg)
   assert os.path.getmtime(path) == mtime
   assert again["conditions"] == res["conditions"]
+  wrote = [line for line in capsys.readouterr().out.splitlines() if line.startswith("wrote ")]
+  names = wrote[-1].removeprefix(f"wrote {cfg.out}/").split("; ")[0].split(", ")   # every file it wrote, named
+  assert sorted(names) == sorted(n + "/" * os.path.isdir(os.path.join(cfg.out, n)) for n in os.listdir(cfg.out))
 
 
 def test_condition_killed_before_its_result_finishes_on_rerun(scan):
