@@ -173,9 +173,10 @@ def frustration(p, theta, pi=None, *, max_steps: int = 500, xtol: float = 1e-6) 
   the rounded top eigenvector of H (`u = D^{−1/2}·vec`, `x_i = u_i/|u_i|`, 1 where u_i = 0) by the
   generalised power method `x ← phase((W_θ + D) x)`, each walk stopped when none of its `x_i` moves
   by more than `xtol`, or after `max_steps`. Both bounds are widened by `pi_error` (module docstring;
-  ν ∈ [0, 1] clips them), so they hold for K's true π whenever the stationary solver's bound does: a
-  nearly decomposable K, whose π is ill-determined, gets a wide bracket, and one whose π is not unique
-  [0, 1]. ν = 0 iff θ is pure gauge on the support of K.
+  ν ∈ [0, 1] clips them) and by `2(n + 4)·u`, the working precision's rounding of E(x) and λ_max (W
+  sums to 1, ‖H‖ ≤ 1; probabilistic model), so they hold for K's true π (that of K/rowsum(K), as in
+  `markov.stationary`) whenever the stationary solver's bound does: a nearly decomposable K, whose π
+  is ill-determined, gets a wide bracket, and one whose π is not unique [0, 1]. ν = 0 iff θ is pure gauge on the support of K.
   """
   _check_pair(p, theta)
   if isinstance(max_steps, bool) or not isinstance(max_steps, (int, np.integer)) or max_steps < 0 or not xtol > 0:
@@ -184,9 +185,10 @@ def frustration(p, theta, pi=None, *, max_steps: int = 500, xtol: float = 1e-6) 
   fr = _frustration(p, theta, pi, int(max_steps), float(xtol))
   eps = eps.astype(fr.lower.dtype)
   known = eps <= 1.0                                 # False for inf/NaN (π not unique): all of [0, 1]
+  slack = eps + 2 * (p.shape[-1] + 4) * jnp.finfo(fr.lower.dtype).eps          # + the rounding of E and λ_max
   bound = lambda x, unknown: jnp.where(known, jnp.clip(x, 0.0, 1.0), unknown)
-  return fr._replace(lower=bound(fr.lower - eps, 0.0), upper=bound(fr.upper + eps, 1.0),
-                     rounded=bound(fr.rounded + eps, 1.0), pi_error=eps)
+  return fr._replace(lower=bound(fr.lower - slack, 0.0), upper=bound(fr.upper + slack, 1.0),
+                     rounded=bound(fr.rounded + slack, 1.0), pi_error=eps)
 
 
 def _phase_of(u):

@@ -6,15 +6,30 @@ finiteness, stochasticity) once when it holds concrete values (one host transfer
 jit/vmap/grad-compatible otherwise; the helpers it calls do not validate again. A supplied law π is
 checked the same way (`check_law`: a probability vector, used as π/Σπ).
 
-* stationary law `π`: the left Perron vector, `πP = π`, `Σπ = 1`, solved directly. With `v = 1/n`,
-  `M = I − P + 1vᵀ` is invertible whenever π is unique (one closed class) and `πM = vᵀ`, so π is one
-  LU solve; two steps of iterative refinement follow. A posteriori bound: for the residual
-  `r = π̂ − π̂P` (Σr = 0) the error is exactly `π̂ − π = r M⁻¹`, so
-  `‖π̂ − π‖₁ ≤ ‖M⁻¹‖_∞ (‖r‖₁ + 2√n·u)`, with `‖M⁻¹‖_∞` from Hager–Higham's estimator (LAPACK's
-  condition estimate) and `2√n·u` the rounding of the residual itself (u = unit round-off, in the
-  probabilistic model of rounding-error growth, Higham & Mary 2019). `‖M⁻¹‖`
-  grows like 1/gap, so a slowly mixing chain in float32 reports a large bound and
-  `converged = False` instead of a wrong π; pass float64 P (under `jax.enable_x64`) to resolve it.
+* stationary law `π`: the left Perron vector, `πP = π`, `Σπ = 1`, solved directly. π_true is the
+  law of the chain given, `P̃ = P/rowsum(P)` (float32 rows sum to 1 only to rounding; a float64 P
+  rounded to float32 is another chain, whose π can differ by up to ‖M⁻¹‖·u). With `v = 1/n`,
+  `M = I − P̃ + 1vᵀ` is invertible whenever π is unique (one closed class) and `πM = vᵀ`, so π is one
+  LU solve in the working dtype; two steps of iterative refinement follow, each from the residual
+  `r = π̂ − π̂P̃` computed in float64 on the host (mixed-precision refinement: π̂ reaches the working
+  precision, where a residual in float32 stalls at ‖M⁻¹‖·√n·u).
+  A posteriori bound: with `S = Σπ̂`, `(π̂ − Sπ)M = r` exactly, so `π̂ − π = r M⁻¹ + (S − 1)π`. One
+  more solve gives `δ̂ ≈ r M⁻¹` and the host its residual `r₂ = r − δ̂M` in float64, and
+
+      ‖π̂ − π‖₁ ≤ ‖δ̂‖₁ + κ (‖r₂‖₁ + ρ) + |S − 1|,     κ = κ̂/(1 − κ̂η) ≥ ‖M⁻¹‖_∞,
+
+  times (1 + γ) for the float64 sums. κ̂ is Hager–Higham's estimate (LAPACK's condition estimate)
+  of the inverse of the matrix the LU factored, η = max|rowsum(P) − 1| + 10√n·u bounds how far that
+  is from M (the LU's backward error, probabilistic model, Higham & Mary 2019; κ = inf when κ̂η ≥ 1:
+  a π that is not unique is never certified), ρ = γ(2S + ‖r‖₁ + 3‖δ̂‖₁) the float64 rounding of
+  the residuals and γ = (n + 4)·u₆₄. ‖δ̂‖₁ is the error itself to relative accuracy ≈ κu, so a
+  well-conditioned chain's bound is within a few times its true error (1.2–1.4× on float32
+  Gaussian walks of 500–4000 points; the bound `κ̂(‖r‖₁ + 2√n·u)` of a float32 residual was 40–3500×).
+  ‖M⁻¹‖ grows like 1/gap: as κu approaches 1 the solve for δ̂ stops converging, r₂ ≈ r and the
+  bound is the condition times the residual, so a slowly mixing chain in float32 reports a large
+  bound and `converged = False` instead of a wrong π; pass float64 P (under `jax.enable_x64`) to
+  resolve it. The host steps are `jax.pure_callback`s (jit- and vmap-compatible; π's gradient is
+  the LU solve's, with the refinement's residuals held constant).
 * mean row entropy `H̄ = mean_i Σ_j entr(P_ij)`, `entr(x) = −x log x`; `e^{H̄}` is the effective
   number of neighbours.
 * reversibility `ε_rev = ½ Σ_ij |π_i P_ij − π_j P_ji|` ∈ [0, 1]: total-variation distance between
@@ -62,7 +77,7 @@ def _working(p):
 # ----------------------------------------------------------------------------- stationary law
 
 class Stationary(NamedTuple):
-  """π [..., n]; `residual` [...] = ‖πP − π‖₁; `error_bound` [...] ≥ ‖π − π_true‖₁ (= 2·TV);
+  """π [..., n]; `residual` [...] = ‖πP̃ − π‖₁ (float64); `error_bound` [...] ≥ ‖π − π_true‖₁ (= 2·TV);
   `condition` [...] the estimate of ‖M⁻¹‖_∞ (≈ 1/gap); `iterations` refinement steps;
   `converged` [...] = error_bound ≤ tol (False when π is not unique: the bound is then inf/NaN)."""
   pi: jax.Array
@@ -95,46 +110,104 @@ def _factor(p):
   return linalg.lu_factor(jnp.eye(n, dtype=p.dtype) - p + 1.0 / n)
 
 
-def _solve_pi(p, refine: int = 2):
-  """(π, lu_factor(M)) for P [..., n, n] in its working dtype: one LU solve plus `refine` refinement steps."""
+def _solve_pi(p, refine: int = 2, residual=None):
+  """(π, lu_factor(M)) for P [..., n, n] in its working dtype: one LU solve plus `refine` refinement
+  steps, each from `residual(p, π)` (default `_residual`, in the working dtype)."""
+  residual = residual or _residual
   lu = _factor(p)
-  solve = lambda b: linalg.lu_solve(lu, b[..., None], trans=1)[..., 0]
-  pi = solve(jnp.full(p.shape[:-1], 1.0 / p.shape[-1], p.dtype))
+  pi = _lu_solve(lu, jnp.full(p.shape[:-1], 1.0 / p.shape[-1], p.dtype))
   for _ in range(refine):
-    pi = pi - solve(_residual(p, pi))
+    pi = pi - _lu_solve(lu, residual(p, pi))
   pi = jnp.maximum(pi, 0.0)
   return pi / pi.sum(-1, keepdims=True), lu
+
+
+def _lu_solve(lu, b):
+  """`M⁻ᵀ b` for `lu = lu_factor(M)`, b [..., n]: the row vector `b M⁻¹`."""
+  return linalg.lu_solve(lu, b[..., None], trans=1)[..., 0]
 
 
 def _residual(p, pi):
   return pi - jnp.einsum("...i,...ij->...j", pi, p)
 
 
+# Residuals and the a posteriori bound (module docstring) are computed on the host in float64, from
+# the chain `P̃ = P / rowsum(P)` whose law π_true is.
+
+def _host_chain(p):
+  p = np.asarray(p, np.float64)
+  return p / p.sum(-1, keepdims=True)
+
+
+def _host_residual_of(p, pi):
+  return pi - np.einsum("...i,...ij->...j", pi, p)
+
+
+def _host_residual(p, pi):
+  """`π − π P̃` [..., n] in float64 on the host, returned in π's dtype."""
+  with np.errstate(all="ignore"):
+    return _host_residual_of(_host_chain(p), np.asarray(pi, np.float64)).astype(pi.dtype)
+
+
+def _host_bound(p, pi, delta, cond):
+  """(‖π − πP̃‖₁, bound) [..., 2]: `‖δ̂‖₁ + κ (‖r₂‖₁ + ρ) + |Σπ − 1|`, times (1 + γ), rounded up;
+  κ = κ̂/(1 − κ̂η) bounds ‖M̃⁻¹‖_∞ from the estimate for the factored matrix (inf when κ̂η ≥ 1)."""
+  with np.errstate(all="ignore"):
+    rows = np.asarray(p, np.float64).sum(-1)
+    pt = _host_chain(p)
+    pi, delta, cond = (np.asarray(x, np.float64) for x in (pi, delta, cond))
+    n = pi.shape[-1]
+    gamma = (n + 4) * np.finfo(np.float64).eps
+    eta = np.max(np.abs(rows - 1), -1) + 10 * math.sqrt(n) * np.finfo(p.dtype).eps
+    cond = np.where(cond * eta < 1, cond / (1 - cond * eta), np.inf)
+    r = _host_residual_of(pt, pi)
+    r2 = r - (_host_residual_of(pt, delta) + delta.sum(-1, keepdims=True) / n)        # r − δ̂M̃
+    l1 = lambda x: np.abs(x).sum(-1)
+    total = pi.sum(-1)
+    rho = gamma * (2 * np.abs(total) + l1(r) + 3 * l1(delta))
+    bound = (l1(delta) + cond * (l1(r2) + rho) + np.abs(total - 1)) * (1 + gamma)
+    out = np.stack([l1(r), bound], -1)
+    low = out.astype(p.dtype)
+    return np.where(low < out, np.nextafter(low, np.asarray(np.inf, p.dtype)), low)
+
+
+def _on_host(fn, like, *args):
+  """`fn(*args)` on the host (`jax.pure_callback`), its result shaped and typed as `like`; the
+  arguments carry no gradient (a bound and a refinement step are not differentiated)."""
+  return jax.pure_callback(fn, jax.ShapeDtypeStruct(like.shape, like.dtype),
+                           *(jax.lax.stop_gradient(a) for a in args), vmap_method="broadcast_all")
+
+
+def _host_refinement(p, pi):
+  return _on_host(_host_residual, pi, p, pi)
+
+
 def _bound(p, pi, lu):
-  """(‖πP − π‖₁, ‖M⁻¹‖ estimate, a posteriori bound `‖M⁻¹‖·(‖πP − π‖₁ + √n·eps)` ≥ ‖π − π_true‖₁)
-  for any probability vector π (Mᵀπ − 1/n is then the residual)."""
-  n = p.shape[-1]
-  r = jnp.sum(jnp.abs(_residual(p, pi)), -1)
-  cond = _inverse_norm_1(lu, n, p.dtype)
-  return r, cond, cond * (r + math.sqrt(n) * jnp.finfo(p.dtype).eps)
+  """(‖π − πP̃‖₁, ‖M⁻¹‖ estimate κ̂, a posteriori bound ≥ ‖π − π_true‖₁) for any π [..., n]:
+  δ̂ ≈ r M⁻¹ by one solve from the float64 residual r (rounded to the working dtype), then r₂ = r − δ̂M
+  and the bound on the host (module docstring)."""
+  cond = _inverse_norm_1(lu, p.shape[-1], p.dtype)
+  delta = _lu_solve(lu, _host_refinement(p, pi))
+  out = _on_host(_host_bound, jnp.zeros(pi.shape[:-1] + (2,), p.dtype), p, pi, delta, cond)
+  return out[..., 0], cond, out[..., 1]
 
 
 @functools.partial(jax.jit, static_argnames=("tol", "refine"))
 def _stationary(p, tol: float, refine: int = 2) -> Stationary:
   p = _working(p)
-  pi, lu = _solve_pi(p, refine)
+  pi, lu = _solve_pi(p, refine, _host_refinement)
   r, cond, bound = _bound(p, pi, lu)
   return Stationary(pi, r, bound, cond, refine, jnp.isfinite(bound) & (bound <= tol))
 
 
 def error_bound(p, pi) -> jax.Array:
-  """The bound `stationary` reports, for a given probability vector π [..., n]: `≥ ‖π − π_true‖₁` [...]
-  (inf/NaN when π_true is not unique). π is checked by `check_law`; the bound is that of π/Σπ plus
-  `|Σπ − 1|` = ‖π − π/Σπ‖₁, so it holds for the π given."""
+  """The bound `stationary` reports, for a given law π [..., n]: `≥ ‖π − π_true‖₁` [...] (inf/NaN when
+  π_true is not unique). π is checked by `check_law` (so it sums to 1 within 1e-4); the bound is that
+  of the π given, with its |Σπ − 1|."""
   check_chain(p)
   pi = jnp.asarray(pi)
   law = check_law(p, pi)
-  return _error_bound(p, law) + jnp.abs(jnp.sum(pi, -1) - 1.0).astype(law.dtype)
+  return _error_bound(p, jnp.where(jnp.isnan(law), law, pi))
 
 
 @jax.jit
@@ -149,7 +222,7 @@ def stationary(p, *, tol: float = 1e-4, refine: int = 2) -> Stationary:
   Args:
     p: row-stochastic `[..., n, n]` (float64 is kept, anything else computed in float32).
     tol: `converged` iff the bound on ‖π̂ − π‖₁ is ≤ tol.
-    refine: iterative-refinement steps after the first solve.
+    refine: iterative-refinement steps after the first solve (residuals in float64 on the host).
 
   Returns:
     `Stationary`. Periodic chains are fine (no power iteration); a chain with several closed

@@ -47,3 +47,15 @@ def dense_cmap_transports64(p, theta, wv, wo):
   g = p / np.where(s > 0, s, 1.0)
   r = rotations64(theta, wv.shape[2])                                           # [h, n, n, k, k]
   return np.einsum("hij,dhk,hijkl,hle->ijde", g, wv, r, wo)
+
+
+# ----------------------------------------------------------------------------- stationary laws (float64)
+
+def chain_pi(p):
+  """π_true of the chain P/rowsum(P) (what `stationary` bounds against), by a float64 dense solve of Mᵀπ = 1/n."""
+  p = np.asarray(p, np.float64)
+  p = p / p.sum(-1, keepdims=True)
+  n = p.shape[-1]
+  m = np.eye(n) - p + 1.0 / n
+  return np.linalg.solve(np.swapaxes(m, -1, -2), np.full(p.shape[:-1] + (1,), 1.0 / n))[..., 0]
+
