@@ -29,7 +29,7 @@ COMMANDS = {
     "import": ("attngeo.experiments.import_export:import_main", "a nanochat or GPT-2 checkpoint as a run folder"),
     "export": ("attngeo.experiments.import_export:export_main", "a run's GPT back to the nanochat or GPT-2 layout"),
     "sit": ("attngeo.experiments.sit", "SiT on images, the ATTN->DMTN->DMAP transfer (Figures 3-5), SiT/DiT import"),
-    "lm": ("attngeo.experiments.lm", "language models: bpb, induction, DAC, CORE; Table 2; adaptation chains (Table 3)"),
+    "lm": ("attngeo.experiments.lm", "language models: bpb, induction, DAC, CORE; Table 2; adaptation (Table 3)"),
     "bench-probe": ("attngeo.experiments.bench_probe", "probe time and memory at the d12 shape; training-hook overhead"),
     "study": ("attngeo.experiments.study", "studies that train, probe and compare models across sizes"),
 }

@@ -11,7 +11,8 @@ a text file, a .npy of token ids [b, n], or random tokens (the default); DiT tak
 [b, H, W, C] or Gaussian noise (the default; t = 1, null class). A path that does not exist or an input
 of another model is an error; the inputs probed are printed and named in probe.md. Prints the
 per-layer table and writes probe.md / probe.csv / probe.json (every read-out, per head where it is per
-head) and probe.png (one panel per quantity against the layer) to --out (default RUN_DIR/probe). See `attngeo.probe` for the definitions.
+head) and probe.png (one panel per quantity against the layer) to --out (default RUN_DIR/probe).
+See `attngeo.probe` for the definitions.
 """
 from __future__ import annotations
 
@@ -92,13 +93,16 @@ def inputs(model, args, rng):
     if cloud.shape[1] != cfg.dim:
       raise ValueError(f"--data {args.data} has points of dimension {cloud.shape[1]}; this PointFlow takes {cfg.dim}")
     if not 2 <= args.set_size <= len(cloud):
-      raise ValueError(f"--set-size must be in [2, {len(cloud)}] (the points of --data {args.data}); got {args.set_size}")
+      raise ValueError(f"--set-size must be in [2, {len(cloud)}] (the points of --data {args.data}); "
+                       f"got {args.set_size}")
     idx = np.stack([rng.choice(len(cloud), args.set_size, replace=False) for _ in range(args.batch)])
     x = jnp.asarray(cloud[idx])
-    return (lambda: model(x, jnp.ones((args.batch,)))), f"{args.batch} sets of {args.set_size} points of {args.data} (t = 1)"
+    what = f"{args.batch} set{'s' * (args.batch != 1)} of {args.set_size} points of {args.data} (t = 1)"
+    return (lambda: model(x, jnp.ones((args.batch,)))), what
   if isinstance(model, nn.GPT):
     if args.data == "random":
-      tok, what = rng.integers(0, cfg.vocab_size, (args.batch, args.seq_len)), f"random tokens (uniform ids in [0, {cfg.vocab_size}))"
+      tok = rng.integers(0, cfg.vocab_size, (args.batch, args.seq_len))
+      what = f"random tokens (uniform ids in [0, {cfg.vocab_size}))"
     elif args.data.endswith(".npy"):
       tok, what = _token_ids(args.data, cfg.vocab_size)[: args.batch, : args.seq_len], f"token ids of {args.data}"
     else:
@@ -116,7 +120,8 @@ def inputs(model, args, rng):
     else:
       x, what = np.load(args.data)[: args.batch], f"images of {args.data}"
       if x.ndim != 4 or x.shape[1:] != shape or not np.issubdtype(x.dtype, np.number):
-        raise ValueError(f"--data {args.data} must hold images [b, {', '.join(map(str, shape))}]; got {x.dtype} {x.shape}")
+        raise ValueError(f"--data {args.data} must hold images [b, {', '.join(map(str, shape))}]; "
+                         f"got {x.dtype} {x.shape}")
       x = jnp.asarray(x, jnp.float32)
     return (lambda: model(x, jnp.ones((x.shape[0],)), jnp.full((x.shape[0],), cfg.num_classes))), \
         f"{what}, {x.shape[0]} × {'×'.join(map(str, shape))} (t = 1, null class)"

@@ -167,7 +167,8 @@ def test_argument_errors_answer_before_jax_is_imported(tmp_path):
   for argv, message in cases:
     out = subprocess.run([sys.executable, "-c", ERROR_SCRIPT, *argv], capture_output=True, text=True, timeout=60,
                          env=env, cwd=tmp_path)
-    assert out.returncode == 2 and message in out.stderr and len(out.stderr.strip().splitlines()) == 1, (argv, out.stderr)
+    assert out.returncode == 2 and message in out.stderr, (argv, out.stderr)
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert "NO_JAX" in out.stdout, f"`attngeo {' '.join(argv)}` imported JAX before its argument error"
   assert sorted(os.listdir(tmp_path)) == ["gpt"]                                 # nothing written
 

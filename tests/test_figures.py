@@ -54,7 +54,8 @@ def assert_colour_bar_labelled_inside(fig, label):
 def test_sample_grid_puts_the_d_nn_legend_beside_its_panel(saved, tmp_path):
   rng = np.random.default_rng(0)
   pts, col = rng.standard_normal((200, 3)), rng.random(200)
-  names = ["oracle"] + [f"{op} {order}" for order in ("FFN → MHSA", "MHSA → FFN") for op in ("DMAP", "DMTN", "ATAP", "ATTN")]
+  names = ["oracle"] + [f"{op} {order}" for order in ("FFN → MHSA", "MHSA → FFN")
+                        for op in ("DMAP", "DMTN", "ATAP", "ATTN")]
   label = "roll parameter t (generated: t of the final sample's nearest training point)"
   plotting.sample_grid(str(tmp_path / "s.png"), [("DMAP", [(pts, col)] * 2)], ["t = 0.5", "t = 1"],
                        top=[("training set", pts, col)], noise=pts, nn_cdfs={n: rng.random(100) for n in names},

@@ -143,7 +143,8 @@ def test_probe_cli_rejects_bad_arguments(gpt_run, tmp_path, capsys):
 def test_probe_cli_names_its_default_inputs_on_the_terminal_and_in_the_report(gpt_run, tmp_path, capsys):
   """A GPT run without --data is probed on random tokens: said on the terminal and in probe.md/json."""
   wd, _, _ = gpt_run
-  probe_cli.main([wd, "--batch", "1", "--seq-len", "12", "--out", str(tmp_path / "p"), "--layers", "0", "--no-progress"])
+  probe_cli.main([wd, "--batch", "1", "--seq-len", "12", "--out", str(tmp_path / "p"), "--layers", "0",
+                  "--no-progress"])
   out = capsys.readouterr().out
   said = "inputs: random tokens (uniform ids in [0, 32)), 1 × 12 (the default for a GPT run; choose with --data)"
   assert said in out and f"wrote {tmp_path / 'p' / 'probe.md'}, probe.csv, probe.json, probe.png" in out
