@@ -169,8 +169,8 @@ def result_key(run: str, eval_rows: int) -> str:
 
 
 def run_condition(cfg: Table2Config, name: str, seed: int) -> dict:
-  """Train and evaluate one (condition, seed); its result.json is reused only under the same
-  `result_key`. A run already trained is resumed (a finished one trains no step) and re-evaluated
+  """Train and evaluate one (condition, seed) in `runs/<name>_s<seed>_<run_key>`; its result.json
+  (`key`: the run key, `result_key`) is reused only under the same `result_key`. A run already trained is resumed (a finished one trains no step) and re-evaluated
   when only the evaluation changed; the evaluation holds the run folder (`attngeo.runlock`)."""
   from attngeo import runlock
   from attngeo.lm import evals, recipe
@@ -181,7 +181,7 @@ def run_condition(cfg: Table2Config, name: str, seed: int) -> dict:
   key = result_key(run, cfg.eval_rows)
   run_dir = os.path.join(cfg.out, "runs", f"{name}_s{seed}_{run}")
   result_path = os.path.join(run_dir, "result.json")
-  cached = runs.cached_result(result_path, key)
+  cached = runs.cached_result(result_path, key, field="result_key")
   if cached is not None:
     return cached
   t0 = time.perf_counter()
@@ -190,7 +190,7 @@ def run_condition(cfg: Table2Config, name: str, seed: int) -> dict:
     val = trained["corpus"].rows("val", lm.seq_len)
     ev = evals.evaluate(trained["model"], trained["tokenizer"], val, max_rows=cfg.eval_rows or None)
     hist = trained["history"]
-    row = dict(condition=name, seed=seed, key=key, run_key=run, corpus=trained["corpus"].key, bpb=ev["bpb"],
+    row = dict(condition=name, seed=seed, key=run, result_key=key, corpus=trained["corpus"].key, bpb=ev["bpb"],
                val_loss=ev["val_loss"], induction=ev["induction"], dac_max_contrast=ev["dac"]["max_contrast"],
                final_train_loss=hist[-1]["loss"] if hist else None, seconds=time.perf_counter() - t0,
                curve=[(h["step"], h["loss"]) for h in hist], induction_per_length=ev["induction_per_length"],

@@ -187,7 +187,7 @@ def test_load_run_reads_every_lm_run_folder(chain, tmp_path):
                                TINY.train, steps=1)))
   row = lm_cmd.run_condition(t2, "ATTN", 0)
   folders = [chain["src"], chain["result"]["records"][1]["workdir"],
-             os.path.join(t2.out, "runs", f"ATTN_s0_{row['run_key']}")]
+             os.path.join(t2.out, "runs", f"ATTN_s0_{row['key']}")]
   for path in folders:
     model, tcfg, mcfg = runs.load_run(path)
     assert type(tcfg) is recipe.LMTrainConfig and tcfg.embedding_lr == pytest.approx(0.3 * (32 / 768) ** -0.5)
