@@ -2,7 +2,8 @@
 
 A checkpoint step holds three items: `state` (the train-state pytree of `attngeo.train`: model
 and optimizer state, EMA, RNG key, step), `data` (the input iterator's JSON state, so a resumed
-run sees the same batches) and `integrity` (one checksum per saved array).
+run sees the same batches) and `integrity` (one checksum per saved array, and the sha256 of the
+data state's canonical JSON).
 
 Checksum of an array x with n elements, computed on device (sharded arrays need no gather):
 
@@ -15,6 +16,16 @@ recomputes h on what it read and compares; a corrupt, truncated or incomplete st
 with a one-line `CheckpointWarning`, moved aside to `ckpt_corrupt/`, and the previous good step
 is used. A state holding NaN/Inf is never written (`save` raises).
 
+What a restore reads is covered: the arrays' data (h), the iterator state (sha256), the
+integrity record (read and compared: an edit is a mismatch or unreadable), and the files that
+say how to read them — `state/_METADATA`, `data/metadata`, `integrity/metadata` must exist
+(`REQUIRED_FILES`; without the tree metadata orbax would read by the target's structure alone)
+and any edit of the OCDBT manifests or `_METADATA` that changes what is read is a mismatch or a
+read error. orbax's bookkeeping (`_CHECKPOINT_METADATA`, `commit_success.txt`, `_sharding` — the
+target's shardings are used) is not read, so it cannot change a resumed run. A step lacking
+its integrity record beside steps that have one is damaged, like the other kinds; a run none of
+whose steps has one predates checksums and is refused in one line, never moved aside.
+
 A disk that fills during a save (ENOSPC, however deep in orbax/TensorStore and on whichever of
 its threads) ends in one `DiskFull` line naming the folder, the bytes the step needs (the state's
 array bytes) and the bytes free; orbax's logged copies of the error are dropped, the unfinished
@@ -25,6 +36,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
+import json
 import logging
 import os
 import shutil
@@ -141,6 +154,12 @@ def integrity(state) -> tuple[dict[str, int], bool]:
   return dict(zip(paths, (int(s) for s in sums))), bool(finite)
 
 
+def data_checksum(data_state) -> str:
+  """sha256 of the data iterator's state as canonical JSON (sorted keys, after a JSON round trip)."""
+  canonical = json.dumps(json.loads(json.dumps(data_state)), sort_keys=True)
+  return hashlib.sha256(canonical.encode()).hexdigest()
+
+
 def nbytes(state) -> int:
   """Bytes of a state pytree's arrays (global shapes): what one checkpoint step holds, uncompressed."""
   return sum(int(np.prod(np.shape(x))) * jnp.result_type(x).itemsize for x in jax.tree.leaves(_pure(state)))
@@ -157,11 +176,13 @@ def save(mngr, step: int, state, data_state: dict):
     last = mngr.latest_step()
     raise FloatingPointError(f"the training state holds NaN/Inf at step {step}: not checkpointed; the last good "
                              f"checkpoint is {'step ' + str(last) if last is not None else 'none'} in {mngr.directory}")
+  _quiet_leftovers()                # a failing write's leftovers may land before its error is seen
   with _writing(mngr):
     _saving[mngr] = (step, nbytes(state))
     mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(_pure(state)),
                                             data=ocp.args.JsonSave(data_state),
-                                            integrity=ocp.args.JsonSave({"checksums": sums})))
+                                            integrity=ocp.args.JsonSave({"checksums": sums,
+                                                                         "data": data_checksum(data_state)})))
 
 
 def finish(mngr):
@@ -200,27 +221,49 @@ def _remove_unfinished(mngr) -> list[int]:
   return steps
 
 
+# The files a restore reads beside the arrays' data: their absence fails the step (orbax would read
+# a step without the tree metadata by the target's structure alone, or not list its items).
+REQUIRED_FILES = ("state/_METADATA", "data/metadata", "integrity/metadata")
+
+
+def _require_files(mngr, step: int, files=REQUIRED_FILES):
+  missing = [f for f in files if not os.path.exists(os.path.join(str(mngr.directory), str(step), f))]
+  if missing:
+    raise IOError(f"missing {', '.join(missing)}")
+
+
+def _verify(expected: dict, got: dict, data_state=None, partial: bool = False):
+  """IOError unless the arrays read match their recorded checksums (and the data state its own);
+  `partial`: only some arrays were read, each must match."""
+  sums = expected["checksums"]
+  bad = sorted(k for k in (got if partial else sums) if got.get(k) != sums.get(k))
+  bad += [] if partial else sorted(set(got) - set(sums))
+  if data_state is not None and "data" in expected and data_checksum(data_state) != expected["data"]:
+    bad.append("the data iterator state")
+  if bad:
+    raise IOError(f"checksum mismatch in {len(bad)} item(s), first {bad[0]}")
+
+
 def _restore_step(mngr, step: int, state, shardings):
+  _require_files(mngr, step)
   target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x), sharding=s),
                         _pure(state), _pure(shardings))
   out = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target),
                                                    data=ocp.args.JsonRestore(),
                                                    integrity=ocp.args.JsonRestore()))
-  expected = out["integrity"]["checksums"]
-  got, _ = integrity(out["state"])
-  bad = sorted(k for k in expected if got.get(k) != expected[k]) + sorted(set(got) - set(expected))
-  if bad:
-    raise IOError(f"checksum mismatch in {len(bad)} array(s), first {bad[0]}")
+  _verify(out["integrity"], integrity(out["state"])[0], out["data"])
   restored = jax.tree.map(lambda v, x: v.replace(x) if isinstance(v, nnx.Variable) else x, state, out["state"],
                           is_leaf=lambda x: isinstance(x, nnx.Variable))
   return restored, out["data"]
 
 
 def _check_verifiable(mngr, step: int):
-  """A step saved with its arrays but without integrity data (an attngeo release before checksums)
-  cannot be verified: a one-line error, never a "corrupt" verdict that would move it aside."""
-  path = os.path.join(str(mngr.directory), str(step))
-  if os.path.isdir(os.path.join(path, "state")) and not os.path.exists(os.path.join(path, "integrity")):
+  """A run saved with its arrays but without integrity data (an attngeo release before checksums)
+  cannot be verified: a one-line error, never a "corrupt" verdict that would move it aside. (One
+  step without it beside steps that have it lost it: its restore fails and the previous one is used.)"""
+  root = str(mngr.directory)
+  verifiable = lambda s: os.path.exists(os.path.join(root, str(s), "integrity"))
+  if os.path.isdir(os.path.join(root, str(step), "state")) and not any(map(verifiable, mngr.all_steps())):
     raise ValueError(f"checkpoint step {step} in {mngr.directory} has no integrity data (saved before attngeo "
                      f"verified checkpoints), so it cannot be verified; retrain or re-save it with this version")
 
@@ -256,15 +299,12 @@ def restore_params(workdir: str, model, step: int | None = None, use_ema: bool =
     target = {"ema": pure} if use_ema else {"train": {0: pure}}
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x)), target)
     def read(s):
+      _require_files(mngr, s, ("state/_METADATA", "integrity/metadata"))
       out = mngr.restore(s, args=ocp.args.Composite(
           state=ocp.args.PyTreeRestore(abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract),
                                        partial_restore=True),
           integrity=ocp.args.JsonRestore()))
-      expected = out["integrity"]["checksums"]
-      got, _ = integrity(out["state"])
-      bad = sorted(k for k in got if expected.get(k) != got[k])
-      if bad:
-        raise IOError(f"checksum mismatch in {len(bad)} array(s), first {bad[0]}")
+      _verify(out["integrity"], integrity(out["state"])[0], partial=True)
       return out
 
     for i, s in enumerate(steps):
@@ -311,8 +351,12 @@ class _Failure(NamedTuple):
 
 
 def _attempt(fn):
-  """`(fn(), None)`, or `(None, _Failure)` once the failed read's frames are released and settled."""
+  """`(fn(), None)`, or `(None, _Failure)` once the failed read's frames are released and settled.
+
+  The quiet window opens before the read: a loaded machine lands a failing read's first leftovers
+  while its error is still on its way out of orbax."""
   failure = None
+  _quiet_leftovers()
   try:
     return fn(), None
   except Exception as e:  # noqa: BLE001 — any failure to read a step means the step is unusable

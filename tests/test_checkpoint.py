@@ -12,9 +12,10 @@ from flax import nnx
 
 from helpers import Batches
 
-from attngeo import checkpoint, nn, train
+from attngeo import checkpoint, data, nn, train
 
 TOK = {"tokens": np.random.default_rng(0).integers(0, 16, (2, 9)).astype(np.int32)}
+RECORDS = [{"tokens": row} for row in np.random.default_rng(1).integers(0, 16, (8, 9)).astype(np.int32)]
 
 
 def loss(m, b, r):
@@ -28,7 +29,8 @@ def gpt(width=16, operator="ATTN"):
 def run(workdir, steps=4, model=None, **kw):
   kw = dict(dict(batch_size=2, ckpt_every=2, keep=3, progress=False, log_every=1), **kw)
   cfg = train.TrainConfig(steps=steps, workdir=str(workdir), **kw)
-  return train.train(model or gpt(), loss, Batches(TOK), cfg)
+  batches = data.loader(RECORDS, 2, seed=0, prefetch=0, threads=0)      # a real iterator state in each step
+  return train.train(model or gpt(), loss, batches, cfg)
 
 
 def step_dir(workdir, step):
@@ -72,11 +74,40 @@ def test_checksum_changes_with_any_single_element():
   assert checkpoint.integrity({"x": swapped.reshape(3, 4)})[0] != base
 
 
-@pytest.mark.parametrize("damage", ["random_bytes", "truncate", "empty_step", "no_manifest"])
+def edit_json(path, change):
+  with open(path) as f:
+    value = json.load(f)
+  change(value)
+  with open(path, "w") as f:
+    json.dump(value, f)
+
+
+def next_index_plus_one(state):
+  state["next_index"] += 1                        # grain's position: the run would read other batches
+
+
+def first_checksum_plus_one(record):
+  key = sorted(record["checksums"])[0]
+  record["checksums"][key] = (record["checksums"][key] + 1) % 2**32
+
+
+@pytest.mark.parametrize("damage", ["random_bytes", "truncate", "empty_step", "no_manifest", "data_state_edited",
+                                    "no_tree_metadata", "no_integrity", "integrity_edited", "no_data_state"])
 def test_corrupt_newest_step_falls_back_to_the_previous_good_one(finished, tmp_path, damage):
+  import shutil
   wd = copy_run(finished, tmp_path)
   newest = step_dir(wd, 4)
-  if damage in ("random_bytes", "truncate"):
+  if damage == "data_state_edited":               # valid JSON, another position: the losses would change silently
+    edit_json(os.path.join(newest, "data", "metadata"), next_index_plus_one)
+  elif damage == "integrity_edited":
+    edit_json(os.path.join(newest, "integrity", "metadata"), first_checksum_plus_one)
+  elif damage == "no_tree_metadata":              # was read by the target's structure, then called "other shapes"
+    os.remove(os.path.join(newest, "state", "_METADATA"))
+  elif damage == "no_integrity":                  # was refused as a pre-checksum step beside verifiable ones
+    shutil.rmtree(os.path.join(newest, "integrity"))
+  elif damage == "no_data_state":
+    os.remove(os.path.join(newest, "data", "metadata"))
+  elif damage in ("random_bytes", "truncate"):
     # every array-data file: orbax may merge the per-process OCDBT store into the top level after a
     # save (timing-dependent), leaving the other copy unread, so damaging only one file can miss
     for path in data_files(os.path.join(newest, "state")):
@@ -87,7 +118,6 @@ def test_corrupt_newest_step_falls_back_to_the_previous_good_one(finished, tmp_p
         else:
           f.truncate(os.path.getsize(path) // 2)
   elif damage == "empty_step":
-    import shutil
     shutil.rmtree(newest)
     os.makedirs(newest)
   else:                           # every OCDBT manifest: the top-level one and the per-process one(s)
@@ -202,12 +232,14 @@ def jax_tree_equal(a, b):
   return all(jax.tree.leaves(jax.tree.map(lambda x, y: bool(np.array_equal(np.asarray(x), np.asarray(y))), a, b)))
 
 
-def test_a_step_without_integrity_data_is_refused_not_called_corrupt(finished, tmp_path):
-  """A step saved before checksums existed cannot be verified: one clear error, and it is not moved aside."""
+def test_a_run_saved_without_integrity_data_is_refused_not_called_corrupt(finished, tmp_path):
+  """Steps saved before checksums existed (none has integrity data) cannot be verified: one clear
+  error, and nothing is moved aside."""
   import shutil
   from attngeo import runs
   wd = copy_run(finished, tmp_path)
-  shutil.rmtree(os.path.join(step_dir(wd, 4), "integrity"))
+  for step in (2, 4):
+    shutil.rmtree(os.path.join(step_dir(wd, step), "integrity"))
   with pytest.raises(ValueError, match="step 4 .* has no integrity data"):
     runs.load_run(wd)
   with pytest.raises(ValueError, match="step 4 .* has no integrity data"):
