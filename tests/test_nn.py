@@ -7,6 +7,7 @@ import pytest
 from flax import nnx
 
 from attngeo import nn, operators
+from attngeo.nn import layers
 
 CORNERS = ["ATTN", "DMTN", "ATAP", "DMAP"]
 
@@ -160,3 +161,25 @@ def test_gpt_rejects_tokens_outside_the_vocabulary():
     model(jnp.array([[1, 16]]))
   with pytest.raises(ValueError, match="integer array"):
     model(jnp.ones((1, 2)))
+
+
+@pytest.mark.parametrize("table_dtype", [None, "bfloat16"])
+def test_rope_tables_are_the_host_float32_tables_of_nanochat_and_hugging_face(table_dtype):
+  """Under jit, at 512 positions and head dim 64: the rotation uses exactly numpy's float32 tables of
+  `1 / base ** (arange(0, k, 2) / k)` (rounded to bf16 where asked). XLA's own cos/sin of its own θ
+  differ by an ulp at large angles, and bf16 rounding turns a few of those into 4e-3 errors."""
+  import ml_dtypes
+  n, k, base = 512, 64, 100_000.0
+  x = np.random.default_rng(0).standard_normal((1, n, 2, k)).astype(np.float32)
+  dtype = None if table_dtype is None else jnp.dtype(table_dtype)
+  got = jax.jit(lambda x: layers.rope(x, None, base, sign=-1, table_dtype=dtype))(x)
+  inv = 1.0 / base ** (np.arange(0, k, 2, dtype=np.float32) / k)
+  ang = np.outer(np.arange(n, dtype=np.float32), inv.astype(np.float32))
+  keep = np.float32 if table_dtype is None else ml_dtypes.bfloat16
+  cos = np.cos(ang).astype(keep).astype(np.float64)[None, :, None]
+  sin = -np.sin(ang).astype(keep).astype(np.float64)[None, :, None]
+  x1, x2 = x[..., :k // 2].astype(np.float64), x[..., k // 2:].astype(np.float64)
+  want = np.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1)
+  np.testing.assert_allclose(np.asarray(got), want, atol=2e-6, rtol=0)
+  traced = jax.jit(lambda x, p: layers.rope(x, p, base, sign=-1, table_dtype=dtype))(x, jnp.arange(n))
+  assert np.abs(np.asarray(traced) - want).max() < (2e-6 if table_dtype is None else 2e-2)   # decode path: XLA's cos

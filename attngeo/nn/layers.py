@@ -34,6 +34,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from attngeo import kernels, operators
@@ -82,22 +83,37 @@ NORMS = ("rms", "layer")
 VALUE_GATE_RANGE = 3.0   # value-embedding gate 3·σ(·) ∈ (0, 3) (nanochat's ResFormer gate)
 
 
-def rope(x, positions, base: float = 10_000.0, *, sign: int = 1, style: str = "half", table_dtype=None):
-  """Rotary embedding of x [b, n, h, k] at integer positions [n].
+def rope_angles(positions, half: int, base: float):
+  """The rotary angles p·θ_i [n, half], θ_i = 1 / base^(2i/k), k = 2·half, in float32.
 
-  Channel pair i < k/2 turns by the angle sign·p·θ_i, θ_i = base^(−2i/k). `style="half"` pairs
-  channel i with i + k/2 (rotate-half: GPT-NeoX, nanochat); `"interleaved"` pairs 2i with 2i + 1
+  Computed as nanochat and Hugging Face compute them — `inv_freq = 1 / base ** (arange(0, k, 2) / k)`
+  and one float32 product per (p, i) — on the host when the positions are known at trace time (None:
+  0…n−1, or concrete values), so the cos/sin tables are numpy's float32 ones, not XLA's (under jit
+  they differ by an ulp at large angles, which bf16 tables turn into 1e-3 logit errors at head dim 64);
+  on the device, from the same host θ, when the positions are traced (decoding with a cache).
+  """
+  inv_freq = (1.0 / np.float32(base) ** (np.arange(0, 2 * half, 2, dtype=np.float32) / np.float32(2 * half)))
+  inv_freq = inv_freq.astype(np.float32)
+  if not isinstance(positions, jax.core.Tracer):
+    return np.outer(np.asarray(positions, np.float32), inv_freq), np
+  return positions[:, None].astype(jnp.float32) * inv_freq[None], jnp
+
+
+def rope(x, positions, base: float = 10_000.0, *, sign: int = 1, style: str = "half", table_dtype=None):
+  """Rotary embedding of x [b, n, h, k] at integer positions [n] (None: 0…n−1).
+
+  Channel pair i < k/2 turns by the angle sign·p·θ_i, θ_i = base^(−2i/k) (`rope_angles`). `style="half"`
+  pairs channel i with i + k/2 (rotate-half: GPT-NeoX, nanochat); `"interleaved"` pairs 2i with 2i + 1
   (GPT-J, Meta's LLaMA). sign = +1 is the textbook rotation `(x₁ cos − x₂ sin, x₁ sin + x₂ cos)`;
   nanochat turns by −θ (sign = −1). Only the relative angle of q and k enters q·k, but a trained
-  checkpoint fixes base, sign and pairing. `table_dtype` rounds the cos/sin tables to that dtype
-  (nanochat keeps them in bfloat16) before rotating in float32.
+  checkpoint fixes base, sign and pairing. `table_dtype` rounds the float32 cos/sin tables to that
+  dtype (nanochat keeps them in bfloat16 on GPUs) before rotating in float32.
   """
   if sign not in (1, -1) or style not in ROPE_STYLES:
     raise ValueError(f"rope needs sign in (1, -1) and style in {ROPE_STYLES}; got sign={sign!r}, style={style!r}")
   half = x.shape[-1] // 2
-  freqs = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
-  ang = positions[:, None].astype(jnp.float32) * freqs[None]            # [n, k/2]
-  cos, sin = jnp.cos(ang)[None, :, None], jnp.sin(ang)[None, :, None]
+  ang, xp = rope_angles(np.arange(x.shape[1]) if positions is None else positions, half, base)
+  cos, sin = jnp.asarray(xp.cos(ang), jnp.float32)[None, :, None], jnp.asarray(xp.sin(ang), jnp.float32)[None, :, None]
   if table_dtype is not None:
     cos, sin = cos.astype(table_dtype).astype(jnp.float32), sin.astype(table_dtype).astype(jnp.float32)
   if sign < 0:
@@ -208,9 +224,8 @@ class Attention(nnx.Module):
     if learned_norm:
       q, k = self.q_norm(q), self.k_norm(k)
     if self.use_rope:
-      pos = jnp.arange(x.shape[1]) if positions is None else positions
       opts = dict(sign=self.rope_sign, style=self.rope_style, table_dtype=self.rope_dtype)
-      q, k = rope(q, pos, self.rope_base, **opts), rope(k, pos, self.rope_base, **opts)
+      q, k = rope(q, positions, self.rope_base, **opts), rope(k, positions, self.rope_base, **opts)
     if self.qk_norm and not learned_norm:
       q, k = self.q_norm(q), self.k_norm(k)
     if self.qk_gain != 1.0:
