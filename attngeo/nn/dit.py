@@ -26,6 +26,7 @@ import dataclasses
 import math
 
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from attngeo import _checks
@@ -111,10 +112,11 @@ class DiT(nnx.Module):
   def raw(self, x, t, y):
     """All `out_channels` output channels [b, H, W, C_out] (DiT's ε and learned variance)."""
     rows = self.y_embed[...].shape[0]
-    if _checks.is_concrete(y) and jnp.size(y) and not 0 <= int(jnp.min(y)) <= int(jnp.max(y)) < rows:
-      null = f" and the null label {self.cfg.null_label}" if self.cfg.null_label is not None else ""
-      raise ValueError(f"labels y must lie in [0, {rows}) ({self.cfg.num_classes} classes{null}); got "
-                       f"[{int(jnp.min(y))}, {int(jnp.max(y))}]")
+    if _checks.is_concrete(y) and np.size(y):        # numpy: jnp on a constant inside a jit trace is traced
+      lo, hi = int(np.min(np.asarray(y))), int(np.max(np.asarray(y)))
+      if not 0 <= lo <= hi < rows:
+        null = f" and the null label {self.cfg.null_label}" if self.cfg.null_label is not None else ""
+        raise ValueError(f"labels y must lie in [0, {rows}) ({self.cfg.num_classes} classes{null}); got [{lo}, {hi}]")
     h = self.patchify(x) @ self.patch_w[...] + self.patch_b[...] + self.pos[...][None]
     cond = self.t_embed(t) + self.y_embed[...][y]
     for blk in self.blocks:
