@@ -96,6 +96,7 @@ RULES = (
     ("log_every", _positive_int, "an integer ≥ 1 (steps between logged rows)"),
     ("progress", lambda v: isinstance(v, bool), "true or false"),
 )
+
 # Fields that change how a run is watched, not what it computes: a resume may change them.
 RUN_CONTROL_FIELDS = ("workdir", "ckpt_every", "keep", "log_every", "progress")
 
