@@ -183,3 +183,19 @@ def test_rope_tables_are_the_host_float32_tables_of_nanochat_and_hugging_face(ta
   np.testing.assert_allclose(np.asarray(got), want, atol=2e-6, rtol=0)
   traced = jax.jit(lambda x, p: layers.rope(x, p, base, sign=-1, table_dtype=dtype))(x, jnp.arange(n))
   assert np.abs(np.asarray(traced) - want).max() < (2e-6 if table_dtype is None else 2e-2)   # decode path: XLA's cos
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(width=0), "width must be an integer ≥ 1 or None; got 0"),
+    (dict(depth=0), "depth must be an integer ≥ 1; got 0"),
+    (dict(head_dim=-4), "head_dim must be an integer ≥ 1"),
+    (dict(vocab_size=0), "GPTConfig.vocab_size must be an integer ≥ 1; got 0"),
+    (dict(seq_len=0), "GPTConfig.seq_len must be an integer ≥ 1; got 0"),
+])
+def test_gpt_sizes_below_one_are_refused_in_one_line(kwargs, message):
+  """`width=0` was read as 'not given' (width 64); a zero context or vocabulary was accepted."""
+  args = dict(depth=1, head_dim=8, vocab_size=16, seq_len=8)
+  args.update(kwargs)
+  depth = args.pop("depth")
+  with pytest.raises(ValueError, match=message):
+    nn.GPT(nn.GPTConfig.from_depth(depth, **args), rngs=nnx.Rngs(0))

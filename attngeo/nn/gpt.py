@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 
 import jax
 import jax.numpy as jnp
@@ -61,7 +62,10 @@ class GPTConfig(NestsBlock):
   def from_depth(cls, depth: int, *, aspect: int = 64, head_dim: int = 128, width: int | None = None,
                  **fields) -> "GPTConfig":
     """nanochat's rule: width = `aspect`·depth rounded up to a multiple of `head_dim` (or `width`)."""
-    w = width or -(-aspect * depth // head_dim) * head_dim
+    for name, value in (("depth", depth), ("aspect", aspect), ("head_dim", head_dim), ("width", width)):
+      if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1):
+        raise ValueError(f"{name} must be an integer ≥ 1{' or None' if name == 'width' else ''}; got {value!r}")
+    w = width if width is not None else -(-aspect * depth // head_dim) * head_dim
     if w % head_dim:
       raise ValueError(f"head_dim={head_dim} does not divide width={w}: heads must tile the width")
     return cls.create(depth=depth, width=w, num_heads=w // head_dim, head_dim=head_dim, **fields)
@@ -77,6 +81,10 @@ class GPTConfig(NestsBlock):
 
   def validate(self) -> "GPTConfig":
     self.block.validate()
+    for name in ("depth", "vocab_size", "seq_len"):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"GPTConfig.{name} must be an integer ≥ 1; got {value!r}")
     if self.padded_vocab is not None and self.padded_vocab < self.vocab_size:
       raise ValueError(f"padded_vocab={self.padded_vocab} must be ≥ vocab_size={self.vocab_size}")
     if self.attn_windows and len(self.attn_windows) != self.depth:
