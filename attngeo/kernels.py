@@ -324,10 +324,12 @@ def sincos(x):
   r ∈ [−π, π] (Cody–Waite, two-word 2π), sin and cos of h = r/2 are Taylor polynomials of degree
   11 and 12 (truncation < 6e-8 on |h| ≤ π/2), and `sin r = 2 sin h cos h`, `cos r = cos²h − sin²h`.
   Absolute error ≤ 5e-7 for |x| ≤ 1e3 (a few float32 ulps; float64 inputs get the same float32-grade
-  accuracy).
+  accuracy). Beyond ~1e5 the reduction loses r (float32 cannot hold x to 2π there anyway); h is clamped to
+  [−2, 2] (|h| ≤ π/2 + |x|·u before it), so |sin|, |cos| ≤ 1 + 1e-6 for every finite x (before, |x| ≳ 1e10
+  overflowed the polynomials to NaN).
   """
   n = jnp.round(x * (1 / (2 * math.pi)))
-  h = 0.5 * ((x - n * _TWO_PI_HI) - n * _TWO_PI_LO)
+  h = jnp.clip(0.5 * ((x - n * _TWO_PI_HI) - n * _TWO_PI_LO), -2.0, 2.0)
   h2 = h * h
   s = h * (1 + h2 * (-1 / 6 + h2 * (1 / 120 + h2 * (-1 / 5040 + h2 * (1 / 362880 + h2 * (-1 / 39916800))))))
   c = 1 + h2 * (-1 / 2 + h2 * (1 / 24 + h2 * (-1 / 720 + h2 * (1 / 40320 + h2 * (-1 / 3628800 + h2 / 479001600)))))

@@ -169,6 +169,46 @@ def augment(q, k, *, beta, alpha, scale: float) -> Augmented:
   return Augmented(qa, ka, bias)
 
 
+# Far tokens of the distance form (DMAP, and CMAP's magnitude at β = 0). `L_ij = −¼ s‖m_i − m_j‖²` is formed
+# as `s·m_i·½m_j − ¼ s‖m_j‖²` (+ a row constant), whose terms overflow float32 once ¼ s‖m‖² nears 1e38:
+# inf − inf made whole rows NaN at |q| ≈ 1e20, where ATTN is finite. A token with ¼ s‖m‖² ≥ _FAR (2^110)
+# is isolated instead: its key gets weight 0 in every other row and its own row is the point mass on
+# itself (its own key). That is the float64 answer whenever no other key lies within ~10/√s of it:
+# at that norm float32's logits carry a rounding of ~u·_FAR ≈ 1e26, so no nearer pair is resolved by
+# the SDPA form anyway. So is a token with ‖m‖² ≥ 2^125, where the unscaled product m_i·½m_j itself
+# would overflow (only a scale s < 2^-13 makes that criterion the first to hold). Below both, every
+# term stays under 2^125.
+_FAR = 2.0 ** 110
+
+
+def _far_tokens(q, k, scale: float):
+  """[b, n, h] bool: tokens with ¼ s‖m‖² ≥ `_FAR` or ‖m‖² ≥ 2^125 (an overflow to inf included)."""
+  m = (q.astype(jnp.float32) + k.astype(jnp.float32)) * (1 / math.sqrt(2))
+  sq = jnp.sum(m * m, -1)
+  return (0.25 * scale * sq >= _FAR) | (sq >= 2.0 ** 125)
+
+
+def _isolate(aug: Augmented, far) -> Augmented:
+  """Distance-form heads with the far tokens cut out: zero heads and the kernels' `_NEG` key bias."""
+  cut = far[..., None]
+  return Augmented(jnp.where(cut, 0, aug.q), jnp.where(cut, 0, aug.k), jnp.where(far, kernels._NEG, aug.bias))
+
+
+def _own_values(y, v, far, mask):
+  """y with each far token's row replaced by its own value v_i (NaN where the mask hides its own key)."""
+  own = v
+  if mask is not None:
+    n = v.shape[1]
+    idx = lambda axis: jnp.arange(n) if mask.shape[axis] > 1 else jnp.zeros(n, int)
+    seen = jnp.transpose(mask[:, :, idx(2), idx(3)], (0, 2, 1))[..., None]         # mask[b, h, i, i]: [b|1, n, h|1, 1]
+    own = jnp.where(seen, v, jnp.nan)
+  return jnp.where(far[..., None], own.astype(y.dtype), y)
+
+
+def _is_distance_form(beta, alpha) -> bool:
+  return isinstance(beta, float) and beta == 0.0 and isinstance(alpha, float) and alpha == 0.0
+
+
 # ----------------------------------------------------------------------------- public API
 
 def transport(q, k, v, *, beta=1.0, alpha=1.0, causal: bool = False, mask=None, scale=None,
@@ -184,7 +224,9 @@ def transport(q, k, v, *, beta=1.0, alpha=1.0, causal: bool = False, mask=None, 
     scale: logit scale s; default 1/√d.
     implementation: "einsum" | "xla" | "cudnn" | "blockwise" | None (fastest for the backend).
   Returns:
-    [b, n, h, e], `P` never materialised on the fused/blockwise paths.
+    [b, n, h, e], `P` never materialised on the fused/blockwise paths. At β = α = 0 (DMAP, Python
+    floats) a token with ¼ s‖m‖² ≥ 2^110, whose logits float32 cannot form, is isolated: its row is
+    its own value, its key weighs 0 in the other rows (`_FAR`; NaN if the mask hides its own key).
   """
   _check_qk(q, k)
   _checks.check_rank("v", v, 4, "[batch, seq, heads, value_dim]")
@@ -199,8 +241,12 @@ def transport(q, k, v, *, beta=1.0, alpha=1.0, causal: bool = False, mask=None, 
   beta, alpha = _coefficient("beta", beta, h), _coefficient("alpha", alpha, h)
   scale = _scale(scale, d)
   aug = augment(q, k, beta=beta, alpha=alpha, scale=scale)
-  return kernels.attention(aug.q, aug.k, v, bias=aug.bias, mask=mask, causal=causal, scale=scale,
-                   implementation=implementation, block_size=block_size)
+  far = _far_tokens(q, k, scale) if _is_distance_form(beta, alpha) else None
+  if far is not None:
+    aug = _isolate(aug, far)
+  y = kernels.attention(aug.q, aug.k, v, bias=aug.bias, mask=mask, causal=causal, scale=scale,
+                        implementation=implementation, block_size=block_size)
+  return y if far is None else _own_values(y, v, far, mask)
 
 
 def _is_number(x) -> bool:
@@ -345,12 +391,14 @@ def magnetic_transport(q, k, v, *, beta=0.0, coupling=1.0, causal: bool = False,
       (on the paired kernel, to float32 rounding).
     causal, mask, scale: as in `transport`.
     implementation: "einsum" | "blockwise" | "paired" | None (einsum below 512 keys, else blockwise).
-      "paired" (`attngeo.hermitian_kernel`) needs β = 0 as a Python float, no mask and causal=False.
+      "paired" (`attngeo.hermitian_kernel`) needs β = 0 as a Python float, no mask and causal=False;
+      a call with far tokens (as in `transport`) runs on the one-sided blockwise kernel instead.
     block_size: the blockwise kernel's block, or the paired kernel's tile bound (`hermitian_kernel.tiling`);
       default 512.
   Returns:
     [b, n, h, e] in v's dtype (float32 accumulation); the phase matrix never exists beyond a block
-    on the blockwise path. A row whose keys are all masked is 0.
+    on the blockwise path. A row whose keys are all masked is 0. At β = 0 far tokens are isolated
+    as in `transport` (θ_ii = 0: their rows are their own values).
   """
   _check_qk(q, k)
   _check_magnetic_values(k, v)
@@ -366,15 +414,28 @@ def magnetic_transport(q, k, v, *, beta=0.0, coupling=1.0, causal: bool = False,
   block_size = 512 if block_size is None else block_size
   if implementation == "paired":
     _check_paired(beta, mask, causal, block_size)
-    return hermitian_kernel.paired_magnetic(q, k, v, coupling, scale=scale, block_size=int(block_size))
+    one_sided = lambda: _phase_transport(q, k, v, beta, coupling, causal, None, scale, "blockwise", block_size)
+    paired = lambda: hermitian_kernel.paired_magnetic(q, k, v, coupling, scale=scale, block_size=int(block_size))
+    return jax.lax.cond(jnp.any(_far_tokens(q, k, scale)), one_sided, paired)      # far tokens: the one-sided kernel
   if isinstance(coupling, float) and coupling == 0.0:
     return transport(q, k, v, beta=beta, alpha=0.0, causal=causal, mask=mask, scale=scale,
                      implementation=implementation, block_size=block_size)
+  return _phase_transport(q, k, v, beta, coupling, causal, mask, scale, implementation, block_size)
+
+
+def _phase_transport(q, k, v, beta, coupling, causal, mask, scale, implementation, block_size):
+  """CMAP through `kernels.phase_attention` (validated arguments); at β = 0 far tokens are isolated as in
+  `transport` (their phase heads zeroed too: their θ is irrelevant and may be huge)."""
   aug = augment(q, k, beta=beta, alpha=0.0, scale=scale)
   qt, kt = phase_heads(q, k)
   c = jnp.asarray(coupling, jnp.float32) * (0.5 * scale)
-  return kernels.phase_attention(aug.q, aug.k, v, qt, kt, c, bias=aug.bias, mask=mask, causal=causal, scale=scale,
-                                 implementation=implementation, block_size=block_size)
+  far = _far_tokens(q, k, scale) if _is_distance_form(beta, 0.0) else None
+  if far is not None:
+    aug = _isolate(aug, far)
+    qt, kt = jnp.where(far[..., None], 0, qt), jnp.where(far[..., None], 0, kt)
+  y = kernels.phase_attention(aug.q, aug.k, v, qt, kt, c, bias=aug.bias, mask=mask, causal=causal, scale=scale,
+                              implementation=implementation, block_size=block_size)
+  return y if far is None else _own_values(y, v, far, mask)
 
 
 def _check_paired(beta, mask, causal, block_size):

@@ -59,3 +59,34 @@ def chain_pi(p):
   m = np.eye(n) - p + 1.0 / n
   return np.linalg.solve(np.swapaxes(m, -1, -2), np.full(p.shape[:-1] + (1,), 1.0 / n))[..., 0]
 
+
+# ----------------------------------------------------------------------------- the distance form (float64)
+
+def distance_form_reference(q, k, v, coupling=None, causal=False):
+  """DMAP (`coupling=None`) or CMAP at β = 0 from q, k, v [b, n, h, ·] in float64, written in the distance
+  form `K = rownorm(exp(−¼ s‖m_i − m_j‖²))` (differences, no cancelling squares: exact at any norm),
+  θ = γ·½ s (A − Aᵀ), A_ij = q_i·k_j (θ_ii = 0 exactly); CMAP's values are interleaved complex pairs."""
+  q, k, v = (np.asarray(x, np.float64).transpose(0, 2, 1, 3) for x in (q, k, v))   # [b, h, n, ·]
+  s = 1 / np.sqrt(q.shape[-1])
+  m = (q + k) / np.sqrt(2)
+  logit = -0.25 * s * np.sum((m[..., :, None, :] - m[..., None, :, :]) ** 2, -1)
+  if causal:
+    logit = np.where(np.tril(np.ones(logit.shape[-2:], bool)), logit, -np.inf)
+  w = np.exp(logit - logit.max(-1, keepdims=True))
+  kmat = w / w.sum(-1, keepdims=True)
+  if coupling is None:
+    return np.einsum("bhij,bhje->bhie", kmat, v).transpose(0, 2, 1, 3)
+  a = np.einsum("bhid,bhjd->bhij", q, k)
+  theta = coupling * 0.5 * s * (a - np.swapaxes(a, -1, -2))
+  y = np.einsum("bhij,bhje->bhie", kmat * np.exp(1j * theta), v[..., 0::2] + 1j * v[..., 1::2]).transpose(0, 2, 1, 3)
+  out = np.empty(y.shape[:-1] + (2 * y.shape[-1],))
+  out[..., 0::2], out[..., 1::2] = y.real, y.imag
+  return out
+
+
+def huge_and_plain_tokens(seed=0, n=16, h=2, d=8, e=6, size=1e20):
+  """q, k, v [1, n, h, ·]: the first half of the queries scaled to |q| ≈ `size`, the rest standard normal."""
+  rng = np.random.default_rng(seed)
+  q, k, v = (rng.standard_normal((1, n, h, w)).astype(np.float32) for w in (d, d, e))
+  q[:, : n // 2] *= np.float32(size)
+  return q, k, v

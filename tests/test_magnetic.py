@@ -17,7 +17,7 @@ from flax import nnx
 from attngeo import magnetic as mg
 from attngeo import markov
 from attngeo import kernels, nn, operators as op
-from helpers import chain_pi
+from helpers import chain_pi, distance_form_reference, huge_and_plain_tokens
 
 B, N, H, D, E = 2, 29, 3, 8, 6
 IMPLS = ["einsum", "blockwise"]
@@ -70,6 +70,29 @@ def test_matches_complex_reference(impl):
     out = op.magnetic_transport(q, k, v, beta=beta, coupling=coupling, causal=causal, implementation=impl,
                                 block_size=8)
     np.testing.assert_allclose(out, reference(q, k, v, beta, coupling, causal), atol=2e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("impl", IMPLS + ["paired"])
+def test_huge_query_norms_match_the_float64_distance_form(impl):
+  """|q| ≈ 1e20 on half the tokens made every row NaN (from 1e10 on: θ ~ 1e10 overflowed sincos's
+  polynomials, and K_ij = 0 times NaN is NaN; from 1e19 on the magnitude's terms overflowed too). Far
+  tokens are isolated as in DMAP (the paired kernel hands such calls to the one-sided kernel) and
+  sincos is bounded: the float64 distance form (θ_ii = 0 exactly) on every row. At 1e10 (not far) the
+  plain rows match it and every row is finite (the huge rows' own phase θ_ii is float32 rounding there)."""
+  q, k, v = huge_and_plain_tokens()
+  run = lambda q: op.magnetic_transport(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), coupling=0.7,
+                                        implementation=impl, block_size=8)
+  np.testing.assert_allclose(run(q), distance_form_reference(q, k, v, coupling=0.7), rtol=1e-5, atol=1e-5)
+  q10 = huge_and_plain_tokens(size=1e10)[0]
+  y = run(q10)
+  assert np.all(np.isfinite(y))
+  np.testing.assert_allclose(y[:, 8:], distance_form_reference(q10, k, v, coupling=0.7)[:, 8:], rtol=1e-5, atol=1e-5)
+
+
+def test_sincos_is_bounded_for_every_finite_argument():
+  x = jnp.asarray([1e5, -3e9, 1e12, 3e20, -3.4e38], jnp.float32)
+  sin, cos = kernels.sincos(x)
+  assert np.all(np.abs(sin) <= 1 + 1e-6) and np.all(np.abs(cos) <= 1 + 1e-6)
 
 
 @pytest.mark.parametrize("impl", IMPLS)

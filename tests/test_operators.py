@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from attngeo import kernels, operators as op
+from helpers import distance_form_reference, huge_and_plain_tokens
 
 B, N, H, D = 2, 33, 3, 8
 PARAMS = [op.ATTN, op.DMTN, op.ATAP, op.DMAP, (0.3, 0.7), (0.81, 0.05),
@@ -229,6 +230,26 @@ def test_checked_mode_turns_nan_and_bad_coefficients_under_jit_into_errors():
     safe(q, k, v.at[1, 2, 0, 3].set(jnp.inf), 0.5)
   with pytest.raises(ValueError, match=r"beta must lie in \[0, 1\]"):
     safe(q, k, v, 1.5)
+
+
+@pytest.mark.parametrize("impl", ["einsum", "blockwise", "xla"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_dmap_at_huge_query_norms_matches_float64(impl, causal):
+  """|q| ≈ 1e20 on half the tokens: the SDPA form's terms s·m_i·½m_j and ¼s‖m_j‖² overflowed and made those
+  rows NaN (ATTN is finite there). Far tokens are isolated: their rows are the point mass on themselves,
+  their keys weigh 0 elsewhere — the float64 distance form exactly; the plain rows are unchanged."""
+  q, k, v = huge_and_plain_tokens()
+  y = op.transport(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), beta=0.0, alpha=0.0, causal=causal,
+                   implementation=impl, block_size=8)
+  np.testing.assert_allclose(y, distance_form_reference(q, k, v, causal=causal), rtol=1e-5, atol=1e-5)
+  assert np.all(np.isfinite(op.transport(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), beta=1.0, alpha=1.0)))
+
+
+def test_a_far_token_whose_own_key_is_masked_is_nan():
+  q, k, v = (jnp.asarray(x) for x in huge_and_plain_tokens())
+  mask = ~jnp.eye(16, dtype=bool)[None, None]
+  y = op.transport(q, k, v, beta=0.0, alpha=0.0, mask=mask)
+  assert np.all(np.isnan(y[:, :8])) and np.all(np.isfinite(y[:, 8:]))
 
 
 @pytest.mark.parametrize("kwargs,match", [
