@@ -86,16 +86,70 @@ def train_config(workdir: str, saved: dict | None = None):
   return config_lib.from_dict(train.TrainConfig, fields)       # names the fields no class has
 
 
-def load_run(workdir: str, step: int | None = None):
-  """Rebuild the model of a run folder from its config.json and load checkpoint `step` (default latest).
+WEIGHTS = "weights.npz"      # a weights-only run folder (SiT stages, imports): config.json + this file
 
-  Returns (model, train config as the class that wrote it (`train_config`), model config).
+
+def save_weights(model, path: str) -> None:
+  """Every variable of `model` (params and fixed buffers) as `path` (.npz keyed by module path), atomically."""
+  import numpy as np
+  from flax import nnx
+  flat = {"/".join(map(str, k)): np.asarray(v.get_value()) for k, v in nnx.to_flat_state(nnx.state(model))}
+
+  def write(tmp):
+    with open(tmp, "wb") as f:
+      np.savez(f, **flat)
+  atomic_write(path, write)
+
+
+def load_weights(model, path: str):
+  """Inverse of `save_weights`: names and shapes must match (one line naming the first mismatch); a
+  damaged file (a zip that does not open, a member whose CRC fails) is one line naming it, never loaded."""
+  import zipfile
+
+  import jax.numpy as jnp
+  import numpy as np
+  from flax import nnx
+  try:
+    with open(path, "rb") as fh, np.load(fh) as f:     # our own handle: closed when the zip does not open
+      saved = {k: f[k] for k in f.files}
+  except (zipfile.BadZipFile, EOFError, OSError, ValueError) as e:
+    raise ValueError(f"{path} is damaged ({type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else 'unreadable'})") from e
+  for k, v in nnx.to_flat_state(nnx.state(model)):
+    name = "/".join(map(str, k))
+    if name not in saved or saved[name].shape != v.get_value().shape:
+      raise ValueError(f"{path} does not fit this model: {name} {saved[name].shape if name in saved else 'missing'} "
+                       f"(model {v.get_value().shape})")
+    v.set_value(jnp.asarray(saved[name]))
+  return model
+
+
+def write_weights_run(workdir: str, model, **configs) -> None:
+  """A weights-only run folder: config.json (the model's config and `configs`) + `WEIGHTS`."""
+  from attngeo.nn import registry
+  write_config(workdir, model=registry.config_dict(model), **configs)
+  save_weights(model, os.path.join(workdir, WEIGHTS))
+
+
+def load_run(workdir: str, step: int | None = None):
+  """Rebuild the model of a run folder from its config.json and load its weights.
+
+  A folder with `WEIGHTS` (written by `write_weights_run` or `save_weights`: SiT stages keep the EMA
+  weights they sample from there, SiT/DiT imports their weights) loads those unless a checkpoint `step`
+  of its `ckpt/` is asked for; a training run (`ckpt/`, orbax) loads checkpoint `step` (default the
+  newest intact one). Returns (model, train config as the class that wrote it (`train_config`) or None for
+  a weights-only run that records none, model config).
   """
   from attngeo.nn import registry
   saved = read_config(workdir)
   if not saved.get("model"):
     raise ValueError(f"{workdir}/config.json records no model config; runs written by attngeo.train record one")
   mcfg = registry.config_from_dict(saved["model"])
+  has_ckpt, weights = os.path.isdir(os.path.join(workdir, "ckpt")), os.path.join(workdir, WEIGHTS)
+  if os.path.exists(weights) and (step is None or not has_ckpt):
+    if step is not None:
+      raise ValueError(f"{workdir} holds one set of weights ({WEIGHTS}), not checkpoint steps; drop --step")
+    tcfg = train_config(workdir, saved) if isinstance(saved.get("train"), dict) else None
+    return load_weights(registry.build(mcfg), weights), tcfg, mcfg
   tcfg = train_config(workdir, saved)
   model = load_model(registry.build(mcfg), workdir, step)
   return model, tcfg, mcfg

@@ -46,7 +46,7 @@ import time
 
 import numpy as np
 
-from attngeo import config as config_lib
+from attngeo import config as config_lib, runs
 from attngeo.experiments import report
 from attngeo.experiments.report import Col
 
@@ -132,50 +132,10 @@ def model_config(cfg: SiTConfig, image_size: int, channels: int, num_classes: in
   return nn.DiTConfig.create(width=cfg.width, depth=cfg.depth, num_heads=cfg.heads, patch=cfg.patch, **fields)
 
 
-def save_weights(model, path: str):
-  """Every variable of `model` (params and the fixed positions) as `path` (.npz keyed by module path)."""
-  from flax import nnx
-  flat = {"/".join(map(str, k)): np.asarray(v.get_value()) for k, v in nnx.to_flat_state(nnx.state(model))}
-  np.savez(path, **flat)
-
-
-def load_weights(model, path: str):
-  """Inverse of `save_weights` (names and shapes must match: one line naming the first mismatch)."""
-  import jax.numpy as jnp
-  from flax import nnx
-  with np.load(path) as f:
-    saved = {k: f[k] for k in f.files}
-  for k, v in nnx.to_flat_state(nnx.state(model)):
-    name = "/".join(map(str, k))
-    if name not in saved or saved[name].shape != v.get_value().shape:
-      raise ValueError(f"{path} does not fit this model: {name} {saved[name].shape if name in saved else 'missing'} "
-                       f"(model {v.get_value().shape})")
-    v.set_value(jnp.asarray(saved[name]))
-  return model
-
-
-def write_run(path: str, model, **extra):
-  """A run folder readable by `sit sample` / `sit transfer --init`: config.json (model config) + weights.npz."""
-  from attngeo import runs
-  from attngeo.nn import registry
-  runs.write_config(path, model=registry.config_dict(model), **extra)
-  save_weights(model, os.path.join(path, "weights.npz"))
-
-
-def read_run(path: str):
-  """The model of a run folder written by `write_run` (config.json + weights.npz)."""
-  from attngeo import runs
-  from attngeo.nn import registry
-  saved = runs.read_config(path)
-  if not os.path.exists(os.path.join(path, "weights.npz")):
-    raise FileNotFoundError(f"{path} has no weights.npz (written by attngeo sit train/transfer/import)")
-  return load_weights(registry.build(saved["model"]), os.path.join(path, "weights.npz"))
-
-
 def load_init(cfg: SiTConfig):
   """The model `--init` names: a run folder, or an official SiT/DiT checkpoint file."""
   if os.path.isdir(cfg.init):
-    return read_run(cfg.init)
+    return runs.load_run(cfg.init)[0]
   from attngeo.interop import dit as dit_import
   return dit_import.import_checkpoint(cfg.init, num_heads=cfg.num_heads)
 
@@ -365,9 +325,8 @@ def evaluate_stage(model, stage: str, title: str, seed: int, cfg: SiTConfig, ev:
   grid = samples[ev["grid_idx"]]
   np.save(os.path.join(folder, "samples.npy"), grid)
   save_grids([(title, grid)], ev["grid_rows"], os.path.join(folder, "samples.png"), row_labels=ev["row_labels"])
-  save_weights(model, os.path.join(folder, "weights.npz"))
-  with open(os.path.join(folder, "stage.json"), "w") as f:
-    json.dump(dict(row, per_layer=layers), f, indent=1, default=float)
+  runs.save_weights(model, os.path.join(folder, "weights.npz"))
+  runs.atomic_write(os.path.join(folder, "stage.json"), json.dumps(dict(row, per_layer=layers), indent=1, default=float))
   return dict(row, per_layer=layers)
 
 
@@ -462,7 +421,7 @@ def run_seed(cfg: SiTConfig, seed: int, train_src, ev: dict) -> list[dict]:
       with open(done) as f:
         row = json.load(f)
       if stage in ("attn", "dmtn_adapted", "dmap_adapted"):
-        load_weights(model, os.path.join(folder, "weights.npz"))
+        runs.load_weights(model, os.path.join(folder, "weights.npz"))
       print(f"[seed {seed}] {stage}: done earlier", flush=True)
     else:
       train_seconds = time.perf_counter() - t0
@@ -519,7 +478,6 @@ def geometry_rows(rows: list[dict]) -> list[dict]:
 def transfer(cfg: SiTConfig) -> dict:
   t0 = time.perf_counter()
   os.makedirs(cfg.out, exist_ok=True)
-  from attngeo import runs
   runs.write_config(cfg.out, sit=cfg)
   train_src, ev = prepare(cfg)
   rows = []
@@ -559,7 +517,6 @@ def train_one(cfg: SiTConfig) -> dict:
   train_stage(model, cfg, train_src, cfg.out, cfg.steps, cfg.lr, seed, f"SiT {cfg.operator}")
   row = evaluate_stage(model, "trained", f"{cfg.operator}, {cfg.steps:,} steps", seed, cfg, ev, cfg.out,
                        {"steps": cfg.steps})
-  from attngeo import runs
   from attngeo.nn import registry
   saved = dict(runs.read_config(cfg.out), sit=dataclasses.asdict(cfg), model=registry.config_dict(model))
   runs.write_config(cfg.out, **saved)
@@ -596,7 +553,7 @@ def check_out_free(out: str, overwrite: bool):
 def import_run(checkpoint: str, out: str, num_heads: int | None, num_classes: int | None) -> str:
   from attngeo.interop import dit as dit_import
   model = dit_import.import_checkpoint(checkpoint, num_heads=num_heads, num_classes=num_classes)
-  write_run(out, model, source=os.path.abspath(checkpoint))
+  runs.write_weights_run(out, model, source=os.path.abspath(checkpoint))
   c = model.cfg
   print(f"imported {checkpoint}: DiT depth {c.depth}, width {c.block.width}, {c.block.num_heads} heads, "
         f"patch {c.patch}, "
@@ -720,8 +677,8 @@ def main(argv=None):
     cfg = config_lib.from_arguments(args, SiTConfig, SiTConfig())
     try:
       validate(cfg)
-      model = read_run(args.run)
-      from attngeo import flow, runs
+      model = runs.load_run(args.run)[0]
+      from attngeo import flow
       from attngeo.data import images
       flow.check_guidance(cfg.guidance, model.cfg.null_label)
       source = (runs.read_config(args.run).get("sit") or {}).get("data") or ""

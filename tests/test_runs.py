@@ -77,3 +77,32 @@ def test_write_config_records_each_dataclass_config_class_and_train_config_rebui
   runs.write_config(wd, train={"steps": 2, "colour": "red"})           # no record, no class has the field
   with pytest.raises(ValueError, match=r"TrainConfig has no field\(s\) \['colour'\]"):
     runs.train_config(wd)
+
+
+def test_weights_run_folders_round_trip_and_damage_is_one_line(tmp_path):
+  """`write_weights_run` → `load_run` gives the same weights (SiT stages, imports: config.json + weights.npz);
+  a truncated or byte-flipped weights.npz is refused in one line, never loaded; --step has no meaning there."""
+  from flax import nnx
+
+  from attngeo import nn
+  model = nn.DiT(nn.DiTConfig(image_size=8, channels=1, patch=2, depth=1, num_classes=3,
+                              block=nn.BlockConfig(width=16, num_heads=2)), rngs=nnx.Rngs(3))
+  wd = str(tmp_path / "run")
+  runs.write_weights_run(wd, model, source="test")
+  back, tcfg, mcfg = runs.load_run(wd)
+  assert tcfg is None and mcfg == model.cfg and runs.read_config(wd)["source"] == "test"
+  for (k, a), (_, b) in zip(nnx.to_flat_state(nnx.state(model)), nnx.to_flat_state(nnx.state(back))):
+    np.testing.assert_array_equal(np.asarray(a.get_value()), np.asarray(b.get_value()), err_msg=str(k))
+  with pytest.raises(ValueError, match="holds one set of weights"):
+    runs.load_run(wd, step=3)
+  path = tmp_path / "run" / runs.WEIGHTS
+  data = path.read_bytes()
+  path.write_bytes(data[: len(data) // 2])
+  with pytest.raises(ValueError, match=r"weights.npz is damaged \(BadZipFile"):
+    runs.load_run(wd)
+  flipped = bytearray(data)
+  flipped[len(data) // 3] ^= 0xFF                       # inside a member: zip's CRC catches it
+  path.write_bytes(bytes(flipped))
+  with pytest.raises(ValueError, match="weights.npz is damaged"):
+    runs.load_run(wd)
+  assert not [p for p in os.listdir(tmp_path / "run") if p.startswith(".")]   # atomic writes leave no temporary

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from attngeo import nn
+from attngeo import nn, runs
 from attngeo.experiments import sit
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -102,6 +102,8 @@ TINY = ["--data", "digits", "--width", "16", "--depth", "1", "--heads", "2", "--
         "--adapt-steps", "0", "--fold-steps", "2", "--eval-samples", "20", "--grid-per-class", "1",
         "--classifier-steps", "20", "--sample-steps", "2", "--seeds", "0", "--progress", "false", "--log-every", "3",
         "--probe-images", "2", "--batch-size", "16", "--warmup", "0"]
+TRANSFER_ONLY = ("--adapt-steps", "--fold-steps")
+TRAIN_TINY = [a for i, a in enumerate(TINY) if a not in TRANSFER_ONLY and TINY[i - 1] not in TRANSFER_ONLY]
 
 
 def test_transfer_smoke_without_metric(tmp_path):
@@ -137,7 +139,7 @@ def test_transfer_with_metric(transfer_run):
   for stage in sit.STAGES:
     assert os.path.getsize(os.path.join(out, "seed0", stage, "samples.png")) > 0
   assert os.path.getsize(os.path.join(out, "figures_seed0.png")) > 0
-  folded = sit.read_run(os.path.join(out, "seed0", "dmap_adapted"))      # a training stage is a run folder
+  folded = runs.load_run(os.path.join(out, "seed0", "dmap_adapted"))[0]      # a training stage is a run folder
   assert folded.cfg.block.distance_form and not hasattr(folded.blocks[0].attn, "wq")
 
 
@@ -154,9 +156,9 @@ def test_transfer_resumes_finished_stages(transfer_run, capsys):
 @pytest.mark.slow
 def test_train_command(tmp_path):
   out = str(tmp_path / "train")
-  row = sit.main(["train", *TINY, "--operator", "DMTN", "--out", out])
+  row = sit.main(["train", *TRAIN_TINY, "--operator", "DMTN", "--out", out])
   assert row["operator"] == "DMTN" and np.isfinite(row["val_loss"])
-  assert sit.read_run(out).cfg.block.operator == "DMTN"
+  assert runs.load_run(out)[0].cfg.block.operator == "DMTN"
 
 
 def test_import_then_sample_then_transfer_refuses_mismatched_data(tmp_path, capsys):
@@ -267,7 +269,7 @@ def test_import_refuses_an_existing_run_unless_overwrite(imported_run, capsys):
   assert f"--out {run} already holds files (config.json, weights.npz)" in err and "--overwrite" in err
   assert snapshot(run) == before                                      # nothing changed on disk
   sit.main(["import", ckpt, "--out", run, "--num-heads", "2", "--overwrite"])
-  assert sit.read_run(run).cfg.block.num_heads == 2
+  assert runs.load_run(run)[0].cfg.block.num_heads == 2
 
 
 @pytest.mark.parametrize("args,message", [(["--per-class", "0"], "argument --per-class: expected a positive integer"),
