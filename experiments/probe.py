@@ -79,6 +79,24 @@ def _token_ids(path: str, vocab: int) -> np.ndarray:
   return tok
 
 
+def _text_ids(path: str, run_dir: str, vocab_size: int):
+  """(token ids [n] of the text file `path`, a phrase naming them): encoded by the run's own tokenizer
+  (`RUN_DIR/tokenizer/`, written by `attngeo lm`) when it has one, else its bytes as ids (a byte-level
+  model: ids < 256 must fit the vocabulary)."""
+  from attngeo.lm import tokenizer as tok_lib
+  tdir = os.path.join(run_dir, "tokenizer")
+  if os.path.exists(os.path.join(tdir, tok_lib.FILE)):
+    tok = tok_lib.load(tdir)
+    if tok.vocab_size > vocab_size:
+      raise ValueError(f"{tdir} has {tok.vocab_size} ids; the run's model reads {vocab_size}")
+    return np.asarray(tok.encode(pathlib.Path(path).read_text(encoding="utf-8", errors="replace")), np.int32), \
+        f"{path} encoded by the run's tokenizer ({tok.vocab_size} ids)"
+  if vocab_size < 256:
+    raise ValueError(f"--data {path}: a text file is read as bytes (ids 0-255), but this model's vocabulary has "
+                     f"{vocab_size} ids and the run has no tokenizer/; give token ids as FILE.npy")
+  return np.frombuffer(pathlib.Path(path).read_bytes(), np.uint8).astype(np.int32), f"bytes of {path} as token ids"
+
+
 def inputs(model, args, rng):
   """(A zero-argument callable running `model` on a batch built from --data, a phrase naming that batch)."""
   import jax.numpy as jnp
@@ -106,11 +124,11 @@ def inputs(model, args, rng):
     elif args.data.endswith(".npy"):
       tok, what = _token_ids(args.data, cfg.vocab_size)[: args.batch, : args.seq_len], f"token ids of {args.data}"
     else:
-      raw = np.frombuffer(pathlib.Path(args.data).read_bytes(), np.uint8).astype(np.int32) % cfg.vocab_size
+      raw, what = _text_ids(args.data, args.run_dir, cfg.vocab_size)
       if len(raw) < args.batch * args.seq_len:
-        raise ValueError(f"{args.data} has {len(raw)} bytes; --batch × --seq-len needs {args.batch * args.seq_len}")
+        raise ValueError(f"{args.data} has {len(raw)} tokens ({what}); --batch × --seq-len needs "
+                         f"{args.batch * args.seq_len}")
       tok = np.stack([raw[i * args.seq_len:(i + 1) * args.seq_len] for i in range(args.batch)])
-      what = f"bytes of {args.data} as token ids (mod {cfg.vocab_size})"
     tok = jnp.asarray(tok, jnp.int32)
     return (lambda: model(tok)), f"{what}, {tok.shape[0]} × {tok.shape[1]}"
   if isinstance(model, nn.DiT):

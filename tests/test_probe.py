@@ -116,7 +116,12 @@ def test_probe_cli_writes_all_outputs(gpt_run, tmp_path, capsys):
   wd, _, _ = gpt_run
   text = tmp_path / "text.txt"
   text.write_text("the quick brown fox jumps over the lazy dog " * 20)
-  rows = probe_cli.main([wd, "--data", str(text), "--batch", "1", "--seq-len", "12", "--out", str(tmp_path / "p"),
+  with pytest.raises(SystemExit):          # bytes are ids 0-255; this model reads 32 (they were taken mod 32)
+    probe_cli.main([wd, "--data", str(text), "--batch", "1", "--seq-len", "12", "--out", str(tmp_path / "p")])
+  assert "a text file is read as bytes (ids 0-255), but this model's vocabulary has 32" in capsys.readouterr().err
+  ids = tmp_path / "ids.npy"
+  np.save(ids, np.random.default_rng(0).integers(0, 32, (1, 12)))
+  rows = probe_cli.main([wd, "--data", str(ids), "--batch", "1", "--seq-len", "12", "--out", str(tmp_path / "p"),
                          "--layers", "0,2", "--no-progress"])
   assert [r["layer"] for r in rows] == [0, 2]
   for name in ("probe.json", "probe.md", "probe.csv", "probe.png"):
