@@ -39,3 +39,12 @@ def welch(a, b) -> Welch:
   t = d / math.sqrt(va + vb)
   df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
   return Welch(d, float(t), float(df), float(2 * stats.t.sf(abs(t), df)))
+
+
+def welch_if_testable(a, b) -> Welch | None:
+  """`welch(a, b)`, or None when either sample has fewer than 2 values or a non-finite one (a diverged
+  seed): a table of many comparisons reports that pair as untested instead of stopping."""
+  a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
+  if min(len(a), len(b)) < 2 or not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
+    return None
+  return welch(a, b)

@@ -216,7 +216,7 @@ def summarise(rows: list[dict], conditions) -> list[dict]:
       continue
     bpbs, inds = np.array([r["bpb"] for r in rs]), np.array([r["induction"] for r in rs])
     sd = lambda x: float(x.std(ddof=1)) if len(x) > 1 else float("nan")
-    test = stats.welch(bpbs, attn) if name != "ATTN" and len(bpbs) > 1 and len(attn) > 1 else None
+    test = stats.welch_if_testable(bpbs, attn) if name != "ATTN" else None
     out.append(dict(condition=name, seeds=len(rs), bpb_mean=float(bpbs.mean()), bpb_sd=sd(bpbs),
                     induction_mean=float(inds.mean()), induction_sd=sd(inds), seed_bpb=SEED_TABLE2.get(name),
                     bpb_per_seed=bpbs.tolist(), bpb_vs_attn=test and test.difference, welch_t=test and test.t,

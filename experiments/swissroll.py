@@ -560,9 +560,9 @@ def differences(agg: list[dict], keys, level: float = 0.05) -> dict[str, list[di
     tests = []
     for i in range(len(agg)):
       for j in range(i + 1, len(agg)):
-        a, b = np.array(agg[i][key + "_values"]), np.array(agg[j][key + "_values"])
-        if len(a) >= 2 and len(b) >= 2:
-          tests.append((stats.welch(a, b).p, i, j))
+        test = stats.welch_if_testable(agg[i][key + "_values"], agg[j][key + "_values"])
+        if test is not None:                          # a pair with a diverged seed is not tested
+          tests.append((test.p, i, j))
     tests.sort()
     rows, m = [], len(tests)
     for rank, (p, i, j) in enumerate(tests):          # Holm: stop at the first non-rejection

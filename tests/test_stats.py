@@ -29,3 +29,10 @@ def test_welch_constant_samples_and_bad_input():
     stats.welch([1.0], [1.0, 2.0])
   with pytest.raises(ValueError, match="sample b"):
     stats.welch([1.0, 2.0], [1.0, float("nan")])
+
+
+def test_untestable_pairs_are_none_not_an_error():
+  """A diverged seed (NaN) or a single seed leaves that pair untested; the scan's other pairs stand."""
+  assert stats.welch_if_testable([1.0, np.nan, 2.0], [1.0, 2.0]) is None
+  assert stats.welch_if_testable([1.0], [1.0, 2.0]) is None
+  assert stats.welch_if_testable([1.0, 2.0, 4.0], [3.0, 5.0]) == stats.welch([1.0, 2.0, 4.0], [3.0, 5.0])

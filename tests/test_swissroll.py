@@ -126,6 +126,8 @@ def test_differences_are_welch_tests_holm_corrected():
   # the p-values are attngeo.stats.welch's (tested against scipy in tests/test_stats.py)
   single = swissroll.differences([cond("A", [1.0, 1.1, 0.9]), cond("B", [1.3, 1.2, 1.4])], ["x"])["x"]
   assert [(d["higher"], d["lower"]) for d in single] == [("B FFN → MHSA", "A FFN → MHSA")]
+  diverged = swissroll.differences([*agg[:2], cond("G", [1.0, float("nan"), 1.1])], ["x"])["x"]
+  assert [(d["higher"][0], d["lower"][0]) for d in diverged] == [("B", "A")]    # G is untested, not an error
 
 
 def test_ot_noise_is_an_optimal_permutation_of_iid_noise(tmp_path):
