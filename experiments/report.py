@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import json
 import math
 import os
 from typing import Any, Callable
+
+from attngeo import runs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,14 +57,15 @@ def write(out: str, name: str, rows: list[dict], cols: list[Col], *, payload=Non
   if not quiet:
     print(md)
   os.makedirs(out, exist_ok=True)
-  with open(os.path.join(out, f"{name}.md"), "w") as f:
-    f.write(md + "\n")
-  with open(os.path.join(out, f"{name}.csv"), "w", newline="") as f:
-    w = csv.writer(f)
-    w.writerow([c.key for c in cols])
-    w.writerows([[r.get(c.key) for c in cols] for r in rows])
-  with open(os.path.join(out, f"{name}.json"), "w") as f:
-    json.dump(rows if payload is None else payload, f, indent=1, default=str)
+  table = io.StringIO(newline="")
+  w = csv.writer(table)
+  w.writerow([c.key for c in cols])
+  w.writerows([[r.get(c.key) for c in cols] for r in rows])
+  # each file through a temporary and a rename: a kill mid-write never leaves a half-written table
+  runs.atomic_write(os.path.join(out, f"{name}.json"), json.dumps(rows if payload is None else payload, indent=1,
+                                                                   default=str))
+  runs.atomic_write(os.path.join(out, f"{name}.csv"), table.getvalue())
+  runs.atomic_write(os.path.join(out, f"{name}.md"), md + "\n")
   return md
 
 
