@@ -153,7 +153,7 @@ def figure(result: dict, summary: list[dict], path: str, seed: dict, control: li
       ax.errorbar([r["state"] for r in ctrl], [r[f"{key}_mean"] for r in ctrl], fmt="s-", color="black", ms=3, lw=1,
                   yerr=[0.0 if r[f"{key}_sd"] is None or math.isnan(r[f"{key}_sd"]) else r[f"{key}_sd"] for r in ctrl],
                   capsize=2, label=f"control ({result['chain'][0]} throughout)")
-      ax.legend(fontsize=7, loc="best")
+      ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.22), frameon=False)   # below: off the data
     col = {"bpb": 0, "induction": 1, "core": 2}.get(key)
     if seed and col is not None:
       twin = ax.twinx()
@@ -175,11 +175,11 @@ def figure(result: dict, summary: list[dict], path: str, seed: dict, control: li
   ax.set_xlabel("adaptation step along the chain")
   ax.set_title("training loss (bits / token)", fontsize=10)
   if ax.lines:
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)       # right of the curves
   fig.suptitle("Sequential adaptation: red = right after the graft, blue = after adaptation (mean ± sd over seeds)",
                fontsize=10)
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
+  fig.savefig(path, dpi=120, bbox_inches="tight")        # the legends outside the axes stay in the figure
   plt.close(fig)
 
 

@@ -99,3 +99,24 @@ def test_order_figure_names_the_seed_values_in_titles_not_over_the_lines(saved, 
   labels = [t.get_text() for t in legend.get_texts()]
   assert "the seed's Table 1, MHSA → FFN (value in the title)" in labels         # from DMAP's panel: ATTN has none
   assert_legend_over_no_axes(legend, fig)
+
+
+def test_adapt_chain_legends_lie_off_the_panels(saved, tmp_path):
+  """The control legend sat over the seed's dotted line (loc="best"), the loss legend over the curves."""
+  from attngeo.experiments import lm_adapt
+  from attngeo.lm import adapt
+  rng = np.random.default_rng(0)
+  labels, chain = ["A0", "M1", "A1", "M2"], ["ATTN", "DMTN", "ATTN", "DMTN"]
+  metrics = lambda: {m: float(rng.random()) for m in adapt.METRICS}
+  records = [dict(state=k, seed=s, label=lab, operator=op, steps=4, graft=metrics(), adapted=metrics(),
+                  key=f"{k}{s}", graft_key=f"g{k}{s}", curve=[(i, 2.0 + rng.random()) for i in range(4)] if k else [])
+             for s in (0, 1) for k, (lab, op) in enumerate(zip(labels, chain))]
+  result = dict(labels=labels, chain=chain, records=records)
+  summary = adapt.summarise(result)
+  seed = lm_adapt.seed_values(result)
+  lm_adapt.figure(result, summary, str(tmp_path / "chain.png"), seed, control=summary)
+  (fig,) = saved
+  legends = [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
+  assert len(legends) >= 2
+  for legend in legends:
+    assert_legend_over_no_axes(legend, fig)
