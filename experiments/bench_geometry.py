@@ -115,6 +115,8 @@ def main(argv=None):
     est_sizes = [int(s) for s in a.estimators.split(",")] if a.estimators else []
   except ValueError:
     ap.error("--sizes and --estimators must be comma-separated integers")
+  if any(n < 2 for n in sizes + est_sizes):
+    ap.error(f"--sizes and --estimators must be at least 2 points each; got {sizes + est_sizes}")
   if not a.eps > 0:
     ap.error(f"--eps must be positive; got {a.eps}")
   if not 1 <= a.functions <= 10:

@@ -153,6 +153,8 @@ def main(argv=None):
   if large:
     rows_l = [evaluate_large(n, e) for n, e in tqdm(large, desc="large")]
     report.write(a.out, "curvature_large", rows_l, LARGE_COLUMNS, note="unit sphere, matrix-free spectral estimator")
+  report.wrote(a.out, "curvature.md", "curvature.csv", "curvature.json",
+               *(("curvature_large.md", "curvature_large.csv", "curvature_large.json") if large else ()))
 
 
 if __name__ == "__main__":

@@ -71,3 +71,10 @@ def test_heat_figure_smoke(tmp_path):
   heat_swissroll.main(["--n", "300", "--times", "1,4", "--out", str(tmp_path)])
   assert os.path.getsize(tmp_path / "heat_swissroll.png") > 0
   assert json.loads((tmp_path / "heat_swissroll.json").read_text())["pi_max_over_min"] >= 1.0
+
+
+def test_bench_geometry_refuses_sizes_below_two_in_one_line(capsys):
+  """`--sizes 0` was a traceback from inside the benchmark."""
+  with pytest.raises(SystemExit) as e:
+    bench_geometry.main(["--sizes", "0"])
+  assert e.value.code == 2 and "--sizes and --estimators must be at least 2 points each; got [0]" in capsys.readouterr().err
