@@ -1,39 +1,17 @@
-"""Run folders: `config.json` (what produced the run), `ckpt/` (orbax steps), `metrics.jsonl`.
+"""Run folders → models: rebuild a run's model and training config from its `config.json` and load its weights.
 
-`write_config` records every config of a run, and under `"classes"` the class of each one that is a
-dataclass (`"train": "attngeo.lm.recipe.LMTrainConfig"`), so a reader rebuilds a config as the class
-that wrote it; `load_run` rebuilds a run's model from its config.json (`attngeo.nn.registry`), its
-training config as its recorded class, and restores a checkpoint's weights into the model.
+A training run holds `config.json` (`attngeo.files.write_config`: every config of the run, and under
+`"classes"` the class of each dataclass one, e.g. `"train": "attngeo.lm.recipe.LMTrainConfig"`),
+`ckpt/` (orbax steps, `attngeo.checkpoint`) and `metrics.jsonl`; a weights-only run `config.json` +
+`weights.npz` (`write_weights_run`). `load_run` reads both kinds: the model (`attngeo.nn.registry`),
+its training config as the class that wrote it, its weights.
 """
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 
-from attngeo import config as config_lib
-
-
-def write_config(workdir: str, **configs):
-  """`workdir/config.json` = {name: asdict(config) or value, "classes": {name: "module.Class"}}.
-
-  "classes" names the class of every dataclass config (kept from `configs["classes"]` for the
-  others, so a config.json read and written back keeps its record)."""
-  os.makedirs(workdir, exist_ok=True)
-  payload = {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in configs.items()}
-  classes = {k: f"{type(v).__module__}.{type(v).__qualname__}" for k, v in configs.items()
-             if dataclasses.is_dataclass(v) and not isinstance(v, type)}
-  if classes:
-    payload["classes"] = {**(payload.get("classes") or {}), **classes}
-  atomic_write(os.path.join(workdir, "config.json"), json.dumps(payload, indent=1, default=str))
-
-
-def read_config(workdir: str) -> dict:
-  path = os.path.join(workdir, "config.json")
-  if not os.path.exists(path):
-    raise FileNotFoundError(f"{workdir} is not a run folder: no config.json")
-  with open(path) as f:
-    return json.load(f)
+from attngeo import config as config_lib, files
 
 
 def load_model(model, workdir: str, step: int | None = None, use_ema: bool = False):
@@ -48,6 +26,8 @@ def load_model(model, workdir: str, step: int | None = None, use_ema: bool = Fal
 
 
 # Trainer configs a run written before config.json named its classes may hold (chosen by their fields).
+
+
 LEGACY_TRAIN_CLASSES = ("attngeo.train.TrainConfig", "attngeo.lm.recipe.LMTrainConfig")
 
 
@@ -69,7 +49,7 @@ def train_config(workdir: str, saved: dict | None = None):
   class recorded under "classes" — a subclass of `attngeo.train.TrainConfig` — or, for a run written
   before classes were recorded, as the first of `LEGACY_TRAIN_CLASSES` that has every saved field."""
   from attngeo import train
-  saved = read_config(workdir) if saved is None else saved
+  saved = files.read_config(workdir) if saved is None else saved
   fields = saved.get("train")
   if not isinstance(fields, dict):
     raise ValueError(f"{workdir}/config.json records no train config; runs written by attngeo.train record one")
@@ -98,7 +78,7 @@ def save_weights(model, path: str) -> None:
   def write(tmp):
     with open(tmp, "wb") as f:
       np.savez(f, **flat)
-  atomic_write(path, write)
+  files.atomic_write(path, write)
 
 
 def load_weights(model, path: str):
@@ -126,7 +106,7 @@ def load_weights(model, path: str):
 def write_weights_run(workdir: str, model, **configs) -> None:
   """A weights-only run folder: config.json (the model's config and `configs`) + `WEIGHTS`."""
   from attngeo.nn import registry
-  write_config(workdir, model=registry.config_dict(model), **configs)
+  files.write_config(workdir, model=registry.config_dict(model), **configs)
   save_weights(model, os.path.join(workdir, WEIGHTS))
 
 
@@ -140,7 +120,7 @@ def load_run(workdir: str, step: int | None = None):
   a weights-only run that records none, model config).
   """
   from attngeo.nn import registry
-  saved = read_config(workdir)
+  saved = files.read_config(workdir)
   if not saved.get("model"):
     raise ValueError(f"{workdir}/config.json records no model config; runs written by attngeo.train record one")
   mcfg = registry.config_from_dict(saved["model"])
@@ -153,88 +133,3 @@ def load_run(workdir: str, step: int | None = None):
   tcfg = train_config(workdir, saved)
   model = load_model(registry.build(mcfg), workdir, step)
   return model, tcfg, mcfg
-
-
-def fingerprint(*objects) -> str:
-  """A short content key (sha256 hex, 16 chars) of JSON-able objects and dataclasses (configs).
-
-  Equal configs give equal keys; any changed field changes the key. Arrays/bytes are hashed by
-  content. Use it to key cached or reused artefacts by what produced them, never by a name.
-  """
-  import hashlib
-
-  import numpy as np
-  h = hashlib.sha256()
-  for obj in objects:
-    if isinstance(obj, (bytes, bytearray)):
-      h.update(bytes(obj))
-    elif isinstance(obj, np.ndarray):
-      h.update(str((obj.dtype.str, obj.shape)).encode())
-      h.update(np.ascontiguousarray(obj).tobytes())
-    else:
-      value = dataclasses.asdict(obj) if dataclasses.is_dataclass(obj) else obj
-      h.update(json.dumps(value, sort_keys=True, default=str).encode())
-    h.update(b"\x00")
-  return h.hexdigest()[:16]
-
-
-def atomic_write(path: str, data) -> None:
-  """Write `data` to `path` through a temporary file and a rename: never half-written.
-
-  `data`: text, or a callable `write(tmp_path)` that writes exactly that path (through a file object
-  for writers such as `np.save` that would append a suffix). The temporary is a hidden file beside
-  `path` (`.name.tmp-PID`), so a kill mid-write leaves nothing a `*.json`/`*.npy` glob picks up; a
-  failed write leaves no temporary.
-  """
-  folder, name = os.path.split(path)
-  tmp = os.path.join(folder, f".{name}.tmp-{os.getpid()}")
-  try:
-    if callable(data):
-      data(tmp)
-    else:
-      with open(tmp, "w") as f:
-        f.write(data)
-    os.replace(tmp, path)
-  finally:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-
-
-def atomic_json(path: str, obj) -> None:
-  """`atomic_write` of `obj` as indented JSON (non-JSON values as their str), creating the folder."""
-  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-  atomic_write(path, json.dumps(obj, indent=1, default=str))
-
-
-def atomic_npy(path: str, array) -> None:
-  """`atomic_write` of `array` in `.npy` format (through a file object: `np.save` appends no suffix),
-  creating the folder."""
-  import numpy as np
-
-  def save(tmp):
-    with open(tmp, "wb") as f:
-      np.save(f, np.asarray(array))
-  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-  atomic_write(path, save)
-
-
-def cached_result(path: str, key: str, field: str = "key") -> dict | None:
-  """The JSON result at `path` if it was produced under `key` (stored in its `field`), else None:
-  a result is reused only for the content and config that made it, never for its name."""
-  try:
-    with open(path) as f:
-      row = json.load(f)
-  except (FileNotFoundError, json.JSONDecodeError):      # absent, or cut short by a crash: recompute
-    return None
-  return row if isinstance(row, dict) and row.get(field) == key else None
-
-
-def flatten(tree: dict, prefix: str = "") -> dict:
-  """{"a": {"b": 1}} -> {"a.b": 1} (lists kept as values)."""
-  out = {}
-  for key, value in tree.items():
-    if isinstance(value, dict):
-      out.update(flatten(value, f"{prefix}{key}."))
-    else:
-      out[f"{prefix}{key}"] = value
-  return out

@@ -40,7 +40,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from tqdm.auto import tqdm
 
-from attngeo import checkpoint, optim, runlock, runs, sharding
+from attngeo import checkpoint, files, optim, runlock, sharding
 from attngeo.nn import registry
 
 # Dense bf16 peak FLOP/s per chip, for MFU.
@@ -190,7 +190,7 @@ class MetricsLog:
       with open(self.path) as f:
         self.rows = [r for r in map(_parse_row, f) if r is not None and r.get("step", 0) <= resume_step]
     with self._writing("the kept metrics rows", sum(len(json.dumps(r)) + 1 for r in self.rows)):
-      runs.atomic_write(self.path, "".join(json.dumps(r) + "\n" for r in self.rows))
+      files.atomic_write(self.path, "".join(json.dumps(r) + "\n" for r in self.rows))
       self.events = _fresh_events(os.path.join(workdir, "tb"), self.rows)
 
   def write(self, row: dict):
@@ -278,12 +278,12 @@ def check_resumable(workdir: str, **configs):
   train config excepted, and `steps` under a constant schedule, where a longer run extends the
   same trajectory) and names the fields that differ.
   """
-  saved = runs.read_config(workdir)
+  saved = files.read_config(workdir)
   diffs = []
   for name, cfg in configs.items():
     new = dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else cfg
     old = saved.get(name)
-    flat_old, flat_new = runs.flatten(old or {}), runs.flatten(json.loads(json.dumps(new or {}, default=str)))
+    flat_old, flat_new = files.flatten(old or {}), files.flatten(json.loads(json.dumps(new or {}, default=str)))
     for key in sorted(set(flat_old) | set(flat_new)):
       if name == "train" and (key in RUN_CONTROL_FIELDS or (key == "steps" and flat_old.get("schedule") ==
                                                              flat_new.get("schedule") == "constant")):
@@ -310,7 +310,7 @@ def _resume(cfg: TrainConfig, state, shardings, data, model_cfg):
   if restored is not None:
     state, data_state, _ = restored
     data.set_state(data_state)
-  runs.write_config(cfg.workdir, train=cfg, model=model_cfg)
+  files.write_config(cfg.workdir, train=cfg, model=model_cfg)
   return mngr, state
 
 

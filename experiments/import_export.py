@@ -51,12 +51,12 @@ def parse_set(items) -> dict:
 
 def write_run(model, out: str, imported: dict):
   """Write `model` as an attngeo run folder at step 0 (config.json + orbax ckpt/0). Returns the TrainConfig."""
-  from attngeo import checkpoint, runs, sharding, train
+  from attngeo import checkpoint, files, sharding, train
   from attngeo.nn import registry
   tcfg = train.TrainConfig(workdir=out, progress=False)
   mesh = sharding.make_mesh(tcfg.mesh)
   _, state, _ = train.init_state(model, tcfg, mesh)
-  runs.write_config(out, train=tcfg, model=registry.config_dict(model), imported=imported)
+  files.write_config(out, train=tcfg, model=registry.config_dict(model), imported=imported)
   mngr = checkpoint.manager(out, tcfg.keep)
   try:
     if mngr.latest_step() is not None:
@@ -142,7 +142,7 @@ def export_main(argv=None):
   a = ap.parse_args(argv)
   if not a.out.endswith(".safetensors"):
     ap.error(f"--out must end in .safetensors; got {a.out}")
-  from attngeo import interop, runs
+  from attngeo import files, interop, runs
   try:
     model, _, mcfg = runs.load_run(a.run_dir, a.step)
   except (FileNotFoundError, ValueError) as e:
@@ -151,7 +151,7 @@ def export_main(argv=None):
     ap.error(f"{a.run_dir} holds a {type(mcfg).__name__}; only GPT runs export to {a.format}")
   meta = {}
   if a.format == "nanochat":
-    imported = runs.read_config(a.run_dir).get("imported") or {}
+    imported = files.read_config(a.run_dir).get("imported") or {}
     meta = dict(imported.get("meta") or {})   # its model_config is rewritten from the model (window_pattern kept)
     meta["attngeo_run"] = os.path.abspath(a.run_dir)
   try:

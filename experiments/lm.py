@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from attngeo import config as config_lib, runs
+from attngeo import config as config_lib, files
 from attngeo.experiments import report
 from attngeo.experiments.report import Col
 from attngeo.lm.config import HELP, LMConfig, LMTrain
@@ -159,13 +159,13 @@ def run_key(lm: LMConfig) -> str:
   run, the same text moved is the same run. Names the run's folder."""
   from attngeo.data import text
   same = dataclasses.replace(lm, data="", data_dir="", train=dataclasses.replace(lm.train, progress=True))
-  return runs.fingerprint(same, text.content_key(lm.text_spec()))
+  return files.fingerprint(same, text.content_key(lm.text_spec()))
 
 
 def result_key(run: str, eval_rows: int) -> str:
   """What a result holds: the run (`run_key`), the validation rows and the evaluation's version."""
   from attngeo.lm import evals
-  return runs.fingerprint(run, eval_rows, evals.VERSION)
+  return files.fingerprint(run, eval_rows, evals.VERSION)
 
 
 def run_condition(cfg: Table2Config, name: str, seed: int) -> dict:
@@ -181,7 +181,7 @@ def run_condition(cfg: Table2Config, name: str, seed: int) -> dict:
   key = result_key(run, cfg.eval_rows)
   run_dir = os.path.join(cfg.out, "runs", f"{name}_s{seed}_{run}")
   result_path = os.path.join(run_dir, "result.json")
-  cached = runs.cached_result(result_path, key, field="result_key")
+  cached = files.cached_result(result_path, key, field="result_key")
   if cached is not None:
     return cached
   t0 = time.perf_counter()
@@ -199,7 +199,7 @@ def run_condition(cfg: Table2Config, name: str, seed: int) -> dict:
       from attngeo import nn
       row["learned_operator"] = [[np.asarray(c).tolist() for c in m.coefficients()]
                                  for m in nn.attention_modules(trained["model"])]
-    runs.atomic_json(result_path, row)
+    files.atomic_json(result_path, row)
   return row
 
 

@@ -28,7 +28,7 @@ from attngeo import config as config_lib, runlock
 from attngeo.experiments import report
 from attngeo.experiments.report import Col
 from attngeo.lm.adapt import AdaptConfig, pm
-from attngeo.lm.config import HELP as LM_HELP, LMConfig, LMTrain
+from attngeo.lm.config import HELP as LM_HELP
 
 # The seed's Table 3 (depth-32 nanochat, sequentially adapted): bpb, induction, CORE per state.
 SEED_TABLE3 = {"A0": (0.7650, 0.8081, 0.2853), "M1": (0.6657, 0.5735, 0.3083), "A1": (0.6619, 0.8334, 0.3275),

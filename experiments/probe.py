@@ -251,10 +251,10 @@ def main(argv=None):
   layers, heads = _indices(a.layers), _indices(a.heads)
   if layers == "bad" or heads == "bad":
     ap.error(f"--layers and --heads take comma-separated integers; got {a.layers!r}, {a.heads!r}")
-  from attngeo import runs                          # JAX-free: the run folder and --data are checked first
+  from attngeo import files, runs                      # JAX-free: the run folder and --data are checked first
   default_data = a.data is None
   try:
-    a.data = check_data((runs.read_config(a.run_dir).get("model") or {}).get("class"), a.data)
+    a.data = check_data((files.read_config(a.run_dir).get("model") or {}).get("class"), a.data)
   except (FileNotFoundError, ValueError) as e:
     ap.error(str(e))
   from attngeo import nn, probe

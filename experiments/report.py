@@ -17,7 +17,7 @@ import math
 import os
 from typing import Any, Callable
 
-from attngeo import runs
+from attngeo import files
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,10 +62,10 @@ def write(out: str, name: str, rows: list[dict], cols: list[Col], *, payload=Non
   w.writerow([c.key for c in cols])
   w.writerows([[r.get(c.key) for c in cols] for r in rows])
   # each file through a temporary and a rename: a kill mid-write never leaves a half-written table
-  runs.atomic_write(os.path.join(out, f"{name}.json"), json.dumps(rows if payload is None else payload, indent=1,
+  files.atomic_write(os.path.join(out, f"{name}.json"), json.dumps(rows if payload is None else payload, indent=1,
                                                                    default=str))
-  runs.atomic_write(os.path.join(out, f"{name}.csv"), table.getvalue())
-  runs.atomic_write(os.path.join(out, f"{name}.md"), md + "\n")
+  files.atomic_write(os.path.join(out, f"{name}.csv"), table.getvalue())
+  files.atomic_write(os.path.join(out, f"{name}.md"), md + "\n")
   return md
 
 

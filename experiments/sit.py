@@ -46,7 +46,7 @@ import time
 
 import numpy as np
 
-from attngeo import config as config_lib, runs
+from attngeo import config as config_lib, files, runs
 from attngeo.experiments import report
 from attngeo.experiments.report import Col
 
@@ -326,7 +326,7 @@ def evaluate_stage(model, stage: str, title: str, seed: int, cfg: SiTConfig, ev:
   np.save(os.path.join(folder, "samples.npy"), grid)
   save_grids([(title, grid)], ev["grid_rows"], os.path.join(folder, "samples.png"), row_labels=ev["row_labels"])
   runs.save_weights(model, os.path.join(folder, "weights.npz"))
-  runs.atomic_write(os.path.join(folder, "stage.json"), json.dumps(dict(row, per_layer=layers), indent=1, default=float))
+  files.atomic_write(os.path.join(folder, "stage.json"), json.dumps(dict(row, per_layer=layers), indent=1, default=float))
   return dict(row, per_layer=layers)
 
 
@@ -478,7 +478,7 @@ def geometry_rows(rows: list[dict]) -> list[dict]:
 def transfer(cfg: SiTConfig) -> dict:
   t0 = time.perf_counter()
   os.makedirs(cfg.out, exist_ok=True)
-  runs.write_config(cfg.out, sit=cfg)
+  files.write_config(cfg.out, sit=cfg)
   train_src, ev = prepare(cfg)
   rows = []
   for seed in cfg.seeds:
@@ -518,8 +518,8 @@ def train_one(cfg: SiTConfig) -> dict:
   row = evaluate_stage(model, "trained", f"{cfg.operator}, {cfg.steps:,} steps", seed, cfg, ev, cfg.out,
                        {"steps": cfg.steps})
   from attngeo.nn import registry
-  saved = dict(runs.read_config(cfg.out), sit=dataclasses.asdict(cfg), model=registry.config_dict(model))
-  runs.write_config(cfg.out, **saved)
+  saved = dict(files.read_config(cfg.out), sit=dataclasses.asdict(cfg), model=registry.config_dict(model))
+  files.write_config(cfg.out, **saved)
   report.write(cfg.out, "metric", [row] + ev["reference_rows"], METRIC_COLS[:-1])
   print(f"wrote {cfg.out}/weights.npz, samples.png, metric.md; {time.perf_counter() - t0:.0f} s")
   return row
@@ -681,7 +681,7 @@ def main(argv=None):
       from attngeo import flow
       from attngeo.data import images
       flow.check_guidance(cfg.guidance, model.cfg.null_label)
-      source = (runs.read_config(args.run).get("sit") or {}).get("data") or ""
+      source = (files.read_config(args.run).get("sit") or {}).get("data") or ""
       names = images.class_names(source, model.cfg.num_classes)
     except (ValueError, FileNotFoundError) as e:
       sp.error(str(e))

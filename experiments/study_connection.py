@@ -224,8 +224,8 @@ class Family:
       held = np.stack([source[cfg.num_sets + i]["points"] for i in range(16 + cfg.probe_batch)])
       self.eval_batch, self.probe_batch = held[:16], held[16:]
       train_key = (source.key, cfg.num_sets)                   # the sets' content key; the first num_sets train
-    from attngeo import runs
-    self.data_key = runs.fingerprint(train_key, self.eval_batch, self.probe_batch)
+    from attngeo import files
+    self.data_key = files.fingerprint(train_key, self.eval_batch, self.probe_batch)
 
   @property
   def steps(self):
@@ -271,21 +271,21 @@ class Family:
 
 def model_key(cfg: StudyConfig, fam: Family, size: Size, seed: int) -> str:
   """What a model's result depends on: its config, the data's content, the recipe, the seed, the probe."""
-  from attngeo import runs
-  return runs.fingerprint(size.model_config, fam.data_key, fam.steps, fam.batch, fam.lr,
+  from attngeo import files
+  return files.fingerprint(size.model_config, fam.data_key, fam.steps, fam.batch, fam.lr,
                           min(cfg.warmup, fam.steps // 2), seed, cfg.probe_samples)
 
 
 def model_result(cfg: StudyConfig, fam: Family, size: Size, seed: int) -> dict:
   """Train (or reuse) one model, probe it and its initialisation; cached in models/<name>-<key>/result.json
   under the content key of everything that produced it (`model_key`), never by its name alone."""
-  from attngeo import data, probe, runs, train
+  from attngeo import data, files, probe, runs, train
   name = f"{size.family}_{size.label}_s{seed}"
   key = model_key(cfg, fam, size, seed)
   folder = f"{name}-{key}"
   workdir = os.path.join(cfg.out, "models", folder)
   path = os.path.join(workdir, "result.json")
-  cached = runs.cached_result(path, key)
+  cached = files.cached_result(path, key)
   if cached is not None:
     if not cfg.reprobe:
       return cached
@@ -295,7 +295,7 @@ def model_result(cfg: StudyConfig, fam: Family, size: Size, seed: int) -> dict:
                                              progress=False),
                   init=probe.model_report(init_model, fam.probe_run(init_model), samples=cfg.probe_samples, seed=seed,
                                           progress=False))
-    runs.atomic_write(path, json.dumps(cached, indent=1))
+    files.atomic_write(path, json.dumps(cached, indent=1))
     return cached
   t0 = time.perf_counter()
   init_model = build(size, seed)
@@ -315,7 +315,7 @@ def model_result(cfg: StudyConfig, fam: Family, size: Size, seed: int) -> dict:
              depth=len(rows), train_loss=res.history[-1]["loss"], held_out=fam.held_out(res.model),
              held_out_init=init_loss, train_seconds=t_train, seconds=time.perf_counter() - t0,
              trained=rows, init=init_rows)
-  runs.atomic_write(path, json.dumps(out, indent=1))           # a crash mid-write leaves no half result
+  files.atomic_write(path, json.dumps(out, indent=1))           # a crash mid-write leaves no half result
   return out
 
 
@@ -483,8 +483,8 @@ def run(cfg: StudyConfig) -> dict:
   cfg.validate()
   t0 = time.perf_counter()
   os.makedirs(cfg.out, exist_ok=True)
-  from attngeo import runs
-  runs.write_config(cfg.out, study=cfg)
+  from attngeo import files
+  files.write_config(cfg.out, study=cfg)
   results, fams = [], {}
   if cfg.runs:
     for i, path in enumerate(cfg.runs):

@@ -177,17 +177,17 @@ def validate(cfg: SwissRollConfig) -> None:
 
 def training_key(cfg: SwissRollConfig, op: str, order: str, seed: int) -> str:
   """Fingerprint of everything that shapes one condition's trained weights."""
-  from attngeo import runs
+  from attngeo import files
   from attngeo.data.points import PointSets
   fields = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in NOT_TRAINING + EVALUATION + ("seed",)}
-  return runs.fingerprint(fields, dict(operator=op, order=order, data_seed=cfg.seed, train_seed=seed,
+  return files.fingerprint(fields, dict(operator=op, order=order, data_seed=cfg.seed, train_seed=seed,
                                        point_sets=PointSets.VERSION))   # the record order shapes training
 
 
 def evaluation_key(cfg: SwissRollConfig, op: str, order: str, seed: int) -> str:
   """Fingerprint of everything that shapes one condition's result row."""
-  from attngeo import runs
-  return runs.fingerprint(training_key(cfg, op, order, seed), {k: getattr(cfg, k) for k in EVALUATION},
+  from attngeo import files
+  return files.fingerprint(training_key(cfg, op, order, seed), {k: getattr(cfg, k) for k in EVALUATION},
                           RESULT_VERSION)
 
 
@@ -295,10 +295,10 @@ def ot_noise(points: np.ndarray, seed: int, cache_dir: str | None = None) -> np.
   from scipy.optimize import linear_sum_assignment
   from scipy.spatial.distance import cdist
 
-  from attngeo import runs
+  from attngeo import files
   path = None
   if cache_dir:
-    path = os.path.join(cache_dir, f"ot_noise-{runs.fingerprint(points, dict(seed=seed, version=1))}.npy")
+    path = os.path.join(cache_dir, f"ot_noise-{files.fingerprint(points, dict(seed=seed, version=1))}.npy")
     if os.path.exists(path):
       return np.load(path)
   noise = np.random.default_rng(seed).standard_normal(points.shape).astype(np.float32)
@@ -306,7 +306,7 @@ def ot_noise(points: np.ndarray, seed: int, cache_dir: str | None = None) -> np.
     _, cols = linear_sum_assignment(cdist(points[i], noise[i], "sqeuclidean"))
     noise[i] = noise[i][cols]
   if path:
-    runs.atomic_npy(path, noise)
+    files.atomic_npy(path, noise)
   return noise
 
 
@@ -402,8 +402,8 @@ def run_condition(cfg: SwissRollConfig, op: str, order: str, seed: int, source, 
   """
   workdir, key = condition_dir(cfg, op, order, seed), evaluation_key(cfg, op, order, seed)
   result_path = os.path.join(workdir, "result.json")
-  from attngeo import runs
-  cached = runs.cached_result(result_path, key, field="evaluation_key")
+  from attngeo import files
+  cached = files.cached_result(result_path, key, field="evaluation_key")
   if cached is not None:
     return cached
   import jax.numpy as jnp
@@ -440,7 +440,7 @@ def run_condition(cfg: SwissRollConfig, op: str, order: str, seed: int, source, 
              seconds=time.perf_counter() - t0, evaluation_key=key, training_key=training_key(cfg, op, order, seed),
              per_layer=[{k: np.asarray(v).tolist() for k, v in layer.items()} for layer in per_layer])
   np.save(os.path.join(workdir, "samples.npy"), frames)
-  runs.atomic_write(result_path, json.dumps(row, indent=1))
+  files.atomic_write(result_path, json.dumps(row, indent=1))
   return row
 
 
@@ -636,10 +636,10 @@ def verdict(rows: list[dict], refs: References, tolerance: float = 0.05) -> dict
 
 def run(cfg: SwissRollConfig) -> dict:
   validate(cfg)
-  from attngeo import data, runs
+  from attngeo import data, files
   t0 = time.perf_counter()
   os.makedirs(cfg.out, exist_ok=True)
-  runs.write_config(cfg.out, swissroll=cfg)
+  files.write_config(cfg.out, swissroll=cfg)
   source, cloud = data.point_sets(cloud="swiss_roll", num_points=cfg.num_points, seed=cfg.seed,
                                   set_size=cfg.set_size, num_sets=cfg.num_sets)
   refs = references(cfg, cloud)

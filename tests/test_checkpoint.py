@@ -1,5 +1,4 @@
 """attngeo.checkpoint and the trainer's resume: integrity checked, corrupt steps skipped, configs compared."""
-import dataclasses
 import errno
 import json
 import os

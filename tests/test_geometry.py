@@ -1,6 +1,5 @@
 """attngeo.geometry: Γ, Γ₂ against the sphere's closed forms, dense vs matrix-free, graph curvature."""
 import itertools
-import math
 
 import jax
 import jax.numpy as jnp

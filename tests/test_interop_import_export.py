@@ -13,7 +13,7 @@ from test_interop_gpt2 import HF, reference_logits, random_state, write_model
 from test_interop_nanochat import VINTAGE, write
 from test_interop_nanochat import random_state as nanochat_state
 
-from attngeo import cli, runs
+from attngeo import cli, files, runs
 from attngeo.experiments import import_export
 from attngeo.experiments import probe as probe_cli
 from attngeo.interop import safetensors_io
@@ -36,7 +36,7 @@ def test_gpt2_import_to_run_folder_and_export(tmp_path, capsys):
   assert "depth 2, width 32, heads 4 (kv 4), vocab 61, context 24" in capsys.readouterr().out
   model, _, mcfg = runs.load_run(run)
   np.testing.assert_allclose(forward(model, jnp.asarray(IDS)), reference_logits(sd, HF, IDS), atol=1e-4, rtol=0)
-  saved = runs.read_config(run)
+  saved = files.read_config(run)
   file_hash = hashlib.sha256((tmp_path / "hub" / "model.safetensors").read_bytes()).hexdigest()
   assert saved["imported"]["kind"] == "gpt2" and saved["imported"]["sha256"] == file_hash
   assert saved["model"]["class"] == "GPTConfig" and saved["model"]["tie_embeddings"] is True
@@ -61,7 +61,7 @@ def test_nanochat_import_with_fill_then_export(tmp_path):
   src = write(tmp_path, sd, VINTAGE)
   run = str(tmp_path / "run")
   import_export.import_main(["nanochat", src, "--arch", "2026-07", "--fill-missing", "--out", run])
-  imported = runs.read_config(run)["imported"]
+  imported = files.read_config(run)["imported"]
   assert imported["arch"] == "2026-07" and imported["fill_missing"] and imported["meta"]["step"] == 650
   out = tmp_path / "exp" / "model_000650.safetensors"
   import_export.export_main([run, "--format", "nanochat", "--out", str(out)])

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from attngeo import nn, runs
+from attngeo import files, nn, runs
 from attngeo.data import copying, text
 from attngeo.experiments import lm as lm_cmd, lm_adapt
 from attngeo.lm import adapt, recipe
@@ -139,7 +139,7 @@ def test_each_state_starts_from_the_graft_of_the_previous_and_changes_only_its_w
   assert adapt.weights_key(source) == chain["before"]
   corpus = text.open_corpus(lm.text_spec(), tok, chain["data_dir"])
   loss = loss_jit()
-  src_model = runs.read_config(src)["model"]
+  src_model = files.read_config(src)["model"]
   for seed in (0, 1):
     prev = nnx.clone(source)
     for rec in [r for r in recs if r["seed"] == seed and r["state"] > 0]:
@@ -148,7 +148,7 @@ def test_each_state_starts_from_the_graft_of_the_previous_and_changes_only_its_w
       with open(os.path.join(rec["workdir"], "metrics.jsonl")) as f:
         first = json.loads(f.readline())
       assert first["step"] == 1 and first["loss"] == pytest.approx(float(loss(prev, batch["tokens"])), rel=1e-5)
-      saved = runs.read_config(rec["workdir"])["model"]
+      saved = files.read_config(rec["workdir"])["model"]
       assert saved["block"].pop("operator") == rec["operator"]
       assert saved == {**src_model, "block": {k: v for k, v in src_model["block"].items() if k != "operator"}}
       adapted = nnx.clone(prev)
@@ -196,7 +196,7 @@ def test_load_run_reads_every_lm_run_folder(chain, tmp_path):
   assert adapt.weights_key(runs.load_run(chain["src"])[0]) == chain["before"]
   legacy = tmp_path / "legacy"
   legacy.mkdir()
-  saved = runs.read_config(chain["src"])
+  saved = files.read_config(chain["src"])
   del saved["classes"]
   (legacy / "config.json").write_text(json.dumps(saved))
   assert type(runs.train_config(str(legacy))) is recipe.LMTrainConfig

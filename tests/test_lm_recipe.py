@@ -5,7 +5,6 @@ import os
 import subprocess
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest

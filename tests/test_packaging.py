@@ -15,3 +15,50 @@ def test_every_package_folder_is_listed_and_experiments_is_namespaced():
   assert tool["package-dir"] == {"attngeo.experiments": "experiments"}
   assert "experiments" not in listed
   assert os.path.exists(os.path.join(ROOT, "experiments", "__init__.py"))
+
+
+def import_graph(folder: str, package: str) -> dict[str, set[str]]:
+  """{module: attngeo modules it imports} of the .py files under `folder` (as `package`), read with ast:
+  module-level and function-level imports alike (a lazy import still ties the two modules together)."""
+  import ast
+  mods = {}
+  for d, _, names in os.walk(folder):
+    for name in names:
+      if name.endswith(".py"):
+        rel = os.path.relpath(os.path.join(d, name), folder)[:-3].replace(os.sep, ".")
+        mods[(package + "." + rel).removesuffix(".__init__")] = os.path.join(d, name)
+  graph = {}
+  for mod, path in mods.items():
+    with open(path) as f:
+      tree = ast.parse(f.read())
+    pkg = mod if path.endswith("__init__.py") else mod.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(tree):
+      if isinstance(node, ast.ImportFrom):
+        base = node.module or ""
+        if node.level:
+          base = ".".join(pkg.split(".")[: len(pkg.split(".")) - node.level + 1] + ([base] if base else []))
+        out |= {f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names}
+      elif isinstance(node, ast.Import):
+        out |= {a.name for a in node.names}
+    graph[mod] = {m for m in out if m in mods and m != mod}
+  return graph
+
+
+def test_the_library_has_no_import_cycle():
+  """attngeo's modules form a DAG (docs/architecture.md's layers): no module imports one that imports it,
+  directly or through others. (runs ↔ train was one: the generic file helpers now live in attngeo.files.)"""
+  graph = import_graph(os.path.join(ROOT, "attngeo"), "attngeo")
+  assert "attngeo.files" in graph and not graph["attngeo.files"], "attngeo.files imports nothing of attngeo"
+  state = {}
+
+  def visit(m, path):
+    state[m] = "open"
+    for n in sorted(graph[m]):
+      assert state.get(n) != "open", f"import cycle: {' → '.join(path + [n])}"
+      if n not in state:
+        visit(n, path + [n])
+    state[m] = "done"
+  for m in sorted(graph):
+    if m not in state:
+      visit(m, [m])

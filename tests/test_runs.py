@@ -5,28 +5,28 @@ import os
 import numpy as np
 import pytest
 
-from attngeo import runs
+from attngeo import files, runs
 
 
 def test_cached_result_is_returned_only_for_its_key(tmp_path):
   path = tmp_path / "result.json"
-  assert runs.cached_result(str(path), "k1") is None                     # absent
-  runs.atomic_write(str(path), json.dumps({"key": "k1", "bpb": 1.5}))
-  assert runs.cached_result(str(path), "k1") == {"key": "k1", "bpb": 1.5}
-  assert runs.cached_result(str(path), "k2") is None                      # made under another config
-  assert runs.cached_result(str(path), "k1", field="evaluation_key") is None
+  assert files.cached_result(str(path), "k1") is None                     # absent
+  files.atomic_write(str(path), json.dumps({"key": "k1", "bpb": 1.5}))
+  assert files.cached_result(str(path), "k1") == {"key": "k1", "bpb": 1.5}
+  assert files.cached_result(str(path), "k2") is None                      # made under another config
+  assert files.cached_result(str(path), "k1", field="evaluation_key") is None
   path.write_text('{"key": "k1", "bp')                                    # cut short by a crash
-  assert runs.cached_result(str(path), "k1") is None
+  assert files.cached_result(str(path), "k1") is None
   assert not [n for n in os.listdir(tmp_path) if ".tmp-" in n]              # atomic_write left no temporary
 
 
 def test_fingerprint_follows_content_not_names():
   a = np.arange(6, dtype=np.float32)
-  assert runs.fingerprint(a, {"lr": 0.1}) == runs.fingerprint(a.copy(), {"lr": 0.1})
-  assert runs.fingerprint(a, {"lr": 0.1}) != runs.fingerprint(a, {"lr": 0.2})
+  assert files.fingerprint(a, {"lr": 0.1}) == files.fingerprint(a.copy(), {"lr": 0.1})
+  assert files.fingerprint(a, {"lr": 0.1}) != files.fingerprint(a, {"lr": 0.2})
   b = a.copy()
   b[3] += 1e-6
-  assert runs.fingerprint(a, {"lr": 0.1}) != runs.fingerprint(b, {"lr": 0.1})
+  assert files.fingerprint(a, {"lr": 0.1}) != files.fingerprint(b, {"lr": 0.1})
 
 
 def test_atomic_write_takes_a_writer_and_leaves_nothing_behind_on_failure(tmp_path):
@@ -39,7 +39,7 @@ def test_atomic_write_takes_a_writer_and_leaves_nothing_behind_on_failure(tmp_pa
     seen.append(os.path.basename(tmp))
     with open(tmp, "wb") as f:
       np.save(f, np.arange(3))
-  runs.atomic_write(str(path), save)
+  files.atomic_write(str(path), save)
   assert seen[0].startswith(".noise.npy.tmp-") and not seen[0].endswith(".npy")
   np.testing.assert_array_equal(np.load(path), np.arange(3))
 
@@ -48,12 +48,12 @@ def test_atomic_write_takes_a_writer_and_leaves_nothing_behind_on_failure(tmp_pa
       f.write(b"half")
     raise OSError("disk full")
   with pytest.raises(OSError, match="disk full"):
-    runs.atomic_write(str(path), broken)
+    files.atomic_write(str(path), broken)
   np.testing.assert_array_equal(np.load(path), np.arange(3))
   assert sorted(p.name for p in tmp_path.iterdir()) == ["noise.npy"]
-  runs.atomic_npy(str(tmp_path / "sub" / "a.npy"), np.eye(2))
+  files.atomic_npy(str(tmp_path / "sub" / "a.npy"), np.eye(2))
   np.testing.assert_array_equal(np.load(tmp_path / "sub" / "a.npy"), np.eye(2))
-  runs.atomic_json(str(tmp_path / "sub" / "r.json"), {"a": 1, "path": tmp_path})
+  files.atomic_json(str(tmp_path / "sub" / "r.json"), {"a": 1, "path": tmp_path})
   assert json.loads((tmp_path / "sub" / "r.json").read_text()) == {"a": 1, "path": str(tmp_path)}
 
 
@@ -61,20 +61,20 @@ def test_write_config_records_each_dataclass_config_class_and_train_config_rebui
   from attngeo import train
   from attngeo.lm import recipe
   wd = str(tmp_path)
-  runs.write_config(wd, train=recipe.LMTrainConfig(steps=3, embedding_lr=0.5), model={"kind": "gpt"})
-  saved = runs.read_config(wd)
+  files.write_config(wd, train=recipe.LMTrainConfig(steps=3, embedding_lr=0.5), model={"kind": "gpt"})
+  saved = files.read_config(wd)
   assert saved["classes"] == {"train": "attngeo.lm.recipe.LMTrainConfig"}
   assert runs.train_config(wd) == recipe.LMTrainConfig(steps=3, embedding_lr=0.5)
-  runs.write_config(wd, **saved, extra={"a": 1})                       # read and written back: the record stays
-  assert runs.read_config(wd)["classes"] == {"train": "attngeo.lm.recipe.LMTrainConfig"}
-  runs.write_config(wd, train=train.TrainConfig(steps=2))
+  files.write_config(wd, **saved, extra={"a": 1})                       # read and written back: the record stays
+  assert files.read_config(wd)["classes"] == {"train": "attngeo.lm.recipe.LMTrainConfig"}
+  files.write_config(wd, train=train.TrainConfig(steps=2))
   assert type(runs.train_config(wd)) is train.TrainConfig
   for name, message in (("os.path", "not an attngeo class"), ("attngeo.train.Nothing", "does not exist"),
                         ("attngeo.lm.config.LMTrain", "is not an attngeo.train.TrainConfig")):
-    runs.write_config(wd, train={"steps": 2}, classes={"train": name})
+    files.write_config(wd, train={"steps": 2}, classes={"train": name})
     with pytest.raises(ValueError, match=message):
       runs.train_config(wd)
-  runs.write_config(wd, train={"steps": 2, "colour": "red"})           # no record, no class has the field
+  files.write_config(wd, train={"steps": 2, "colour": "red"})           # no record, no class has the field
   with pytest.raises(ValueError, match=r"TrainConfig has no field\(s\) \['colour'\]"):
     runs.train_config(wd)
 
@@ -90,7 +90,7 @@ def test_weights_run_folders_round_trip_and_damage_is_one_line(tmp_path):
   wd = str(tmp_path / "run")
   runs.write_weights_run(wd, model, source="test")
   back, tcfg, mcfg = runs.load_run(wd)
-  assert tcfg is None and mcfg == model.cfg and runs.read_config(wd)["source"] == "test"
+  assert tcfg is None and mcfg == model.cfg and files.read_config(wd)["source"] == "test"
   for (k, a), (_, b) in zip(nnx.to_flat_state(nnx.state(model)), nnx.to_flat_state(nnx.state(back))):
     np.testing.assert_array_equal(np.asarray(a.get_value()), np.asarray(b.get_value()), err_msg=str(k))
   with pytest.raises(ValueError, match="holds one set of weights"):

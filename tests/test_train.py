@@ -1,5 +1,4 @@
 """attngeo.train: sharded runs match single-device ones, multi-process agrees, a killed run resumes exactly."""
-import dataclasses
 import json
 import os
 import re

@@ -184,11 +184,11 @@ class ImageSet(tfds.core.GeneratorBasedBuilder):
   RELEASE_NOTES = {"1.0.0": "Class-conditional images in [-1, 1] with a stratified held-out split."}
 
   def __init__(self, *, source: str = "mnist", test_fraction: float = 0.1, split_seed: int = 0, **kwargs):
-    from attngeo import runs
+    from attngeo import files
     self.images, self.labels, self.num_classes = load_images(source)
     self.train_idx, self.test_idx = stratified_split(self.labels, test_fraction, split_seed)
     tag = "".join(ch if ch.isalnum() else "_" for ch in os.path.splitext(os.path.basename(source.rstrip("/")))[0])
-    key = runs.fingerprint(self.images, self.labels, test_fraction, split_seed)
+    key = files.fingerprint(self.images, self.labels, test_fraction, split_seed)
     super().__init__(config=tfds.core.BuilderConfig(name=f"{tag}_{key}", version=self.VERSION), **kwargs)
 
   def _info(self):

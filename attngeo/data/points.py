@@ -12,7 +12,7 @@
   process only its own rows. Record i is the i-th draw of `default_rng(seed + 1)` (no shuffled
   storage order). The sets of 2048 × 256 points are 6 MB and drawn in ≈ 0.1 s, so nothing is
   written to disk; `point_sets` keeps the few most recent sources in memory, keyed by the content
-  of the cloud and the parameters (`attngeo.runs.fingerprint`, also `PointSets.key`), so two
+  of the cloud and the parameters (`attngeo.files.fingerprint`, also `PointSets.key`), so two
   different clouds never share one and repeated calls (protocols, tests) draw once.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ import os
 
 import numpy as np
 
-from attngeo.runs import fingerprint
+from attngeo.files import fingerprint
 
 CLOUDS = ("swiss_roll", "sphere", "torus")
 

@@ -17,7 +17,7 @@
 * **Tokenised once** by `TokenizedText`, a tfds `GeneratorBasedBuilder` (array_record, no
   TensorFlow): each split is one stream `[BOS, doc₀…, BOS, doc₁…, …]` stored in chunks of `chunk`
   tokens (`{"tokens": int32[chunk], "length": int32}`). Its config name — the cache key — is
-  `runs.fingerprint` of the sources' bytes (and the reading options) and of the tokenizer, never a
+  `files.fingerprint` of the sources' bytes (and the reading options) and of the tokenizer, never a
   file name; tfds writes into a temporary folder and renames it when complete, so a half-built
   cache is never read.
 * **Packed rows**: `PackedRows(stream, seq_len)` is the random-access source whose row `r` is the
@@ -311,8 +311,8 @@ def _builder_class():
 
 def corpus_key(spec: TextSpec, tokenizer, chunk: int = 4096) -> str:
   """The cache key of a tokenised corpus: a fingerprint of its content, its tokenizer and the chunk size."""
-  from attngeo import runs
-  return "c" + runs.fingerprint(content_key(spec), tokenizer.to_dict(), chunk)
+  from attngeo import files
+  return "c" + files.fingerprint(content_key(spec), tokenizer.to_dict(), chunk)
 
 
 @dataclasses.dataclass

@@ -241,12 +241,12 @@ def save(model, path: str) -> dict:
   Returns:
     the config.json dict written.
   """
-  from attngeo import runs
+  from attngeo import files
   cfg = model.cfg
   hf = hf_config(cfg)
   layout.unexpressed(cfg, config(hf), "GPT-2")
   tensors = from_attngeo(layout.params(model), cfg)
   layout.check(layout.shapes(tensors), expected(cfg), "exported state")
   safetensors_io.write(path, tensors, {"format": "pt"})
-  runs.atomic_write(os.path.join(os.path.dirname(os.path.abspath(path)), "config.json"), json.dumps(hf, indent=2))
+  files.atomic_write(os.path.join(os.path.dirname(os.path.abspath(path)), "config.json"), json.dumps(hf, indent=2))
   return hf

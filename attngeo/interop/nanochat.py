@@ -447,7 +447,7 @@ def save(model, path: str, *, meta: dict | None = None) -> dict:
   Returns:
     the meta dict written.
   """
-  from attngeo import runs
+  from attngeo import files
   cfg = model.cfg
   meta = dict(meta or {})
   arch, mc = export_config(cfg, (meta.get("model_config") or {}).get("window_pattern"))
@@ -461,6 +461,6 @@ def save(model, path: str, *, meta: dict | None = None) -> dict:
   meta_path = os.path.join(os.path.dirname(path), f"meta_{m.group(1)}.json") if m else \
       os.path.splitext(path)[0] + ".meta.json"
   safetensors_io.write(path, tensors, {"format": "nanochat", "nanochat_meta": json.dumps(meta)})
-  runs.atomic_write(meta_path, json.dumps(meta, indent=2))
+  files.atomic_write(meta_path, json.dumps(meta, indent=2))
   return meta
 

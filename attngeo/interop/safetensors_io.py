@@ -8,7 +8,7 @@ never arbitrary pickled objects — and only when torch is installed (`pip insta
 otherwise the error names a one-line conversion to run where torch is.
 
 A file that is not what its suffix says (empty, truncated, another format) is one line naming it.
-`write` goes through a temporary file and a rename (`runs.atomic_write`: never half-written) and
+`write` goes through a temporary file and a rename (`files.atomic_write`: never half-written) and
 leaves the file with the mode `open` would give (0o666 less the umask: 0644 under umask 022;
 safetensors itself creates 0600).
 """
@@ -76,7 +76,7 @@ def write(path: str, tensors: dict[str, np.ndarray], metadata: dict[str, str] | 
   """Write {name: array} to a safetensors file (contiguous copies; metadata values must be strings)."""
   from safetensors.numpy import save_file
 
-  from attngeo import runs
+  from attngeo import files
   bad = sorted(k for k, v in (metadata or {}).items() if not isinstance(v, str))
   if bad:
     raise TypeError(f"safetensors metadata values must be strings; not for {bad}")
@@ -85,7 +85,7 @@ def write(path: str, tensors: dict[str, np.ndarray], metadata: dict[str, str] | 
     save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, tmp, metadata=metadata)
     os.chmod(tmp, file_mode())
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  runs.atomic_write(path, save)
+  files.atomic_write(path, save)
 
 
 def conversion_hint(path: str) -> str:

@@ -24,7 +24,7 @@ and CORE when an eval bundle is given).
 Seeds. A seed s changes only the adaptation data order (the loader's shuffle; the trainer's step
 keys are unused by a language model's loss); every seed starts from the same θ₀.
 
-Keys and reuse. Each model along the chain has a content key (`attngeo.runs.fingerprint`):
+Keys and reuse. Each model along the chain has a content key (`attngeo.files.fingerprint`):
 
     key(θ₀)      = fp(source weights and model config, o₀)
     key(graft k) = fp(key(θ_{k−1}), o_k)
@@ -51,7 +51,7 @@ import time
 
 import numpy as np
 
-from attngeo import runs
+from attngeo import files, runs
 from attngeo.lm.config import LMConfig, LMTrain
 
 LETTERS = {"ATTN": "A", "DMTN": "M", "DMAP": "D", "ATAP": "P"}
@@ -196,14 +196,14 @@ class Source:
 
 
 def weights_key(model) -> str:
-  """Content key of a model: its config and every parameter array (by path), `runs.fingerprint`."""
+  """Content key of a model: its config and every parameter array (by path), `files.fingerprint`."""
   import jax
   from flax import nnx
 
   from attngeo.nn import registry
   flat = sorted(((jax.tree_util.keystr(p), np.asarray(jax.device_get(x)))
                  for p, x in jax.tree_util.tree_leaves_with_path(nnx.state(model, nnx.Param))), key=lambda t: t[0])
-  return runs.fingerprint(registry.config_dict(model), [p for p, _ in flat], *[x for _, x in flat])
+  return files.fingerprint(registry.config_dict(model), [p for p, _ in flat], *[x for _, x in flat])
 
 
 def load_source(cfg: AdaptConfig) -> Source:
@@ -218,7 +218,7 @@ def load_source(cfg: AdaptConfig) -> Source:
     if cfg.tokenizer:
       tok = tok_lib.load(cfg.tokenizer)
   else:                                    # the model from config.json (an lm run's trainer config has more fields)
-    saved = runs.read_config(path)
+    saved = files.read_config(path)
     if not saved.get("model"):
       raise ValueError(f"{path}/config.json records no model config")
     model = runs.load_model(registry.build(registry.config_from_dict(saved["model"])), path)
@@ -280,13 +280,13 @@ class Evaluator:
     from attngeo.lm import core, evals
     self.cfg, self.tokenizer, self.out = cfg, tokenizer, out
     self.val_rows = corpus.rows("val", seq_len).array(cfg.eval_rows or None)
-    self.settings = runs.fingerprint(evals.VERSION, corpus.key, seq_len, cfg.eval_rows, cfg.core_max_per_task,
+    self.settings = files.fingerprint(evals.VERSION, corpus.key, seq_len, cfg.eval_rows, cfg.core_max_per_task,
                                      cfg.core_bundle and core.bundle_key(cfg.core_bundle))
     self.computed = 0
 
   def __call__(self, model, key: str) -> dict:
     from attngeo.lm import evals
-    path = os.path.join(self.out, "evals", f"{runs.fingerprint(key, self.settings)}.json")
+    path = os.path.join(self.out, "evals", f"{files.fingerprint(key, self.settings)}.json")
     stored = _read_json(path)
     if stored is not None:
       return stored
@@ -295,7 +295,7 @@ class Evaluator:
                         max_per_task=self.cfg.core_max_per_task)
     ev["seconds"] = time.perf_counter() - t0
     self.computed += 1
-    runs.atomic_json(path, ev)
+    files.atomic_json(path, ev)
     return ev
 
 
@@ -326,7 +326,7 @@ def run(cfg: AdaptConfig, source: Source, log=print) -> dict:
   evaluate = Evaluator(cfg, source.tokenizer, corpus, source.model.cfg.seq_len, cfg.out)
 
   base = graft(nnx.clone(source.model), ops[0])
-  key0 = runs.fingerprint(source.key, ops[0])
+  key0 = files.fingerprint(source.key, ops[0])
   ev0 = metrics(evaluate(base, key0))
   log(f"{labels[0]} ({operator_label(ops[0])}, the source): bpb {ev0['bpb']:.4f}, induction {ev0['induction']:.4f}")
   records, trained = [], 0
@@ -336,8 +336,8 @@ def run(cfg: AdaptConfig, source: Source, log=print) -> dict:
     model, prev = nnx.clone(base), key0
     for k in range(1, len(ops)):
       graft(model, ops[k])
-      gkey = runs.fingerprint(prev, ops[k])
-      skey = runs.fingerprint(gkey, train_key(cfg, seed), corpus.key)
+      gkey = files.fingerprint(prev, ops[k])
+      skey = files.fingerprint(gkey, train_key(cfg, seed), corpus.key)
       workdir = os.path.join(cfg.out, "states", f"{labels[k]}_{operator_name(ops[k])}_s{seed}_{skey}")
       same = ops[k] == ops[k - 1]           # a graft onto the same operator changes nothing
       ev_graft = records[-1]["adapted"] if same else metrics(evaluate(model, gkey))
@@ -352,7 +352,7 @@ def run(cfg: AdaptConfig, source: Source, log=print) -> dict:
         with runlock.hold(workdir):          # one process per state folder, its state.json included
           history = adapt(model, source.text, corpus, cfg.adapt, seed, workdir,
                           desc=f"s{seed} {labels[k]} {operator_name(ops[k])}")
-          runs.atomic_json(os.path.join(workdir, "state.json"),
+          files.atomic_json(os.path.join(workdir, "state.json"),
                            {"key": skey, "graft_key": gkey, "operator": ops[k], "label": labels[k], "seed": seed,
                             "chain": ops[:k + 1], "source": source.path, "source_key": source.key,
                             "train": train_key(cfg, seed), "corpus": corpus.key, "history": history})

@@ -106,17 +106,17 @@ def check_max_per_task(max_per_task: int) -> None:
 
 
 def bundle_key(directory: str) -> str:
-  """Content key of an eval bundle: `runs.fingerprint` of every file's path (relative) and bytes, so
+  """Content key of an eval bundle: `files.fingerprint` of every file's path (relative) and bytes, so
   results stored under it are recomputed when any file changes, never reused by the folder's name."""
   import hashlib
 
-  from attngeo import runs
+  from attngeo import files
   found = sorted(os.path.relpath(os.path.join(d, f), directory) for d, _, fs in os.walk(directory) for f in fs)
   digests = []
   for rel in found:
     with open(os.path.join(directory, rel), "rb") as f:
       digests.append(hashlib.file_digest(f, "sha256").digest())
-  return runs.fingerprint(found, *digests)
+  return files.fingerprint(found, *digests)
 
 
 def load_bundle(directory: str) -> list[Task]:

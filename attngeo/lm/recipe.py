@@ -21,7 +21,7 @@ import json
 import os
 import typing
 
-from attngeo import config as config_lib, runs
+from attngeo import config as config_lib, files, runs
 from attngeo.lm.config import LMConfig, parse_operator
 from attngeo.train import TrainConfig
 
@@ -151,8 +151,8 @@ def train(cfg: LMConfig, out: str, hooks=(), desc: str = "lm") -> dict:
     check_folder(out, tok, corpus, tcfg, mcfg)
     if not os.path.exists(os.path.join(out, "tokenizer", tok_lib.FILE)):
       tok.save(os.path.join(out, "tokenizer"))
-    runs.atomic_json(os.path.join(out, "corpus.json"), {"key": corpus.key, "stats": corpus.stats})
-    runs.atomic_json(os.path.join(out, "lm.json"), dataclasses.asdict(cfg))
+    files.atomic_json(os.path.join(out, "corpus.json"), {"key": corpus.key, "stats": corpus.stats})
+    files.atomic_json(os.path.join(out, "lm.json"), dataclasses.asdict(cfg))
     model = nn.GPT(mcfg, rngs=nnx.Rngs(tcfg.seed))
     data = text.loader(corpus, "train", cfg.seq_len, tcfg.batch_size, tcfg.seed)
     hooks = tuple(hooks)
@@ -180,12 +180,12 @@ def read_config(run_dir: str) -> LMConfig:
 
 def load(run_dir: str, step: int | None = None):
   """(model with the checkpoint's weights, tokenizer, LMConfig) of a run folder (latest step by default)."""
-  from attngeo import runs
+  from attngeo import files
   from attngeo.lm import tokenizer as tok_lib
   from attngeo.nn import registry
   cfg = read_config(run_dir)
   tok = tok_lib.load(os.path.join(run_dir, "tokenizer"))
-  saved = runs.read_config(run_dir)
+  saved = files.read_config(run_dir)
   mcfg = registry.config_from_dict(saved["model"]) if saved.get("model") else model_config(cfg, tok.vocab_size)
   model = runs.load_model(registry.build(mcfg), run_dir, step)
   return model, tok, cfg

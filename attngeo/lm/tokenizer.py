@@ -23,7 +23,7 @@ from typing import Iterable
 
 import numpy as np
 
-from attngeo import runs
+from attngeo import files
 
 SPECIAL_TOKENS = ("<|bos|>", "<|user_start|>", "<|user_end|>", "<|assistant_start|>", "<|assistant_end|>",
                   "<|python_start|>", "<|python_end|>", "<|output_start|>", "<|output_end|>")
@@ -82,13 +82,13 @@ class _Base:
     return "".join(parts) + buf.decode("utf-8", errors="replace")
 
   def fingerprint(self) -> str:
-    return runs.fingerprint(self.to_dict())
+    return files.fingerprint(self.to_dict())
 
   def save(self, directory: str) -> None:
     """Write `directory/tokenizer.json` and `directory/token_bytes.npy` (atomically)."""
     os.makedirs(directory, exist_ok=True)
-    runs.atomic_write(os.path.join(directory, FILE), json.dumps(self.to_dict()))
-    runs.atomic_npy(os.path.join(directory, "token_bytes.npy"), self.token_bytes())
+    files.atomic_write(os.path.join(directory, FILE), json.dumps(self.to_dict()))
+    files.atomic_npy(os.path.join(directory, "token_bytes.npy"), self.token_bytes())
 
 
 class ByteTokenizer(_Base):

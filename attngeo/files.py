@@ -1,0 +1,120 @@
+"""Files that must never be half-written, and content keys: the JSON and arrays of run folders and caches.
+
+`atomic_write` (and `atomic_json`, `atomic_npy`) write through a hidden temporary and a rename, so a
+kill or a full disk leaves the old file or the new one, never a part; `write_config`/`read_config`
+are a run folder's `config.json`; `fingerprint` keys a cached result by the content and every
+setting that produced it, and `cached_result` reads one back only under its key. This module imports
+nothing of attngeo, so every layer (data, interop, the trainer, experiments) can use it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+
+def write_config(workdir: str, **configs):
+  """`workdir/config.json` = {name: asdict(config) or value, "classes": {name: "module.Class"}}.
+
+  "classes" names the class of every dataclass config (kept from `configs["classes"]` for the
+  others, so a config.json read and written back keeps its record)."""
+  os.makedirs(workdir, exist_ok=True)
+  payload = {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in configs.items()}
+  classes = {k: f"{type(v).__module__}.{type(v).__qualname__}" for k, v in configs.items()
+             if dataclasses.is_dataclass(v) and not isinstance(v, type)}
+  if classes:
+    payload["classes"] = {**(payload.get("classes") or {}), **classes}
+  atomic_write(os.path.join(workdir, "config.json"), json.dumps(payload, indent=1, default=str))
+
+
+def read_config(workdir: str) -> dict:
+  path = os.path.join(workdir, "config.json")
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"{workdir} is not a run folder: no config.json")
+  with open(path) as f:
+    return json.load(f)
+
+
+def fingerprint(*objects) -> str:
+  """A short content key (sha256 hex, 16 chars) of JSON-able objects and dataclasses (configs).
+
+  Equal configs give equal keys; any changed field changes the key. Arrays/bytes are hashed by
+  content. Use it to key cached or reused artefacts by what produced them, never by a name.
+  """
+  import hashlib
+
+  import numpy as np
+  h = hashlib.sha256()
+  for obj in objects:
+    if isinstance(obj, (bytes, bytearray)):
+      h.update(bytes(obj))
+    elif isinstance(obj, np.ndarray):
+      h.update(str((obj.dtype.str, obj.shape)).encode())
+      h.update(np.ascontiguousarray(obj).tobytes())
+    else:
+      value = dataclasses.asdict(obj) if dataclasses.is_dataclass(obj) else obj
+      h.update(json.dumps(value, sort_keys=True, default=str).encode())
+    h.update(b"\x00")
+  return h.hexdigest()[:16]
+
+
+def atomic_write(path: str, data) -> None:
+  """Write `data` to `path` through a temporary file and a rename: never half-written.
+
+  `data`: text, or a callable `write(tmp_path)` that writes exactly that path (through a file object
+  for writers such as `np.save` that would append a suffix). The temporary is a hidden file beside
+  `path` (`.name.tmp-PID`), so a kill mid-write leaves nothing a `*.json`/`*.npy` glob picks up; a
+  failed write leaves no temporary.
+  """
+  folder, name = os.path.split(path)
+  tmp = os.path.join(folder, f".{name}.tmp-{os.getpid()}")
+  try:
+    if callable(data):
+      data(tmp)
+    else:
+      with open(tmp, "w") as f:
+        f.write(data)
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+
+
+def atomic_json(path: str, obj) -> None:
+  """`atomic_write` of `obj` as indented JSON (non-JSON values as their str), creating the folder."""
+  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+  atomic_write(path, json.dumps(obj, indent=1, default=str))
+
+
+def atomic_npy(path: str, array) -> None:
+  """`atomic_write` of `array` in `.npy` format (through a file object: `np.save` appends no suffix),
+  creating the folder."""
+  import numpy as np
+
+  def save(tmp):
+    with open(tmp, "wb") as f:
+      np.save(f, np.asarray(array))
+  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+  atomic_write(path, save)
+
+
+def cached_result(path: str, key: str, field: str = "key") -> dict | None:
+  """The JSON result at `path` if it was produced under `key` (stored in its `field`), else None:
+  a result is reused only for the content and config that made it, never for its name."""
+  try:
+    with open(path) as f:
+      row = json.load(f)
+  except (FileNotFoundError, json.JSONDecodeError):      # absent, or cut short by a crash: recompute
+    return None
+  return row if isinstance(row, dict) and row.get(field) == key else None
+
+
+def flatten(tree: dict, prefix: str = "") -> dict:
+  """{"a": {"b": 1}} -> {"a.b": 1} (lists kept as values)."""
+  out = {}
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      out.update(flatten(value, f"{prefix}{key}."))
+    else:
+      out[f"{prefix}{key}"] = value
+  return out
