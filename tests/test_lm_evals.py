@@ -245,7 +245,6 @@ def test_core_examples_with_a_bad_field_are_one_line_naming_file_line_and_field(
 
 def test_core_bundle_baselines_shots_and_max_per_task_are_checked_before_scoring(tmp_path):
   bundle = write_bundle(tmp_path / "b", {"mc": ("multiple_choice", 1, " ", 100.0, MC)})
-  meta = os.path.join(bundle, "eval_meta_data.csv")
   with pytest.raises(ValueError, match=r"eval_meta_data.csv:2: field 'Random baseline' of task 'mc' must be a "
                                        r"percentage in \[0, 100\); got '100.0'"):
     core.load_bundle(bundle)

@@ -59,7 +59,7 @@ def test_attn_corner_is_standard_attention():
 def _closed_form(q, k, name):
   s = 1 / math.sqrt(q.shape[-1])
   qf, kf = jnp.transpose(q, (0, 2, 1, 3)), jnp.transpose(k, (0, 2, 1, 3))   # [b,h,n,d]
-  m, n_ = (qf + kf) / math.sqrt(2), (qf - kf) / math.sqrt(2)
+  m = (qf + kf) / math.sqrt(2)
   dot = lambda x, y: jnp.einsum("bhid,bhjd->bhij", x, y)
   if name == "ATTN":
     lg = s * dot(qf, kf)
