@@ -343,8 +343,8 @@ def check_table2(cfg: Table2Config, mfu: float) -> None:
   if not cfg.conditions or unknown:
     raise ValueError(f"--conditions: unknown {unknown}; choose from {list(CONDITIONS)}" if unknown else
                      f"--conditions must name at least one of {list(CONDITIONS)}")
-  if not cfg.seeds or len(set(cfg.seeds)) != len(cfg.seeds):
-    raise ValueError(f"--seeds must name distinct training seeds; got {list(cfg.seeds)}")
+  if not cfg.seeds or len(set(cfg.seeds)) != len(cfg.seeds) or min(cfg.seeds) < 0:
+    raise ValueError(f"--seeds must name distinct non-negative training seeds; got {list(cfg.seeds)}")
   if cfg.eval_rows < 0:
     raise ValueError(f"--eval-rows must be ≥ 0 (0: all); got {cfg.eval_rows}")
   if not 0 < mfu <= 1:

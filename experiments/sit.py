@@ -153,7 +153,8 @@ def check_compatible(mcfg, images_shape, num_classes: int):
 def validate(cfg: SiTConfig, *, training: bool = True):
   """Argument errors that need no data: sampler, guidance, sizes (raised before any work)."""
   from attngeo import flow, nn
-  for name in ("batch_size", "eval_samples", "grid_per_class", "probe_images", "sample_steps"):
+  for name in ("batch_size", "eval_samples", "grid_per_class", "probe_images", "sample_steps", "width", "depth",
+               "heads", "patch"):
     if getattr(cfg, name) < 1:
       raise ValueError(f"{name} must be positive; got {getattr(cfg, name)}")
   flow.check_sampler(cfg.sampler, cfg.sample_steps)
@@ -704,7 +705,9 @@ def main(argv=None):
     check_data(cfg)
   except (ValueError, TypeError, FileNotFoundError, ImportError) as e:
     sp.error(str(e))
-  return transfer(cfg) if args.command == "transfer" else train_one(cfg)
+  from attngeo import runlock
+  with runlock.hold(cfg.out):        # one process per --out: data, training, samples and probe alike
+    return transfer(cfg) if args.command == "transfer" else train_one(cfg)
 
 
 def check_data(cfg: SiTConfig):

@@ -635,7 +635,14 @@ def verdict(rows: list[dict], refs: References, tolerance: float = 0.05) -> dict
 # ----------------------------------------------------------------------------- the scan
 
 def run(cfg: SwissRollConfig) -> dict:
+  """The scan in `cfg.out`, held by this process for the whole run (`attngeo.runlock`)."""
   validate(cfg)
+  from attngeo import runlock
+  with runlock.hold(cfg.out):
+    return _run(cfg)
+
+
+def _run(cfg: SwissRollConfig) -> dict:
   from attngeo import data, files
   t0 = time.perf_counter()
   os.makedirs(cfg.out, exist_ok=True)

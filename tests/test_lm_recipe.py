@@ -347,3 +347,12 @@ def test_the_magnetic_operator_trains_and_evaluates_and_sampling_says_why_not(tm
   with pytest.raises(SystemExit) as e:
     lm_cmd.main(["sample", run, "--prompt", "The ", "--max-tokens", "2"])
   assert e.value.code == 2 and "not CMAP" in capsys.readouterr().err
+
+
+def test_table2_negative_seed_is_one_line_before_any_run(tmp_path, capsys):
+  """--seeds -1 started the ATTN condition, wrote its folder, then failed inside numpy naming no flag."""
+  with pytest.raises(SystemExit) as e:
+    lm_cmd.main(["table2", "--seeds", "-1", "--out", str(tmp_path / "t2"), "--lm.data", "pydoc"])
+  assert e.value.code == 2 and "--seeds must name distinct non-negative training seeds; got [-1]" in \
+      capsys.readouterr().err
+  assert not (tmp_path / "t2").exists()

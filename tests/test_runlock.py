@@ -79,3 +79,18 @@ def test_train_refuses_a_busy_run_folder_before_writing_anything(holder):
   with pytest.raises(runlock.RunFolderBusy, match="is in use by pid"):
     train.train(build, lambda m, b, r: (0.0, {}), Batches({"x": np.zeros(2)}), cfg)
   assert os.listdir(wd) == [".lock"]
+
+
+@pytest.mark.parametrize("argv", [
+    ["sit", "train", "--data", "digits", "--width", "16", "--depth", "1", "--heads", "2", "--patch", "2", "--steps", "1",
+     "--metric", "false", "--out", "RUN"],
+    ["swissroll", "--operators", "ATTN", "--orders", "ffn_first", "--steps", "1", "--out", "RUN"],
+])
+def test_commands_that_write_outside_the_trainer_hold_their_whole_out_folder(holder, capsys, argv):
+  """sit train and swissroll prepared data, sampled and wrote tables outside train.train's lock: a second
+  process on the same --out ran to the end beside the first. Now it is refused before any work."""
+  from attngeo import cli
+  wd, proc = holder
+  before = sorted(os.listdir(wd))
+  assert cli.main([wd if a == "RUN" else a for a in argv]) == 2
+  assert f"is in use by pid {proc.pid}" in capsys.readouterr().err and sorted(os.listdir(wd)) == before

@@ -183,6 +183,8 @@ def test_import_then_sample_then_transfer_refuses_mismatched_data(tmp_path, caps
     (["--guidance", "-2"], r"guidance scale must be >= 1 \(1 = no guidance\); got -2\.0"),
     (["--sampler", "rk4"], "sampler must be one of"),
     (["--sample-steps", "0"], "sample_steps must be positive; got 0"),
+    (["--width", "0"], "width must be positive; got 0"),          # was a ZeroDivisionError after data and classifier
+    (["--heads", "-1"], "heads must be positive; got -1"),
     (["--patch", "3"], "patch=3 does not divide the image size 8"),
     (["--data", "NPY_SQUARE"], "H = W"),
     (["--data", "NPY_RANGE"], r"float images of .* must lie in \[0, 1\]"),
