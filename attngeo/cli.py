@@ -11,6 +11,7 @@ with status 2; set `ATTNGEO_DEBUG=1` to see the traceback instead.
 """
 from __future__ import annotations
 
+import errno
 import importlib
 import os
 import sys
@@ -119,7 +120,19 @@ def main(argv=None):
     msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     print(f"attngeo {argv[0]}: error: {msg}", file=sys.stderr)
     return 2
+  except (OSError, RuntimeError) as e:             # a full disk where no writer names it (a library's own write)
+    if os.environ.get("ATTNGEO_DEBUG") or not is_disk_full(e):
+      raise
+    where = f" writing {e.filename}" if getattr(e, "filename", None) else ""
+    print(f"attngeo {argv[0]}: error: no space left on device{where}; free space and run the same command again "
+          "(finished steps and cached results are kept)", file=sys.stderr)
+    return 2
   return 0
+
+
+def is_disk_full(e: BaseException) -> bool:
+  """ENOSPC, raised as an OSError or wrapped in a library's RuntimeError (tfds' writer)."""
+  return getattr(e, "errno", None) == errno.ENOSPC or "No space left on device" in str(e)
 
 
 if __name__ == "__main__":

@@ -193,3 +193,25 @@ def test_debug_shows_the_traceback_of_errors_a_command_reports_itself(tmp_path, 
     with pytest.raises(SystemExit) as exit_:
       call()
     assert exit_.value.code == 2
+
+
+def test_a_full_disk_no_writer_names_is_one_line(monkeypatch, capsys):
+  """ENOSPC from a library's own write (an OSError, or tfds' RuntimeError around it) was a 21–45-line
+  traceback; the command now says it in one line and exits 2."""
+  import errno
+
+  from attngeo.experiments import heat_swissroll
+  lines = []
+  for exc in (OSError(errno.ENOSPC, "No space left on device", "/full/run/tokenizer.json"),
+              RuntimeError('Failed to finalize writing of split "train": write() failed: No space left on device')):
+    def full(argv, exc=exc):
+      raise exc
+    monkeypatch.setattr(heat_swissroll, "main", full)
+    assert cli.main(["heat"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("attngeo heat: error: no space left on device"), err
+    lines += err
+  assert "writing /full/run/tokenizer.json" in lines[0]
+  monkeypatch.setattr(heat_swissroll, "main", lambda argv: (_ for _ in ()).throw(OSError(errno.EACCES, "denied")))
+  with pytest.raises(OSError):                    # any other OSError is a bug to see, not a user line
+    cli.main(["heat"])
