@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 from typing import NamedTuple
 
 import jax
@@ -231,6 +232,8 @@ def stationary(p, *, tol: float = 1e-4, refine: int = 2) -> Stationary:
   check_chain(p)
   if not tol > 0:
     raise ValueError(f"tol must be positive; got {tol}")
+  if isinstance(refine, bool) or not isinstance(refine, numbers.Integral) or refine < 0:
+    raise ValueError(f"refine must be an integer ≥ 0 (refinement steps); got {refine!r}")
   return _stationary(p, float(tol), int(refine))
 
 

@@ -454,3 +454,10 @@ def test_propagate_is_the_adjoint_of_heat():
   with pytest.raises(ValueError, match="non-negative integer"):
     markov.propagate(p, mu, 1.5)
 
+
+
+@pytest.mark.parametrize("refine", [-1, 2.5, True, "2"])
+def test_stationary_refuses_a_refine_that_is_not_a_count(refine):
+  """refine=-1 came back as iterations=-1; 2.5 was truncated to 2."""
+  with pytest.raises(ValueError, match="refine must be an integer ≥ 0"):
+    markov.stationary(jnp.full((3, 3), 1 / 3), refine=refine)
