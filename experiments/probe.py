@@ -118,6 +118,8 @@ def inputs(model, args, rng):
     what = f"{args.batch} set{'s' * (args.batch != 1)} of {args.set_size} points of {args.data} (t = 1)"
     return (lambda: model(x, jnp.ones((args.batch,)))), what
   if isinstance(model, nn.GPT):
+    if args.seq_len > cfg.seq_len:
+      raise ValueError(f"--seq-len must be at most the model's context, {cfg.seq_len}; got {args.seq_len}")
     if args.data == "random":
       tok = rng.integers(0, cfg.vocab_size, (args.batch, args.seq_len))
       what = f"random tokens (uniform ids in [0, {cfg.vocab_size}))"

@@ -214,7 +214,11 @@ class Family:
       rows = held.array(16 + cfg.probe_batch)
       self.eval_batch, self.probe_batch = rows[:16], rows[16:, :-1]
       if cfg.probe_tokens:
-        self.probe_batch = np.load(cfg.probe_tokens)[:cfg.probe_batch, :cfg.seq_len].astype(np.int32)
+        ids = np.load(cfg.probe_tokens)
+        if not np.issubdtype(ids.dtype, np.integer) or ids.ndim != 2:
+          raise ValueError(f"--probe-tokens {cfg.probe_tokens} must hold integer token ids [b, n]; got {ids.dtype} "
+                           f"{ids.shape}")
+        self.probe_batch = ids[:cfg.probe_batch, :cfg.seq_len].astype(np.int32)
       train_key = (corpus.key, cfg.seq_len)                     # the corpus' content fingerprint
     else:
       from attngeo import data

@@ -137,12 +137,14 @@ def test_probe_cli_writes_all_outputs(gpt_run, tmp_path, capsys):
 
 def test_probe_cli_rejects_bad_arguments(gpt_run, tmp_path, capsys):
   wd, _, _ = gpt_run
-  for argv in ([str(tmp_path)], [wd, "--layers", "7"], [wd, "--heads", "x"], [wd, "--samples", "1"]):
+  for argv in ([str(tmp_path)], [wd, "--layers", "7"], [wd, "--heads", "x"], [wd, "--samples", "1"],
+               [wd, "--seq-len", "100000"]):
     with pytest.raises(SystemExit) as e:
       probe_cli.main(argv)
     assert e.value.code == 2
   err = capsys.readouterr().err
   assert "not a run folder" in err and "--layers must be distinct indices in [0, 3)" in err
+  assert "--seq-len must be at most the model's context" in err      # it ran for minutes, 1 GB and growing
 
 
 def test_probe_cli_names_its_default_inputs_on_the_terminal_and_in_the_report(gpt_run, tmp_path, capsys):

@@ -104,3 +104,12 @@ def test_study_end_to_end_both_families_rerun_and_run_folders(tmp_path):
                              [x["effective_isometry_defect"] for x in m["trained"]], rtol=1e-5)
   np.testing.assert_allclose([x["next_js_divergence"] for x in r["trained"][:-1]],
                              [x["next_js_divergence"] for x in m["trained"][:-1]], rtol=1e-5)
+
+
+def test_float_probe_tokens_are_refused_not_cast(tmp_path, capsys):
+  """A float32 .npy of 'token ids' was cast to int32 and probed (exit 0)."""
+  np.save(tmp_path / "ids.npy", np.random.default_rng(0).random((2, 12)).astype(np.float32))
+  from attngeo import cli
+  code = cli.main(["study", "connection", *smoke_argv(tmp_path / "out", "decoder"),
+                   "--probe-tokens", str(tmp_path / "ids.npy")])
+  assert code == 2 and "must hold integer token ids [b, n]; got float32 (2, 12)" in capsys.readouterr().err
