@@ -69,8 +69,9 @@ class DiskFull(OSError, ValueError):
 def disk_full(folder: str, needed: int, what: str, note: str = "") -> DiskFull:
   """The one-line `DiskFull` for writing `what` (about `needed` bytes) into `folder`."""
   free = shutil.disk_usage(folder).free if os.path.isdir(folder) else 0
-  return DiskFull(f"no space left on the device of {folder}: {what} needs about {needed:,} bytes, {free:,} are "
-                  f"free{note}; free some space and rerun (the run resumes from its last checkpoint)")
+  return DiskFull(f"no space left on the device of {folder}: {what} needs about {needed:,} bytes (more with its "
+                  f"metadata) and did not fit ({free:,} bytes free after its partial write was removed){note}; free "
+                  f"some space and rerun (the run resumes from its last checkpoint)")
 
 
 def is_disk_full(err: BaseException | None) -> bool:

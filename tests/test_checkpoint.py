@@ -354,6 +354,7 @@ def test_a_full_disk_during_a_metrics_write_is_one_line(tmp_path, monkeypatch):
       real_open(path, mode, *a, **k)
   monkeypatch.setattr(train, "open", fake, raising=False)
   with pytest.raises(checkpoint.DiskFull, match=rf"^no space left on the device of {tmp_path}: the metrics row of "
-                                                rf"step 1 needs about \d+ bytes, [\d,]+ are free; [^\n]*$"):
+                                                rf"step 1 needs about \d+ bytes \(more with its metadata\) and did not fit "
+                                                rf"\([\d,]+ bytes free after its partial write was removed\); [^\n]*$"):
     run(tmp_path)
   assert not os.path.exists(step_dir(str(tmp_path), 2))
