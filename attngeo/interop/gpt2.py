@@ -223,13 +223,7 @@ def load(path: str, hf_config_path: str | dict | None = None, **overrides):
     cfg_path = hf or cfg_path
     if not os.path.exists(cfg_path):
       raise FileNotFoundError(f"no GPT-2 config.json at {cfg_path}; pass the one that came with {weights}")
-    try:
-      with open(cfg_path, encoding="utf-8") as f:
-        hf = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-      raise ValueError(f"{cfg_path} is not valid JSON ({e})") from None
-    if not isinstance(hf, dict):
-      raise ValueError(f"{cfg_path} must hold a JSON object; got {type(hf).__name__}")
+    hf = layout.read_json(cfg_path)
   cfg, arrays = convert(safetensors_io.read(weights), hf, source=weights, **overrides)
   return layout.build(cfg, arrays, source=weights), {"source": SOURCE, "config": hf, "file": weights}
 

@@ -12,6 +12,7 @@ files (its importer's config) would not give back.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 
 import numpy as np
@@ -144,3 +145,15 @@ def unexpressed(cfg, readback, layout_name: str) -> None:
   if bad:
     raise ValueError(f"cannot export to {layout_name} without changing the model: " + ", ".join(sorted(bad)) +
                      f" ({layout_name}'s files cannot carry these settings)")
+
+
+def read_json(path: str) -> dict:
+  """A JSON object from `path`, or one line naming the file."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      out = json.load(f)
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise ValueError(f"{path} is not valid JSON ({e})") from None
+  if not isinstance(out, dict):
+    raise ValueError(f"{path} must hold a JSON object; got {type(out).__name__}")
+  return out

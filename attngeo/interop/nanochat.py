@@ -293,18 +293,6 @@ def weights_file(path: str) -> str:
   return os.path.join(path, min(f for f in found if f[0] == step)[2])
 
 
-def read_json(path: str) -> dict:
-  """A JSON object from `path`, or one line naming the file."""
-  try:
-    with open(path, encoding="utf-8") as f:
-      out = json.load(f)
-  except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise ValueError(f"{path} is not valid JSON ({e})") from None
-  if not isinstance(out, dict):
-    raise ValueError(f"{path} must hold a JSON object; got {type(out).__name__}")
-  return out
-
-
 def find_meta(path: str) -> dict | None:
   """The `meta_*.json` beside `model_NNNNNN.*` (same step), or `<name>.meta.json` beside `<name>.*` (what
   `save` writes for other names), or the folder's only `meta_*.json`, else the safetensors metadata
@@ -314,10 +302,10 @@ def find_meta(path: str) -> dict | None:
   siblings = ([f"meta_{m.group(1)}.json"] if m else []) + [os.path.splitext(name)[0] + ".meta.json"]
   for sibling in siblings:
     if os.path.isfile(os.path.join(folder, sibling)):
-      return read_json(os.path.join(folder, sibling))
+      return layout.read_json(os.path.join(folder, sibling))
   metas = sorted(glob.glob(os.path.join(folder or ".", "meta_*.json")))
   if len(metas) == 1 and not m:
-    return read_json(metas[0])
+    return layout.read_json(metas[0])
   if path.endswith(".safetensors"):
     text = safetensors_io.metadata(path).get("nanochat_meta")
     return json.loads(text) if text else None
@@ -402,7 +390,7 @@ def load(path: str, meta: str | dict | None = None, *, arch: str = "auto", fill_
   """
   path = weights_file(path)
   if isinstance(meta, str):
-    meta = read_json(meta)
+    meta = layout.read_json(meta)
   meta = meta if meta is not None else find_meta(path)
   if not isinstance(meta, dict) or not isinstance(meta.get("model_config"), dict):
     raise ValueError(f"{path}: no nanochat meta with a model_config found; pass the meta_NNNNNN.json that came with it")
