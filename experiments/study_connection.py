@@ -105,11 +105,22 @@ class StudyConfig:
         raise ValueError(f"{name} must be positive; got {getattr(self, name)}")
     if self.probe_samples < 2:
       raise ValueError(f"probe_samples must be at least 2; got {self.probe_samples}")
-    for path in self.runs:
+    from attngeo import files
+    for path in self.runs:                      # config.json names the model: JAX-free, before anything is written
       if not os.path.exists(os.path.join(path, "config.json")):
         raise ValueError(f"runs: {path} is not a run folder (no config.json)")
-    if self.probe_tokens is not None and not (self.probe_tokens.endswith(".npy") and os.path.exists(self.probe_tokens)):
-      raise ValueError(f"probe_tokens must be an existing .npy of token ids [b, n]; got {self.probe_tokens!r}")
+      kind = (files.read_config(path).get("model") or {}).get("class")
+      if kind not in ("GPTConfig", "PointFlowConfig"):
+        raise ValueError(f"runs: {path} holds a {kind or 'model of no recorded class'}; the study probes GPT "
+                         f"(decoder) and PointFlow (encoder) runs")
+    if self.probe_tokens is not None:
+      if not (self.probe_tokens.endswith(".npy") and os.path.exists(self.probe_tokens)):
+        raise ValueError(f"probe_tokens must be an existing .npy of token ids [b, n]; got {self.probe_tokens!r}")
+      import numpy as np
+      ids = np.load(self.probe_tokens, mmap_mode="r")
+      if not np.issubdtype(ids.dtype, np.integer) or ids.ndim != 2:
+        raise ValueError(f"--probe-tokens {self.probe_tokens} must hold integer token ids [b, n]; got {ids.dtype} "
+                         f"{ids.shape}")
     return self
 
 
@@ -214,11 +225,7 @@ class Family:
       rows = held.array(16 + cfg.probe_batch)
       self.eval_batch, self.probe_batch = rows[:16], rows[16:, :-1]
       if cfg.probe_tokens:
-        ids = np.load(cfg.probe_tokens)
-        if not np.issubdtype(ids.dtype, np.integer) or ids.ndim != 2:
-          raise ValueError(f"--probe-tokens {cfg.probe_tokens} must hold integer token ids [b, n]; got {ids.dtype} "
-                           f"{ids.shape}")
-        self.probe_batch = ids[:cfg.probe_batch, :cfg.seq_len].astype(np.int32)
+        self.probe_batch = np.load(cfg.probe_tokens)[:cfg.probe_batch, :cfg.seq_len].astype(np.int32)   # validate()d
       train_key = (corpus.key, cfg.seq_len)                     # the corpus' content fingerprint
     else:
       from attngeo import data

@@ -109,7 +109,19 @@ def test_study_end_to_end_both_families_rerun_and_run_folders(tmp_path):
 def test_float_probe_tokens_are_refused_not_cast(tmp_path, capsys):
   """A float32 .npy of 'token ids' was cast to int32 and probed (exit 0)."""
   np.save(tmp_path / "ids.npy", np.random.default_rng(0).random((2, 12)).astype(np.float32))
+  def attngeo(*argv):
+    try:
+      return cli.main(list(argv))
+    except SystemExit as e:                             # refused while parsing (config.validate)
+      return e.code
   from attngeo import cli
-  code = cli.main(["study", "connection", *smoke_argv(tmp_path / "out", "decoder"),
-                   "--probe-tokens", str(tmp_path / "ids.npy")])
+  code = attngeo("study", "connection", *smoke_argv(tmp_path / "out", "decoder"),
+                 "--probe-tokens", str(tmp_path / "ids.npy"))
   assert code == 2 and "must hold integer token ids [b, n]; got float32 (2, 12)" in capsys.readouterr().err
+  assert not (tmp_path / "out").exists()                # refused before config.json or data/ were written
+  dit = tmp_path / "dit"
+  dit.mkdir()
+  (dit / "config.json").write_text('{"model": {"class": "DiTConfig"}}')
+  code = attngeo("study", "connection", *smoke_argv(tmp_path / "out", "decoder"), "--runs", str(dit))
+  assert code == 2 and "holds a DiTConfig; the study probes GPT" in capsys.readouterr().err
+  assert not (tmp_path / "out").exists()
