@@ -54,6 +54,8 @@ def write_run(model, out: str, imported: dict):
   from attngeo import checkpoint, files, sharding, train
   from attngeo.nn import registry
   tcfg = train.TrainConfig(workdir=out, progress=False)
+  if os.path.isdir(os.path.join(out, "ckpt")) and os.listdir(os.path.join(out, "ckpt")):
+    raise ValueError(f"{out} already holds checkpoints ({os.path.join(out, 'ckpt')}); choose an empty folder")
   mesh = sharding.make_mesh(tcfg.mesh)
   _, state, _ = train.init_state(model, tcfg, mesh)
   files.write_config(out, train=tcfg, model=registry.config_dict(model), imported=imported)

@@ -128,3 +128,17 @@ def test_damaged_gpt2_file_is_one_line(tmp_path, capsys, cut):
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and "model.safetensors is not a readable checkpoint" in err[0], err
   assert not (tmp_path / "run").exists()
+
+
+def test_a_non_finite_weight_is_refused_naming_the_tensor_and_writes_nothing(tmp_path, capsys):
+  """A NaN in a GPT-2 weight was refused only by the trainer's NaN guard ('the training state holds NaN/Inf
+  at step 0'), after config.json and ckpt/ were written."""
+  sd = random_state(seed=5)
+  sd["h.1.mlp.c_fc.weight"] = sd["h.1.mlp.c_fc.weight"].copy()
+  sd["h.1.mlp.c_fc.weight"][0, 0] = np.nan
+  src = write_model(tmp_path / "hub", sd)
+  run = tmp_path / "run"
+  with pytest.raises(SystemExit) as e:
+    import_export.import_main(["gpt2", src, "--out", str(run)])
+  assert e.value.code == 2 and "the weights of blocks.1.mlp.w1 (attngeo parameter) hold NaN or Inf" in capsys.readouterr().err
+  assert not run.exists()

@@ -93,6 +93,10 @@ def build(cfg, arrays: dict[str, np.ndarray], source: str = "converted state"):
   if non_params:
     raise ValueError(f"cannot fill non-parameter state {non_params} from a checkpoint")
   check(shapes(arrays), {_path(p): tuple(v.get_value().shape) for p, v in flat}, source)
+  bad = next((k for k in sorted(arrays, key=natural_key) if not np.all(np.isfinite(np.asarray(arrays[k], np.float32)))),
+             None)
+  if bad is not None:
+    raise ValueError(f"{source}: the weights of {bad} (attngeo parameter) hold NaN or Inf; a checkpoint must be finite")
   for p, v in flat:
     v.set_value(jnp.asarray(np.asarray(arrays[_path(p)], np.float32)))
   return nnx.merge(graphdef, nnx.from_flat_state(flat))
