@@ -84,10 +84,10 @@ def export_round_trip(capsys, run, tmp, fmt, ids):
   return None
 
 
-def gpt_loop(capsys, run, tmp, *, data=("--data", "random", "--seq-len", "16"), formats=("nanochat", "gpt2")):
+def gpt_loop(capsys, run, tmp, *, data=("--data", "random"), formats=("nanochat", "gpt2")):
   """The loop of a GPT run; returns {format: None (round trip exact) | the refusal line}."""
   model, _, _ = runs.load_run(run)
-  rows = probe(capsys, run, tmp, *data)
+  rows = probe(capsys, run, tmp, *data, "--seq-len", str(min(16, model.cfg.seq_len)))
   assert len(rows) == len(nn.attention_modules(model))
   ids = np.random.default_rng(0).integers(0, model.cfg.vocab_size, (2, 12))
   np.save(os.path.join(tmp, "ids.npy"), ids)          # the study's probe tokens: ids of this model's vocabulary
@@ -108,7 +108,7 @@ def test_lm_train_run(capsys, tmp_path, lm_data):
   recipe.train(dataclasses.replace(LM_TINY, data_dir=lm_data, train=dataclasses.replace(LM_TINY.train, steps=1)), run)
   text = tmp_path / "held_out.txt"
   text.write_text("To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer. " * 8)
-  outcome = gpt_loop(capsys, run, str(tmp_path), data=("--data", str(text), "--seq-len", "16"))
+  outcome = gpt_loop(capsys, run, str(tmp_path), data=("--data", str(text)))
   assert "encoded by the run's tokenizer" in read_json(tmp_path / "probe" / "probe.json")["inputs"]
   # the recipe's GPT keeps attngeo's own settings (learned norm scales, MLP biases, rope sign +1, ...): no public
   # layout carries them, so each export names what it cannot carry instead of writing a different model
