@@ -28,8 +28,9 @@ checked the same way (`check_law`: a probability vector, used as π/Σπ).
   ‖M⁻¹‖ grows like 1/gap: as κu approaches 1 the solve for δ̂ stops converging, r₂ ≈ r and the
   bound is the condition times the residual, so a slowly mixing chain in float32 reports a large
   bound and `converged = False` instead of a wrong π; pass float64 P (under `jax.enable_x64`) to
-  resolve it. The host steps are `jax.pure_callback`s (jit- and vmap-compatible; π's gradient is
-  the LU solve's, with the refinement's residuals held constant).
+  resolve it. For float32 P the float64 steps are `jax.pure_callback`s to the host (jit- and
+  vmap-compatible); float64 P keeps them on the device. π's gradient is the LU solve's, with the
+  refinement's residuals held constant.
 * mean row entropy `H̄ = mean_i Σ_j entr(P_ij)`, `entr(x) = −x log x`; `e^{H̄}` is the effective
   number of neighbours.
 * reversibility `ε_rev = ½ Σ_ij |π_i P_ij − π_j P_ji|` ∈ [0, 1]: total-variation distance between
@@ -132,51 +133,58 @@ def _residual(p, pi):
   return pi - jnp.einsum("...i,...ij->...j", pi, p)
 
 
-# Residuals and the a posteriori bound (module docstring) are computed on the host in float64, from
-# the chain `P̃ = P / rowsum(P)` whose law π_true is.
+# Residuals and the a posteriori bound (module docstring) are computed in float64 from the chain
+# `P̃ = P / rowsum(P)` whose law π_true is: for a float32 P on the host (numpy, through a
+# `pure_callback`), for a float64 P where it lies (jax.numpy; the device already works in float64, and
+# a callback's float64 result would be cast to float32 on a thread `jax.enable_x64` does not reach).
+# `xp` is the array module, numpy or jax.numpy.
 
-def _host_chain(p):
-  p = np.asarray(p, np.float64)
+def _chain64(xp, p):
+  p = xp.asarray(p, np.float64)
   return p / p.sum(-1, keepdims=True)
 
 
-def _host_residual_of(p, pi):
-  return pi - np.einsum("...i,...ij->...j", pi, p)
+def _residual_of(xp, p, pi):
+  return pi - xp.einsum("...i,...ij->...j", pi, p)
 
 
-def _host_residual(p, pi):
-  """`π − π P̃` [..., n] in float64 on the host, returned in π's dtype."""
+def _host_residual(xp, p, pi):
+  """`π − π P̃` [..., n] in float64, returned in π's dtype."""
   with np.errstate(all="ignore"):
-    return _host_residual_of(_host_chain(p), np.asarray(pi, np.float64)).astype(pi.dtype)
+    return _residual_of(xp, _chain64(xp, p), xp.asarray(pi, np.float64)).astype(pi.dtype)
 
 
-def _host_bound(p, pi, delta, cond):
+def _host_bound(xp, p, pi, delta, cond):
   """(‖π − πP̃‖₁, bound) [..., 2]: `‖δ̂‖₁ + κ (‖r₂‖₁ + ρ) + |Σπ − 1|`, times (1 + γ), rounded up;
   κ = κ̂/(1 − κ̂η) bounds ‖M̃⁻¹‖_∞ from the estimate for the factored matrix (inf when κ̂η ≥ 1)."""
   with np.errstate(all="ignore"):
-    rows = np.asarray(p, np.float64).sum(-1)
-    pt = _host_chain(p)
-    pi, delta, cond = (np.asarray(x, np.float64) for x in (pi, delta, cond))
+    rows = xp.asarray(p, np.float64).sum(-1)
+    pt = _chain64(xp, p)
+    pi, delta, cond = (xp.asarray(x, np.float64) for x in (pi, delta, cond))
     n = pi.shape[-1]
     gamma = (n + 4) * np.finfo(np.float64).eps
-    eta = np.max(np.abs(rows - 1), -1) + 10 * math.sqrt(n) * np.finfo(p.dtype).eps
-    cond = np.where(cond * eta < 1, cond / (1 - cond * eta), np.inf)
-    r = _host_residual_of(pt, pi)
-    r2 = r - (_host_residual_of(pt, delta) + delta.sum(-1, keepdims=True) / n)        # r − δ̂M̃
-    l1 = lambda x: np.abs(x).sum(-1)
+    eta = xp.max(xp.abs(rows - 1), -1) + 10 * math.sqrt(n) * np.finfo(p.dtype).eps
+    cond = xp.where(cond * eta < 1, cond / (1 - cond * eta), np.inf)
+    r = _residual_of(xp, pt, pi)
+    r2 = r - (_residual_of(xp, pt, delta) + delta.sum(-1, keepdims=True) / n)        # r − δ̂M̃
+    l1 = lambda x: xp.abs(x).sum(-1)
     total = pi.sum(-1)
-    rho = gamma * (2 * np.abs(total) + l1(r) + 3 * l1(delta))
-    bound = (l1(delta) + cond * (l1(r2) + rho) + np.abs(total - 1)) * (1 + gamma)
-    out = np.stack([l1(r), bound], -1)
+    rho = gamma * (2 * xp.abs(total) + l1(r) + 3 * l1(delta))
+    bound = (l1(delta) + cond * (l1(r2) + rho) + xp.abs(total - 1)) * (1 + gamma)
+    out = xp.stack([l1(r), bound], -1)
     low = out.astype(p.dtype)
-    return np.where(low < out, np.nextafter(low, np.asarray(np.inf, p.dtype)), low)
+    return xp.where(low < out, xp.nextafter(low, xp.asarray(np.inf, p.dtype)), low)
 
 
 def _on_host(fn, like, *args):
-  """`fn(*args)` on the host (`jax.pure_callback`), its result shaped and typed as `like`; the
+  """`fn(xp, *args)` in float64, its result shaped and typed as `like`: on the host
+  (`jax.pure_callback`, numpy) unless `like` is float64 already (jax.numpy, where it is). The
   arguments carry no gradient (a bound and a refinement step are not differentiated)."""
-  return jax.pure_callback(fn, jax.ShapeDtypeStruct(like.shape, like.dtype),
-                           *(jax.lax.stop_gradient(a) for a in args), vmap_method="broadcast_all")
+  args = tuple(jax.lax.stop_gradient(a) for a in args)
+  if like.dtype == jnp.float64:
+    return fn(jnp, *args)
+  return jax.pure_callback(functools.partial(fn, np), jax.ShapeDtypeStruct(like.shape, like.dtype),
+                           *args, vmap_method="broadcast_all")
 
 
 def _host_refinement(p, pi):

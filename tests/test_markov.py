@@ -171,6 +171,11 @@ def test_pi_of_swiss_roll_walk_is_certified():
     res = markov.stationary(jnp.asarray(p), tol=1e-8)
     assert bool(res.converged)
     np.testing.assert_allclose(np.asarray(res.pi), truth, rtol=1e-8)
+    # No host callback in float64: its float64 result would be cast to float32 on an XLA thread that
+    # `jax.enable_x64` (thread-local) does not reach — a CI failure, one run in several.
+    hlo = markov._stationary.lower(jnp.asarray(p), 1e-8, 2).as_text()
+    assert "callback" not in hlo.lower()
+  assert "callback" in markov._stationary.lower(p32, 1e-4, 2).as_text().lower()
 
 
 def gaussian_walk(n, seed, eps=0.01):
