@@ -298,15 +298,16 @@ class Attention(nnx.Module):
 
 
 class Mlp(nnx.Module):
-  """`W_2 act(W_1 x + b_1) + b_2` (biases optional), act ∈ {relu2, gelu, silu}; x: [b, n, d].
+  """`W_2 act(W_1 x + b_1) + b_2` (biases optional), act ∈ {relu2, gelu, gelu_erf, silu}; x: [b, n, d].
 
-  `gelu` is the tanh approximation (`jax.nn.gelu`'s default; GPT-2's `gelu_new`); `relu2` is
-  `relu(z)²` (nanochat).
+  `gelu` is the tanh approximation (`jax.nn.gelu`'s default; GPT-2's `gelu_new`); `gelu_erf` the exact
+  `z·Φ(z)` (BERT's `gelu`); `relu2` is `relu(z)²` (nanochat).
   """
 
   def __init__(self, width: int, hidden: int, act: str = "gelu", dtype=jnp.float32, *, bias: bool = True,
                rngs: nnx.Rngs):
-    acts = {"relu2": lambda z: jnp.square(jax.nn.relu(z)), "gelu": jax.nn.gelu, "silu": jax.nn.silu}
+    acts = {"relu2": lambda z: jnp.square(jax.nn.relu(z)), "gelu": jax.nn.gelu, "silu": jax.nn.silu,
+            "gelu_erf": lambda z: jax.nn.gelu(z, approximate=False)}
     if act not in acts:
       raise ValueError(f"mlp activation must be one of {sorted(acts)}; got {act!r}")
     self.act, self.fn, self.dtype, self.bias = act, acts[act], dtype, bias
