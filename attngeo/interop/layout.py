@@ -78,15 +78,16 @@ def params(model) -> dict[str, np.ndarray]:
   return {_path(p): np.asarray(v.get_value(), np.float32) for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
 
 
-def build(cfg, arrays: dict[str, np.ndarray], source: str = "converted state"):
-  """An `nn.GPT` for `cfg` whose every parameter is taken from `arrays` {path: array} (cast to float32).
+def build(cfg, arrays: dict[str, np.ndarray], source: str = "converted state", model_class=None):
+  """A `model_class` (default `nn.GPT`) for `cfg` whose every parameter is taken from `arrays` {path: array}
+  (cast to float32).
 
   The model is first built abstractly (`nnx.eval_shape`), so memory holds only the given arrays.
   """
   import jax.numpy as jnp
   from flax import nnx
   from attngeo.nn.gpt import GPT
-  abstract = nnx.eval_shape(lambda: GPT(cfg, rngs=nnx.Rngs(0)))
+  abstract = nnx.eval_shape(lambda: (model_class or GPT)(cfg, rngs=nnx.Rngs(0)))
   graphdef, state = nnx.split(abstract)
   flat = list(nnx.to_flat_state(state))
   non_params = [_path(p) for p, v in flat if not isinstance(v, nnx.Param)]
