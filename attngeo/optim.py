@@ -13,64 +13,19 @@ warm-down schedule `warmdown_ratio, final_lr_frac` when `cfg` has them (defaults
   projections `[d, h, k]`, `[h·k, d]` for the output projection `wo` `[h, k, d]`), and vectors (norm
   scales, biases, learnable β/α) get AdamW at `scalar_lr` (β = (0.8, 0.95), no weight decay). All
   groups follow the same schedule multiplier.
-* `check(cfg)` (run by `schedule`, `make_optimizer` and `TrainConfig` at construction) refuses a
-  value no run can use (a rate ≤ 0 or NaN, negative warm-up or clipping, an unknown name) in one
-  line naming the field.
+* `check(cfg)` (`attngeo.train_config.check_optimizer`: run by `schedule`, `make_optimizer` and
+  `TrainConfig` at construction) refuses a value no run can use (a rate ≤ 0 or NaN, negative
+  warm-up or clipping, an unknown name) in one line naming the field.
 """
 from __future__ import annotations
-
-import math
-import numbers
 
 import jax
 import optax
 from optax.contrib import MuonDimensionNumbers
 
-OPTIMIZERS = ("adamw", "muon", "muon_adamw")
-SCHEDULES = ("cosine", "linear", "constant", "warmdown")
-# nanochat's base_train defaults (before its width scaling; see attngeo.lm.recipe).
-SPLIT_DEFAULTS = {"embedding_lr": 0.3, "unembedding_lr": 0.008, "scalar_lr": 0.01, "warmdown_ratio": 0.65,
-                  "final_lr_frac": 0.05}
-
-
-def is_integer(value) -> bool:
-  return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def is_real(value) -> bool:
-  """A finite real number (an integer counts; a bool does not)."""
-  return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def require(cfg, rules) -> None:
-  """Each rule `(field, ok, expected)`: a one-line ValueError naming `field` unless `ok(value)`.
-
-  Fields `cfg` does not have are skipped (configs are duck-typed).
-  """
-  for name, ok, expected in rules:
-    if hasattr(cfg, name) and not ok(getattr(cfg, name)):
-      raise ValueError(f"{name} must be {expected}; got {getattr(cfg, name)!r}")
-
-
-_positive_or_none = lambda v: v is None or (is_real(v) and v > 0)
-RULES = (
-    ("lr", lambda v: is_real(v) and v > 0, "a positive finite rate"),
-    ("warmup", lambda v: is_integer(v) and v >= 0, "an integer ≥ 0 (warm-up steps)"),
-    ("schedule", lambda v: v in SCHEDULES, f"one of {sorted(SCHEDULES)}"),
-    ("optimizer", lambda v: v in OPTIMIZERS, f"one of {OPTIMIZERS}"),
-    ("weight_decay", lambda v: is_real(v) and v >= 0, "a finite number ≥ 0"),
-    ("clip", lambda v: is_real(v) and v >= 0, "a finite global-norm bound ≥ 0 (0 disables)"),
-    ("embedding_lr", _positive_or_none, "a positive finite rate or None"),
-    ("unembedding_lr", _positive_or_none, "a positive finite rate or None"),
-    ("scalar_lr", _positive_or_none, "a positive finite rate or None"),
-    ("warmdown_ratio", lambda v: is_real(v) and 0 <= v <= 1, "a fraction in [0, 1] (of the steps)"),
-    ("final_lr_frac", lambda v: is_real(v) and v >= 0, "a finite fraction ≥ 0 (of the peak rate)"),
-)
-
-
-def check(cfg) -> None:
-  """One-line ValueError naming the first optimizer field of `cfg` no run can use (`RULES`)."""
-  require(cfg, RULES)
+# The rules and names live with the config, importable without JAX (`attngeo.train_config`).
+from attngeo.train_config import (OPTIMIZER_RULES as RULES, OPTIMIZERS, SCHEDULES, SPLIT_DEFAULTS,  # noqa: F401
+                                  check_optimizer as check, is_integer, is_real, require)
 
 
 def _get(cfg, name):
