@@ -1,6 +1,7 @@
 """One training loop for every attngeo model: optax, orbax, `jax.jit` + `NamedSharding` over a mesh.
 
-Read top to bottom: config → train state (born sharded) → step → metrics → loop. A model is
+Read top to bottom: config (`attngeo.train_config`, JAX-free; `TrainConfig` and `check_resumable` are
+re-exported here) → train state (born sharded) → step → metrics → loop. A model is
 trained by giving `train` the model (an NNX module, or a zero-argument constructor so that its
 parameters are created already sharded), a loss `loss_fn(model, batch, rng) -> (loss, metrics)`
 and a data iterator with `get_state()/set_state()` (`attngeo.data.loader`) that yields THIS
@@ -42,63 +43,11 @@ from tqdm.auto import tqdm
 
 from attngeo import checkpoint, files, optim, runlock, sharding
 from attngeo.nn import registry
+from attngeo.train_config import RUN_CONTROL_FIELDS, TrainConfig, check_resumable  # noqa: F401 (re-exported)
 
 # Dense bf16 peak FLOP/s per chip, for MFU.
 PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "TPU v4": 275e12, "TPU v5 lite": 197e12,
               "TPU v5e": 197e12, "TPU v5p": 459e12, "TPU v6 lite": 918e12}
-
-
-@dataclasses.dataclass
-class TrainConfig:
-  steps: int = 1000
-  batch_size: int = 32                 # global batch
-  lr: float = 1e-3
-  warmup: int = 50
-  schedule: str = "cosine"             # cosine | linear | constant (after warm-up)
-  weight_decay: float = 0.0
-  clip: float = 1.0                    # global-norm clipping (0 disables)
-  optimizer: str = "adamw"             # adamw | muon
-  ema: float = 0.0                     # EMA decay of the weights (0 disables)
-  mesh: tuple[int, int, int] = (1, 1, 1)  # (data, fsdp, tensor)
-  seed: int = 0
-  workdir: str | None = None           # checkpoints, metrics.jsonl, tb/, config.json
-  ckpt_every: int = 0                  # steps between checkpoints (0: only at the end)
-  keep: int = 2
-  log_every: int = 10
-  progress: bool = True
-
-  def __post_init__(self):
-    self.validate()
-
-  def validate(self):
-    """One-line ValueError naming the first field no run can use (`RULES`, `optim.RULES`).
-
-    Runs at construction (so a command-line override fails before any work) and again in `train`
-    before anything is written (a field may have been changed since).
-    """
-    optim.check(self)
-    optim.require(self, RULES)
-
-
-_positive_int = lambda v: optim.is_integer(v) and v >= 1
-RULES = (
-    ("steps", _positive_int, "an integer ≥ 1"),
-    ("batch_size", _positive_int, "an integer ≥ 1 (the global batch)"),
-    ("ema", lambda v: optim.is_real(v) and 0 <= v < 1, "a decay in [0, 1) (0 disables)"),
-    ("mesh", lambda v: isinstance(v, (tuple, list)) and len(v) == 3 and all(map(_positive_int, v)),
-     "three integers ≥ 1 (data, fsdp, tensor)"),
-    ("seed", optim.is_integer, "an integer"),
-    ("workdir", lambda v: v is None or (isinstance(v, (str, os.PathLike)) and str(v) != ""),
-     "a folder path or None"),
-    ("ckpt_every", lambda v: optim.is_integer(v) and v >= 0,
-     "an integer ≥ 0 (steps between checkpoints; 0: only at the end)"),
-    ("keep", _positive_int, "an integer ≥ 1 (checkpoints kept)"),
-    ("log_every", _positive_int, "an integer ≥ 1 (steps between logged rows)"),
-    ("progress", lambda v: isinstance(v, bool), "true or false"),
-)
-
-# Fields that change how a run is watched, not what it computes: a resume may change them.
-RUN_CONTROL_FIELDS = ("workdir", "ckpt_every", "keep", "log_every", "progress")
 
 
 # ----------------------------------------------------------------------------- train state
@@ -269,30 +218,6 @@ class TrainResult:
 def device_peak_flops() -> float | None:
   kind = jax.devices()[0].device_kind
   return next((v for k, v in PEAK_FLOPS.items() if k in kind), None)
-
-
-def check_resumable(workdir: str, **configs):
-  """Refuse (one-line ValueError) a workdir whose config.json records another run.
-
-  Compares every recorded config with the given ones field by field (`RUN_CONTROL_FIELDS` of the
-  train config excepted, and `steps` under a constant schedule, where a longer run extends the
-  same trajectory) and names the fields that differ.
-  """
-  saved = files.read_config(workdir)
-  diffs = []
-  for name, cfg in configs.items():
-    new = dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else cfg
-    old = saved.get(name)
-    flat_old, flat_new = files.flatten(old or {}), files.flatten(json.loads(json.dumps(new or {}, default=str)))
-    for key in sorted(set(flat_old) | set(flat_new)):
-      if name == "train" and (key in RUN_CONTROL_FIELDS or (key == "steps" and flat_old.get("schedule") ==
-                                                             flat_new.get("schedule") == "constant")):
-        continue
-      if flat_old.get(key) != flat_new.get(key):
-        diffs.append(f"{name}.{key} {flat_old.get(key)!r} → {flat_new.get(key)!r}")
-  if diffs:
-    raise ValueError(f"{workdir} holds a run with another config ({'; '.join(diffs)}); "
-                     f"resume with the same config or use a new workdir")
 
 
 def _resume(cfg: TrainConfig, state, shardings, data, model_cfg):

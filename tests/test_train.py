@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+import tiny_run
 from helpers import Batches
 
 from attngeo import config as config_lib, data, nn, optim, sharding, train
@@ -33,9 +34,17 @@ def parse(stdout):
   return [r for r in rows if "loss" in r], rows[-1]
 
 
+def run_single(*args):
+  """`tiny_run` on one CPU device: in this process when it is such a process (no second JAX import and
+  compile), in a subprocess otherwise (a GPU session's tests)."""
+  if jax.default_backend() == "cpu" and jax.device_count() == 1:
+    return tiny_run.run(args)
+  return run_script(*args)
+
+
 @pytest.fixture(scope="module")
 def single_device():
-  return run_script()
+  return run_single()
 
 
 def test_mesh_run_matches_single_device_with_parameters_born_sharded(single_device):
@@ -99,7 +108,7 @@ def test_killed_run_resumes_exactly(tmp_path, single_device):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
   assert steps and max(steps) < 12, "the run must be killed mid-way"
-  losses, meta = run_script("--workdir", wd, "--ckpt-every", "3")
+  losses, meta = run_single("--workdir", wd, "--ckpt-every", "3")
   assert meta["start_step"] >= 6, "the second run must resume, not restart"
   with open(os.path.join(wd, "metrics.jsonl")) as f:
     logged = [json.loads(line) for line in f]
@@ -165,6 +174,47 @@ def test_impossible_values_from_the_command_line_fail_while_parsing():
   config_lib.add_arguments(ap, train.TrainConfig)
   with pytest.raises(ValueError, match=r"^keep must be an integer ≥ 1"):
     config_lib.from_arguments(ap.parse_args(["--keep", "0"]), train.TrainConfig)
+
+
+NO_JAX_CONFIG = """
+import sys
+from attngeo import train_config
+from attngeo.lm import recipe
+assert recipe.LMTrainConfig(steps=3).steps == 3
+try:
+  recipe.LMTrainConfig(lr=-1)
+except ValueError as e:
+  print(e)
+train_config.TrainConfig(keep=2)
+print(sorted(m for m in sys.modules if m.split(".")[0] in ("jax", "optax", "flax", "orbax")))
+"""
+
+
+def test_the_trainer_configs_and_their_rules_import_no_jax():
+  """TrainConfig (attngeo.train_config) and the LM recipe's LMTrainConfig validate without JAX (the CLI
+  checks a command line with them before importing it); attngeo.train and optim re-use the same ones."""
+  out = subprocess.run([sys.executable, "-c", NO_JAX_CONFIG], capture_output=True, text=True, timeout=60)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert out.stdout.splitlines() == ["lr must be a positive finite rate; got -1", "[]"]
+  from attngeo import train_config
+  assert train.TrainConfig is train_config.TrainConfig and train.check_resumable is train_config.check_resumable
+  assert optim.check is train_config.check_optimizer and optim.RULES is train_config.OPTIMIZER_RULES
+
+
+def test_a_run_folder_that_names_the_old_train_class_still_loads(tmp_path):
+  """Runs written before the move record "attngeo.train.TrainConfig" in config.json: it still resolves (the
+  re-export), to the same class new runs record as attngeo.train_config.TrainConfig."""
+  import dataclasses
+
+  from attngeo import files, runs
+  old, new = tmp_path / "old", tmp_path / "new"
+  old.mkdir()
+  (old / "config.json").write_text(json.dumps({"train": dataclasses.asdict(train.TrainConfig(steps=3)),
+                                               "classes": {"train": "attngeo.train.TrainConfig"}}))
+  assert runs.train_config(str(old)) == train.TrainConfig(steps=3)
+  files.write_config(str(new), train=train.TrainConfig(steps=4))
+  assert files.read_config(str(new))["classes"] == {"train": "attngeo.train_config.TrainConfig"}
+  assert runs.train_config(str(new)) == train.TrainConfig(steps=4)
 
 
 def test_logical_rules_skip_indivisible_dimensions():
