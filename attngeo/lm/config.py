@@ -13,6 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 
+from attngeo import train_config
+
+# The induction score's half-lengths L (`attngeo.lm.induction`; sequences of 2L − 1 tokens). Here so that
+# `LMConfig.validate` needs no JAX.
+INDUCTION_LENGTHS = (32, 64, 128, 256, 512)
+
 
 @dataclasses.dataclass
 class LMTrain:
@@ -69,16 +75,17 @@ class LMConfig:
     """One-line ValueError naming the first field (as `prefix + name`, e.g. `lm.seq_len`) no run can use.
 
     The context must hold the shortest induction sequence (2·32 − 1 = 63 tokens: `attngeo.lm.induction`),
-    else no run could be evaluated. The model's shape and the trainer's fields are checked where they
-    are built (`attngeo.lm.recipe.check`).
+    else no run could be evaluated; `train`'s fields follow `attngeo.train_config.check` (named
+    `train.lr`, …), `model` overrides are `name=value`. Imports no JAX: the CLI runs it first. The
+    model's shape (heads, operator) and the override names are checked where the model config is built
+    (`attngeo.lm.recipe.check`).
     """
-    from attngeo.lm import induction
-    shortest = 2 * min(induction.LENGTHS) - 1
+    shortest = 2 * min(INDUCTION_LENGTHS) - 1
     rules = (("depth", _positive(self.depth), "an integer ≥ 1"), ("aspect", _positive(self.aspect), "an integer ≥ 1"),
              ("head_dim", _positive(self.head_dim), "an integer ≥ 1"),
              ("width", self.width is None or _positive(self.width), "an integer ≥ 1 or none (aspect·depth)"),
              ("seq_len", _positive(self.seq_len) and self.seq_len >= shortest,
-              f"an integer ≥ {shortest} (the shortest induction sequence, 2·{min(induction.LENGTHS)} − 1 tokens, "
+              f"an integer ≥ {shortest} (the shortest induction sequence, 2·{min(INDUCTION_LENGTHS)} − 1 tokens, "
               f"must fit the context for lm eval)"),
              ("tokenizer", self.tokenizer in ("byte", "bpe"), "byte or bpe"),
              ("vocab_size", self.tokenizer != "bpe" or (_positive(self.vocab_size) and self.vocab_size >= 265),
@@ -89,6 +96,10 @@ class LMConfig:
     for name, ok, expected in rules:
       if not ok:
         raise ValueError(f"{prefix}{name} must be {expected}; got {getattr(self, name)!r}")
+    bad = [item for item in self.model if "=" not in str(item)]
+    if bad:
+      raise ValueError(f"{prefix}model override {bad[0]!r} must be name=value (a GPTConfig/BlockConfig field)")
+    train_config.check(self.train, prefix + "train.")
     self.text_spec()
     parse_operator(self.operator)
     return self
