@@ -23,8 +23,7 @@ import numpy as np
 import optax
 
 from attngeo.lm import bpb
-
-LENGTHS = (32, 64, 128, 256, 512)
+from attngeo.lm.config import INDUCTION_LENGTHS as LENGTHS   # defined with the config (its check needs no JAX)
 
 
 def lengths_for(seq_len: int, lengths=LENGTHS) -> tuple[int, ...]:
