@@ -2,8 +2,8 @@
 
 The model is `GPTConfig.from_depth(depth, aspect, head_dim, width)` with the tokenizer's vocabulary,
 the context `seq_len`, the operator and any `model` overrides; the trainer's config is
-`LMTrainConfig` (`attngeo.train.TrainConfig` plus the Muon/AdamW split's rates, read by
-`attngeo.optim`). With `embedding_lr`/`unembedding_lr` unset, nanochat's rates (0.3, 0.008) are
+`LMTrainConfig` (`attngeo.train_config.TrainConfig` plus the Muon/AdamW split's rates, read by
+`attngeo.optim`). Importing this module imports no JAX (the CLI validates with it first). With `embedding_lr`/`unembedding_lr` unset, nanochat's rates (0.3, 0.008) are
 scaled by its width rule `(width / 768)^−½`.
 
 A run folder holds `lm.json` (this config), `tokenizer/` (`tokenizer.json`, `token_bytes.npy`),
@@ -23,7 +23,7 @@ import typing
 
 from attngeo import config as config_lib, files, runs
 from attngeo.lm.config import LMConfig, parse_operator
-from attngeo.train import TrainConfig
+from attngeo.train_config import TrainConfig, check_resumable
 
 
 @dataclasses.dataclass
@@ -74,8 +74,9 @@ def loss_fn(model, batch, rng):
 
 
 def check(cfg: LMConfig, prefix: str = ""):
-  """Refuse `cfg` before any work (one-line ValueError naming the field: `LMConfig.validate`, the
-  model's shape rule and overrides, the trainer's fields). Returns the model config for a byte tokenizer."""
+  """Refuse `cfg` before any work (one-line ValueError naming the field: `LMConfig.validate`, which
+  needs no JAX, then the model's shape rule and override names, which import `attngeo.nn`, and the
+  trainer's config). Returns the model config for a byte tokenizer."""
   from attngeo.lm import tokenizer as tok_lib
   cfg.validate(prefix)
   mcfg = model_config(cfg, tok_lib.ByteTokenizer().vocab_size)
@@ -109,8 +110,7 @@ def recorded_corpus(run_dir: str) -> str | None:
 
 def check_folder(out: str, tok, corpus, tcfg, mcfg) -> None:
   """Refuse (one-line ValueError) to write this run into `out` when `out` holds another run: another
-  tokenizer, another corpus (corpus.json), or another trainer/model config (`train.check_resumable`)."""
-  from attngeo import train as train_lib
+  tokenizer, another corpus (corpus.json), or another trainer/model config (`train_config.check_resumable`)."""
   from attngeo.lm import tokenizer as tok_lib
   from attngeo.nn import registry
   tdir = os.path.join(out, "tokenizer")
@@ -122,7 +122,7 @@ def check_folder(out: str, tok, corpus, tcfg, mcfg) -> None:
     raise ValueError(f"{out}: its corpus changed since the run started (key {before} → {corpus.key}); "
                      f"resuming would read other rows — use another --out")
   if os.path.exists(os.path.join(out, "config.json")):
-    train_lib.check_resumable(out, train=tcfg, model=registry.config_dict(mcfg))
+    check_resumable(out, train=tcfg, model=registry.config_dict(mcfg))
 
 
 def train(cfg: LMConfig, out: str, hooks=(), desc: str = "lm") -> dict:
