@@ -24,14 +24,13 @@ import time
 
 import numpy as np
 
-from attngeo import config as config_lib, files
+from attngeo import config as config_lib
 from attngeo.experiments import report
 from attngeo.experiments.report import Col
-from attngeo.lm.config import HELP, LMConfig, LMTrain
+from attngeo.lm.config import HELP, LMConfig
+from attngeo.lm import table2
+from attngeo.lm.table2 import CONDITIONS, Table2Config, run_condition  # the protocol (the library's, with lm adapt)
 
-CONDITIONS = {"ATTN": ("ATTN", False), "DMTN": ("DMTN", False), "DMAP": ("DMAP", False), "ATAP": ("ATAP", False),
-              "learnable": ("0.5,0.5", True), "CMAP": ("CMAP", False)}
-DEFAULT_CONDITIONS = ("ATTN", "DMTN", "DMAP", "ATAP", "learnable")    # CMAP (the magnetic lift) is opt-in
 SEED_TABLE2 = {"ATTN": 0.8471, "DMTN": 0.8492, "DMAP": 0.8621}
 
 
@@ -133,17 +132,6 @@ def cmd_sample(args, ap) -> list[str]:
 
 # ----------------------------------------------------------------------------- Table 2
 
-@dataclasses.dataclass
-class Table2Config:
-  conditions: tuple[str, ...] = DEFAULT_CONDITIONS
-  seeds: tuple[int, ...] = (0, 1, 2)
-  eval_rows: int = 512                 # validation rows for bpb (0: all)
-  out: str = "runs/table2"
-  lm: LMConfig = dataclasses.field(default_factory=lambda: LMConfig(
-      depth=2, head_dim=64, width=128, seq_len=128,
-      train=LMTrain(steps=600, batch_size=16, warmup=20, ckpt_every=200, log_every=10)))
-
-
 # The seed's depth-12 run: nanochat's d12 (width 768, 6 heads of 128, context 2048, 65,536-token BPE)
 # on FineWeb-edu parquet shards, 524,288 tokens per step for 20 tokens per parameter (Chinchilla).
 FULL = dict(depth=12, aspect=64, head_dim=128, seq_len=2048, tokenizer="bpe", vocab_size=65_536,
@@ -151,56 +139,6 @@ FULL = dict(depth=12, aspect=64, head_dim=128, seq_len=2048, tokenizer="bpe", vo
 FULL_TRAIN = dict(batch_size=256, lr=0.02, warmup=40, ckpt_every=500, log_every=20)
 FULL_TOKENS_PER_PARAM = 20
 PEAKS = {"H100 (bf16 dense)": 989e12, "TPU v4 (bf16)": 275e12}
-
-
-def run_key(lm: LMConfig) -> str:
-  """What a run computes: every LMConfig field but where the text lives (`data`, `data_dir`) and the
-  progress bar, and the text's content (`text.content_key`): new text at the same path is another
-  run, the same text moved is the same run. Names the run's folder."""
-  from attngeo.data import text
-  same = dataclasses.replace(lm, data="", data_dir="", train=dataclasses.replace(lm.train, progress=True))
-  return files.fingerprint(same, text.content_key(lm.text_spec()))
-
-
-def result_key(run: str, eval_rows: int) -> str:
-  """What a result holds: the run (`run_key`), the validation rows and the evaluation's version."""
-  from attngeo.lm import evals
-  return files.fingerprint(run, eval_rows, evals.VERSION)
-
-
-def run_condition(cfg: Table2Config, name: str, seed: int) -> dict:
-  """Train and evaluate one (condition, seed) in `runs/<name>_s<seed>_<run_key>`; its result.json
-  (`key`: the run key, `result_key`) is reused only under the same `result_key`. A run already trained is resumed (a finished one trains no step) and re-evaluated
-  when only the evaluation changed; the evaluation holds the run folder (`attngeo.runlock`)."""
-  from attngeo import runlock
-  from attngeo.lm import evals, recipe
-  op, learnable = CONDITIONS[name]
-  lm = dataclasses.replace(cfg.lm, operator=op, learnable_operator=learnable,
-                           train=dataclasses.replace(cfg.lm.train, seed=seed))
-  run = run_key(lm)
-  key = result_key(run, cfg.eval_rows)
-  run_dir = os.path.join(cfg.out, "runs", f"{name}_s{seed}_{run}")
-  result_path = os.path.join(run_dir, "result.json")
-  cached = files.cached_result(result_path, key, field="result_key")
-  if cached is not None:
-    return cached
-  t0 = time.perf_counter()
-  trained = recipe.train(lm, run_dir, desc=f"{name} s{seed}")
-  with runlock.hold(run_dir):
-    val = trained["corpus"].rows("val", lm.seq_len)
-    ev = evals.evaluate(trained["model"], trained["tokenizer"], val, max_rows=cfg.eval_rows or None)
-    hist = trained["history"]
-    row = dict(condition=name, seed=seed, key=run, result_key=key, corpus=trained["corpus"].key, bpb=ev["bpb"],
-               val_loss=ev["val_loss"], induction=ev["induction"], dac_max_contrast=ev["dac"]["max_contrast"],
-               final_train_loss=hist[-1]["loss"] if hist else None, seconds=time.perf_counter() - t0,
-               curve=[(h["step"], h["loss"]) for h in hist], induction_per_length=ev["induction_per_length"],
-               dac=ev["dac"])
-    if learnable:
-      from attngeo import nn
-      row["learned_operator"] = [[np.asarray(c).tolist() for c in m.coefficients()]
-                                 for m in nn.attention_modules(trained["model"])]
-    files.atomic_json(result_path, row)
-  return row
 
 
 def summarise(rows: list[dict], conditions) -> list[dict]:

@@ -27,6 +27,7 @@ import numpy as np
 from attngeo import config as config_lib, runlock
 from attngeo.experiments import report
 from attngeo.experiments.report import Col
+from attngeo.lm import table2
 from attngeo.lm.adapt import AdaptConfig, pm
 from attngeo.lm.config import HELP as LM_HELP
 
@@ -64,8 +65,7 @@ HELP["adapt.seed"] = "unused: --seeds sets each chain's data order"
 def protocol() -> AdaptConfig:
   """The default protocol: the Table 2 default model as the source (depth 2, width 128, context 128,
   byte tokenizer, Shakespeare), 200 adaptation steps of 16 rows per state, 3 seeds."""
-  from attngeo.experiments import lm as lm_cmd
-  return AdaptConfig(lm=lm_cmd.Table2Config().lm)
+  return AdaptConfig(lm=table2.Table2Config().lm)
 
 
 def full_config(base: AdaptConfig) -> AdaptConfig:
@@ -77,14 +77,11 @@ def full_config(base: AdaptConfig) -> AdaptConfig:
 
 def default_source(cfg: AdaptConfig, table2_out: str) -> str:
   """The Table 2 default ATTN run (seed 0) in `table2_out`, trained by `attngeo lm table2`'s own
-  `run_condition` if it is not there (reused when its config key matches)."""
-  from attngeo.experiments import lm as lm_cmd
-  t2 = lm_cmd.Table2Config(lm=cfg.lm, out=table2_out)
-  lm = dataclasses.replace(cfg.lm, operator="ATTN", learnable_operator=False,
-                           train=dataclasses.replace(cfg.lm.train, seed=0))
-  path = os.path.join(table2_out, "runs", f"ATTN_s0_{lm_cmd.run_key(lm)}")
+  `run_condition` (`attngeo.lm.table2`) if it is not there (reused when its config key matches)."""
+  t2 = table2.Table2Config(lm=cfg.lm, out=table2_out)
+  path = table2.run_dir(table2_out, "ATTN", 0, table2.run_key(table2.condition_config(cfg.lm, "ATTN", 0)))
   print(f"source: the Table 2 default ATTN model (seed 0) in {path}", flush=True)
-  lm_cmd.run_condition(t2, "ATTN", 0)
+  table2.run_condition(t2, "ATTN", 0)
   return path
 
 

@@ -17,16 +17,17 @@ def test_every_package_folder_is_listed_and_experiments_is_namespaced():
   assert os.path.exists(os.path.join(ROOT, "experiments", "__init__.py"))
 
 
-def import_graph(folder: str, package: str) -> dict[str, set[str]]:
-  """{module: attngeo modules it imports} of the .py files under `folder` (as `package`), read with ast:
+def import_graph(*roots: tuple[str, str]) -> dict[str, set[str]]:
+  """{module: attngeo modules it imports} of the .py files under each `(folder, package)` root, read with ast:
   module-level and function-level imports alike (a lazy import still ties the two modules together)."""
   import ast
   mods = {}
-  for d, _, names in os.walk(folder):
-    for name in names:
-      if name.endswith(".py"):
-        rel = os.path.relpath(os.path.join(d, name), folder)[:-3].replace(os.sep, ".")
-        mods[(package + "." + rel).removesuffix(".__init__")] = os.path.join(d, name)
+  for folder, package in roots:
+    for d, _, names in os.walk(folder):
+      for name in names:
+        if name.endswith(".py"):
+          rel = os.path.relpath(os.path.join(d, name), folder)[:-3].replace(os.sep, ".")
+          mods[(package + "." + rel).removesuffix(".__init__")] = os.path.join(d, name)
   graph = {}
   for mod, path in mods.items():
     with open(path) as f:
@@ -45,11 +46,15 @@ def import_graph(folder: str, package: str) -> dict[str, set[str]]:
   return graph
 
 
-def test_the_library_has_no_import_cycle():
-  """attngeo's modules form a DAG (docs/architecture.md's layers): no module imports one that imports it,
-  directly or through others. (runs ↔ train was one: the generic file helpers now live in attngeo.files.)"""
-  graph = import_graph(os.path.join(ROOT, "attngeo"), "attngeo")
+def test_the_library_and_the_experiments_have_no_import_cycle():
+  """attngeo's modules and the experiments (attngeo.experiments) form a DAG (docs/architecture.md's layers): no
+  module imports one that imports it, directly or through others. (runs ↔ train was one: the generic file
+  helpers now live in attngeo.files; experiments.lm ↔ lm_adapt another: Table 2's protocol is attngeo.lm.table2.)"""
+  graph = import_graph((os.path.join(ROOT, "attngeo"), "attngeo"), (os.path.join(ROOT, "experiments"),
+                                                                     "attngeo.experiments"))
   assert "attngeo.files" in graph and not graph["attngeo.files"], "attngeo.files imports nothing of attngeo"
+  assert graph["attngeo.train_config"] == {"attngeo.files"}, "the trainer's config imports no JAX module"
+  assert "attngeo.lm.table2" in graph["attngeo.experiments.lm_adapt"]
   state = {}
 
   def visit(m, path):

@@ -1,0 +1,100 @@
+"""The seed's Table 2 protocol at this scale: conditions, config, run keys, and one (condition, seed) run.
+
+* `CONDITIONS` — name → (operator, learnable): the four corners, `learnable` (per-head (β, α) trained
+  from (0.5, 0.5)) and `CMAP` (the magnetic lift, opt-in).
+* `Table2Config` — conditions × seeds on one `LMConfig` (depth 2, width 128, context 128, 600 steps of
+  16 rows by default), validation rows, output folder. Importable without JAX.
+* `run_key(lm)` — what a run computes (every `LMConfig` field but where the text lives and the
+  progress bar, plus the text's content key): names the run folder `runs/<name>_s<seed>_<run_key>`.
+* `run_condition(cfg, name, seed)` — train (or resume) and evaluate one condition; its `result.json`
+  is reused only under the same `result_key` (the run, the validation rows, the evaluation's version).
+
+`attngeo lm table2` (`attngeo.experiments.lm`) runs every condition × seed and tabulates them;
+`attngeo lm adapt` (`attngeo.experiments.lm_adapt`) starts from the ATTN seed-0 run.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+
+from attngeo import files
+from attngeo.lm.config import LMConfig, LMTrain
+
+CONDITIONS = {"ATTN": ("ATTN", False), "DMTN": ("DMTN", False), "DMAP": ("DMAP", False), "ATAP": ("ATAP", False),
+              "learnable": ("0.5,0.5", True), "CMAP": ("CMAP", False)}
+DEFAULT_CONDITIONS = ("ATTN", "DMTN", "DMAP", "ATAP", "learnable")    # CMAP (the magnetic lift) is opt-in
+
+
+@dataclasses.dataclass
+class Table2Config:
+  conditions: tuple[str, ...] = DEFAULT_CONDITIONS
+  seeds: tuple[int, ...] = (0, 1, 2)
+  eval_rows: int = 512                 # validation rows for bpb (0: all)
+  out: str = "runs/table2"
+  lm: LMConfig = dataclasses.field(default_factory=lambda: LMConfig(
+      depth=2, head_dim=64, width=128, seq_len=128,
+      train=LMTrain(steps=600, batch_size=16, warmup=20, ckpt_every=200, log_every=10)))
+
+
+def condition_config(lm: LMConfig, name: str, seed: int | None = None) -> LMConfig:
+  """`lm` under condition `name`'s operator (and training seed `seed`, when given)."""
+  op, learnable = CONDITIONS[name]
+  train = lm.train if seed is None else dataclasses.replace(lm.train, seed=seed)
+  return dataclasses.replace(lm, operator=op, learnable_operator=learnable, train=train)
+
+
+def run_key(lm: LMConfig) -> str:
+  """What a run computes: every LMConfig field but where the text lives (`data`, `data_dir`) and the
+  progress bar, and the text's content (`text.content_key`): new text at the same path is another
+  run, the same text moved is the same run. Names the run's folder."""
+  from attngeo.data import text
+  same = dataclasses.replace(lm, data="", data_dir="", train=dataclasses.replace(lm.train, progress=True))
+  return files.fingerprint(same, text.content_key(lm.text_spec()))
+
+
+def result_key(run: str, eval_rows: int) -> str:
+  """What a result holds: the run (`run_key`), the validation rows and the evaluation's version."""
+  from attngeo.lm import evals
+  return files.fingerprint(run, eval_rows, evals.VERSION)
+
+
+def run_dir(out: str, name: str, seed: int, run: str) -> str:
+  """The folder of (condition, seed) whose `run_key` is `run`: `out/runs/<name>_s<seed>_<run>`."""
+  return os.path.join(out, "runs", f"{name}_s{seed}_{run}")
+
+
+def run_condition(cfg: Table2Config, name: str, seed: int) -> dict:
+  """Train and evaluate one (condition, seed) in `run_dir`; its result.json (`key`: the run key,
+  `result_key`) is reused only under the same `result_key`. A run already trained is resumed (a finished
+  one trains no step) and re-evaluated when only the evaluation changed; the evaluation holds the run
+  folder (`attngeo.runlock`)."""
+  import numpy as np
+
+  from attngeo import runlock
+  from attngeo.lm import evals, recipe
+  lm = condition_config(cfg.lm, name, seed)
+  run = run_key(lm)
+  key = result_key(run, cfg.eval_rows)
+  folder = run_dir(cfg.out, name, seed, run)
+  result_path = os.path.join(folder, "result.json")
+  cached = files.cached_result(result_path, key, field="result_key")
+  if cached is not None:
+    return cached
+  t0 = time.perf_counter()
+  trained = recipe.train(lm, folder, desc=f"{name} s{seed}")
+  with runlock.hold(folder):
+    val = trained["corpus"].rows("val", lm.seq_len)
+    ev = evals.evaluate(trained["model"], trained["tokenizer"], val, max_rows=cfg.eval_rows or None)
+    hist = trained["history"]
+    row = dict(condition=name, seed=seed, key=run, result_key=key, corpus=trained["corpus"].key, bpb=ev["bpb"],
+               val_loss=ev["val_loss"], induction=ev["induction"], dac_max_contrast=ev["dac"]["max_contrast"],
+               final_train_loss=hist[-1]["loss"] if hist else None, seconds=time.perf_counter() - t0,
+               curve=[(h["step"], h["loss"]) for h in hist], induction_per_length=ev["induction_per_length"],
+               dac=ev["dac"])
+    if lm.learnable_operator:
+      from attngeo import nn
+      row["learned_operator"] = [[np.asarray(c).tolist() for c in m.coefficients()]
+                                 for m in nn.attention_modules(trained["model"])]
+    files.atomic_json(result_path, row)
+  return row
