@@ -40,7 +40,9 @@ def cmd_train(args, ap) -> dict:
   from attngeo.lm import recipe
   cfg = config_lib.from_arguments(args, LMConfig)
   try:
-    cfg.text_spec()
+    if args.eval_max_rows < 1:
+      raise ValueError(f"--eval-max-rows must be ≥ 1; got {args.eval_max_rows}")
+    cfg.validate()                               # every field, before JAX is imported
     result = recipe.train(cfg, args.out, desc=f"lm {cfg.operator}")
   except (ValueError, FileNotFoundError) as e:
     ap.error(str(e))
@@ -72,16 +74,18 @@ EVAL_COLS = [Col("metric"), Col("value", fmt=lambda v: f"{v:.4f}" if isinstance(
 
 
 def cmd_eval(args, ap, loaded=None) -> dict:
-  from attngeo.data import text
-  from attngeo.lm import core, evals, recipe
+  from attngeo.lm import recipe
   try:
     if args.max_rows is not None and args.max_rows < 1:
       raise ValueError(f"--max-rows must be ≥ 1 (omit it for all rows); got {args.max_rows}")
+    cfg = recipe.read_config(args.run_dir)       # not a run folder: one line before JAX is imported
+    from attngeo.data import text
+    from attngeo.lm import core, evals
     core.check_max_per_task(args.max_per_task)
     if loaded is None:
       model, tok, cfg = recipe.load(args.run_dir, args.step)
     else:
-      model, tok, cfg = loaded["model"], loaded["tokenizer"], recipe.read_config(args.run_dir)
+      model, tok = loaded["model"], loaded["tokenizer"]
     corpus = text.open_corpus(cfg.text_spec(), tok, cfg.data_dir)
     changed = corpus_changed(args.run_dir, corpus.key, cfg.data, args.allow_changed_corpus)
     out = evals.evaluate(model, tok, corpus.rows("val", cfg.seq_len), max_rows=args.max_rows,
@@ -287,9 +291,10 @@ def check_table2(cfg: Table2Config, mfu: float) -> None:
     raise ValueError(f"--eval-rows must be ≥ 0 (0: all); got {cfg.eval_rows}")
   if not 0 < mfu <= 1:
     raise ValueError(f"--mfu must lie in (0, 1]; got {mfu}")
-  for name in cfg.conditions:                    # each condition's model (CMAP needs an even head_dim)
-    op, learnable = CONDITIONS[name]
-    recipe.check(dataclasses.replace(cfg.lm, operator=op, learnable_operator=learnable), "lm.")
+  for name in cfg.conditions:                    # the fields first (no JAX), then each condition's model
+    table2.condition_config(cfg.lm, name).validate("lm.")
+  for name in cfg.conditions:                    # (CMAP needs an even head_dim)
+    recipe.check(table2.condition_config(cfg.lm, name), "lm.")
 
 
 def cmd_table2(args, ap) -> dict:
