@@ -257,6 +257,9 @@ def cmd_adapt(args, ap) -> dict:
   if args.dry_run and not args.full:
     ap.error("--dry-run plans the --full (d32) protocol; add --full")
   try:
+    adapt.check_fields(cfg)                 # the fields and files first: no JAX imported yet
+    if not args.dry_run:
+      adapt.check_files(cfg)
     ops = adapt.parse_chain(cfg.chain)
     if args.full:
       plan = full_plan(cfg, args.mfu)
@@ -269,11 +272,10 @@ def cmd_adapt(args, ap) -> dict:
     ap.error(str(e))
   t0 = time.perf_counter()
   try:
-    if cfg.source is None:
-      cfg = dataclasses.replace(cfg, source=default_source(cfg, args.table2_out))
-    source = adapt.load_source(cfg)
-    with runlock.hold(cfg.out):             # one process per output folder (its states hold their own)
-      return finish(cfg, ops, source, t0)
+    with runlock.hold(cfg.out):             # one process per output folder, before any work (its states hold their own)
+      if cfg.source is None:
+        cfg = dataclasses.replace(cfg, source=default_source(cfg, args.table2_out))
+      return finish(cfg, ops, adapt.load_source(cfg), t0)
   except (ValueError, FileNotFoundError) as e:
     ap.error(str(e))
 

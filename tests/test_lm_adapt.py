@@ -66,6 +66,38 @@ def test_bad_input_is_one_line_before_any_work(tmp_path, capsys, argv, message):
   assert not out.exists() and not (tmp_path / "t2").exists()          # nothing trained, nothing written
 
 
+HOLDER = """
+import sys
+from attngeo import runlock
+with runlock.hold(sys.argv[1]):
+  print("held", flush=True)
+  sys.stdin.readline()
+"""
+
+
+def test_a_second_adapt_on_one_out_is_refused_before_any_work(tmp_path, monkeypatch, capsys):
+  """Issue 24: a second `lm adapt` on a busy --out loaded (or trained) its source first and was refused only
+  after ~34 s. The folder is now held before any work: one line naming the owner, exit 2, nothing written."""
+  out = str(tmp_path / "out")
+  proc = subprocess.Popen([os.sys.executable, "-c", HOLDER, out], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          text=True)
+  try:
+    assert proc.stdout.readline() == "held\n"
+    work = []
+    monkeypatch.setattr(lm_adapt, "default_source", lambda *a: work.append("train the source"))
+    monkeypatch.setattr(adapt, "load_source", lambda *a: work.append("load the source"))
+    with pytest.raises(SystemExit) as e:
+      lm_cmd.main(["adapt", *ADAPT, "--out", out, "--table2-out", str(tmp_path / "t2")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and f"is in use by pid {proc.pid}" in err[0], err
+    assert work == [] and os.listdir(out) == [".lock"] and not (tmp_path / "t2").exists()
+  finally:
+    proc.kill()
+    proc.wait()
+    proc.stdin.close()
+    proc.stdout.close()
+
+
 def test_an_imported_source_needs_data_and_a_tokenizer(tmp_path):
   run = tmp_path / "imported"
   run.mkdir()

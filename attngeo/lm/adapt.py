@@ -51,7 +51,7 @@ import time
 
 import numpy as np
 
-from attngeo import files, runs
+from attngeo import files, runs, train_config
 from attngeo.lm.config import LMConfig, LMTrain
 
 LETTERS = {"ATTN": "A", "DMTN": "M", "DMAP": "D", "ATAP": "P"}
@@ -143,24 +143,26 @@ def state_labels(ops) -> list[str]:
   return labels
 
 
-def validate(cfg: AdaptConfig) -> list:
-  """Check `cfg` before any work (one-line ValueError / FileNotFoundError); returns the parsed chain."""
-  from attngeo.lm import core, recipe
-  ops = parse_chain(cfg.chain)
+def check_fields(cfg: AdaptConfig) -> None:
+  """One-line ValueError naming the first field of `cfg` no protocol can use (seeds, the adaptation's
+  trainer fields as `adapt.NAME`, the rows, the Table 2 source's `lm.NAME`). Imports no JAX."""
   if not cfg.seeds:
     raise ValueError("seeds must name at least one adaptation seed")
-  if cfg.adapt.steps < 0:
-    raise ValueError(f"adapt.steps must be >= 0; got {cfg.adapt.steps}")
-  if cfg.adapt.batch_size < 1:
+  if isinstance(cfg.adapt.steps, bool) or not isinstance(cfg.adapt.steps, int) or cfg.adapt.steps < 0:
+    raise ValueError(f"adapt.steps must be >= 0 (an integer; 0: graft only); got {cfg.adapt.steps!r}")
+  if cfg.adapt.steps:                        # the adaptation's trainer fields (rates, schedule, batch, ...)
+    train_config.check(cfg.adapt, "adapt.")
+  elif cfg.adapt.batch_size < 1:
     raise ValueError(f"adapt.batch_size must be positive; got {cfg.adapt.batch_size}")
   if cfg.eval_rows < 0:
     raise ValueError(f"eval_rows must be >= 0 (0: all); got {cfg.eval_rows}")
-  core.check_max_per_task(cfg.core_max_per_task)
-  lm = dataclasses.replace(cfg.lm, operator="ATTN", learnable_operator=False)
   if cfg.source is None:                     # the Table 2 source is trained with cfg.lm
-    recipe.check(lm, "lm.")
-  if cfg.adapt.steps:                        # the adaptation's trainer fields (rates, schedule, ...)
-    recipe.train_config(dataclasses.replace(lm, train=cfg.adapt), 768, None)
+    dataclasses.replace(cfg.lm, operator="ATTN", learnable_operator=False).validate("lm.")
+
+
+def check_files(cfg: AdaptConfig) -> None:
+  """One-line FileNotFoundError / ValueError for a source, tokenizer, bundle or corpus that is not there.
+  Imports no JAX."""
   if cfg.source is not None:
     if not os.path.isdir(cfg.source):
       raise FileNotFoundError(f"source {cfg.source!r}: no such run folder")
@@ -180,6 +182,23 @@ def validate(cfg: AdaptConfig) -> list:
   if cfg.data is not None and "*" not in cfg.data and cfg.data not in ("shakespeare", "pydoc") \
       and not os.path.exists(cfg.data):
     raise FileNotFoundError(f"data {cfg.data!r}: no such file or directory")
+
+
+def validate(cfg: AdaptConfig) -> list:
+  """Check `cfg` before any work (one-line ValueError / FileNotFoundError); returns the parsed chain.
+
+  First what needs no JAX (`check_fields`, `check_files`), then the chain, CORE's count and the models'
+  configs (the Table 2 source's, the adaptation's trainer config)."""
+  from attngeo.lm import core, recipe
+  check_fields(cfg)
+  check_files(cfg)
+  ops = parse_chain(cfg.chain)
+  core.check_max_per_task(cfg.core_max_per_task)
+  lm = dataclasses.replace(cfg.lm, operator="ATTN", learnable_operator=False)
+  if cfg.source is None:
+    recipe.check(lm, "lm.")
+  if cfg.adapt.steps:
+    recipe.train_config(dataclasses.replace(lm, train=cfg.adapt), 768, None)
   return ops
 
 
