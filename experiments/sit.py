@@ -46,7 +46,7 @@ import time
 
 import numpy as np
 
-from attngeo import config as config_lib, files, runs
+from attngeo import config as config_lib, files, runs, train_config
 from attngeo.experiments import report
 from attngeo.experiments.report import Col
 
@@ -150,25 +150,35 @@ def check_compatible(mcfg, images_shape, num_classes: int):
                      f"{num_classes} classes")
 
 
-def validate(cfg: SiTConfig, *, training: bool = True):
-  """Argument errors that need no data: sampler, guidance, sizes (raised before any work)."""
-  from attngeo import flow, nn
+def check_fields(cfg: SiTConfig):
+  """Argument errors of single fields (sizes, step counts, the trainer's fields by
+  `attngeo.train_config`'s rules, label dropout, seeds): no JAX imported, so they answer at once."""
   for name in ("batch_size", "eval_samples", "grid_per_class", "probe_images", "sample_steps", "width", "depth",
                "heads", "patch"):
     if getattr(cfg, name) < 1:
       raise ValueError(f"{name} must be positive; got {getattr(cfg, name)}")
+  for name in ("steps", "adapt_steps", "fold_steps"):
+    if getattr(cfg, name) < 0:
+      raise ValueError(f"{name} must be >= 0; got {getattr(cfg, name)}")
+  train_config.check_optimizer(cfg)           # lr, warmup, schedule (the adaptation's rate below)
+  train_config.check_optimizer(argparse.Namespace(lr=cfg.adapt_lr), "adapt_")
+  train_config.require(cfg, [r for r in train_config.TRAINER_RULES if r[0] != "steps"])   # ema, mesh, ckpt_every, …
+  if not 0.0 <= cfg.class_dropout < 1.0:
+    raise ValueError(f"class_dropout must lie in [0, 1); got {cfg.class_dropout}")
+  if not cfg.seeds:
+    raise ValueError("seeds must name at least one seed")
+
+
+def validate(cfg: SiTConfig, *, training: bool = True):
+  """Argument errors that need no data (raised before any work): `check_fields`, then sampler,
+  guidance, operator and preset (these import JAX)."""
+  from attngeo import flow, nn
+  check_fields(cfg)
   flow.check_sampler(cfg.sampler, cfg.sample_steps)
   flow.check_guidance(cfg.guidance, 0 if cfg.class_dropout > 0 else None)
   nn.resolve_operator(cfg.operator)
   if cfg.preset:
     nn.DiTConfig.preset(cfg.preset)
-  for name in ("steps", "adapt_steps", "fold_steps"):
-    if getattr(cfg, name) < 0:
-      raise ValueError(f"{name} must be >= 0; got {getattr(cfg, name)}")
-  if not 0.0 <= cfg.class_dropout < 1.0:
-    raise ValueError(f"class_dropout must lie in [0, 1); got {cfg.class_dropout}")
-  if not cfg.seeds:
-    raise ValueError("seeds must name at least one seed")
 
 
 # ----------------------------------------------------------------------------- training and sampling
@@ -677,6 +687,8 @@ def main(argv=None):
   if args.command == "sample":
     cfg = config_lib.from_arguments(args, SiTConfig, SiTConfig())
     try:
+      check_fields(cfg)
+      files.read_config(args.run)              # not a run folder: one line before JAX is imported
       validate(cfg)
       model = runs.load_run(args.run)[0]
       from attngeo import flow
@@ -690,9 +702,10 @@ def main(argv=None):
   base = TRAIN_BASE if args.command == "train" else dataclasses.replace(SiTConfig(), **FULL) if args.full else SiTConfig()
   cfg = config_lib.from_arguments(args, SiTConfig, base)
   try:
-    validate(cfg)
+    check_fields(cfg)
     if args.command == "train" and cfg.steps < 1:
       raise ValueError(f"steps must be >= 1 for sit train (0 steps is the random initialisation); got {cfg.steps}")
+    validate(cfg)
     if args.command == "transfer" and args.dry_run:
       print(json.dumps(dataclasses.asdict(cfg), indent=1))
       if args.full:

@@ -149,7 +149,8 @@ sys.exit(code)
 
 
 def test_argument_errors_answer_before_jax_is_imported(tmp_path):
-  """A bad option, a missing file or a --data the run's model cannot read: exit 2, one line, JAX never imported."""
+  """A bad option, a missing file or a --data the run's model cannot read: exit 2, one line, JAX never imported
+  (lm train/table2/eval/adapt and sit train/sample imported it first, 1.4–10 s, before issue 25's JAX-free configs)."""
   (tmp_path / "gpt").mkdir()
   (tmp_path / "gpt" / "config.json").write_text('{"model": {"class": "GPTConfig"}}')       # the class is all it reads
   cases = [(["swissroll", "--steps", "0"], "--steps must be a positive integer"),
@@ -162,7 +163,18 @@ def test_argument_errors_answer_before_jax_is_imported(tmp_path):
            (["study", "connection", "--probe-samples", "1"], "probe_samples must be at least 2"),
            (["bench", "--seqs", "0"], "expected a positive integer"),
            (["bench-diffmap", "--sizes", "0"], "every size ≥ k + 2"),
-           (["import", "gpt2", str(tmp_path / "missing.safetensors"), "--out", str(tmp_path / "o")], "does not exist")]
+           (["import", "gpt2", str(tmp_path / "missing.safetensors"), "--out", str(tmp_path / "o")], "does not exist"),
+           (["swissroll", "--lr", "-1"], "--lr must be a positive finite number"),
+           (["lm", "train", "--train.lr", "-1", "--out", "o"], "train.lr must be a positive finite rate; got -1.0"),
+           (["lm", "train", "--seq-len", "32", "--out", "o"], "seq_len must be an integer ≥ 63"),
+           (["lm", "train", "--model", "qk_norm", "--out", "o"], "model override 'qk_norm' must be name=value"),
+           (["lm", "table2", "--lm.train.keep", "0", "--out", "o"], "lm.train.keep must be an integer ≥ 1"),
+           (["lm", "eval", str(tmp_path / "missing")], "is not a language-model run folder"),
+           (["lm", "adapt", "--adapt.lr", "-1", "--out", "o"], "adapt.lr must be a positive finite rate"),
+           (["lm", "adapt", "--source", str(tmp_path / "missing"), "--out", "o"], "no such run folder"),
+           (["sit", "train", "--ema", "1", "--out", "o"], "ema must be a decay in [0, 1)"),
+           (["sit", "train", "--steps", "0", "--out", "o"], "steps must be >= 1 for sit train"),
+           (["sit", "sample", str(tmp_path / "missing")], "is not a run folder")]
   env = {k: v for k, v in os.environ.items() if k not in cli.DISTRIBUTED_ENV + ("ATTNGEO_DEBUG",)}
   for argv, message in cases:
     out = subprocess.run([sys.executable, "-c", ERROR_SCRIPT, *argv], capture_output=True, text=True, timeout=60,

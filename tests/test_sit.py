@@ -190,6 +190,9 @@ def test_import_then_sample_then_transfer_refuses_mismatched_data(tmp_path, caps
     (["--data", "NPY_RANGE"], r"float images of .* must lie in \[0, 1\]"),
     (["--data", "MIXED"], r"one size and channel count; .*a/0\.png is 8x8 grey but .*b/0\.png is 6x6 grey"),
     (["--data", "imagenet"], "data must be one of"),
+    (["--lr", "-1"], r"^.*: lr must be a positive finite rate; got -1\.0"),   # were TrainConfig's, after data and
+    (["--ema", "1"], r"ema must be a decay in \[0, 1\)"),                      # classifier (issue 25: JAX-free)
+    (["--log-every", "0"], "log_every must be an integer ≥ 1"),
 ])
 def test_bad_input_fails_before_training(tmp_path, capsys, args, message):
   from PIL import Image
