@@ -33,12 +33,13 @@ COMMANDS = {
     "lm": ("attngeo.experiments.lm", "language models: bpb, induction, DAC, CORE; Table 2; adaptation (Table 3)"),
     "bench-probe": ("attngeo.experiments.bench_probe", "probe time and memory at the d12 shape; training-hook overhead"),
     "study": ("attngeo.experiments.study", "studies that train, probe and compare models across sizes"),
+    "mlm": ("attngeo.experiments.mlm", "masked-LM loss and accuracy of BERT/ALBERT runs on SMILES"),
 }
 
 # The sub-commands of the dispatching commands, listed in the top-level help (test_cli checks them against
 # each dispatcher's parser).
 SUBCOMMANDS = {"lm": ("train", "eval", "sample", "table2", "adapt"), "sit": ("train", "sample", "transfer", "import"),
-               "study": ("connection",)}
+               "study": ("connection",), "mlm": ("eval",)}
 
 # Transparent huge pages for glibc's malloc (glibc ≥ 2.35). XLA on CPU allocates fresh buffers for its
 # n × n temporaries at every call, and glibc maps large ones from the kernel 4 KiB page by page: a

@@ -47,7 +47,7 @@ def test_help_documents_every_option_without_importing_jax(command):
   actions = json.loads(out.stdout.split("ACTIONS ")[-1].splitlines()[0])
   undescribed = [opts[0] for opts, text in actions if not description(text)]
   assert not undescribed, f"`attngeo {command} --help`: options without a description: {undescribed}"
-  if command in ("study", "lm", "sit"):                  # dispatchers: their sub-commands are checked below
+  if command in ("study", "lm", "sit", "mlm"):           # dispatchers: their sub-commands are checked below
     return
   for line in out.stdout.split("options:")[1].split("\n  -")[1:]:
     if not line.startswith("h, --help"):
@@ -61,11 +61,12 @@ def test_description_of_an_option_is_its_help_without_the_default():
 
 def test_top_level_help_lists_the_sub_commands_of_each_dispatcher(capsys):
   """cli.SUBCOMMANDS (shown as `lm train|eval|…`) are exactly what each dispatcher's parser accepts."""
-  from attngeo.experiments import lm, sit, study
+  from attngeo.experiments import lm, mlm, sit, study
 
   def choices(ap):
     return tuple(next(a for a in ap._actions if isinstance(a, argparse._SubParsersAction)).choices)
-  assert cli.SUBCOMMANDS == {"lm": choices(lm.parser()), "sit": choices(sit.parser()), "study": tuple(study.STUDIES)}
+  assert cli.SUBCOMMANDS == {"lm": choices(lm.parser()), "sit": choices(sit.parser()), "study": tuple(study.STUDIES),
+                            "mlm": choices(mlm.parser())}
   assert cli.main(["--help"]) == 0
   out = capsys.readouterr().out
   for name, subs in cli.SUBCOMMANDS.items():
