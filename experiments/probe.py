@@ -8,10 +8,11 @@ RUN_DIR is a run folder written by `attngeo.train` (config.json + ckpt/) — GPT
 checkpoint imported into a run folder. Inputs: PointFlow takes point sets drawn from a generated
 cloud (default swiss_roll) or an [n, dim] .npy/.csv file (t = 1, the data end); GPT takes byte tokens of
 a text file, a .npy of token ids [b, n], or random tokens (the default); DiT takes a .npy of images
-[b, H, W, C] or Gaussian noise (the default; t = 1, null class). A path that does not exist or an input
-of another model is an error; the inputs probed are printed and named in probe.md. Prints the
-per-layer table and writes probe.md / probe.csv / probe.json (every read-out, per head where it is per
-head) and probe.png (one panel per quantity against the layer) to --out (default RUN_DIR/probe).
+[b, H, W, C] or Gaussian noise (the default; t = 1, null class). `--set-size` shapes PointFlow inputs
+only and `--seq-len` GPT inputs only. A path that does not exist, an input of another model, or a shape
+option given on a run it does not shape is an error; the inputs probed are printed and named in
+probe.md. Prints the per-layer table and writes probe.md / probe.csv / probe.json (every read-out, per
+head where it is per head) and probe.png (one panel per quantity against the layer) to --out (default RUN_DIR/probe).
 See `attngeo.probe` for the definitions.
 """
 from __future__ import annotations
@@ -49,6 +50,9 @@ TAKES = {"PointFlowConfig": "swiss_roll, sphere, torus or an existing .npy/.csv 
          "DiTConfig": "an existing .npy of images [b, H, W, C], or 'noise'"}
 FILES = {"PointFlowConfig": (".npy", ".csv"), "GPTConfig": ("",), "DiTConfig": (".npy",)}
 DEFAULT_DATA = {"PointFlowConfig": "swiss_roll", "GPTConfig": "random", "DiTConfig": "noise"}
+# The input-shape options of one model kind: option → (its default, the config class it applies to)
+DEFAULTS = {"set_size": 256, "seq_len": 64}
+SHAPES = {"set_size": "PointFlowConfig", "seq_len": "GPTConfig"}
 CLOUD_POINTS = 4000                   # points drawn for a named cloud (the Swiss-roll scan's training set)
 
 
@@ -67,6 +71,18 @@ def check_data(kind: str | None, data: str | None) -> str | None:
     return data
   what = "not a file" if not os.path.exists(data) else "a file this model does not read"
   raise ValueError(f"--data must be {TAKES[kind]} for a {kind.removesuffix('Config')} run; got {data!r} ({what})")
+
+
+def check_shapes(kind: str | None, args) -> None:
+  """Fill --set-size / --seq-len with their defaults; a one-line ValueError for one given on a run of a model
+  it does not shape (--set-size on a GPT: its sequences are --seq-len tokens), instead of ignoring it."""
+  for key, owner in SHAPES.items():
+    flag = "--" + key.replace("_", "-")
+    if getattr(args, key) is not None and kind in TAKES and kind != owner:
+      raise ValueError(f"{flag} applies to {owner.removesuffix('Config')} runs only; {args.run_dir} is a "
+                       f"{kind.removesuffix('Config')} run (its input is {TAKES[kind]})")
+    if getattr(args, key) is None:
+      setattr(args, key, DEFAULTS[key])
 
 
 def _token_ids(path: str, vocab: int) -> np.ndarray:
@@ -226,10 +242,12 @@ def parser() -> argparse.ArgumentParser:
                        "FILE.npy token ids [b, n] | random; DiT: FILE.npy images | noise (default: swiss_roll for "
                        "PointFlow, random for GPT, noise for DiT; the inputs used are printed and in probe.md)")
   ap.add_argument("--batch", type=int, default=4, help="sets / sequences / images probed, ≥ 1 (default: 4)")
-  ap.add_argument("--set-size", type=int, default=256,
-                  help=f"points per set for PointFlow, in [2, points of --data] ({CLOUD_POINTS} for a named cloud; "
-                       "default: 256)")
-  ap.add_argument("--seq-len", type=int, default=64, help="tokens per sequence for GPT, ≥ 2 (default: 64)")
+  ap.add_argument("--set-size", type=int, default=None,
+                  help=f"points per set, PointFlow runs only (refused on others), in [2, points of --data] "
+                       f"({CLOUD_POINTS} for a named cloud; default: {DEFAULTS['set_size']})")
+  ap.add_argument("--seq-len", type=int, default=None,
+                  help=f"tokens per sequence, GPT runs only (refused on others), in [2, the model's context] "
+                       f"(default: {DEFAULTS['seq_len']})")
   ap.add_argument("--step", type=int, default=None, help="checkpoint step to load (default: the latest)")
   ap.add_argument("--layers", default=None, help="comma-separated attention-layer indices (default: all)")
   ap.add_argument("--heads", default=None, help="comma-separated head indices kept in every layer (default: all)")
@@ -248,7 +266,7 @@ def main(argv=None):
   a = ap.parse_args(argv)
   for name, value, low in (("--batch", a.batch, 1), ("--set-size", a.set_size, 2), ("--seq-len", a.seq_len, 2),
                            ("--samples", a.samples, 2), ("--triangles", a.triangles, 2)):
-    if value < low:
+    if value is not None and value < low:
       ap.error(f"{name} must be at least {low}; got {value}")
   layers, heads = _indices(a.layers), _indices(a.heads)
   if layers == "bad" or heads == "bad":
@@ -256,7 +274,9 @@ def main(argv=None):
   from attngeo import files, runs                      # JAX-free: the run folder and --data are checked first
   default_data = a.data is None
   try:
-    a.data = check_data((files.read_config(a.run_dir).get("model") or {}).get("class"), a.data)
+    kind = (files.read_config(a.run_dir).get("model") or {}).get("class")
+    a.data = check_data(kind, a.data)
+    check_shapes(kind, a)
   except (FileNotFoundError, ValueError) as e:
     ap.error(str(e))
   from attngeo import nn, probe

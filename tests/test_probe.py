@@ -177,6 +177,18 @@ def test_probe_cli_refuses_inputs_a_gpt_cannot_read(gpt_run, tmp_path, capsys):
   assert not (tmp_path / "p").exists()                                  # refused before anything is written
 
 
+def test_probe_cli_refuses_set_size_on_a_gpt_run_instead_of_ignoring_it(gpt_run, tmp_path, capsys):
+  """--set-size shapes point sets only: on a GPT run it was silently ignored (64-token sequences probed)."""
+  wd, _, _ = gpt_run
+  with pytest.raises(SystemExit) as e:
+    probe_cli.main([wd, "--set-size", "48", "--out", str(tmp_path / "p"), "--no-progress"])
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and len(err.strip().splitlines()) == 1, err
+  assert f"--set-size applies to PointFlow runs only; {wd} is a GPT run (its input is an existing text file" in err
+  assert not (tmp_path / "p").exists()
+  assert "points per set, PointFlow runs only (refused on others)" in " ".join(probe_cli.parser().format_help().split())
+
+
 def test_probe_cli_checks_point_sets_against_the_cloud(tmp_path, capsys):
   """PointFlow: --set-size beyond the cloud and points of the wrong dimension are one line, not numpy's error."""
   from attngeo import flow
@@ -189,7 +201,8 @@ def test_probe_cli_checks_point_sets_against_the_cloud(tmp_path, capsys):
   for argv, message in (([], "--set-size must be in [2, 4000] (the points of --data swiss_roll); got 100000"),
                         (["--data", str(tmp_path / "plane.npy")], "has points of dimension 2; this PointFlow takes 3"),
                         (["--data", "swissroll"], "--data: cloud must be one of"),
-                        (["--data", str(tmp_path / "cloud.npy")], "for a PointFlow run; got")):
+                        (["--data", str(tmp_path / "cloud.npy")], "for a PointFlow run; got"),
+                        (["--seq-len", "12"], f"--seq-len applies to GPT runs only; {wd} is a PointFlow run")):
     with pytest.raises(SystemExit) as e:
       probe_cli.main([wd, "--set-size", "100000", *argv, "--no-progress", "--out", str(tmp_path / "p")])
     err = capsys.readouterr().err
