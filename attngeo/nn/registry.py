@@ -13,10 +13,12 @@ from flax import nnx
 
 from attngeo import config as config_lib
 from attngeo.nn.dit import DiT, DiTConfig
+from attngeo.nn.encoder import Encoder, EncoderConfig
 from attngeo.nn.gpt import GPT, GPTConfig
 from attngeo.nn.pointflow import PointFlow, PointFlowConfig
 
-MODELS = {"GPTConfig": (GPTConfig, GPT), "DiTConfig": (DiTConfig, DiT), "PointFlowConfig": (PointFlowConfig, PointFlow)}
+MODELS = {"GPTConfig": (GPTConfig, GPT), "DiTConfig": (DiTConfig, DiT), "PointFlowConfig": (PointFlowConfig, PointFlow),
+          "EncoderConfig": (EncoderConfig, Encoder)}
 
 
 def config_dict(model_or_config) -> dict | None:

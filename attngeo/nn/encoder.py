@@ -1,0 +1,219 @@
+"""Bidirectional encoders: BERT and ALBERT (Hugging Face's `BertModel` / `AlbertModel` forward), any operator.
+
+Tokens t [b, n], a padding mask [b, n] (True = a real token; padded keys get weight 0) and token
+types τ [b, n] (default 0). With LN(x) = γ ⊙ (x − μ)/√(σ² + ε) + b (ε = `block.norm_eps`, HF's
+`layer_norm_eps`):
+
+    e = LN_e(E[t] + P[0:n] + T[τ])                      E [V, E'], P [seq_len, E'], T [types, E']
+    x⁰ = e                      (BERT: E' = d)          x⁰ = e·W_in + b_in   (ALBERT: E' = `embed_dim`)
+    x^{ℓ+1} = LN₂(y + FFN(y)),  y = LN₁(x^ℓ + Attn(x^ℓ; mask))     post-LN, FFN = W₂ gelu_erf(W₁· + b₁) + b₂
+    BERT: layer ℓ has its own weights; ALBERT (`shared_layers`): one layer applied `depth` times.
+
+`hidden_states` returns [x⁰, …, x^L] (HF's `output_hidden_states`, embedding output first). The MLM
+head (BERT `cls.predictions`, ALBERT `predictions`) is
+`logits = LN_h(gelu_erf(x·W_h + b_h))·Eᵀ + c` (the decoder tied to E, or its own [E', V] when
+`tie_decoder` is off), W_h [d, E']. The pooler is `tanh(x_0·W_p + b_p)` (the first token), and a
+classifier (`classifier="nsp"`: BERT's `cls.seq_relationship`; `"labels"`: `classifier`; ALBERT's
+`sop_classifier`) reads it: `pooled·W_c + b_c` [b, num_labels].
+
+Every attention layer is an `nn.Attention` (q/k/v/out biases on), so `graft`, `fold_distance`,
+`capture_qk` and the probe act on these models unchanged. Random-init twins follow HF's
+`_init_weights`: every weight matrix and table ~ N(0, `initializer_range`²), biases 0, LayerNorm
+scales 1, the `pad_token_id` row of E zero.
+"""
+from __future__ import annotations
+
+import dataclasses
+import numbers
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from attngeo import _checks
+from attngeo.nn.layers import Block, BlockConfig, NestsBlock, make_norm, param
+
+CLASSIFIERS = (None, "nsp", "labels")
+BIASES = {"bq", "bk", "bv", "bp", "bo", "b1", "b2", "bias"}     # parameter names HF initialises to zero
+
+
+def _bert_block() -> BlockConfig:
+  return BlockConfig(width=256, num_heads=4, mlp_ratio=2.0, mlp_act="gelu_erf", qkv_bias=True, out_bias=True,
+                     norm="layer", norm_bias=True, norm_eps=1e-12)
+
+
+@dataclasses.dataclass(frozen=True)
+class EncoderConfig(NestsBlock):
+  """A BERT/ALBERT encoder: `depth` post-LN blocks of `block` (ALBERT: one shared block applied `depth` times).
+
+  Defaults are rxnfp's BERT (12 × 256, 4 heads, FFN 512); `albert()` gives rxnmapper's ALBERT.
+  """
+  depth: int = 12
+  vocab_size: int = 591
+  seq_len: int = 512                   # rows of the learned position table (HF max_position_embeddings)
+  type_vocab_size: int = 2
+  embed_dim: int | None = None         # ALBERT's factorised embedding E' (projected to width); None: E' = width
+  shared_layers: bool = False          # ALBERT: one layer applied depth times
+  mlm_head: bool = True                # BERT cls.predictions / ALBERT predictions
+  tie_decoder: bool = True             # MLM decoder = the token table (HF tie_word_embeddings)
+  pooler: bool = False                 # tanh(x_0·W_p + b_p)
+  classifier: str | None = None        # None | "nsp" (cls.seq_relationship) | "labels" (classifier) on the pooler
+  num_labels: int = 2
+  pad_token_id: int | None = 0         # the token-table row HF's init zeroes
+  initializer_range: float = 0.02      # std of HF's normal init (random-init twins)
+  block: BlockConfig = dataclasses.field(default_factory=_bert_block)
+
+  @classmethod
+  def create(cls, **fields) -> "EncoderConfig":
+    """`NestsBlock.create`, the encoder's own fields validated too."""
+    return super().create(**fields).validate()
+
+  @classmethod
+  def albert(cls, **fields) -> "EncoderConfig":
+    """rxnmapper's ALBERT shape (hidden 256, embedding 128, 8 heads, one layer × 12), fields overriding."""
+    return cls.create(**{"embed_dim": 128, "shared_layers": True, "num_heads": 8, **fields})
+
+  @property
+  def width(self) -> int:
+    return self.block.width
+
+  @property
+  def edim(self) -> int:
+    """E': the width of the token tables and of the MLM head's decoder."""
+    return self.embed_dim or self.block.width
+
+  def validate(self) -> "EncoderConfig":
+    self.block.validate()
+    for name in ("depth", "vocab_size", "seq_len", "type_vocab_size", "num_labels") + \
+                (("embed_dim",) if self.embed_dim is not None else ()):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"EncoderConfig.{name} must be an integer ≥ 1; got {value!r}")
+    if self.block.order != "attn_first" or self.block.use_rope or self.block.norm != "layer":
+      raise ValueError("an encoder's blocks are post-LN attention → FFN with learned positions: block.order must be "
+                       f"'attn_first', use_rope off, norm 'layer'; got order={self.block.order!r}, "
+                       f"use_rope={self.block.use_rope}, norm={self.block.norm!r}")
+    if self.classifier not in CLASSIFIERS:
+      raise ValueError(f"EncoderConfig.classifier must be one of {CLASSIFIERS}; got {self.classifier!r}")
+    if self.classifier is not None and not self.pooler:
+      raise ValueError("EncoderConfig.classifier reads the pooled first token: it needs pooler=True")
+    if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
+      raise ValueError(f"EncoderConfig.pad_token_id must lie in [0, {self.vocab_size}) or be None; "
+                       f"got {self.pad_token_id!r}")
+    if not self.initializer_range > 0:
+      raise ValueError(f"EncoderConfig.initializer_range must be > 0; got {self.initializer_range!r}")
+    return self
+
+
+class PostNormBlock(Block):
+  """BERT's block on `Block`'s modules: `y = LN₁(x + attn(x))`, `x' = LN₂(y + mlp(y))` (norm_attn = LN₁)."""
+
+  def __call__(self, x, mask=None):
+    x = self.norm_attn(x + self.attn(x, mask=mask).astype(x.dtype))
+    return self.norm_mlp(x + self.mlp(x).astype(x.dtype))
+
+
+class Encoder(nnx.Module):
+  """ids [b, n] int, mask [b, n] bool (optional) -> hidden states, MLM logits [b, n, V], pooled/classifier output."""
+
+  def __init__(self, cfg: EncoderConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg = cfg.validate()
+    d, e = cfg.width, cfg.edim
+    self.embed = param(rngs, (cfg.vocab_size, e), ("vocab", "embed"), std=1.0)
+    self.wpe = param(rngs, (cfg.seq_len, e), (None, "embed"), std=1.0)
+    self.wtt = param(rngs, (cfg.type_vocab_size, e), (None, "embed"), std=1.0)
+    self.embed_norm = make_norm(cfg.block, e, rngs)
+    if cfg.embed_dim is not None:
+      self.embed_proj = param(rngs, (e, d), (None, "embed"))
+      self.embed_proj_bias = param(rngs, (d,), ("embed",), zero=True)
+    self.layers = nnx.List([PostNormBlock(cfg.block, rngs=rngs) for _ in range(1 if cfg.shared_layers else cfg.depth)])
+    if cfg.mlm_head:
+      self.mlm_dense = param(rngs, (d, e), ("embed", None))
+      self.mlm_dense_bias = param(rngs, (e,), (None,), zero=True)
+      self.mlm_norm = make_norm(cfg.block, e, rngs)
+      if not cfg.tie_decoder:
+        self.mlm_decoder = param(rngs, (e, cfg.vocab_size), (None, "vocab"))
+      self.mlm_bias = param(rngs, (cfg.vocab_size,), ("vocab",), zero=True)
+    if cfg.pooler:
+      self.pooler = param(rngs, (d, d), ("embed", None))
+      self.pooler_bias = param(rngs, (d,), (None,), zero=True)
+    if cfg.classifier is not None:
+      self.classifier = param(rngs, (d, cfg.num_labels), ("embed", None))
+      self.classifier_bias = param(rngs, (cfg.num_labels,), (None,), zero=True)
+    hf_init(self, rngs, cfg.initializer_range, cfg.pad_token_id)
+
+  def _check(self, ids, mask, token_types):
+    cfg = self.cfg
+    if ids.ndim != 2 or not jnp.issubdtype(ids.dtype, jnp.integer):
+      raise ValueError(f"ids must be an integer array [b, n]; got {ids.dtype} {ids.shape}")
+    if ids.shape[1] > cfg.seq_len:
+      raise ValueError(f"ids has {ids.shape[1]} positions but the learned position table has seq_len={cfg.seq_len}")
+    if _checks.is_concrete(ids) and ids.size and (int(ids.min()) < 0 or int(ids.max()) >= cfg.vocab_size):
+      raise ValueError(f"ids must lie in [0, {cfg.vocab_size}); got [{int(ids.min())}, {int(ids.max())}]")
+    for name, a in (("mask", mask), ("token_types", token_types)):
+      if a is not None and a.shape != ids.shape:
+        raise ValueError(f"{name} must have ids' shape {ids.shape}; got {a.shape}")
+    if mask is not None and mask.dtype != jnp.bool_:
+      raise ValueError(f"mask must be a bool array (True = a real token); got {mask.dtype}")
+
+  def embeddings(self, ids, token_types=None):
+    """x⁰ [b, n, d]: LN_e(E[t] + P[0:n] + T[τ]), projected to the width under ALBERT."""
+    n = ids.shape[1]
+    types = self.wtt[...][0] if token_types is None else self.wtt[...][token_types]
+    x = self.embed_norm(self.embed[...][ids] + self.wpe[...][:n] + types)
+    if self.cfg.embed_dim is not None:
+      x = x @ self.embed_proj[...] + self.embed_proj_bias[...]
+    return x
+
+  def hidden_states(self, ids, mask=None, token_types=None) -> list:
+    """[x⁰, x¹, …, x^L], each [b, n, d]: Hugging Face's `output_hidden_states` (embedding output first)."""
+    self._check(ids, mask, token_types)
+    keys = None if mask is None else mask[:, None, None, :]
+    x = self.embeddings(ids, token_types)
+    out = [x]
+    for i in range(self.cfg.depth):
+      x = self.layers[0 if self.cfg.shared_layers else i](x, mask=keys)
+      out.append(x)
+    return out
+
+  def __call__(self, ids, mask=None, token_types=None):
+    """The last hidden state x^L [b, n, d] (HF's `last_hidden_state`)."""
+    return self.hidden_states(ids, mask, token_types)[-1]
+
+  def mlm_logits(self, ids, mask=None, token_types=None):
+    """Masked-LM logits [b, n, V] (float32) from the last hidden state."""
+    if not self.cfg.mlm_head:
+      raise ValueError("this encoder has no MLM head (its checkpoint carried none)")
+    return self.head_logits(self(ids, mask, token_types))
+
+  def head_logits(self, x):
+    """The MLM head on hidden states x [b, n, d]: LN_h(gelu_erf(x·W_h + b_h))·decoder + c."""
+    h = jax.nn.gelu(x @ self.mlm_dense[...] + self.mlm_dense_bias[...], approximate=False)
+    decoder = self.embed[...].T if self.cfg.tie_decoder else self.mlm_decoder[...]
+    return (self.mlm_norm(h) @ decoder + self.mlm_bias[...]).astype(jnp.float32)
+
+  def pooled(self, ids, mask=None, token_types=None):
+    """tanh(x^L_0·W_p + b_p) [b, d]: the pooler on the first ([CLS]) token."""
+    if not self.cfg.pooler:
+      raise ValueError("this encoder has no pooler (its checkpoint carried none)")
+    return jnp.tanh(self(ids, mask, token_types)[:, 0] @ self.pooler[...] + self.pooler_bias[...])
+
+  def class_logits(self, ids, mask=None, token_types=None):
+    """The classifier on the pooled token [b, num_labels] (NSP / sequence labels)."""
+    if self.cfg.classifier is None:
+      raise ValueError("this encoder has no classifier head (its checkpoint carried none)")
+    return self.pooled(ids, mask, token_types) @ self.classifier[...] + self.classifier_bias[...]
+
+
+def hf_init(model, rngs: nnx.Rngs, std: float, pad_token_id: int | None = None):
+  """HF's `_init_weights` in place: weights ~ N(0, std²), biases (`BIASES`, `*_bias`) 0, norm scales 1, pad row 0."""
+  for path, v in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+    name, shape = str(path[-1]), v.get_value().shape
+    if name == "scale":
+      v.set_value(jnp.ones(shape, jnp.float32))
+    elif name in BIASES or name.endswith("_bias"):
+      v.set_value(jnp.zeros(shape, jnp.float32))
+    else:
+      v.set_value(jax.random.normal(rngs.params(), shape, jnp.float32) * std)
+  if pad_token_id is not None:
+    model.embed.set_value(model.embed[...].at[pad_token_id].set(0.0))
