@@ -1,0 +1,278 @@
+"""The geometry of an attention walk as a differentiable training signal: scalar regularisers.
+
+Each term is a pure function of one layer's queries and keys `q, k` `[b, n, h, d]` under its operator
+(β, α) (or of its value/output weights), returns a scalar and is jit-, vmap- and grad-compatible, so it
+can sit inside any loss. Conventions are those of `attngeo.operators` (the walk `P = rownorm(exp(L))`),
+`attngeo.geometry` (`L = (P − I)/τ`, Γ, Γ₂) and `attngeo.markov` (π, ε_rev, σ); means run over the
+batch, heads, tokens and test functions.
+
+* **curvature** — a soft lower bound K (`target`) on the Bakry–Émery curvature of the walk over a
+  family of test functions f_c (`curvature_terms`):
+
+      R_curv = E_{b,h,i,c} relu(K·Γ(f_c)_i − Γ₂(f_c)_i)          (0 iff CD(K, ∞) holds on the family)
+
+  Matrix-free: Γ is one application of P (to `[f, f²]`), Γ₂ two more (`geometry.gamma2`), all through
+  the operator's fused/blockwise attention kernel (`geometry.attention`): O(n) memory, the cost of
+  one attention with 10·m value channels (m test functions), about the same again backward. The
+  causal mask is kept (Γ and Γ₂ of the masked walk). The default family (`coordinate_family`) is m
+  random directions of `m = (q + k)/√2`, centred and scaled to unit RMS over the tokens and held
+  fixed (`stop_gradient`): the term moves the walk, not the family.
+* **reversibility** — `ε_rev = ½ Σ_ij |π_i P_ij − π_j P_ji|` (`markov.reversibility`) or the entropy
+  production `σ = ½ Σ_ij (F_ij − F_ji) log(F_ij/F_ji)`, `F_ij = π_i P_ij` (`markov.entropy_production`).
+  Dense: P `[b, h, n, n]` and one LU solve for π per (b, h), O(n²) memory and O(n³) time each.
+* **skew** — `ρ_skew² = ‖antisym(H L H)‖_F² / ‖H L H‖_F²` of the parametric logits (`markov.skew_share`,
+  squared so that it is smooth at the exact-A corners, where ρ_skew = 0). Dense O(n²·d), no solve.
+* **mixing** — a soft lower bound `g*` (`target`) on the absolute spectral gap of the walk's additive
+  reversibilisation `A = ½(Π^{½} P Π^{−½} + Π^{−½} Pᵀ Π^{½})` (`markov.eigenbasis`; for a reversible P
+  this is P's own spectrum): `R_mix = E_{b,h} relu(g* − (1 − max(|λ₁|, |λ_{n−1}|)))`. Dense: one
+  symmetric eigensolve per (b, h), O(n³).
+* **isometry** — the squared scaled-isometry defect of each head transport `T^h = W_O^h W_V^h`
+  (`attngeo.connection`): `δ² = 1 − (tr M)²/(r ‖M‖_F²)`, `M = T^hᵀT^h`, r = min(k, d) its generic rank,
+  with `tr M = tr(AB)`, `‖M‖_F² = tr(ABAB)`, `A = O_hᵀO_h`, `B = V_h V_hᵀ` (k × k: O(h·k²·d), no
+  eigensolve, smooth). Exact where T^h has full rank r (any trained weights); `connection.
+  head_isometry_defect` is the numerical-rank read-out.
+
+The walk terms (reversibility, skew, mixing) read the chain of the layer's logits WITHOUT the causal
+mask: under the mask π = δ₀, ε_rev ≡ 0 and the spectrum is the diagonal (`attngeo.probe`), so there
+is nothing to train; unmasked, ε_rev = ρ_skew = 0 exactly at the exact-A corners (DMAP, ATAP).
+
+**Sampling.** `sample` keeps s of the H heads of a layer (and s' of its b sequences), drawn uniformly
+without replacement. A term's layer mean over the kept heads is then unbiased for the mean over all
+heads, with variance `(1 − s/H)·S²/s` (S² the variance of the per-head values across the H heads;
+likewise for sequences), and the cost falls by s/H. Rows cannot be sampled to save work: Γ₂ at token
+i needs Γ on every token i attends to.
+
+`Regularisers` (weights λ ≥ 0, targets, sample sizes) is the config; `penalty` applies it to the
+(q, k) captured from a model (`nn.capture_qk`) and returns `(Σ λ·R, {"reg/<term>": R})`;
+`regularised(cfg, loss_fn)` turns a trainer loss `loss_fn(model, batch, rng) -> (loss, metrics)` into
+the regularised one (the terms logged as metrics).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from attngeo import geometry, markov, nn, operators
+
+TERMS = ("curvature", "reversibility", "skew", "mixing", "isometry")
+REVERSIBILITY_KINDS = ("eps_rev", "entropy")
+
+
+# ----------------------------------------------------------------------------- test functions and sampling
+
+def coordinate_family(q, k, count: int, key) -> jax.Array:
+  """`count` random directions of `m = (q + k)/√2` per head, centred and unit-RMS over tokens: `[b, h, n, count]`.
+
+  `f_c = m·r_c` with `r_c ~ N(0, I_d)` drawn per head from `key`, held fixed (`stop_gradient`).
+  """
+  b, n, h, d = q.shape
+  m = jax.lax.stop_gradient((q.astype(jnp.float32) + k.astype(jnp.float32)) / math.sqrt(2))
+  f = jnp.einsum("bnhd,hdc->bhnc", m, jax.random.normal(key, (h, d, count)))
+  f = f - f.mean(-2, keepdims=True)
+  return f / jnp.sqrt(jnp.mean(f * f, -2, keepdims=True) + 1e-12)
+
+
+def _heads_of(x, idx):
+  """β or α (a float, or an array [h] / [1]) restricted to the kept heads `idx`."""
+  if isinstance(x, float) or jnp.ndim(x) == 0 or jnp.shape(x)[0] == 1:
+    return x
+  return jnp.asarray(x)[idx]
+
+
+def sample(q, k, beta, alpha, key, *, heads: int = 0, sequences: int = 0):
+  """(q, k, β, α) restricted to `heads` of the H heads and `sequences` of the b sequences (0: all),
+  drawn uniformly without replacement from `key` (the estimator's variance: module docstring)."""
+  kh, kb = jax.random.split(key)
+  if heads and heads < q.shape[2]:
+    idx = jax.random.choice(kh, q.shape[2], (heads,), replace=False)
+    q, k, beta, alpha = q[:, :, idx], k[:, :, idx], _heads_of(beta, idx), _heads_of(alpha, idx)
+  if sequences and sequences < q.shape[0]:
+    idx = jax.random.choice(kb, q.shape[0], (sequences,), replace=False)
+    q, k = q[idx], k[idx]
+  return q, k, beta, alpha
+
+
+# ----------------------------------------------------------------------------- the terms
+
+class Curvature(NamedTuple):
+  """`gamma` Γ(f_c)_i and `gamma2` Γ₂(f_c)_i of the walk, each `[b, h, n, m]`."""
+  gamma: jax.Array
+  gamma2: jax.Array
+
+
+def curvature_terms(q, k, f, *, beta=1.0, alpha=1.0, causal: bool = False, tau: float = 1.0, scale=None,
+                    implementation=None) -> Curvature:
+  """Γ(f) and Γ₂(f) of the walk (β, α) on q, k `[b, n, h, d]` for test functions f `[b, h, n, m]`,
+  matrix-free (three applications of P through the attention kernel; `geometry.attention`)."""
+  op = geometry.attention(q, k, beta=beta, alpha=alpha, causal=causal, scale=scale, tau=tau,
+                          implementation=implementation)
+  return Curvature(geometry.gamma(op, f), geometry.gamma2(op, f))
+
+
+def curvature(q, k, f, *, target: float = 0.0, beta=1.0, alpha=1.0, causal: bool = False, tau: float = 1.0,
+              scale=None, implementation=None) -> jax.Array:
+  """`E_{b,h,i,c} relu(K·Γ(f_c)_i − Γ₂(f_c)_i)` with K = `target` (module docstring); f `[b, h, n, m]`."""
+  terms = curvature_terms(q, k, f, beta=beta, alpha=alpha, causal=causal, tau=tau, scale=scale,
+                          implementation=implementation)
+  return jnp.mean(jax.nn.relu(target * terms.gamma - terms.gamma2))
+
+
+def _walk(q, k, beta, alpha, scale):
+  """The unmasked dense walk P `[b, h, n, n]` (the walk terms' chain: module docstring)."""
+  return operators.markov_matrix(q, k, beta=beta, alpha=alpha, scale=scale)
+
+
+def reversibility(q, k, *, beta=1.0, alpha=1.0, kind: str = "eps_rev", scale=None) -> jax.Array:
+  """Mean over (b, h) of ε_rev (`kind="eps_rev"`) or the entropy production σ (`"entropy"`) of the walk."""
+  if kind not in REVERSIBILITY_KINDS:
+    raise ValueError(f"kind must be one of {REVERSIBILITY_KINDS}; got {kind!r}")
+  p = _walk(q, k, beta, alpha, scale)
+  return jnp.mean(markov.reversibility(p) if kind == "eps_rev" else markov.entropy_production(p))
+
+
+def skew(q, k, *, beta=1.0, alpha=1.0, scale=None) -> jax.Array:
+  """Mean over (b, h) of `ρ_skew²` of the parametric logits (`operators.logits(...).full`)."""
+  return jnp.mean(markov.skew_share(operators.logits(q, k, beta=beta, alpha=alpha, scale=scale).full) ** 2)
+
+
+def absolute_gap(p) -> jax.Array:
+  """`1 − max(|λ₁|, |λ_{n−1}|)` `[...]` of the additive reversibilisation of P `[..., n, n]` (`markov.eigenbasis`)."""
+  lam = markov.eigenbasis(p)[0]
+  return 1.0 - jnp.maximum(jnp.abs(lam[..., 1]), jnp.abs(lam[..., -1]))
+
+
+def mixing(q, k, *, target: float = 0.1, beta=1.0, alpha=1.0, scale=None) -> jax.Array:
+  """`E_{b,h} relu(g* − gap)` with g* = `target` and gap = `absolute_gap` of the walk."""
+  return jnp.mean(jax.nn.relu(target - absolute_gap(_walk(q, k, beta, alpha, scale))))
+
+
+def isometry(wv, wo) -> jax.Array:
+  """Mean over heads of the squared defect `δ² = 1 − tr(AB)²/(r·tr(ABAB))` of `T^h = W_O^h W_V^h`;
+  `wv` `[d, h, k]`, `wo` `[h, k, d]` (`attngeo.connection` layouts), r = min(k, d)."""
+  a = jnp.einsum("hke,hle->hkl", wo, wo)                                   # O_hᵀO_h  [h, k, k]
+  b = jnp.einsum("dhk,dhl->hkl", wv, wv)                                   # V_h V_hᵀ [h, k, k]
+  ab = jnp.matmul(a, b)
+  trace, frob2 = jnp.trace(ab, axis1=-2, axis2=-1), jnp.sum(ab * jnp.swapaxes(ab, -1, -2), (-2, -1))
+  rank = min(wv.shape[0], wv.shape[2])
+  return jnp.mean(1.0 - trace**2 / (rank * jnp.maximum(frob2, 1e-30)))
+
+
+# ----------------------------------------------------------------------------- config and application
+
+def _is_count(x) -> bool:
+  return isinstance(x, numbers.Integral) and not isinstance(x, bool) and x >= 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Regularisers:
+  """Weights λ ≥ 0 of each term (0: off), the curvature and gap targets, and the sample sizes.
+
+  `curvature_target` K, `gap_target` g*, `test_functions` m (curvature), `tau` τ of `L = (P − I)/τ`,
+  `reversibility_kind` `"eps_rev"` | `"entropy"`, `heads` / `sequences` sampled per layer (0: all).
+  """
+  curvature: float = 0.0
+  reversibility: float = 0.0
+  skew: float = 0.0
+  mixing: float = 0.0
+  isometry: float = 0.0
+  curvature_target: float = 0.0
+  gap_target: float = 0.1
+  test_functions: int = 4
+  tau: float = 1.0
+  reversibility_kind: str = "eps_rev"
+  heads: int = 0
+  sequences: int = 0
+
+  def __post_init__(self):
+    self.validate()
+
+  def validate(self, prefix: str = "reg.") -> "Regularisers":
+    """One-line ValueError naming the first field (as `prefix + name`) no run can use."""
+    for term in TERMS:
+      w = getattr(self, term)
+      if isinstance(w, bool) or not isinstance(w, numbers.Real) or not (math.isfinite(w) and w >= 0):
+        raise ValueError(f"{prefix}{term} must be a weight ≥ 0 (a finite number; 0 turns the term off); got {w!r}")
+    real = lambda x: isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
+    rules = (("curvature_target", real(self.curvature_target), "a finite number (the curvature bound K)"),
+             ("gap_target", real(self.gap_target) and 0 < self.gap_target <= 1, "a number in (0, 1]"),
+             ("test_functions", _is_count(self.test_functions) and (self.test_functions >= 1 or not self.curvature),
+              f"an integer ≥ 1 when {prefix}curvature > 0 (the curvature term needs test functions)"),
+             ("tau", real(self.tau) and self.tau > 0, "a positive time scale"),
+             ("reversibility_kind", self.reversibility_kind in REVERSIBILITY_KINDS, f"one of {REVERSIBILITY_KINDS}"),
+             ("heads", _is_count(self.heads), "an integer ≥ 0 (0: every head)"),
+             ("sequences", _is_count(self.sequences), "an integer ≥ 0 (0: every sequence)"))
+    for name, ok, want in rules:
+      if not ok:
+        raise ValueError(f"{prefix}{name} must be {want}; got {getattr(self, name)!r}")
+    return self
+
+  @property
+  def active(self) -> tuple[str, ...]:
+    """The terms with a positive weight."""
+    return tuple(t for t in TERMS if getattr(self, t) > 0)
+
+
+def check_model(cfg: Regularisers, model, prefix: str = "reg.") -> list:
+  """The model's `nn.Attention` layers, after refusing (one-line ValueError) a term the model cannot give:
+  no attention layers, or more sampled heads than a layer has."""
+  mods = nn.attention_modules(model)
+  if cfg.active and not mods:
+    term = cfg.active[0]
+    raise ValueError(f"{prefix}{term} = {getattr(cfg, term)} asks for the attention walk, but the model has no "
+                     "attention layers")
+  for m in mods:
+    if cfg.heads > m.num_heads:
+      raise ValueError(f"{prefix}heads must be ≤ the {m.num_heads} heads of every attention layer; got {cfg.heads}")
+  return mods
+
+
+def _transports(m):
+  """(wv [d, h, k], wo [h, k, d]) of an Attention, grouped value heads repeated to h."""
+  wv = m.wv[...]
+  return jnp.repeat(wv, m.num_heads // wv.shape[1], axis=1), m.wo[...]
+
+
+def _layer_terms(cfg: Regularisers, m, q, k, key) -> dict:
+  """{term: R} of one layer for the active terms."""
+  kf, ks = jax.random.split(key)
+  beta, alpha = m.coefficients()
+  q, k, beta, alpha = sample(q, k, beta, alpha, ks, heads=cfg.heads, sequences=cfg.sequences)
+  fns = {"curvature": lambda: curvature(q, k, coordinate_family(q, k, cfg.test_functions, kf),
+                                        target=cfg.curvature_target, beta=beta, alpha=alpha, causal=m.causal,
+                                        tau=cfg.tau, implementation=m.implementation),
+         "reversibility": lambda: reversibility(q, k, beta=beta, alpha=alpha, kind=cfg.reversibility_kind),
+         "skew": lambda: skew(q, k, beta=beta, alpha=alpha),
+         "mixing": lambda: mixing(q, k, target=cfg.gap_target, beta=beta, alpha=alpha),
+         "isometry": lambda: isometry(*_transports(m))}
+  return {term: fns[term]() for term in cfg.active}
+
+
+def penalty(cfg: Regularisers, model, qks, key) -> tuple[jax.Array, dict]:
+  """`(Σ_t λ_t R_t, {"reg/<t>": R_t})` over the active terms t, each R_t the mean over the model's
+  attention layers; `qks` the per-layer (q, k) of `nn.capture_qk(model, ...)`, `key` the sampling key."""
+  mods = check_model(cfg, model)
+  if len(qks) != len(mods):
+    raise ValueError(f"qks must hold one (q, k) per attention layer ({len(mods)}); got {len(qks)}")
+  per_layer = [_layer_terms(cfg, m, q, k, jax.random.fold_in(key, i)) for i, (m, (q, k)) in enumerate(zip(mods, qks))]
+  terms = {t: jnp.mean(jnp.stack([layer[t] for layer in per_layer])) for t in cfg.active}
+  total = sum((getattr(cfg, t) * v for t, v in terms.items()), jnp.zeros((), jnp.float32))
+  return total, {f"reg/{t}": v for t, v in terms.items()}
+
+
+def regularised(cfg: Regularisers, loss_fn):
+  """`loss_fn(model, batch, rng) -> (loss, metrics)` plus the penalty: the layers' (q, k) are captured
+  during `loss_fn`'s own forward pass (its first call of each layer), the sampling key is drawn from
+  `rng`, and the terms join the metrics as `reg/<term>`. With no active term, `loss_fn` itself."""
+  if not cfg.active:
+    return loss_fn
+
+  def fn(model, batch, rng):
+    (loss, metrics), qks = nn.capture_qk(model, lambda: loss_fn(model, batch, rng))
+    total, terms = penalty(cfg, model, qks, jax.random.fold_in(rng, 0x5E6))
+    return loss + total, {**metrics, **terms}
+  return fn

@@ -1,0 +1,368 @@
+"""attngeo.regularisers: each term against a float64 reference written from its definition, closed forms
+(a Gaussian walk on a line, the complete graph), gradients against float64 central differences, jit and
+vmap, the training hook, and one-line refusals."""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from helpers import chain_pi, defect_from_lam
+
+from attngeo import nn, regularisers as reg, sharding, train
+
+CORNERS = {"ATTN": (1.0, 1.0), "DMTN": (0.0, 1.0), "ATAP": (1.0, 0.0), "DMAP": (0.0, 0.0)}
+
+
+# ----------------------------------------------------------------------------- float64 references
+
+def corner_logits64(q, k, name):
+  """The corners' closed forms (../shared/DESIGN.md §1), float64 `[b, h, n, n]`, up to row shifts."""
+  q, k = (np.asarray(x, np.float64).transpose(0, 2, 1, 3) for x in (q, k))     # [b, h, n, d]
+  s = 1 / np.sqrt(q.shape[-1])
+  dot = lambda x, y: np.einsum("...id,...jd->...ij", x, y)
+  m = (q + k) / np.sqrt(2)
+  if name == "ATTN":
+    return s * dot(q, k)
+  if name == "DMTN":
+    return s * (0.5 * dot(m, m) + 0.5 * (dot(q, k) - dot(k, q)))
+  if name == "ATAP":
+    return -0.5 * s * np.einsum("...ijd,...ijd->...ij", q[..., :, None, :] - q[..., None, :, :],
+                                k[..., :, None, :] - k[..., None, :, :])
+  return -0.25 * s * np.sum((m[..., :, None, :] - m[..., None, :, :]) ** 2, -1)
+
+
+def walk64(logit, causal=False):
+  if causal:
+    logit = np.where(np.tril(np.ones(logit.shape[-2:], bool)), logit, -np.inf)
+  w = np.exp(logit - logit.max(-1, keepdims=True))
+  return w / w.sum(-1, keepdims=True)
+
+
+def gamma64(p, f, g, tau):
+  """Γ(f, g)_i = (1/2τ) Σ_j P_ij (f_j − f_i)(g_j − g_i)."""
+  df, dg = (x[..., None, :, :] - x[..., :, None, :] for x in (f, g))
+  return np.einsum("...ij,...ijm->...im", p, df * dg) / (2 * tau)
+
+
+def gamma2_64(p, f, tau):
+  """Γ₂(f) = ½ L Γ(f) − Γ(f, Lf), L = (P − I)/τ."""
+  lap = lambda h: (p @ h - h) / tau
+  return 0.5 * lap(gamma64(p, f, f, tau)) - gamma64(p, f, lap(f), tau)
+
+
+def curvature64(q, k, f, name, target, tau=1.0, causal=False):
+  p = walk64(corner_logits64(q, k, name), causal)
+  f = np.asarray(f, np.float64)
+  return np.mean(np.maximum(target * gamma64(p, f, f, tau) - gamma2_64(p, f, tau), 0.0))
+
+
+def flows64(q, k, name):
+  p = walk64(corner_logits64(q, k, name))
+  return chain_pi(p)[..., :, None] * p
+
+
+def eps_rev64(q, k, name):
+  f = flows64(q, k, name)
+  return np.mean(0.5 * np.abs(f - np.swapaxes(f, -1, -2)).sum((-2, -1)))
+
+
+def entropy64(q, k, name):
+  f = flows64(q, k, name)
+  ft = np.swapaxes(f, -1, -2)
+  return np.mean(0.5 * ((f - ft) * np.log(f / ft)).sum((-2, -1)))
+
+
+def skew64(q, k, name):
+  lg = corner_logits64(q, k, name)
+  lt = lg - lg.mean(-1, keepdims=True) - lg.mean(-2, keepdims=True) + lg.mean((-2, -1), keepdims=True)
+  a = 0.5 * (lt - np.swapaxes(lt, -1, -2))
+  return np.mean((a**2).sum((-2, -1)) / (lt**2).sum((-2, -1)))
+
+
+def mixing64(q, k, name, target):
+  p = walk64(corner_logits64(q, k, name))
+  sq = np.sqrt(chain_pi(p))
+  a = sq[..., :, None] * p / sq[..., None, :]
+  lam = np.linalg.eigvalsh(0.5 * (a + np.swapaxes(a, -1, -2)))                      # ascending; λ₀ = 1 last
+  gap = 1 - np.maximum(np.abs(lam[..., -2]), np.abs(lam[..., 0]))
+  return np.mean(np.maximum(target - gap, 0.0))
+
+
+def isometry64(wv, wo):
+  """Mean squared defect of T^h = W_O^h W_V^h from the eigenvalues of TᵀT (helpers.defect_from_lam)."""
+  t = np.einsum("dhk,hke->hed", np.asarray(wv, np.float64), np.asarray(wo, np.float64))
+  return np.mean(defect_from_lam(np.linalg.eigvalsh(np.swapaxes(t, -1, -2) @ t), 1e-9) ** 2)
+
+
+def qk(seed=0, shape=(2, 7, 2, 3), spread=1.0):
+  rng = np.random.default_rng(seed)
+  return tuple(jnp.asarray(spread * rng.standard_normal(shape), jnp.float32) for _ in range(2))
+
+
+def family(q, k, count=3):
+  return reg.coordinate_family(q, k, count, jax.random.PRNGKey(1))
+
+
+# the terms of (q, k) as (package function, float64 reference), at corner `name`
+def walk_terms(name):
+  beta, alpha = CORNERS[name]
+  return {"eps_rev": (lambda q, k: reg.reversibility(q, k, beta=beta, alpha=alpha), lambda q, k: eps_rev64(q, k, name)),
+          "entropy": (lambda q, k: reg.reversibility(q, k, beta=beta, alpha=alpha, kind="entropy"),
+                      lambda q, k: entropy64(q, k, name)),
+          "skew": (lambda q, k: reg.skew(q, k, beta=beta, alpha=alpha), lambda q, k: skew64(q, k, name)),
+          "mixing": (lambda q, k: reg.mixing(q, k, target=0.9, beta=beta, alpha=alpha),
+                     lambda q, k: mixing64(q, k, name, 0.9))}
+
+
+# ----------------------------------------------------------------------------- values
+
+@pytest.mark.parametrize("name", CORNERS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_curvature_matches_dense_float64(name, causal):
+  q, k = qk(1)
+  f = family(q, k)
+  beta, alpha = CORNERS[name]
+  terms = reg.curvature_terms(q, k, f, beta=beta, alpha=alpha, causal=causal, tau=0.5)
+  p = walk64(corner_logits64(q, k, name), causal)
+  f64 = np.asarray(f, np.float64)
+  np.testing.assert_allclose(terms.gamma, gamma64(p, f64, f64, 0.5), rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(terms.gamma2, gamma2_64(p, f64, 0.5), rtol=1e-4, atol=1e-4)
+  got = reg.curvature(q, k, f, target=1.5, beta=beta, alpha=alpha, causal=causal, tau=0.5)
+  want = curvature64(q, k, f, name, 1.5, 0.5, causal)
+  assert want > 0.1                                                      # the bound is active on some rows
+  np.testing.assert_allclose(got, want, rtol=1e-4)
+
+
+def test_gaussian_walk_on_a_line_is_flat():
+  """DMAP on x_j = j/4 (d = 1, s = 1): P_ij ∝ exp(−(x_i − x_j)²/4), a Gaussian of variance 2 = ε/2 (ε = 4),
+  τ = ε/4 = 1. Away from the ends, Γ(x) = Var/2τ = 1 and Γ₂(x) = 0 (|Hess x|² = Ric = 0): the penalty
+  with bound K is relu(K·1 − 0) = K on those rows."""
+  x = (np.arange(256) - 127.5) / 4
+  q = k = jnp.asarray(x / np.sqrt(2), jnp.float32)[None, :, None, None]
+  f = jnp.asarray(x - x.mean(), jnp.float32)[None, None, :, None]
+  terms = reg.curvature_terms(q, k, f, beta=0.0, alpha=0.0)
+  inner = slice(96, 160)                       # ≥ 24 = two 12-wide neighbourhoods from either end: tails < e^-36
+  np.testing.assert_allclose(terms.gamma[0, 0, inner, 0], 1.0, atol=1e-4)
+  np.testing.assert_allclose(terms.gamma2[0, 0, inner, 0], 0.0, atol=2e-3)
+  row = jax.nn.relu(0.7 * terms.gamma - terms.gamma2)[0, 0, inner, 0]
+  np.testing.assert_allclose(row, 0.7, atol=2e-3)
+
+
+def test_complete_graph_closed_form():
+  """q = k = 0: the uniform walk P = 11ᵀ/n. For centred f with v = mean f², Γ(f) = (v + f²)/2τ and
+  Γ₂(f) = (3v + f²)/4τ², so the penalty is mean relu(K (v + f²)/2τ − (3v + f²)/4τ²)."""
+  n, tau, target = 9, 0.5, 2.6
+  q = k = jnp.zeros((1, n, 1, 4), jnp.float32)
+  f = np.linspace(-1.0, 1.0, n) ** 3
+  f = f - f.mean()
+  v = np.mean(f * f)
+  want = np.mean(np.maximum(target * (v + f**2) / (2 * tau) - (3 * v + f**2) / (4 * tau**2), 0.0))
+  got = reg.curvature(q, k, jnp.asarray(f, jnp.float32)[None, None, :, None], target=target, tau=tau)
+  assert 0 < want
+  np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", CORNERS)
+def test_walk_terms_match_dense_float64(name):
+  q, k = qk(2)
+  for term, (fn, ref) in walk_terms(name).items():
+    np.testing.assert_allclose(fn(q, k), ref(q, k), rtol=2e-4, atol=2e-6, err_msg=term)
+
+
+@pytest.mark.parametrize("name", ["DMAP", "ATAP"])
+def test_exact_corners_are_reversible(name):
+  """Exact A (unmasked): detailed balance, so ε_rev = σ = ρ_skew = 0 (to float32 rounding)."""
+  q, k = qk(3)
+  for term in ("eps_rev", "entropy", "skew"):
+    assert abs(float(walk_terms(name)[term][0](q, k))) < 1e-5, term
+
+
+def test_isometry_matches_eigen_defect_and_is_zero_on_isometries():
+  rng = np.random.default_rng(4)
+  wv, wo = rng.standard_normal((6, 3, 2)), rng.standard_normal((3, 2, 6))
+  np.testing.assert_allclose(reg.isometry(jnp.asarray(wv, jnp.float32), jnp.asarray(wo, jnp.float32)),
+                             isometry64(wv, wo), rtol=1e-5)
+  u = np.linalg.qr(rng.standard_normal((3, 6, 6)))[0]                   # T^h = c_h · (orthonormal rows on k dims)
+  wv_iso = np.transpose(u[:, :, :2], (1, 0, 2)) * np.array([1.0, 2.0, 0.5])[None, :, None]
+  wo_iso = np.transpose(u[:, :, :2], (0, 2, 1)) * 3.0
+  assert float(reg.isometry(jnp.asarray(wv_iso, jnp.float32), jnp.asarray(wo_iso, jnp.float32))) < 1e-6
+
+
+# ----------------------------------------------------------------------------- gradients
+
+def directional_fd(ref, args, direction, h=1e-5):
+  plus = ref(*(a + h * d for a, d in zip(args, direction)))
+  minus = ref(*(a - h * d for a, d in zip(args, direction)))
+  return (plus - minus) / (2 * h)
+
+
+def check_gradient(fn, ref, args, seed=0, rtol=2e-3):
+  """⟨∇fn, u⟩ (float32 jax.grad, under jit) against float64 central differences of ref, 3 random directions."""
+  grads = jax.jit(jax.grad(fn, argnums=tuple(range(len(args)))))(*args)
+  args64 = [np.asarray(a, np.float64) for a in args]
+  rng = np.random.default_rng(seed)
+  for _ in range(3):
+    u = [rng.standard_normal(a.shape) for a in args64]
+    got = sum(float(np.sum(np.asarray(g, np.float64) * d)) for g, d in zip(grads, u))
+    want = directional_fd(ref, args64, u)
+    assert abs(got - want) <= rtol * max(abs(want), 1e-2), (got, want)
+
+
+@pytest.mark.parametrize("name", ["ATTN", "DMTN", "DMAP"])
+def test_curvature_gradient_matches_finite_differences(name):
+  q, k = qk(5)
+  f = family(q, k)
+  beta, alpha = CORNERS[name]
+  check_gradient(lambda q, k: reg.curvature(q, k, f, target=1.5, beta=beta, alpha=alpha, causal=True),
+                 lambda q, k: curvature64(q, k, f, name, 1.5, causal=True), (q, k))
+
+
+@pytest.mark.parametrize("name", ["ATTN", "DMTN"])
+@pytest.mark.parametrize("term", ["eps_rev", "entropy", "skew", "mixing"])
+def test_walk_term_gradients_match_finite_differences(name, term):
+  q, k = qk(6)
+  fn, ref = walk_terms(name)[term]
+  check_gradient(fn, ref, (q, k))
+
+
+def test_isometry_gradient_matches_finite_differences():
+  rng = np.random.default_rng(7)
+  wv, wo = (jnp.asarray(rng.standard_normal(s), jnp.float32) for s in ((6, 3, 2), (3, 2, 6)))
+  check_gradient(reg.isometry, isometry64, (wv, wo))
+
+
+def test_learnable_coefficients_get_gradients():
+  """Per-head (β, α) arrays are traced through every term: the gradient matches central differences."""
+  q, k = qk(8)
+  f = family(q, k)
+  ba = jnp.asarray([[0.3, 0.8], [0.6, 0.2]], jnp.float32)               # [β; α] per head
+  total = lambda ba: (reg.curvature(q, k, f, target=1.0, beta=ba[0], alpha=ba[1]) + reg.mixing(q, k, target=0.9, beta=ba[0], alpha=ba[1])
+                      + reg.reversibility(q, k, beta=ba[0], alpha=ba[1]) + reg.skew(q, k, beta=ba[0], alpha=ba[1]))
+  g = jax.grad(total)(ba)
+  with jax.enable_x64(False):
+    h = 1e-2
+    fd = np.array([[(float(total(ba.at[i, j].add(h))) - float(total(ba.at[i, j].add(-h)))) / (2 * h)
+                    for j in range(2)] for i in range(2)])
+  np.testing.assert_allclose(g, fd, rtol=2e-2, atol=2e-4)
+
+
+# ----------------------------------------------------------------------------- jit, vmap, sampling
+
+def all_terms(q, k):
+  f = family(q, k)
+  out = [reg.curvature(q, k, f, target=1.0), *(fn(q, k) for fn, _ in walk_terms("DMTN").values())]
+  return jnp.stack(out)
+
+
+def test_jit_and_vmap_agree_with_eager():
+  q, k = qk(9, (2, 2, 6, 2, 3))
+  eager = np.stack([all_terms(q[i], k[i]) for i in range(2)])
+  np.testing.assert_allclose(jax.jit(jax.vmap(all_terms))(q, k), eager, rtol=1e-4, atol=1e-6)
+  np.testing.assert_allclose(jax.jit(all_terms)(q[0], k[0]), eager[0], rtol=1e-4, atol=1e-6)
+
+
+def test_sampled_heads_carry_their_own_coefficients():
+  """One sampled head of a per-head family gives that head's own term, and different keys pick different heads."""
+  q, k = qk(10, (2, 7, 3, 3))
+  beta, alpha = jnp.asarray([0.0, 0.5, 1.0]), jnp.asarray([1.0, 0.0, 0.3])
+  per_head = [float(reg.reversibility(q[:, :, h:h + 1], k[:, :, h:h + 1], beta=beta[h:h + 1], alpha=alpha[h:h + 1]))
+              for h in range(3)]
+  seen = set()
+  for seed in range(6):
+    qs, ks, bs, als = reg.sample(q, k, beta, alpha, jax.random.PRNGKey(seed), heads=1, sequences=2)
+    got = float(reg.reversibility(qs, ks, beta=bs, alpha=als))
+    match = [h for h in range(3) if abs(got - per_head[h]) < 1e-5]
+    assert len(match) == 1, (got, per_head)
+    seen.add(match[0])
+  assert len(seen) > 1
+  full = reg.sample(q, k, beta, alpha, jax.random.PRNGKey(0), heads=3)
+  assert full[0] is q and full[2] is beta
+
+
+# ----------------------------------------------------------------------------- the config and the hook
+
+def tiny_gpt():
+  return nn.GPT(nn.GPTConfig.from_depth(2, vocab_size=32, head_dim=8, width=16, operator="DMTN"), rngs=nnx.Rngs(0))
+
+
+def gpt_loss(m, b, r):
+  return optax.softmax_cross_entropy_with_integer_labels(m(b["tokens"][:, :-1]), b["tokens"][:, 1:]).mean(), {"n": 1.0}
+
+
+TOKENS = np.random.default_rng(0).integers(0, 32, (2, 13)).astype(np.int32)
+ALL = reg.Regularisers(curvature=0.5, reversibility=0.3, skew=0.2, mixing=0.4, isometry=0.1, curvature_target=2.0,
+                       gap_target=0.9, test_functions=2)
+
+
+def test_penalty_is_the_weighted_mean_over_layers():
+  model = tiny_gpt()
+  batch = {"tokens": jnp.asarray(TOKENS)}
+  (base, _), qks = nn.capture_qk(model, lambda: gpt_loss(model, batch, None))
+  rng = jax.random.PRNGKey(3)
+  loss, metrics = reg.regularised(ALL, gpt_loss)(model, batch, rng)
+  mods = nn.attention_modules(model)
+  layer = lambda fn: np.mean([fn(q, k, m) for (q, k), m in zip(qks, mods)])
+  want = {"reversibility": layer(lambda q, k, m: reg.reversibility(q, k, beta=0.0, alpha=1.0)),
+          "skew": layer(lambda q, k, m: reg.skew(q, k, beta=0.0, alpha=1.0)),
+          "mixing": layer(lambda q, k, m: reg.mixing(q, k, target=0.9, beta=0.0, alpha=1.0)),
+          "isometry": layer(lambda q, k, m: reg.isometry(m.wv[...], m.wo[...]))}
+  for term, value in want.items():
+    np.testing.assert_allclose(metrics[f"reg/{term}"], value, rtol=1e-5, err_msg=term)
+  assert float(metrics["reg/curvature"]) > 0 and metrics["n"] == 1.0
+  total = sum(getattr(ALL, t) * float(metrics[f"reg/{t}"]) for t in reg.TERMS)
+  np.testing.assert_allclose(loss, float(base) + total, rtol=1e-5)
+  assert reg.regularised(reg.Regularisers(), gpt_loss) is gpt_loss
+
+
+def test_train_step_with_the_hook():
+  """The regularised loss inside `train.make_step` (jit): the terms come back as metrics, finite, and
+  the step moves the weights differently from the plain loss."""
+  cfg = train.TrainConfig(steps=1, batch_size=2, progress=False)
+  batch = sharding.global_batch({"tokens": TOKENS}, sharding.make_mesh((1, 1, 1)))
+  out = {}
+  for name, fn in (("plain", gpt_loss), ("reg", reg.regularised(dataclasses.replace(ALL, heads=1), gpt_loss))):
+    graphdef, state, _ = train.init_state(tiny_gpt(), cfg, sharding.make_mesh((1, 1, 1)))
+    new, metrics = jax.jit(train.make_step(graphdef, fn, 0.0))(state, batch)
+    out[name] = (jax.tree.leaves(new["train"]), metrics)
+  metrics = out["reg"][1]
+  assert all(np.isfinite(float(metrics[f"reg/{t}"])) for t in reg.TERMS)
+  assert np.isfinite(float(metrics["grad_norm"])) and float(metrics["loss"]) > float(out["plain"][1]["loss"])
+  diff = [float(jnp.max(jnp.abs(a - b))) for a, b in zip(out["reg"][0], out["plain"][0])
+          if jnp.issubdtype(a.dtype, jnp.floating)]
+  assert max(diff) > 1e-6
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+  (dict(curvature=-0.1), "reg.curvature must be a weight ≥ 0"),
+  (dict(isometry=True), "reg.isometry must be a weight ≥ 0"),
+  (dict(mixing=float("nan")), "reg.mixing must be a weight ≥ 0"),
+  (dict(curvature=1.0, test_functions=0), "reg.test_functions must be an integer ≥ 1 when reg.curvature > 0"),
+  (dict(gap_target=0.0), "reg.gap_target must be a number in (0, 1]"),
+  (dict(tau=0.0), "reg.tau must be a positive time scale"),
+  (dict(reversibility_kind="kl"), "reg.reversibility_kind must be one of"),
+  (dict(heads=-1), "reg.heads must be an integer ≥ 0"),
+  (dict(sequences=1.5), "reg.sequences must be an integer ≥ 0"),
+])
+def test_bad_config_is_one_line(kwargs, needle):
+  with pytest.raises(ValueError) as err:
+    reg.Regularisers(**kwargs)
+  assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_no_test_functions_is_fine_without_the_curvature_term():
+  assert reg.Regularisers(reversibility=1.0, test_functions=0).active == ("reversibility",)
+
+
+def test_a_model_without_attention_or_with_too_few_heads_is_refused():
+  mlp = nnx.Linear(4, 4, rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match=r"^reg\.skew = 1\.0 asks for the attention walk, but the model has no attention layers$"):
+    reg.check_model(reg.Regularisers(skew=1.0), mlp)
+  assert reg.check_model(reg.Regularisers(), mlp) == []
+  with pytest.raises(ValueError, match=r"^reg\.heads must be ≤ the 2 heads of every attention layer; got 3$"):
+    reg.check_model(reg.Regularisers(skew=1.0, heads=3), tiny_gpt())
+  with pytest.raises(ValueError, match="kind must be one of"):
+    reg.reversibility(*qk(), kind="kl")
