@@ -1,4 +1,4 @@
-"""One process per run folder: an advisory lock on `workdir/.lock`.
+"""One process per run folder: an advisory lock on `workdir/.lock`; a refused run leaves nothing behind.
 
 `hold(workdir)` takes `fcntl.flock(LOCK_EX | LOCK_NB)` on `workdir/.lock` and writes the owner's
 `pid host` into it; while it is held, a hold from any other process raises `RunFolderBusy` (a
@@ -7,8 +7,17 @@
 * Re-entrant within a process: nested holds of one folder (by any spelling of its path) share the
   one lock, released when the outermost hold exits (the LM recipe holds it around `train.train`,
   which holds it again).
+* Nothing left behind: the outermost hold unlinks `.lock` before it lets the lock go, and removes the
+  folders it created (`workdir` and any missing parents) when they are empty then. A process that
+  opened the old `.lock` just before re-checks, once it has the lock, that the path still names the
+  file it locked, and starts again on the new one otherwise; so exactly one process holds a folder.
+* `hold(workdir, started=has_checkpoint)`: a block that starts a run. When it raises (a refusal such as
+  a full disk, Ctrl-C) while `started(workdir)` is false, every top-level entry it added to `workdir`
+  is removed (tokenizer/, lm.json, config.json, an empty ckpt/, metrics.jsonl, tb/ …): a run that never
+  reached its first checkpoint leaves the folder as it found it. Entries that were there stay.
 * A lock dies with its process (the kernel drops a flock when its last descriptor closes), so a
-  folder left by a killed run is simply taken over: the pid text is information, never checked.
+  folder left by a killed run (kill -9: no code runs, its `.lock` stays) is simply taken over: the pid
+  text is information, never checked.
 * The descriptor is not inherited across `exec` (Python's default), so a subprocess never keeps it.
 """
 from __future__ import annotations
@@ -16,18 +25,27 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shutil
 import socket
 import threading
 import time
+from typing import Callable
 
 LOCK_NAME = ".lock"
 
-_held: dict[str, list] = {}          # realpath → [descriptor, depth]
+_held: dict[str, list] = {}          # realpath → [descriptor, depth, folders this hold created]
 _guard = threading.Lock()
 
 
 class RunFolderBusy(ValueError):
   """Another process holds the run folder."""
+
+
+def has_checkpoint(workdir: str) -> bool:
+  """Whether `workdir/ckpt` holds a finished checkpoint step (`attngeo.checkpoint`: a folder named by its
+  step; an unfinished one carries a suffix)."""
+  ckpt = os.path.join(workdir, "ckpt")
+  return os.path.isdir(ckpt) and any(name.isdigit() for name in os.listdir(ckpt))
 
 
 def _owner(fd: int, tries: int = 20) -> str:
@@ -40,39 +58,107 @@ def _owner(fd: int, tries: int = 20) -> str:
   return "another process"
 
 
-def _acquire(workdir: str) -> int:
-  os.makedirs(workdir, exist_ok=True)
-  path = os.path.join(workdir, LOCK_NAME)
-  fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+def _missing(workdir: str) -> list[str]:
+  """`workdir` and its parents that do not exist, deepest first."""
+  out, path = [], os.path.abspath(workdir)
+  while not os.path.exists(path):
+    out.append(path)
+    path = os.path.dirname(path)
+  return out
+
+
+def _remove_empty(folders: list[str]) -> None:
+  """rmdir each folder (deepest first) while it is empty; the first one that is not (or is gone) stops it."""
+  for folder in folders:
+    try:
+      os.rmdir(folder)
+    except OSError:
+      return
+
+
+def _same_file(fd: int, path: str) -> bool:
   try:
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-  except BlockingIOError:
-    owner = _owner(fd)
-    os.close(fd)
-    raise RunFolderBusy(f"run folder {workdir} is in use by {owner} ({path}); "
-                        f"wait for it or use another --out") from None
-  except BaseException:
-    os.close(fd)
-    raise
+    st = os.stat(path)
+  except FileNotFoundError:
+    return False
+  own = os.fstat(fd)
+  return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
+
+
+def _acquire(workdir: str) -> int:
+  """A descriptor of `workdir/.lock`, locked by this process, the path still naming it; else `RunFolderBusy`."""
+  path = os.path.join(workdir, LOCK_NAME)
+  while True:
+    os.makedirs(workdir, exist_ok=True)
+    try:
+      fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except FileNotFoundError:                  # the folder was removed by a holder that just left: again
+      continue
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      owner = _owner(fd)
+      os.close(fd)
+      raise RunFolderBusy(f"run folder {workdir} is in use by {owner} ({path}); "
+                          f"wait for it or use another --out") from None
+    except BaseException:
+      os.close(fd)
+      raise
+    if _same_file(fd, path):
+      break
+    os.close(fd)                               # locked a file its holder unlinked on leaving: again
   os.ftruncate(fd, 0)
   os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
   return fd
 
 
+def _release(folder: str, entry: list) -> None:
+  with contextlib.suppress(FileNotFoundError):
+    os.unlink(os.path.join(folder, LOCK_NAME))        # ours while we hold the lock
+  os.close(entry[0])
+  _remove_empty(entry[2])
+
+
+def _remove_added(workdir: str, before: set[str]) -> None:
+  """Remove the top-level entries of `workdir` that are not in `before` (the lock file aside)."""
+  for name in sorted(set(os.listdir(workdir)) - before - {LOCK_NAME}):
+    path = os.path.join(workdir, name)
+    if os.path.isdir(path) and not os.path.islink(path):
+      shutil.rmtree(path)
+    else:
+      os.remove(path)
+
+
 @contextlib.contextmanager
-def hold(workdir: str):
-  """Hold `workdir` (created if absent) for this process; `RunFolderBusy` if another process does."""
+def hold(workdir: str, started: Callable[[str], bool] | None = None):
+  """Hold `workdir` (created if absent) for this process; `RunFolderBusy` if another process does.
+
+  With `started`, a block that raises while `started(workdir)` is false has the top-level entries it
+  added to `workdir` removed first. On leaving the outermost hold, `.lock` and the folders it created
+  (when empty) are removed."""
   key = os.path.realpath(workdir)
   with _guard:
     entry = _held.get(key)
     if entry is None:
-      entry = _held[key] = [_acquire(workdir), 0]
+      created = _missing(workdir)
+      try:
+        entry = [_acquire(workdir), 0, created]
+      except BaseException:
+        _remove_empty(created)
+        raise
+      _held[key] = entry
     entry[1] += 1
   try:
-    yield
+    before = set(os.listdir(workdir)) if started is not None else None
+    try:
+      yield
+    except BaseException:
+      if started is not None and not started(workdir):
+        _remove_added(workdir, before)
+      raise
   finally:
     with _guard:
       entry[1] -= 1
       if entry[1] == 0:
         del _held[key]
-        os.close(entry[0])
+        _release(key, entry)
