@@ -131,7 +131,8 @@ def train(cfg: LMConfig, out: str, hooks=(), desc: str = "lm") -> dict:
   Every check comes first and nothing is written before they all pass: the config (`check`), then,
   for a folder that holds a run, its tokenizer, corpus and configs (`check_folder`) — a refused
   resume leaves every file as it was. The folder is then held (`attngeo.runlock`: one process per
-  run folder), checked again, and lm.json, tokenizer/ and corpus.json are written.
+  run folder), checked again, and lm.json, tokenizer/ and corpus.json are written; if the run fails
+  before its first checkpoint step (a full disk, Ctrl-C), every file it added is removed again.
   """
   from flax import nnx
 
@@ -147,7 +148,7 @@ def train(cfg: LMConfig, out: str, hooks=(), desc: str = "lm") -> dict:
   for split in ("train", "val"):
     corpus.rows(split, cfg.seq_len)              # each split holds a row (a one-line ValueError if not)
   check_folder(out, tok, corpus, tcfg, mcfg)
-  with runlock.hold(out):
+  with runlock.hold(out, started=runlock.has_checkpoint):
     check_folder(out, tok, corpus, tcfg, mcfg)
     if not os.path.exists(os.path.join(out, "tokenizer", tok_lib.FILE)):
       tok.save(os.path.join(out, "tokenizer"))
