@@ -94,3 +94,85 @@ def test_commands_that_write_outside_the_trainer_hold_their_whole_out_folder(hol
   before = sorted(os.listdir(wd))
   assert cli.main([wd if a == "RUN" else a for a in argv]) == 2
   assert f"is in use by pid {proc.pid}" in capsys.readouterr().err and sorted(os.listdir(wd)) == before
+
+
+# ----------------------------------------------------------------------------- nothing left behind
+
+def test_a_hold_leaves_no_lock_file_and_removes_the_folders_it_created(tmp_path):
+  """The outermost hold left `.lock` (and the folders it made) in a folder the command never wrote."""
+  wd = str(tmp_path / "a" / "b" / "run")
+  with runlock.hold(wd):
+    assert os.listdir(wd) == [".lock"]
+  assert os.listdir(tmp_path) == []
+  os.makedirs(os.path.join(wd, "kept"))
+  with runlock.hold(wd):
+    with runlock.hold(wd + "/"):
+      pass
+    assert os.path.exists(os.path.join(wd, ".lock"))                # the outer hold still owns it
+  assert os.listdir(wd) == ["kept"]
+
+
+@pytest.mark.parametrize("error", [ValueError("refused: disk full"), KeyboardInterrupt()])
+def test_a_run_that_fails_before_its_first_checkpoint_leaves_the_folder_as_it_found_it(tmp_path, error):
+  wd = tmp_path / "run"
+  (wd / "notes").mkdir(parents=True)
+  (wd / "notes" / "mine.txt").write_text("kept")
+  with pytest.raises(type(error)):
+    with runlock.hold(str(wd), started=runlock.has_checkpoint):
+      (wd / "tokenizer").mkdir()
+      (wd / "lm.json").write_text("{}")
+      (wd / "ckpt" / "2.orbax-checkpoint-tmp-1").mkdir(parents=True)    # an unfinished step is no start
+      raise error
+  assert sorted(os.listdir(wd)) == ["notes"] and (wd / "notes" / "mine.txt").read_text() == "kept"
+  with pytest.raises(ValueError):                                        # with a finished step, all stays
+    with runlock.hold(str(wd), started=runlock.has_checkpoint):
+      (wd / "ckpt" / "2").mkdir(parents=True)
+      (wd / "metrics.jsonl").write_text("")
+      raise ValueError("disk full at step 4")
+  assert sorted(os.listdir(wd)) == ["ckpt", "metrics.jsonl", "notes"]
+
+
+CONTENDER = """
+import os, sys
+from attngeo import runlock
+wd, inside, tries = sys.argv[1], os.path.join(sys.argv[1], "..", "inside"), 0
+for _ in range(int(sys.argv[2])):
+  try:
+    with runlock.hold(wd):
+      fd = os.open(inside, os.O_CREAT | os.O_EXCL | os.O_WRONLY)      # fails if another process is inside too
+      os.close(fd)
+      os.remove(inside)
+  except runlock.RunFolderBusy:
+    tries += 1
+print(tries)
+"""
+
+
+def test_removing_the_lock_file_still_lets_one_process_in_at_a_time(tmp_path):
+  """Holders unlink `.lock` as they leave: a process that locked the unlinked file must start again."""
+  wd = str(tmp_path / "run")
+  procs = [subprocess.Popen([sys.executable, "-c", CONTENDER, wd, "300"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True) for _ in range(3)]
+  outs = [p.communicate(timeout=120) for p in procs]
+  assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outs]
+  assert not os.path.exists(wd) or os.listdir(wd) == []          # no .lock left by any of them
+
+
+def test_lm_train_refused_at_a_full_disk_before_its_first_step_writes_nothing(tmp_path, monkeypatch, capsys):
+  """A full disk when the checkpoints are opened left tokenizer/, lm.json, corpus.json and .lock in a run
+  folder that never held a step (`lm eval` then failed on it). Now the folder is not left at all."""
+  from attngeo import checkpoint
+  from attngeo.experiments import lm as lm_cmd
+  out = str(tmp_path / "runs" / "lm")
+
+  def full(workdir, *args, **kwargs):
+    raise checkpoint.disk_full(workdir, 10**9, "the checkpoint folder")
+  monkeypatch.setattr(checkpoint, "manager", full)
+  argv = ["train", "--data", "pydoc", "--depth", "1", "--width", "32", "--head-dim", "16", "--seq-len", "64",
+          "--train.batch-size", "2", "--train.steps", "1", "--train.progress", "false", "--no-eval",
+          "--data-dir", str(tmp_path / "data"), "--out", out]
+  with pytest.raises(SystemExit) as e:
+    lm_cmd.main(argv)
+  err = capsys.readouterr().err.strip().splitlines()
+  assert e.value.code == 2 and len(err) == 1 and "no space left on the device" in err[0], err
+  assert not os.path.exists(tmp_path / "runs")
