@@ -52,7 +52,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attngeo import _checks, hermitian_kernel, kernels
+from attngeo import _checks, kernels
 
 # Named corners (β, α) of the operator square.
 ATTN = (1.0, 1.0)
@@ -101,6 +101,30 @@ def _coefficient(name: str, x, heads: int):
     raise ValueError(f"{name} must be a scalar or a per-head array of shape [{heads}]; got shape {x.shape}")
   _checks.check_unit_interval(name, x)
   return x
+
+
+def _check_values(k, v, *, pairs: bool):
+  """v [b, n, h, e] beside k [b, n, h, d]: floating, finite; e even when its channels pair into complex values."""
+  _checks.check_rank("v", v, 4, "[batch, seq, heads, value_dim]")
+  _checks.check_floating("v", v)
+  if v.shape[:3] != k.shape[:3]:
+    raise ValueError(f"v must be [b, n, h, e] matching k's {k.shape[:3]}; got {v.shape}")
+  if pairs and v.shape[-1] % 2:
+    raise ValueError(f"v's last axis must be even (channel pairs (2c, 2c+1) are complex values); got {v.shape[-1]}")
+  _checks.check_finite("v", v)
+
+
+def _arguments(q, k, v, *, beta, mask, scale, pairs: bool = False):
+  """The checks every transport shares (`transport`, `magnetic_transport`, `magnetic_arguments`), in one
+  place: q, k [b, n, h, d] (and v, unless None), at least one token and one channel, the mask, β and the
+  scale. Returns the validated `(mask, beta, scale)`; one line naming the argument otherwise."""
+  _check_qk(q, k)
+  if v is not None:
+    _check_values(k, v, pairs=pairs)
+  b, n, h, d = q.shape
+  if n == 0 or d == 0:
+    raise ValueError(f"q, k, v need at least one token and one channel; got [b, n, h, d] = {q.shape}")
+  return _check_mask(mask, b, h, n, n), _coefficient("beta", beta, h), _scale(scale, d)
 
 
 def _check_mask(mask, b, h, t, s):
@@ -191,7 +215,7 @@ def _far_tokens(q, k, scale: float):
 def _isolate(aug: Augmented, far) -> Augmented:
   """Distance-form heads with the far tokens cut out: zero heads and the kernels' `_NEG` key bias."""
   cut = far[..., None]
-  return Augmented(jnp.where(cut, 0, aug.q), jnp.where(cut, 0, aug.k), jnp.where(far, kernels._NEG, aug.bias))
+  return Augmented(jnp.where(cut, 0, aug.q), jnp.where(cut, 0, aug.k), jnp.where(far, kernels.NEG, aug.bias))
 
 
 def _own_values(y, v, far, mask):
@@ -222,24 +246,15 @@ def transport(q, k, v, *, beta=1.0, alpha=1.0, causal: bool = False, mask=None, 
     causal: lower-triangular mask (i attends to j ≤ i).
     mask: optional bool, broadcastable to [b, h, n, n]; True = attend.
     scale: logit scale s; default 1/√d.
-    implementation: "einsum" | "xla" | "cudnn" | "blockwise" | None (fastest for the backend).
+    implementation: "einsum" | "xla" | "cudnn" | "blockwise" | None (the dispatcher's choice for the
+      backend and length, `kernels.choose`); passed through to the kernel.
   Returns:
     [b, n, h, e], `P` never materialised on the fused/blockwise paths. At β = α = 0 (DMAP, Python
     floats) a token with ¼ s‖m‖² ≥ 2^110, whose logits float32 cannot form, is isolated: its row is
     its own value, its key weighs 0 in the other rows (`_FAR`; NaN if the mask hides its own key).
   """
-  _check_qk(q, k)
-  _checks.check_rank("v", v, 4, "[batch, seq, heads, value_dim]")
-  _checks.check_floating("v", v)
-  if v.shape[:3] != k.shape[:3]:
-    raise ValueError(f"v must be [b, n, h, e] matching k's {k.shape[:3]}; got {v.shape}")
-  _checks.check_finite("v", v)
-  b, n, h, d = q.shape
-  if n == 0 or d == 0:
-    raise ValueError(f"q, k, v need at least one token and one channel; got [b, n, h, d] = {q.shape}")
-  mask = _check_mask(mask, b, h, n, n)
-  beta, alpha = _coefficient("beta", beta, h), _coefficient("alpha", alpha, h)
-  scale = _scale(scale, d)
+  mask, beta, scale = _arguments(q, k, v, beta=beta, mask=mask, scale=scale)
+  alpha = _coefficient("alpha", alpha, q.shape[2])
   aug = augment(q, k, beta=beta, alpha=alpha, scale=scale)
   far = _far_tokens(q, k, scale) if _is_distance_form(beta, alpha) else None
   if far is not None:
@@ -328,9 +343,8 @@ def rownorm(full, *, causal: bool = False, mask=None):
 
 MAGNETIC = ("CMAP",)
 # Kernels of the magnetic operator: the one-sided phase kernels, and at β = 0 (no mask, not causal) the
-# Hermitian pairing `attngeo.hermitian_kernel`, which computes each unordered token pair once.
-MAGNETIC_ONLY = ("paired",)
-MAGNETIC_IMPLEMENTATIONS = kernels.PHASE_IMPLEMENTATIONS + MAGNETIC_ONLY
+# Hermitian pairing `attngeo.kernels.paired`, which computes each unordered token pair once.
+MAGNETIC_IMPLEMENTATIONS = kernels.KERNELS["magnetic"]
 
 
 def is_magnetic(operator) -> bool:
@@ -357,16 +371,6 @@ def _coupling(x, heads: int):
   return x
 
 
-def _check_magnetic_values(k, v):
-  _checks.check_rank("v", v, 4, "[batch, seq, heads, value_dim]")
-  _checks.check_floating("v", v)
-  if v.shape[:3] != k.shape[:3]:
-    raise ValueError(f"v must be [b, n, h, e] matching k's {k.shape[:3]}; got {v.shape}")
-  if v.shape[-1] % 2:
-    raise ValueError(f"v's last axis must be even (channel pairs (2c, 2c+1) are complex values); got {v.shape[-1]}")
-  _checks.check_finite("v", v)
-
-
 def phase_heads(q, k):
   """Phase heads `(qt, kt) = ([q, k], [k, −q])` [b, n, h, 2d]: `qt_i·kt_j = q_i·k_j − k_i·q_j`."""
   return jnp.concatenate([q, k], -1), jnp.concatenate([k, -q], -1)
@@ -374,9 +378,8 @@ def phase_heads(q, k):
 
 def magnetic_arguments(q, k, *, beta=0.0, coupling=1.0, scale=None, mask=None):
   """Validated `(beta, coupling, scale, mask)` of the magnetic operator on q, k [b, n, h, d] (one-line errors)."""
-  _check_qk(q, k)
-  b, n, h, d = q.shape
-  return _coefficient("beta", beta, h), _coupling(coupling, h), _scale(scale, d), _check_mask(mask, b, h, n, n)
+  mask, beta, scale = _arguments(q, k, None, beta=beta, mask=mask, scale=scale)
+  return beta, _coupling(coupling, q.shape[2]), scale, mask
 
 
 def magnetic_transport(q, k, v, *, beta=0.0, coupling=1.0, causal: bool = False, mask=None, scale=None,
@@ -390,32 +393,24 @@ def magnetic_transport(q, k, v, *, beta=0.0, coupling=1.0, causal: bool = False,
     coupling: γ, scalar or per-head [h], any finite real; 0 gives exactly `transport(..., alpha=0)`
       (on the paired kernel, to float32 rounding).
     causal, mask, scale: as in `transport`.
-    implementation: "einsum" | "blockwise" | "paired" | None (einsum below 512 keys, else blockwise).
-      "paired" (`attngeo.hermitian_kernel`) needs β = 0 as a Python float, no mask and causal=False;
+    implementation: "einsum" | "blockwise" | "paired" | None (`kernels.choose`: einsum below 512 keys, else
+      blockwise).
+      "paired" (`attngeo.kernels.paired`) needs β = 0 as a Python float, no mask and causal=False;
       a call with far tokens (as in `transport`) runs on the one-sided blockwise kernel instead.
-    block_size: the blockwise kernel's block, or the paired kernel's tile bound (`hermitian_kernel.tiling`);
+    block_size: the blockwise kernel's block, or the paired kernel's tile bound (`kernels.tiling`);
       default 512.
   Returns:
     [b, n, h, e] in v's dtype (float32 accumulation); the phase matrix never exists beyond a block
     on the blockwise path. A row whose keys are all masked is 0. At β = 0 far tokens are isolated
     as in `transport` (θ_ii = 0: their rows are their own values).
   """
-  _check_qk(q, k)
-  _check_magnetic_values(k, v)
-  b, n, h, d = q.shape
-  if n == 0 or d == 0:
-    raise ValueError(f"q, k, v need at least one token and one channel; got [b, n, h, d] = {q.shape}")
-  if implementation not in (None,) + MAGNETIC_IMPLEMENTATIONS:
-    raise ValueError(f"implementation must be one of {MAGNETIC_IMPLEMENTATIONS} or None for the magnetic "
-                     f"operator; got {implementation!r}")
-  mask = _check_mask(mask, b, h, n, n)
-  beta, coupling = _coefficient("beta", beta, h), _coupling(coupling, h)
-  scale = _scale(scale, d)
+  mask, beta, scale = _arguments(q, k, v, beta=beta, mask=mask, scale=scale, pairs=True)
+  coupling = _coupling(coupling, q.shape[2])
   block_size = 512 if block_size is None else block_size
-  if implementation == "paired":
+  if kernels.choose("magnetic", implementation, q.shape[1]) == "paired":
     _check_paired(beta, mask, causal, block_size)
     one_sided = lambda: _phase_transport(q, k, v, beta, coupling, causal, None, scale, "blockwise", block_size)
-    paired = lambda: hermitian_kernel.paired_magnetic(q, k, v, coupling, scale=scale, block_size=int(block_size))
+    paired = lambda: kernels.paired_magnetic(q, k, v, coupling, scale=scale, block_size=int(block_size))
     return jax.lax.cond(jnp.any(_far_tokens(q, k, scale)), one_sided, paired)      # far tokens: the one-sided kernel
   if isinstance(coupling, float) and coupling == 0.0:
     return transport(q, k, v, beta=beta, alpha=0.0, causal=causal, mask=mask, scale=scale,

@@ -17,7 +17,7 @@ three quarters of the machine's memory (dense CMAP at 4096 keys, 21 GiB) is not 
 so, with the memory it would need. `--implementations` restricts the kernels (the ratios are then
 to the fastest ATTN among them). CMAP, the magnetic operator
 (`operators.magnetic_transport`, coupling 1, β = 0), runs on its own kernels (einsum, blockwise and
-the Hermitian pairing "paired", which computes each unordered token pair once: `attngeo.hermitian_kernel`);
+the Hermitian pairing "paired", which computes each unordered token pair once: `attngeo.kernels.paired`);
 the note under the table gives its ratio to ATTN per sequence length. `--long N` adds the blockwise
 path at batch 1, seq N, where a materialised P alone would need b·h·N²·4 bytes. Writes
 bench_operators.{md,csv,json}.

@@ -1,4 +1,5 @@
-"""attngeo.operators: every kernel and (β, α) against the dense reference and the closed forms."""
+"""attngeo.operators: every (β, α) on every kernel against the dense reference and the closed forms
+(the kernels on their own: tests/test_kernels.py)."""
 import math
 
 import jax
@@ -6,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attngeo import kernels, operators as op
+from attngeo import operators as op
 from helpers import distance_form_reference, huge_and_plain_tokens
 
 B, N, H, D = 2, 33, 3, 8
@@ -190,33 +191,6 @@ def test_rows_emptied_by_the_mask_and_the_causal_order_together_are_zero(key_mas
     np.testing.assert_allclose(out, jnp.einsum("bhij,bjhe->bihe", p, v), **tol(impl, 3e-6, 1e-5))
 
 
-def test_a_key_mask_keeps_the_blockwise_kernels_o_n():
-  """A key-padding mask [b, 1, 1, s] under causality is sliced per block, never broadcast to [b, 1, t, s]:
-  the compiled backward's temporaries stay below the t·s bytes a materialised mask would take (it held
-  one, as a residual, before)."""
-  n = 4096
-  x = jnp.ones((1, n, 1, 8))
-  mask = jnp.ones((1, 1, 1, n), bool).at[..., :5].set(False)
-  for fn in (lambda q, k, v: kernels.attention(q, k, v, mask=mask, causal=True, implementation="blockwise",
-                                               block_size=512),
-             lambda q, k, v: op.magnetic_transport(q, k, v, mask=mask, causal=True, implementation="blockwise",
-                                                   block_size=512)):
-    compiled = jax.jit(jax.grad(lambda q, k, v: fn(q, k, v).sum(), (0, 1, 2))).lower(x, x, x).compile()
-    assert compiled.memory_analysis().temp_size_in_bytes < n * n           # 16 MiB; 3.8 (ATTN), 9.5 (CMAP)
-  with pytest.raises(ValueError, match=r"mask must be 4-D, broadcastable to \[b, h, t, s\]"):
-    kernels.attention(x, x, x, mask=jnp.ones((n, n), bool))
-
-
-@pytest.mark.parametrize("shape", [(2, 3, 7, 5), (2, 1, 1, 5), (1, 3, 7, 1), (2, 3, 1, 5)])
-@pytest.mark.parametrize("causal", [False, True])
-def test_attended_rows_against_a_brute_force_count(shape, causal):
-  """t = 7 queries, s = 5 keys (t ≠ s: the causal order is top-left aligned, key j ≤ query i)."""
-  t, s = 7, 5
-  mask = np.asarray(jax.random.bernoulli(jax.random.PRNGKey(sum(shape)), 0.3, shape))
-  full = np.broadcast_to(mask, shape[:2] + (t, s)) & (np.tril(np.ones((t, s), bool)) if causal else True)
-  np.testing.assert_array_equal(kernels.attended_rows(jnp.asarray(mask), causal, t, s), full.any(-1))
-
-
 def test_checked_mode_turns_nan_and_bad_coefficients_under_jit_into_errors():
   from attngeo import _checks
   q, k, v = qkv(12)
@@ -295,8 +269,3 @@ def test_bad_shapes_and_values():
   with pytest.raises(ValueError, match="operator must be one of"):
     op.corner("softmax")
 
-
-def test_default_kernel_follows_the_benchmark_on_cpu():
-  if jax.default_backend() != "cpu":
-    pytest.skip("CPU rule")
-  assert kernels.default_implementation(256) == "einsum" and kernels.default_implementation(1024) == "blockwise"

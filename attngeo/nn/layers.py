@@ -240,13 +240,14 @@ class Attention(nnx.Module):
     if self.capture:
       self.sow(nnx.Intermediate, "qk", (q, k))
     beta, alpha = self.coefficients()
+    # The layer's kernel setting outlives a graft across the family/CMAP line: the dispatcher keeps it where
+    # it names a kernel of this operator's kind and takes its default otherwise (strict=False).
+    impl = kernels.choose("magnetic" if self.magnetic else "softmax", self.implementation, k.shape[1], strict=False)
     if self.magnetic:
       coupling = self.coupling[...] if self.learnable_operator else self.coupling
-      impl = self.implementation if self.implementation in operators.MAGNETIC_IMPLEMENTATIONS else None
       y = operators.magnetic_transport(q, k, v, beta=beta, coupling=coupling, causal=self.causal, mask=mask,
                                        implementation=impl)
     else:
-      impl = None if self.implementation in operators.MAGNETIC_ONLY else self.implementation
       y = operators.transport(q, k, v, beta=beta, alpha=alpha, causal=self.causal, mask=mask, implementation=impl)
     out = jnp.einsum("bnhk,hkd->bnd", y, self.wo[...].astype(self.dtype))
     return out + self.bo[...].astype(self.dtype) if self.out_bias else out

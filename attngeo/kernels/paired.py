@@ -17,7 +17,7 @@ once.
 
 Cost, in units of one n × n product 64 wide (head dim 64): a pair tile costs 21 per unit of area (7
 forward: G's Gram 1, θ 2, the two value products 4; 14 backward: B 4, dv 4, the m, n gradients 6), a
-diagonal tile 15 (as `kernels._dense_phase`), ATTN 6 (dense) or 7 (blockwise, recomputing). With T
+diagonal tile 15 (as `phase._dense_phase`), ATTN 6 (dense) or 7 (blockwise, recomputing). With T
 tiles the pair tiles cover (T − 1)/(2T) of the n² entries and the diagonal tiles 1/T: 12.75 units at
 T = 2 (1024 keys, tiles of 512); at T = 4 and 8 (2048, 4096 keys), where the backward recomputes the
 pair tiles (3 more per unit of their area), 12.75 and 12.4 — against the one-sided kernels' 15
@@ -37,7 +37,7 @@ in the realified layout `[re, im]`:
     dc = Σ_ij Θ_ij (n_i·m_j − m_i·n_j) = Σ_i n_i·(Θ m_B)_i − m_i·(Θ n_B)_i      (O(n·d)).
 
 Numerics: G ≤ 1 and G_ii = 1 (enforced against rounding, `_block`), so D_i ≥ 1 — no stabiliser, no
-overflow, no empty row. θ goes through `kernels.sincos`, float32-accurate for |θ| ≤ 1e3. Everything runs
+overflow, no empty row. θ goes through `phase.sincos`, float32-accurate for |θ| ≤ 1e3. Everything runs
 in float32 (16-bit inputs are upcast; the output is cast to v's dtype). Scope: β = 0, no mask, not
 causal — a causal walk pairs nothing (its key j never sees query i > j); those calls take the
 one-sided kernels. Memory is O(n·t): the diagonal tiles keep G, C = G cos θ and S = G sin θ for the
@@ -54,7 +54,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attngeo.kernels import _join_pairs, _split_pairs, sincos
+from attngeo.kernels.phase import join_pairs, sincos, split_pairs
 
 _dot = functools.partial(jnp.einsum, preferred_element_type=jnp.float32)
 
@@ -162,7 +162,7 @@ def _column_grads(phi, th, mA_t, nA_t, mB_t, hs, cc):
 
 
 def _tile_coupling_grad(mA, nA, th_m, th_n):
-  """dc of a tile [B′]: Σ_ij Θ_ij (n_i·m_j − m_i·n_j) = Σ_i n_i·(Θ m_B)_i − m_i·(Θ n_B)_i (as `kernels._coupling_grad`,
+  """dc of a tile [B′]: Σ_ij Θ_ij (n_i·m_j − m_i·n_j) = Σ_i n_i·(Θ m_B)_i − m_i·(Θ n_B)_i (as `phase._coupling_grad`,
   from the products the gradients already made)."""
   return jnp.sum(nA * th_m - mA * th_n, (1, 2))
 
@@ -172,7 +172,7 @@ def _forward(m, nn, v, c, s, block_size):
   tiles' [P, B, t, t], from m, nn [B, n, d], v [B, n, e] (interleaved pairs), c [B]."""
   bb, n, e = v.shape
   tiles, t = tiling(n, block_size)
-  va, vb = _split_pairs(v)
+  va, vb = split_pairs(v)
   p, q = _phase_heads(m, nn)
   diag = lambda x: x.reshape(bb * tiles, t, x.shape[-1])
   blocks = _block(diag(m), diag(m), diag(p), diag(q), jnp.repeat(c, tiles), s, diagonal=True)
@@ -213,7 +213,7 @@ def _paired_bwd(s, block_size, res, dy):
   bb, n, e = v.shape
   tiles, t = tiling(n, block_size)
   hs = 0.5 * s
-  va, vb = _split_pairs(v)
+  va, vb = split_pairs(v)
   gy = dy / den[..., None]
   gd = -jnp.sum(gy * y, -1)
   gr = _rotate(gy)
@@ -230,7 +230,7 @@ def _paired_bwd(s, block_size, res, dy):
   dv = _swap(_columns(cm, sm, _swap(gD), _swap(rD))).reshape(bb, n, e)
   dc = _tile_coupling_grad(mD, nD, th_m, th_n).reshape(bb, tiles).sum(1)
   if tiles == 1:
-    return dm, dnn, _join_pairs(dv), dc
+    return dm, dnn, join_pairs(dv), dc
   # Pair tiles, both sides: B_ij = conj(gY_i)·v_j + gY_j·conj(v_i) as [g, va]·[va, g] + i [g, vb]·[−vb, g].
   lr, rr = jnp.concatenate([gy, va], -1), jnp.concatenate([va, gy], -1)
   li, ri = jnp.concatenate([gy, vb], -1), jnp.concatenate([-vb, gy], -1)
@@ -258,7 +258,7 @@ def _paired_bwd(s, block_size, res, dy):
   zeros_t = lambda x: jnp.zeros((bb, x.shape[-1], n), jnp.float32)
   carry = (dm, dnn, dv, zeros_t(m), zeros_t(nn), zeros_t(dv), dc)
   (dm, dnn, dv, dm_k, dn_k, dv_k, dc), _ = jax.lax.scan(pair, carry, (pair_tasks(tiles), pairs))
-  return dm + _swap(dm_k), dnn + _swap(dn_k), _join_pairs(dv + _swap(dv_k)), dc
+  return dm + _swap(dm_k), dnn + _swap(dn_k), join_pairs(dv + _swap(dv_k)), dc
 
 
 _paired.defvjp(_paired_fwd, _paired_bwd)
@@ -282,4 +282,4 @@ def paired_magnetic(q, k, v, coupling, *, scale: float, block_size: int = 512):
   m, nn = (qf + kf) * (1 / math.sqrt(2)), (qf - kf) * (1 / math.sqrt(2))
   c = jnp.broadcast_to(jnp.asarray(coupling, jnp.float32) * (0.5 * scale), (h,))
   y = _paired(m, nn, vf, jnp.tile(c, b), scale, block_size)
-  return jnp.transpose(_join_pairs(y).reshape(b, h, n, e), (0, 2, 1, 3)).astype(v.dtype)
+  return jnp.transpose(join_pairs(y).reshape(b, h, n, e), (0, 2, 1, 3)).astype(v.dtype)

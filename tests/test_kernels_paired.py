@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attngeo import hermitian_kernel as hk
+from attngeo.kernels import paired as hk
 from attngeo import operators as op
 from test_magnetic import B, H, dense_out, qkv, reference
 

@@ -1,0 +1,29 @@
+"""Attention kernels: `softmax(scale·q·kᵀ + bias_j, masked)·v` and the magnetic operator's phase kernels.
+
+Every operator of `attngeo.operators` and every matrix-free geometry operator runs on these, behind
+one dispatcher (`choose`: a kernel by name, else by backend and length — the only place that
+chooses; callers pass `implementation` through):
+
+* `softmax` — `attention` (einsum, XLA/cuDNN fused SDPA, blockwise with a recomputing custom VJP) and
+  `log_normaliser`; the derivation of the blockwise backward in its docstring.
+* `phase` — `phase_attention`, `y_i = Σ_j P_ij e^{iθ_ij} v_j` (CMAP's one-sided kernels: einsum and
+  blockwise, both custom VJPs), and `sincos`.
+* `paired` — `paired_magnetic`, CMAP at β = 0 on its Hermitian pairing (each unordered token pair once).
+* `_blocks` — what they share: the mask conventions (`NEG`, `apply_masks`, `attended_rows`; a fully
+  masked row is 0 on every kernel), the blockwise tiling and the one online-softmax scan.
+* `dispatch` — `choose`, `KERNELS` and the default rule.
+
+Layout of `jax.nn.dot_product_attention`: q `[b, t, h, d]`, k `[b, s, h, d]`, v `[b, s, h, e]`; a
+per-key bias `[b, s, h]`; masks broadcastable to `[b, h, t, s]` (True = attend). Logits and softmax
+accumulate in float32 whatever the input dtype.
+"""
+from attngeo.kernels._blocks import NEG, apply_masks, attended_rows
+from attngeo.kernels.dispatch import (BLOCKWISE_FROM, IMPLEMENTATIONS, KERNELS, PHASE_IMPLEMENTATIONS, choose,
+                                      default_implementation)
+from attngeo.kernels.paired import levels, pair_tasks, paired_magnetic, tiling
+from attngeo.kernels.phase import phase_attention, sincos
+from attngeo.kernels.softmax import attention, log_normaliser
+
+__all__ = ["BLOCKWISE_FROM", "IMPLEMENTATIONS", "KERNELS", "NEG", "PHASE_IMPLEMENTATIONS", "apply_masks",
+           "attended_rows", "attention", "choose", "default_implementation", "levels", "log_normaliser",
+           "pair_tasks", "paired_magnetic", "phase_attention", "sincos", "tiling"]

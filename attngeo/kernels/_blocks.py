@@ -1,0 +1,176 @@
+"""What every kernel shares: the mask conventions and the blockwise kernels' tiling and online softmax.
+
+Masks are boolean, broadcastable to `[b, h, t, s]` (True = attend); the causal order is top-left
+aligned (key j ≤ query i). Masked logits are set to `NEG`, a finite "minus infinity", so a fully
+masked row stays NaN-free; such a row has no distribution and every kernel returns 0 for it
+(`zero_empty_rows`), not the mean of v.
+
+The blockwise kernels work head-major, `[b, h, n, ·]`, on lengths padded to whole blocks (`tile`):
+padded queries are dropped at the end, padded keys get the key bias `NEG`. Their forward is one
+online softmax over key blocks (`online_softmax`): per query row a running max `m`, normaliser `l`
+and output `o ← o·e^{m−m'} + Σ_j e^{s_j−m'}·(values)_j`, and the saved `lse = m + log l` from which
+the backward recomputes each block of P. Never more than one block of P exists: O(n) memory.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+NEG = -1e30  # finite "minus infinity": fully masked rows stay NaN-free.
+
+
+def apply_masks(s, mask, causal, q_offset=0, k_offset=0):
+  """Logits s [..., t, n] with the masked entries (mask False, or key > query when causal) set to `NEG`."""
+  if causal:
+    t, n = s.shape[-2], s.shape[-1]
+    qi = q_offset + jnp.arange(t)[:, None]
+    kj = k_offset + jnp.arange(n)[None, :]
+    s = jnp.where(kj <= qi, s, NEG)
+  if mask is not None:
+    s = jnp.where(mask, s, NEG)
+  return s
+
+
+def attended_rows(mask, causal, t, s):
+  """[b|1, h|1, t] bool: query rows left with at least one key by `mask` (rank 4, broadcastable to
+  [b, h, t, s]) and, when causal, by `j ≤ i`. O(s) work for a key mask of shape [·, ·, 1, s]."""
+  if mask.shape[2] == 1:
+    seen = jnp.cumsum(jnp.broadcast_to(mask[:, :, 0, :], mask.shape[:2] + (s,)), -1) > 0   # a key ≤ j attended
+    rows = jnp.minimum(jnp.arange(t), s - 1) if causal else jnp.full((t,), s - 1)
+    return seen[..., rows]
+  m = jnp.broadcast_to(mask, mask.shape[:2] + (t, s))
+  if causal:
+    m = m & (jnp.arange(s)[None, :] <= jnp.arange(t)[:, None])
+  return jnp.any(m, -1)
+
+
+def check_mask(mask):
+  """A kernel's mask must be 4-D (broadcastable to [b, h, t, s]); one line otherwise."""
+  if mask is not None and jnp.ndim(mask) != 4:
+    raise ValueError(f"mask must be 4-D, broadcastable to [b, h, t, s]; got shape {jnp.shape(mask)}")
+
+
+def check_block_size(block_size) -> int:
+  if int(block_size) < 1:
+    raise ValueError(f"block_size must be a positive integer; got {block_size}")
+  return int(block_size)
+
+
+def zero_empty_rows(out, mask, causal, s):
+  """`out` [b, t, h, e] with the query rows that have none of the s keys (the mask and the causal order
+  together leave none) set to 0: the kernels' common convention. A causal order alone leaves key 0."""
+  if mask is None:
+    return out
+  valid = attended_rows(mask, causal, out.shape[1], s)
+  return jnp.where(jnp.transpose(valid, (0, 2, 1))[..., None], out, jnp.zeros((), out.dtype))
+
+
+# ---- the blockwise kernels' layout
+
+def split_blocks(x, size):
+  """[b, h, n, ...] -> [n/size, b, h, size, ...]."""
+  b, h, n = x.shape[:3]
+  return jnp.moveaxis(x.reshape((b, h, n // size, size) + x.shape[3:]), 2, 0)
+
+
+def join_blocks(x):
+  """[n/size, b, h, size, ...] -> [b, h, n, ...]."""
+  nb, b, h, size = x.shape[:4]
+  return jnp.moveaxis(x, 0, 2).reshape((b, h, nb * size) + x.shape[4:])
+
+
+def _pad_mask(mask, pad_t, pad_s):
+  """A [b|1, h|1, t|1, s|1] mask padded (with False) to the padded lengths on its non-broadcast axes only:
+  a key mask [b, 1, 1, s] stays O(s) (`mask_block` slices size-1 axes as they are); padded keys are
+  also excluded by their `NEG` bias, padded queries dropped."""
+  widths = (0, pad_t if mask.shape[2] > 1 else 0), (0, pad_s if mask.shape[3] > 1 else 0)
+  return jnp.pad(mask, ((0, 0), (0, 0)) + widths)
+
+
+class Tiled(NamedTuple):
+  """Head-major arrays padded to whole blocks: `queries` [b, h, T, ·] and `keys` [b, h, S, ·] (as given),
+  `bias` [b, h, S] float32 (padded keys `NEG`), `mask` padded (`_pad_mask`) or None; blocks of bq × bk."""
+  queries: tuple
+  keys: tuple
+  bias: jax.Array
+  mask: jax.Array | None
+  bq: int
+  bk: int
+
+
+def tile(queries, keys, bias, mask, block_size: int) -> Tiled:
+  """The blockwise kernels' setup: `queries` [b, t, h, ·] and `keys` [b, s, h, ·] (tuples) transposed to
+  [b, h, ·, ·] and padded to multiples of the blocks `min(block_size, t)`, `min(block_size, s)`; the key
+  bias [b, s, h] (None: zeros) likewise, its padded keys `NEG`; the mask padded on its non-broadcast axes."""
+  b, t, h = queries[0].shape[:3]
+  n = keys[0].shape[1]
+  bq, bk = min(block_size, t), min(block_size, n)
+  tp, npad = -(-t // bq) * bq, -(-n // bk) * bk
+  tr = lambda x: jnp.transpose(x, (0, 2, 1, 3))
+  pad = lambda x, width: x if width == 0 else jnp.pad(x, ((0, 0), (0, 0), (0, width), (0, 0)))
+  bias_t = jnp.zeros((b, h, n), jnp.float32) if bias is None else jnp.transpose(bias, (0, 2, 1)).astype(jnp.float32)
+  if npad != n:
+    bias_t = jnp.pad(bias_t, ((0, 0), (0, 0), (0, npad - n)), constant_values=NEG)
+  if mask is not None:
+    mask = _pad_mask(mask, tp - t, npad - n)
+  return Tiled(tuple(pad(tr(x), tp - t) for x in queries), tuple(pad(tr(x), npad - n) for x in keys),
+               bias_t, mask, bq, bk)
+
+
+def untile(out, t):
+  """[b, h, T, e] (padded queries) -> [b, t, h, e]."""
+  return jnp.transpose(out[:, :, :t], (0, 2, 1, 3))
+
+
+def mask_block(mask, iq, ik, bq, bk):
+  """The [b|1, h|1, bq|1, bk|1] block (iq, ik) of a padded mask (size-1 axes as they are), or None."""
+  if mask is None:
+    return None
+  sq = bq if mask.shape[2] > 1 else 1
+  sk = bk if mask.shape[3] > 1 else 1
+  return jax.lax.dynamic_slice(mask, (0, 0, iq * sq if sq > 1 else 0, ik * sk if sk > 1 else 0),
+                               mask.shape[:2] + (sq, sk))
+
+
+def block_logits(qb, kb, biasb, mask, causal, scale, iq, ik, bq, bk):
+  """`scale·q·kᵀ + bias_j`, masked, of the block (iq, ik): [b, h, bq, bk] float32."""
+  s = jnp.einsum("bhqd,bhkd->bhqk", qb, kb, preferred_element_type=jnp.float32) * scale
+  s = s + biasb[:, :, None, :]
+  return apply_masks(s, mask_block(mask, iq, ik, bq, bk), causal, iq * bq, ik * bk)
+
+
+def online_softmax(query_blocks, key_blocks, logits, accumulate, width: int, out_dtype):
+  """The blockwise forward: per query block, an online softmax over the key blocks.
+
+  query_blocks: arrays [nq, b, h, bq, ·]; key_blocks: arrays [nk, b, h, bk, ·].
+  `logits(iq, ik, qb, kb) -> (s, extra)`: the block's masked logits [b, h, bq, bk] float32 and whatever
+  `accumulate` needs; `accumulate(o, p, extra, kb) -> o + Σ_j p_ij·(values)_j` [b, h, bq, width]
+  float32, with p = e^{s − m'} (o already rescaled by e^{m − m'}).
+  Returns (out [nq, b, h, bq, width] in out_dtype, normalised by l; lse = m + log l [nq, b, h, bq]).
+  """
+  nk = key_blocks[0].shape[0]
+  bq = query_blocks[0].shape[3]
+
+  def per_query_block(args):
+    iq, qb = args[0], args[1:]
+    b, h = qb[0].shape[:2]
+    init = (jnp.zeros((b, h, bq, width), jnp.float32),
+            jnp.full((b, h, bq), NEG, jnp.float32), jnp.zeros((b, h, bq), jnp.float32))
+
+    def step(carry, ik):
+      o, mx, l = carry
+      kb = tuple(x[ik] for x in key_blocks)
+      s, extra = logits(iq, ik, qb, kb)
+      mx_new = jnp.maximum(mx, s.max(-1))
+      p = jnp.exp(s - mx_new[..., None])
+      corr = jnp.exp(mx - mx_new)
+      o = accumulate(o * corr[..., None], p, extra, kb)
+      return (o, mx_new, l * corr + p.sum(-1)), None
+
+    (o, mx, l), _ = jax.lax.scan(step, init, jnp.arange(nk))
+    return (o / l[..., None]).astype(out_dtype), mx + jnp.log(l)
+
+  nq = query_blocks[0].shape[0]
+  return jax.lax.map(per_query_block, (jnp.arange(nq),) + tuple(query_blocks))

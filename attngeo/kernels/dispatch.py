@@ -1,0 +1,55 @@
+"""The one place that chooses an attention kernel: by name when asked, else by backend and length.
+
+Three kinds of attention run on these kernels, each with its own set of names (`KERNELS`):
+
+* `"softmax"` — `softmax(s·q·kᵀ + bias_j, masked)·v` (`attention`; every member of the (β, α) family):
+  einsum, XLA's and cuDNN's fused SDPA, blockwise.
+* `"phase"` — the same with a U(1) phase on the values (`phase_attention`): einsum, blockwise.
+* `"magnetic"` — the magnetic operator CMAP (`operators.magnetic_transport`): the phase kernels, and the
+  Hermitian pairing `"paired"` (β = 0, no mask, not causal; `attngeo.kernels.paired`), which is never a
+  default — it is run only when named.
+
+Default rule (see `attngeo bench`, docs/benchmarks.md): softmax attention runs cuDNN's flash kernel on
+GPU and XLA's fused SDPA on TPU; on CPU, and for the phase kernels on every backend, the einsum path
+below `BLOCKWISE_FROM` keys (or an unknown length) and the blockwise path from there on — O(n) memory
+(361 MiB against einsum's 1,153 at 1024 keys, batch 8 × 8 heads), within 7 % of einsum's time at
+1024 keys and 4–17 % slower at 2048 (with the CLI's huge pages; without them 1.6× faster at 1024).
+"""
+from __future__ import annotations
+
+import jax
+
+IMPLEMENTATIONS = ("einsum", "xla", "cudnn", "blockwise")
+PHASE_IMPLEMENTATIONS = ("einsum", "blockwise")
+KERNELS = {"softmax": IMPLEMENTATIONS, "phase": PHASE_IMPLEMENTATIONS, "magnetic": PHASE_IMPLEMENTATIONS + ("paired",)}
+_WHAT = {"softmax": "", "phase": " for phase attention", "magnetic": " for the magnetic operator"}
+
+BLOCKWISE_FROM = 512   # keys: the portable kernels' switch from the dense einsum path to the blockwise one
+
+
+def choose(kind: str, implementation: str | None = None, n_keys: int | None = None, *, strict: bool = True) -> str:
+  """The kernel that runs attention of `kind` ("softmax", "phase", "magnetic") over `n_keys` keys.
+
+  implementation: a name of `KERNELS[kind]` (returned as it is), or None for the default rule of the
+  module docstring. strict=False (a layer's kernel setting, kept across a graft between the family and
+  CMAP): a name that only another kind has falls back to the default instead of being an error. A name
+  no kind has is an error either way, in one line.
+  """
+  names = KERNELS[kind]
+  if implementation in names:
+    return implementation
+  known = any(implementation in other for other in KERNELS.values())
+  if implementation is not None and (strict or not known):
+    raise ValueError(f"implementation must be one of {names} or None{_WHAT[kind]}; got {implementation!r}")
+  if kind == "softmax":
+    backend = jax.default_backend()
+    if backend in ("gpu", "cuda"):
+      return "cudnn"
+    if backend == "tpu":
+      return "xla"
+  return "blockwise" if n_keys is not None and n_keys >= BLOCKWISE_FROM else "einsum"
+
+
+def default_implementation(seq_len: int | None = None) -> str:
+  """The default softmax kernel on this backend for `seq_len` keys: `choose("softmax", None, seq_len)`."""
+  return choose("softmax", None, seq_len)

@@ -1,0 +1,189 @@
+"""attngeo.kernels: every softmax and phase kernel against a float64 reference written here, and the dispatcher.
+
+Shapes are odd (t = 13 queries, s = 21 keys, blocks of 8): the blockwise kernels pad both axes. The
+reference is the definition in float64 numpy: `P = softmax(scale·q·kᵀ + bias_j)` over the attended
+keys (mask and causal order, top-left aligned), a row with none is 0, `y = P v` (phase: `P e^{iθ} v`).
+"""
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from attngeo import kernels, operators as op
+
+B, T, S, H, D, E = 2, 13, 21, 3, 8, 6
+IMPLS = ["einsum", "xla", "blockwise"] + (["cudnn"] if jax.default_backend() == "gpu" else [])
+
+
+def tol(impl, atol, rtol=1e-6):
+  """cuDNN computes in bf16 (GPU only): its parity is checked at bf16 precision."""
+  return dict(atol=3e-2, rtol=3e-2) if impl == "cudnn" else dict(atol=atol, rtol=rtol)
+
+
+def inputs(seed=0, t=T, s=S, dtype=jnp.float32):
+  ks = jax.random.split(jax.random.PRNGKey(seed), 4)
+  q = jax.random.normal(ks[0], (B, t, H, D))
+  k, v = (jax.random.normal(kk, (B, s, H, w)) for kk, w in zip(ks[1:3], (D, E)))
+  bias = jax.random.normal(ks[3], (B, s, H))
+  return [x.astype(dtype) for x in (q, k, v)] + [bias]
+
+
+def weights(mask, causal, t, s, scale, q, k, bias, xp=np):
+  """P [b, h, t, s] in float64 (xp: numpy, or jax.numpy under x64 for gradients); empty rows 0."""
+  logits = scale * xp.einsum("bthd,bshd->bhts", q, k) + xp.transpose(bias, (0, 2, 1))[:, :, None, :]
+  keep = np.ones((1, 1, t, s), bool) if mask is None else np.broadcast_to(np.asarray(mask), (B, H, t, s))
+  if causal:
+    keep = keep & np.tril(np.ones((t, s), bool))
+  top = xp.where(keep.any(-1, keepdims=True), xp.max(xp.where(keep, logits, -1e300), -1, keepdims=True), 0.0)
+  w = xp.where(keep, xp.exp(xp.where(keep, logits, top) - top), 0.0)       # no inf anywhere: finite gradients
+  return w / xp.maximum(xp.sum(w, -1, keepdims=True), 1e-300)
+
+
+def reference(q, k, v, bias, mask=None, causal=False, scale=None):
+  q, k, v, bias = (np.asarray(x, np.float64) for x in (q, k, v, bias))
+  scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+  p = weights(mask, causal, q.shape[1], k.shape[1], scale, q, k, bias)
+  return np.einsum("bhts,bshe->bthe", p, v)
+
+
+def masks():
+  pad = np.arange(S) >= 4                                    # left padding: with causal, rows 0–3 are empty
+  dense = np.array(jax.random.bernoulli(jax.random.PRNGKey(9), 0.6, (B, H, T, S)))
+  dense[:, :, 5] = False                                     # a dead row
+  return {"none": None, "key": np.broadcast_to(pad, (B, 1, 1, S)), "dense": dense}
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("mask", ["none", "key", "dense"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_matches_the_float64_reference(impl, mask, causal):
+  q, k, v, bias = inputs()
+  m = masks()[mask]
+  out = kernels.attention(q, k, v, bias=bias, mask=None if m is None else jnp.asarray(m), causal=causal,
+                          scale=0.4, implementation=impl, block_size=8)
+  np.testing.assert_allclose(out, reference(q, k, v, bias, m, causal, 0.4), **tol(impl, 2e-6))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_attention_gradients_match_float64_autodiff(impl):
+  """d/d(q, k, v, bias) of Σ w ⊙ y under a key mask and the causal order (the blockwise kernel's custom VJP)."""
+  q, k, v, bias = inputs(1)
+  m = masks()["key"]
+  w = jax.random.normal(jax.random.PRNGKey(3), (B, T, H, E))
+  loss = lambda q, k, v, b: jnp.sum(w * kernels.attention(q, k, v, bias=b, mask=jnp.asarray(m), causal=True,
+                                                           implementation=impl, block_size=8))
+  got = jax.grad(loss, range(4))(q, k, v, bias)
+  with jax.enable_x64(True):
+    x64 = lambda x: jnp.asarray(np.asarray(x), jnp.float64)
+
+    def ref(q, k, v, b):
+      p = weights(m, True, T, S, 1 / math.sqrt(D), q, k, b, xp=jnp)
+      return jnp.sum(x64(w) * jnp.einsum("bhts,bshe->bthe", p, v))
+    want = [np.asarray(g) for g in jax.grad(ref, range(4))(*(x64(x) for x in (q, k, v, bias)))]
+  for a, b in zip(got, want):
+    assert np.abs(b).max() > 1e-2                                       # a real gradient
+    np.testing.assert_allclose(a, b, **tol(impl, 1e-5 * np.abs(b).max(), 1e-4))
+
+
+@pytest.mark.parametrize("impl", ["einsum", "xla", "blockwise"])
+def test_bf16_inputs_accumulate_in_float32(impl):
+  """bf16 q, k, v over 64 keys: the output is bf16 and within its final rounding (2⁻⁸ relative) of the
+  float64 answer on the same rounded inputs — a bf16 accumulation of the 64 terms would not be."""
+  q, k, v, bias = inputs(2, t=16, s=64, dtype=jnp.bfloat16)
+  out = kernels.attention(q, k, v, bias=bias, implementation=impl, block_size=16)
+  assert out.dtype == jnp.bfloat16
+  want = reference(q, k, v, bias)
+  np.testing.assert_allclose(np.asarray(out, np.float64), want, rtol=2 ** -8, atol=2 ** -9 * np.abs(want).max())
+
+
+def test_log_normaliser_matches_float64_logsumexp():
+  q, k, _, bias = inputs(3)
+  m = masks()["key"]
+  got = kernels.log_normaliser(q, k, bias=bias, mask=jnp.asarray(m), causal=True, block_size=8)
+  logits = (np.einsum("bthd,bshd->bhts", np.asarray(q, np.float64), np.asarray(k, np.float64)) / math.sqrt(D)
+            + np.transpose(np.asarray(bias, np.float64), (0, 2, 1))[:, :, None, :])
+  keep = np.broadcast_to(m, (B, H, T, S)) & np.tril(np.ones((T, S), bool))
+  rows = keep.any(-1)
+  lse = np.log(np.sum(np.where(keep, np.exp(logits), 0.0), -1)[rows])
+  np.testing.assert_allclose(np.transpose(np.asarray(got), (0, 2, 1))[rows], lse, rtol=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("impl", ["einsum", "blockwise"])
+def test_phase_attention_matches_the_complex128_reference(impl):
+  """y_i = Σ_j P_ij e^{iθ_ij} v_j with θ_ij = c_h·qt_i·kt_j, per-head c, a dense mask with a dead row, causal."""
+  q, k, v, bias = inputs(4)
+  qt, kt = jax.random.normal(jax.random.PRNGKey(5), (B, T, H, 4)), jax.random.normal(jax.random.PRNGKey(6), (B, S, H, 4))
+  c = np.array([0.0, 0.7, -1.9], np.float32)
+  m = masks()["dense"]
+  out = kernels.phase_attention(q, k, v, qt, kt, c, bias=bias, mask=jnp.asarray(m), causal=True,
+                                implementation=impl, block_size=8)
+  p = weights(m, True, T, S, 1 / math.sqrt(D), *(np.asarray(x, np.float64) for x in (q, k, bias)))
+  theta = c[None, :, None, None] * np.einsum("bthf,bshf->bhts", np.asarray(qt, np.float64), np.asarray(kt, np.float64))
+  vc = np.asarray(v, np.float64)[..., 0::2] + 1j * np.asarray(v, np.float64)[..., 1::2]
+  y = np.einsum("bhts,bshe->bthe", p * np.exp(1j * theta), vc)
+  want = np.stack([y.real, y.imag], -1).reshape(out.shape)
+  np.testing.assert_allclose(out, want, atol=3e-6, rtol=1e-5)
+  np.testing.assert_array_equal(out[:, 5], 0.0)
+
+
+def test_a_key_mask_keeps_the_blockwise_kernels_o_n():
+  """A key-padding mask [b, 1, 1, s] under causality is sliced per block, never broadcast to [b, 1, t, s]:
+  the compiled backward's temporaries stay below the t·s bytes a materialised mask would take (it held
+  one, as a residual, before)."""
+  n = 4096
+  x = jnp.ones((1, n, 1, 8))
+  mask = jnp.ones((1, 1, 1, n), bool).at[..., :5].set(False)
+  for fn in (lambda q, k, v: kernels.attention(q, k, v, mask=mask, causal=True, implementation="blockwise",
+                                               block_size=512),
+             lambda q, k, v: op.magnetic_transport(q, k, v, mask=mask, causal=True, implementation="blockwise",
+                                                   block_size=512)):
+    compiled = jax.jit(jax.grad(lambda q, k, v: fn(q, k, v).sum(), (0, 1, 2))).lower(x, x, x).compile()
+    assert compiled.memory_analysis().temp_size_in_bytes < n * n           # 16 MiB; 3.8 (ATTN), 9.5 (CMAP)
+  with pytest.raises(ValueError, match=r"mask must be 4-D, broadcastable to \[b, h, t, s\]"):
+    kernels.attention(x, x, x, mask=jnp.ones((n, n), bool))
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 7, 5), (2, 1, 1, 5), (1, 3, 7, 1), (2, 3, 1, 5)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_attended_rows_against_a_brute_force_count(shape, causal):
+  """t = 7 queries, s = 5 keys (t ≠ s: the causal order is top-left aligned, key j ≤ query i)."""
+  t, s = 7, 5
+  mask = np.asarray(jax.random.bernoulli(jax.random.PRNGKey(sum(shape)), 0.3, shape))
+  full = np.broadcast_to(mask, shape[:2] + (t, s)) & (np.tril(np.ones((t, s), bool)) if causal else True)
+  np.testing.assert_array_equal(kernels.attended_rows(jnp.asarray(mask), causal, t, s), full.any(-1))
+
+
+# ----------------------------------------------------------------------------- the dispatcher
+
+@pytest.mark.parametrize("backend,short,long", [("cpu", "einsum", "blockwise"), ("gpu", "cudnn", "cudnn"),
+                                                ("cuda", "cudnn", "cudnn"), ("tpu", "xla", "xla")])
+def test_the_dispatcher_chooses_by_backend_and_length(monkeypatch, backend, short, long):
+  """Softmax: cuDNN on GPU, XLA on TPU, on CPU einsum below BLOCKWISE_FROM keys and blockwise from it;
+  the phase kernels by length on every backend; "paired" only when named; a name is kept as it is."""
+  monkeypatch.setattr(jax, "default_backend", lambda: backend)
+  edge = kernels.BLOCKWISE_FROM
+  assert [kernels.choose("softmax", None, n) for n in (None, edge - 1, edge)] == [short, short, long]
+  assert kernels.default_implementation(edge) == long
+  for kind in ("phase", "magnetic"):
+    assert [kernels.choose(kind, None, n) for n in (None, edge - 1, edge)] == ["einsum", "einsum", "blockwise"]
+  for kind, names in kernels.KERNELS.items():
+    assert [kernels.choose(kind, name, 8) for name in names] == list(names)
+
+
+def test_the_dispatcher_refuses_foreign_names_unless_lenient():
+  """strict (operators, kernels): a name of another kind or of none is one line naming the choices;
+  lenient (a layer's setting across a graft): another kind's name takes the default, no kind's still errs."""
+  with pytest.raises(ValueError, match=r"implementation must be one of .*'paired'.* for the magnetic operator"):
+    kernels.choose("magnetic", "xla", 8)
+  with pytest.raises(ValueError, match=r"implementation must be one of .* for phase attention; got 'paired'"):
+    kernels.choose("phase", "paired", 8)
+  with pytest.raises(ValueError, match=r"implementation must be one of .* or None; got 'paired'"):
+    kernels.choose("softmax", "paired", 8)
+  assert kernels.choose("softmax", "paired", 8, strict=False) == kernels.choose("softmax", None, 8)
+  assert kernels.choose("magnetic", "cudnn", 600, strict=False) == "blockwise"
+  with pytest.raises(ValueError, match="got 'magic'"):
+    kernels.choose("softmax", "magic", 8, strict=False)
+  with pytest.raises(ValueError, match="got 'magic'"):
+    kernels.attention(*inputs()[:3], implementation="magic")
