@@ -4,7 +4,9 @@
   is installed, `.pt` state dicts through `torch.load(weights_only=True)`;
 * `layout` — one-line key/shape checks; filling an abstract model from {parameter path: array};
 * `nanochat` — karpathy/nanochat `gpt.py` at the d32 release (2025-10) and at 2026-07;
-* `gpt2` — Hugging Face GPT-2 (`model.safetensors` + `config.json`).
+* `gpt2` — Hugging Face GPT-2 (`model.safetensors` + `config.json`);
+* `bert` (layouts "bert" and "albert"; `albert` names the second) — Hugging Face BERT / ALBERT encoders
+  (`nn.Encoder`: hidden states, MLM logits).
 
 `load(kind, path, ...)` returns `(model, info)`: an `nn.GPT` whose layers are `nn.Attention`
 (`wv [d, h, k]`, `wo [h, k, d]`), so grafting (`nn.graft`) and the probe's read-outs apply. `save`
@@ -13,7 +15,7 @@ writes a model back in the layout it came from. `attngeo import` / `attngeo expo
 """
 from __future__ import annotations
 
-KINDS = ("nanochat", "gpt2")
+KINDS = ("nanochat", "gpt2", "bert", "albert")
 
 
 def _module(kind: str):
@@ -24,7 +26,7 @@ def _module(kind: str):
 
 
 def load(kind: str, path: str, **options):
-  """(nn.GPT, info) from a public checkpoint of `kind` ("nanochat" | "gpt2"); options go to its `load`."""
+  """(model, info) from a public checkpoint of `kind` (`KINDS`); options go to its `load`."""
   return _module(kind).load(path, **options)
 
 

@@ -1,0 +1,275 @@
+"""BERT / ALBERT import ⇄ transformers' own classes (eager attention, float32), export, the CLI, bad input.
+
+The references are `transformers`' BertModel/AlbertModel family run on the same weights: on the real
+checkpoints that ship in the rxnfp and rxnmapper wheels (`pip install --no-deps rxnfp==0.1.0
+rxnmapper==0.4.3`, the `chem` extra for torch + transformers; .ci/run installs both) and on tiny
+random models saved by `save_pretrained`. Hidden states of every layer, every layer's attention
+probabilities and the MLM / classifier logits must agree to 1e-4 (absolute, float32).
+"""
+import importlib.util
+import json
+import os
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from attngeo import cli, interop, operators, runs  # noqa: E402
+from attngeo.interop import layout, safetensors_io  # noqa: E402
+from attngeo.nn import graft  # noqa: E402
+
+TOL = 1e-4
+
+
+def package_dir(name):
+  spec = importlib.util.find_spec(name)            # finds the folder without importing the package (its deps are absent)
+  return None if spec is None else spec.submodule_search_locations[0]
+
+
+def checkpoint(package, folder):
+  root = package_dir(package)
+  path = None if root is None else os.path.join(root, "models", "transformers", folder)
+  if path is None or not os.path.isdir(path):
+    pytest.skip(f"{package} is not installed (pip install --no-deps rxnfp==0.1.0 rxnmapper==0.4.3)")
+  return path
+
+
+REAL = {"bert_pretrained": ("rxnfp", "bert_pretrained", "bert", "BertForPreTraining"),
+        "bert_ft": ("rxnfp", "bert_ft", "bert", "BertModel"),
+        "bert_ft_10k_25s": ("rxnfp", "bert_ft_10k_25s", "bert", "BertForSequenceClassification"),
+        "albert": ("rxnmapper", "albert_heads_8_uspto_all_1310k", "albert", "AlbertForMaskedLM")}
+
+
+def token_batch(vocab_size, seed=0, n=48):
+  """Two sequences [CLS] t… [SEP] of ids drawn from the vocab (special tokens 0–4 excluded), the second padded."""
+  rng = np.random.default_rng(seed)
+  ids = rng.integers(5, vocab_size, (2, n)).astype(np.int32)
+  ids[:, 0] = 2
+  ids[0, -1], ids[1, 31] = 3, 3
+  mask = np.ones_like(ids, bool)
+  mask[1, 32:] = False
+  ids[1, 32:] = 0
+  return ids, mask
+
+
+# Reaction SMILES (inputs only): rxnmapper's README example and a Fischer esterification; the second is shorter,
+# so the batch is padded.
+REACTIONS = ["CC(C)S.CN(C)C=O.Fc1cccnc1F.O=C([O-])[O-].[K+].[K+]>>CC(C)Sc1ncccc1F", "CC(=O)O.OCC>>CC(=O)OCC"]
+
+
+def reaction_batch(path, kind):
+  """The reactions as the checkpoint's own tokenizer gives them (`attngeo.lm.smiles`, its vocab.txt)."""
+  from attngeo.lm.smiles import SmilesTokenizer
+  ids, mask = SmilesTokenizer.from_vocab(path, "rxnfp" if kind == "bert" else "rxnmapper").batch(REACTIONS)
+  assert mask[1].sum() < mask[0].sum() and (ids != 1).all()                     # padded; no [UNK]
+  return ids, mask
+
+
+def reference(hf_model, ids, mask):
+  with torch.no_grad():
+    return hf_model(input_ids=torch.tensor(ids, dtype=torch.long), attention_mask=torch.tensor(mask, dtype=torch.long),
+                    output_hidden_states=True, output_attentions=True)
+
+
+def hf_logits(out):
+  """(MLM logits, classifier logits) of a transformers output (None where the class has no such head)."""
+  if hasattr(out, "prediction_logits"):
+    return out.prediction_logits, out.seq_relationship_logits
+  logits = getattr(out, "logits", None)
+  return (logits, None) if logits is not None and logits.ndim == 3 else (None, logits)
+
+
+def assert_parity(model, out, ids, mask):
+  """Every hidden state, every layer's attention P and the heads' logits against transformers' (real rows only)."""
+  ids_j, mask_j = jnp.asarray(ids), jnp.asarray(mask)
+  hs = model.hidden_states(ids_j, mask_j)
+  assert len(hs) == len(out.hidden_states) == model.cfg.depth + 1
+  for i, (a, b) in enumerate(zip(hs, out.hidden_states)):
+    err = np.abs(np.asarray(a) - b.numpy())[mask].max()
+    assert err <= TOL, f"hidden state {i}: {err}"
+  for i, ref in enumerate(out.attentions):
+    attn = model.layers[0 if model.cfg.shared_layers else i].attn
+    q, k, _ = attn.qkv(hs[i])
+    p = np.asarray(operators.markov_matrix(q, k, beta=1.0, alpha=1.0, mask=mask_j[:, None, None, :]))
+    err = np.abs(p - ref.numpy()).transpose(0, 2, 1, 3)[mask].max()
+    assert err <= TOL, f"attention of layer {i}: {err}"
+  mlm, classes = hf_logits(out)
+  if model.cfg.mlm_head:
+    err = np.abs(np.asarray(model.mlm_logits(ids_j, mask_j)) - mlm.numpy())[mask].max()
+    assert err <= TOL, f"MLM logits: {err}"
+  if model.cfg.classifier:
+    err = np.abs(np.asarray(model.class_logits(ids_j, mask_j)) - classes.numpy()).max()
+    assert err <= TOL, f"classifier logits: {err}"
+
+
+@pytest.mark.parametrize("name", ["bert_pretrained", "albert",
+                                  pytest.param("bert_ft", marks=pytest.mark.slow),
+                                  pytest.param("bert_ft_10k_25s", marks=pytest.mark.slow)])
+def test_real_checkpoint_matches_transformers(name):
+  package, folder, kind, cls = REAL[name]
+  path = checkpoint(package, folder)
+  model, info = interop.load(kind, path)
+  assert info["file"].endswith("pytorch_model.bin")
+  hf_model = getattr(transformers, cls).from_pretrained(path, attn_implementation="eager", dtype=torch.float32).eval()
+  for ids, mask in (reaction_batch(path, kind), token_batch(model.cfg.vocab_size)):
+    assert_parity(model, reference(hf_model, ids, mask), ids, mask)
+
+
+# ----------------------------------------------------------------------------- tiny random models
+
+BERT_CFG = dict(vocab_size=40, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+                max_position_embeddings=64, layer_norm_eps=1e-12, initializer_range=0.2)
+TINY = {"BertModel": ("bert", {}), "BertForPreTraining": ("bert", {}),
+        "BertForMaskedLM": ("bert", {"tie_word_embeddings": False}),
+        "BertForSequenceClassification": ("bert", {"num_labels": 3}),
+        "AlbertForMaskedLM": ("albert", {"embedding_size": 8, "num_hidden_layers": 3}),
+        "AlbertModel": ("albert", {"embedding_size": 8})}
+
+
+def tiny_hf(cls, folder, seed=0):
+  kind, extra = TINY[cls]
+  conf = (transformers.BertConfig if kind == "bert" else transformers.AlbertConfig)(**{**BERT_CFG, **extra})
+  torch.manual_seed(seed)
+  model = getattr(transformers, cls)(conf).eval()
+  with torch.no_grad():                    # HF zeroes biases at init; random ones test their layout too
+    for name, p in model.named_parameters():
+      if name.endswith("bias") or "LayerNorm" in name:
+        p.add_(0.1 * torch.randn_like(p))
+    params = dict(model.named_parameters())
+    for name, p in params.items():         # untied (transformers 5), the decoder's bias is a second copy of `bias`
+      if name.endswith("predictions.decoder.bias"):
+        p.copy_(params[name.replace("decoder.bias", "bias")])
+  model.save_pretrained(folder)
+  return kind, model
+
+
+@pytest.mark.parametrize("cls", list(TINY))
+def test_tiny_models_match_and_round_trip_exactly(cls, tmp_path):
+  kind, hf_model = tiny_hf(cls, tmp_path / "hf")
+  model, _ = interop.load(kind, str(tmp_path / "hf"))
+  ids, mask = token_batch(40, n=40)
+  assert_parity(model, reference(hf_model, ids, mask), ids, mask)
+  written = safetensors_io.read(str(tmp_path / "hf" / "model.safetensors"))
+  interop.save(model, kind, str(tmp_path / "out" / "model.safetensors"))
+  exported = safetensors_io.read(str(tmp_path / "out" / "model.safetensors"))
+  assert set(exported) == set(written)                                   # what save_pretrained writes
+  for key in written:
+    np.testing.assert_array_equal(exported[key], written[key], err_msg=key)
+  again, info = getattr(transformers, cls).from_pretrained(str(tmp_path / "out"), output_loading_info=True)
+  assert not info["missing_keys"] and not info["unexpected_keys"]
+  back, _ = interop.load(kind, str(tmp_path / "out"))
+  assert back.cfg == model.cfg
+  for key, value in layout.params(model).items():
+    np.testing.assert_array_equal(layout.params(back)[key], value, err_msg=key)
+
+
+def test_pytorch_bin_and_bare_or_prefixed_bodies_are_read(tmp_path):
+  _, hf_model = tiny_hf("BertForPreTraining", tmp_path / "hf")
+  sd = hf_model.state_dict()                                    # tied decoder and decoder.bias included, as old files
+  (tmp_path / "bin").mkdir()
+  torch.save(sd, tmp_path / "bin" / "pytorch_model.bin")
+  (tmp_path / "bin" / "config.json").write_text((tmp_path / "hf" / "config.json").read_text())
+  a, _ = interop.load("bert", str(tmp_path / "hf"))
+  b, info = interop.load("bert", str(tmp_path / "bin"))
+  assert info["file"].endswith(".bin") and a.cfg == b.cfg
+  for key, value in layout.params(a).items():
+    np.testing.assert_array_equal(layout.params(b)[key], value, err_msg=key)
+
+
+class Evil:
+  def __init__(self, path):
+    self.path = path
+
+  def __reduce__(self):
+    return (open, (self.path, "w"))
+
+
+@pytest.mark.parametrize("zipped", [True, False])
+def test_a_pickle_that_is_not_a_tensor_dict_is_refused_never_run(tmp_path, zipped):
+  """A torch file (zip, or the legacy pickle the rxnfp files are) whose pickle calls a function is refused unrun."""
+  _, hf_model = tiny_hf("BertModel", tmp_path / "hf")
+  os.remove(tmp_path / "hf" / "model.safetensors")
+  sentinel, weights = tmp_path / "ran", tmp_path / "hf" / "pytorch_model.bin"
+  torch.save({"embeddings.word_embeddings.weight": Evil(str(sentinel))}, weights,
+             _use_new_zipfile_serialization=zipped)
+  assert not sentinel.exists()
+  with pytest.raises(ValueError, match="not a readable checkpoint") as e:
+    interop.load("bert", str(tmp_path / "hf"))
+  assert "\n" not in str(e.value) and not sentinel.exists()
+  torch.save({**hf_model.state_dict(), "note": "not a tensor"}, weights, _use_new_zipfile_serialization=zipped)
+  with pytest.raises(ValueError, match="flat state dict of tensors"):
+    interop.load("bert", str(tmp_path / "hf"))
+
+
+@pytest.mark.parametrize("edit, error, match", [
+  (lambda d: os.remove(d / "model.safetensors"), FileNotFoundError, "neither model.safetensors nor pytorch_model.bin"),
+  (lambda d: os.remove(d / "config.json"), FileNotFoundError, "no BERT config.json"),
+  (lambda d: patch(d, hidden_size=32), ValueError, r"wrong shapes: .*\(expected"),
+  (lambda d: patch(d, num_hidden_layers=3), ValueError, "the checkpoint has 2 layers, config.json num_hidden_layers=3"),
+  (lambda d: patch(d, hidden_act="relu"), ValueError, "hidden_act='relu'"),
+  (lambda d: patch(d, vocab_size=-1), ValueError, "positive integers"),
+  (lambda d: (d / "config.json").write_text("[1, 2"), ValueError, "not valid JSON"),
+])
+def test_bad_folders_are_one_line(tmp_path, edit, error, match):
+  tiny_hf("BertForPreTraining", tmp_path / "hf")
+  edit(tmp_path / "hf")
+  with pytest.raises(error, match=match) as e:
+    interop.load("bert", str(tmp_path / "hf"))
+  assert "\n" not in str(e.value)
+
+
+def patch(folder, **fields):
+  hf = json.loads((folder / "config.json").read_text())
+  (folder / "config.json").write_text(json.dumps({**hf, **fields}))
+
+
+def test_untied_decoder_under_a_tying_config_is_refused(tmp_path):
+  _, hf_model = tiny_hf("BertForPreTraining", tmp_path / "hf")
+  sd = {k: v.clone() for k, v in hf_model.state_dict().items()}
+  sd["cls.predictions.decoder.weight"] += 1
+  torch.save(sd, tmp_path / "hf" / "pytorch_model.bin")
+  os.remove(tmp_path / "hf" / "model.safetensors")
+  with pytest.raises(ValueError, match="decoder.weight differs from bert.embeddings.word_embeddings.weight"):
+    interop.load("bert", str(tmp_path / "hf"))
+
+
+def test_export_refuses_a_grafted_model(tmp_path):
+  tiny_hf("BertModel", tmp_path / "hf")
+  model, _ = interop.load("bert", str(tmp_path / "hf"))
+  graft(model, "DMTN")
+  with pytest.raises(ValueError, match="another operator than ATTN"):
+    interop.save(model, "bert", str(tmp_path / "out" / "model.safetensors"))
+  assert not (tmp_path / "out").exists()
+
+
+def test_cli_import_export_and_bad_input(tmp_path, capsys):
+  tiny_hf("AlbertForMaskedLM", tmp_path / "hf")
+  torch_model = transformers.AlbertForMaskedLM.from_pretrained(str(tmp_path / "hf"))
+  os.remove(tmp_path / "hf" / "model.safetensors")
+  torch.save(torch_model.state_dict(), tmp_path / "hf" / "pytorch_model.bin")
+  run = str(tmp_path / "run")
+  assert cli.main(["import", "albert", str(tmp_path / "hf"), "--out", run]) == 0
+  assert "heads on top: ['MLM']" in capsys.readouterr().out
+  assert sorted(os.listdir(run)) == ["config.json", "hf", "weights.npz"]
+  assert sorted(os.listdir(os.path.join(run, "hf"))) == ["config.json", "model.safetensors"]
+  model, _, mcfg = runs.load_run(run)
+  direct, _ = interop.load("albert", os.path.join(run, "hf"))               # the converted copy reads without torch
+  ids, mask = token_batch(40, n=40)
+  np.testing.assert_array_equal(np.asarray(model.mlm_logits(jnp.asarray(ids), jnp.asarray(mask))),
+                                np.asarray(direct.mlm_logits(jnp.asarray(ids), jnp.asarray(mask))))
+  out = tmp_path / "exp" / "model.safetensors"
+  assert cli.main(["export", run, "--format", "albert", "--out", str(out)]) == 0
+  transformers.AlbertForMaskedLM.from_pretrained(str(out.parent))
+  for out, edit in ((run, None), (str(tmp_path / "bad"), lambda: patch(tmp_path / "hf", hidden_size=32))):
+    if edit:                                      # a run folder already there; then shapes that disagree
+      edit()
+    with pytest.raises(SystemExit) as e:
+      cli.main(["import", "albert", str(tmp_path / "hf"), "--out", out])
+    assert e.value.code == 2
+  bad = tmp_path / "bad"
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err[-1].startswith("attngeo import: error: ") and "wrong shapes" in err[-1]
+  assert not bad.exists() and not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
