@@ -4,13 +4,16 @@ writes a run's model back in a public layout (attngeo.interop).
     attngeo import nanochat model_000650.pt|CHECKPOINT_DIR [--meta meta_000650.json] [--arch auto|2025-10|2026-07]
                    [--fill-missing] [--set FIELD=VALUE ...] --out RUN_DIR
     attngeo import gpt2 MODEL_DIR_OR_model.safetensors [--config config.json] [--set FIELD=VALUE ...] --out RUN_DIR
-    attngeo export RUN_DIR --format gpt2|nanochat --out FILE.safetensors [--step N]
+    attngeo import bert|albert HF_MODEL_DIR [--config config.json] [--set FIELD=VALUE ...] --out RUN_DIR
+    attngeo export RUN_DIR --format gpt2|nanochat|bert|albert --out FILE.safetensors [--step N]
 
 The run folder is the one `attngeo.train` writes: `config.json` (`model`: the GPTConfig through
 `attngeo.nn.registry.config_dict`, `train`: a default TrainConfig, `imported`: kind, file, sha256,
 architecture and commit matched, the source's own config) and `ckpt/0` (an orbax train state at
 step 0 with a fresh optimizer state), so `attngeo.runs.load_run`, `attngeo probe` and anything that
-resumes from a run read it unchanged. Nothing is downloaded: the files must be local. The import
+resumes from a run read it unchanged. A BERT/ALBERT import is a weights-only run folder instead
+(`attngeo.interop.bert.write_run`: config.json, weights.npz, and `hf/` holding the checkpoint as
+safetensors, converted once from a pytorch_model.bin). Nothing is downloaded: the files must be local. The import
 summary names the rotary-table dtype of a nanochat import (nanochat's on this machine:
 `attngeo.interop.nanochat.rope_tables`). Export is lossless or refuses in one line naming the
 settings the layout cannot carry (`attngeo.interop.layout.unexpressed`).
@@ -73,9 +76,10 @@ def write_run(model, out: str, imported: dict):
 def import_main(argv=None):
   ap = config.Parser(prog="attngeo import", description=__doc__,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
-  ap.add_argument("kind", choices=("nanochat", "gpt2"), help="checkpoint family: nanochat | gpt2")
+  ap.add_argument("kind", choices=("nanochat", "gpt2", "bert", "albert"),
+                  help="checkpoint family: nanochat | gpt2 | bert | albert")
   ap.add_argument("path", help="nanochat: model_NNNNNN.pt, a .safetensors of its state dict, or its checkpoint folder "
-                               "(latest step); gpt2: a Hugging Face model folder or its model.safetensors")
+                               "(latest step); gpt2, bert, albert: a Hugging Face model folder or its weights file")
   ap.add_argument("--out", required=True, help="run folder to write (required; must not hold a checkpoint yet)")
   ap.add_argument("--meta", default=None, help="nanochat meta_NNNNNN.json (default: the one beside PATH)")
   ap.add_argument("--arch", default="auto", choices=("auto", "2025-10", "2026-07"),
@@ -84,7 +88,7 @@ def import_main(argv=None):
   ap.add_argument("--fill-missing", action="store_true",
                   help="nanochat --arch 2026-07: give 2026 parameters absent from the file their neutral values "
                        "(the seed fork's import of the d32 release); default off")
-  ap.add_argument("--config", default=None, help="gpt2 config.json (default: the one beside the weights)")
+  ap.add_argument("--config", default=None, help="gpt2/bert/albert config.json (default: the one beside the weights)")
   ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                   help="override a GPTConfig/BlockConfig field, JSON value (e.g. norm_eps=0.0078125, "
                        "rope_dtype=null, operator='\"DMTN\"'); repeatable; default none")
@@ -98,10 +102,12 @@ def import_main(argv=None):
     overrides = parse_set(a.set)
   except ValueError as e:
     ap.error(str(e))
-  if a.kind == "gpt2" and (a.meta or a.arch != "auto" or a.fill_missing):
+  if a.kind != "nanochat" and (a.meta or a.arch != "auto" or a.fill_missing):
     ap.error("--meta, --arch and --fill-missing are nanochat options")
   if a.kind == "nanochat" and a.config:
-    ap.error("--config is a gpt2 option (nanochat reads --meta)")
+    ap.error("--config is a gpt2/bert/albert option (nanochat reads --meta)")
+  if a.kind in ("bert", "albert"):
+    return _import_encoder(ap, a, overrides)
 
   from attngeo import interop
   try:
@@ -128,6 +134,28 @@ def import_main(argv=None):
   return model
 
 
+def _import_encoder(ap, a, overrides):
+  """`attngeo import bert|albert`: the checkpoint as a weights-only run folder (`attngeo.interop.bert.write_run`)."""
+  from attngeo import interop
+  from attngeo.interop import bert
+  try:
+    model, info = interop.load(a.kind, a.path, hf_config_path=a.config, **overrides)
+    weights = info["file"]
+    imported = {"kind": a.kind, "file": os.path.abspath(weights), "sha256": sha256(weights), "overrides": overrides,
+                "matched": info["source"], "config": info["config"]}
+    bert.write_run(a.out, model, info, imported)
+  except (ValueError, TypeError, FileNotFoundError, ImportError) as e:
+    ap.error(str(e))
+  cfg = model.cfg
+  heads = [name for name, on in (("MLM", cfg.mlm_head), ("pooler", cfg.pooler), (cfg.classifier, cfg.classifier)) if on]
+  print(f"imported {a.kind} {weights}: depth {cfg.depth}{' (one shared layer)' if cfg.shared_layers else ''}, "
+        f"width {cfg.width}, heads {cfg.block.num_heads}, vocab {cfg.vocab_size}, positions {cfg.seq_len}, "
+        f"{sum(int(v.size) for v in _param_values(model)) / 1e6:.2f}M parameters, heads on top: {heads or 'none'}")
+  print(f"wrote run folder {a.out} (config.json, weights.npz, {bert.HF_DIR}/model.safetensors): "
+        f"attngeo.runs.load_run reads it")
+  return model
+
+
 def _param_values(model):
   from flax import nnx
   return [v.get_value() for _, v in nnx.to_flat_state(nnx.state(model, nnx.Param))]
@@ -136,8 +164,9 @@ def _param_values(model):
 def export_main(argv=None):
   ap = config.Parser(prog="attngeo export", description=__doc__,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
-  ap.add_argument("run_dir", help="an attngeo run folder holding a nanochat- or GPT-2-family GPT")
-  ap.add_argument("--format", required=True, choices=("gpt2", "nanochat"), help="layout to write: gpt2 | nanochat (required)")
+  ap.add_argument("run_dir", help="an attngeo run folder holding a nanochat- or GPT-2-family GPT or a BERT/ALBERT")
+  ap.add_argument("--format", required=True, choices=("gpt2", "nanochat", "bert", "albert"),
+                  help="layout to write: gpt2 | nanochat | bert | albert (required)")
   ap.add_argument("--out", required=True, help="the .safetensors file, required (gpt2: config.json beside it; nanochat: "
                                                "meta_NNNNNN.json beside model_NNNNNN.safetensors)")
   ap.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
@@ -149,8 +178,9 @@ def export_main(argv=None):
     model, _, mcfg = runs.load_run(a.run_dir, a.step)
   except (FileNotFoundError, ValueError) as e:
     ap.error(str(e))
-  if type(mcfg).__name__ != "GPTConfig":
-    ap.error(f"{a.run_dir} holds a {type(mcfg).__name__}; only GPT runs export to {a.format}")
+  want = "EncoderConfig" if a.format in ("bert", "albert") else "GPTConfig"
+  if type(mcfg).__name__ != want:
+    ap.error(f"{a.run_dir} holds a {type(mcfg).__name__}; only {want} runs export to {a.format}")
   meta = {}
   if a.format == "nanochat":
     imported = files.read_config(a.run_dir).get("imported") or {}
@@ -162,7 +192,7 @@ def export_main(argv=None):
     ap.error(str(e))
   block = dataclasses.asdict(mcfg.block)
   print(f"wrote {a.out} ({a.format}; operator {block['operator']}) and its "
-        f"{'config.json' if a.format == 'gpt2' else 'meta json'}: {json.dumps(written)[:200]}")
+        f"{'meta json' if a.format == 'nanochat' else 'config.json'}: {json.dumps(written)[:200]}")
   return written
 
 
