@@ -375,3 +375,14 @@ def test_a_model_without_attention_or_with_too_few_heads_is_refused():
     reg.check_model(reg.Regularisers(skew=1.0, heads=3), tiny_gpt())
   with pytest.raises(ValueError, match="kind must be one of"):
     reg.reversibility(*qk(), kind="kl")
+
+
+@pytest.mark.parametrize("argv,needle", [(["--terms", "curvature,foo"], "--terms must be a comma-separated subset"),
+                                         (["--heads", "5"], "--heads must be in [0, 4] at the lm preset; got 5"),
+                                         (["--preset", "tiny", "--test-functions", "0"], "--test-functions must be ≥ 1")])
+def test_bench_refuses_bad_flags_before_any_work(argv, needle, capsys):
+  from attngeo.experiments import bench_regularisers
+  with pytest.raises(SystemExit) as err:
+    bench_regularisers.main(argv)
+  lines = capsys.readouterr().err.strip().splitlines()
+  assert err.value.code == 2 and len(lines) == 1 and needle in lines[0]
