@@ -1,7 +1,7 @@
 """Masked-LM evaluation of encoder runs (BERT/ALBERT imports and their twins) on SMILES (`attngeo.lm.mlm`).
 
     attngeo mlm eval RUN [RUN ...] [--data moses|moses-train|reactions|FILE] [--n N] [--seed 0]
-                     [--mask-seed 0] [--rate 0.15] [--batch 64] [--head RUN] [--vocab PATH] [--out runs/mlm]
+                     [--mask-seed 0] [--rate 0.15] [--batch 64] [--head RUN] [--twins] [--vocab PATH] [--out runs/mlm]
 
 Each RUN is a run folder whose model is an encoder (`attngeo import bert|albert PATH --out RUN`, or a
 random-init twin); its tokenizer is the `vocab.txt` in RUN (or --vocab). The data are MOSES molecules
@@ -9,7 +9,9 @@ random-init twin); its tokenizer is the `vocab.txt` in RUN (or --vocab). The dat
 SMILES (one per line, or a CSV with a SMILES/rxn column); --n draws a fixed subset (default 2000 of
 MOSES, all of the rest). 15 % of the non-special tokens of every SMILES are masked (80/10/10, the
 rule in `attngeo.lm.mlm`), the same masks for every run. A run without an MLM head (the fine-tuned
-rxnfp checkpoints) is scored through the head of --head (e.g. the pretrained import). Prints one row
+rxnfp checkpoints) is scored through the head of --head (e.g. the pretrained import). --twins adds
+each run's random-init twin (same config, Hugging Face's init: N(0, 0.02²) weights, zero biases, unit
+LayerNorm scales; `attngeo.nn.encoder`), the baseline a trained model must beat. Prints one row
 per run (masked-token loss in nats, accuracy, perplexity) and writes mlm.md / mlm.csv / mlm.json to --out.
 """
 from __future__ import annotations
@@ -40,6 +42,9 @@ def parser() -> argparse.ArgumentParser:
                   "(default: 0.15)")
   ev.add_argument("--batch", type=int, default=64, help="SMILES per forward pass (default: 64)")
   ev.add_argument("--head", default=None, help="a run whose MLM head scores runs that have none (default: none)")
+  ev.add_argument("--twins", action="store_true", help="also score each run's random-init twin: the same config "
+                  "under Hugging Face's init, seed --twin-seed (default: off)")
+  ev.add_argument("--twin-seed", type=int, default=0, help="seed of the random-init twins (default: 0)")
   ev.add_argument("--vocab", default=None, help="vocab.txt of every run (default: each RUN's vocab.txt)")
   ev.add_argument("--out", default="runs/mlm", help="output folder (default: runs/mlm)")
   return ap
@@ -59,7 +64,8 @@ def _model_class(run: str) -> str:
 
 
 def _check(ap, a):
-  for name, value, low in (("--batch", a.batch, 1), ("--seed", a.seed, 0), ("--mask-seed", a.mask_seed, 0)):
+  for name, value, low in (("--batch", a.batch, 1), ("--seed", a.seed, 0), ("--mask-seed", a.mask_seed, 0),
+                           ("--twin-seed", a.twin_seed, 0)):
     if value < low:
       ap.error(f"{name} must be >= {low}; got {value}")
   if a.n is not None and a.n < 1:
@@ -69,14 +75,14 @@ def _check(ap, a):
   from attngeo.data import molecules
   if a.data not in molecules.SOURCES and not os.path.isfile(a.data):
     ap.error(f"--data must be one of {', '.join(molecules.SOURCES)} or an existing SMILES file; got {a.data!r}")
+  if a.vocab and not os.path.isfile(a.vocab):
+    ap.error(f"--vocab must be an existing vocab.txt; no file {a.vocab}")
   for run in a.runs + ([a.head] if a.head else []):
     if _model_class(run) != "EncoderConfig":
       ap.error(f"{run} holds a {_model_class(run)}, not an encoder; mlm eval takes BERT/ALBERT runs")
     vocab = a.vocab or os.path.join(run, "vocab.txt")
     if run != a.head and not os.path.isfile(vocab):
       ap.error(f"no vocab file {vocab}; pass --vocab PATH (the checkpoint's vocab.txt)")
-  if a.vocab and not os.path.isfile(a.vocab):
-    ap.error(f"--vocab must be an existing vocab.txt; no file {a.vocab}")
 
 
 def cmd_eval(a, ap):
@@ -91,15 +97,21 @@ def cmd_eval(a, ap):
   for tok in toks.values():
     tok.batch(smiles)                                          # a SMILES it cannot split: one line, before any model
   head = runs.load_run(a.head)[0] if a.head else None
-  rows = []
-  for run in a.runs:
-    model = runs.load_run(run)[0]
-    has_head = model.cfg.mlm_head
-    if not has_head and head is None:
+  loaded = {run: runs.load_run(run) for run in a.runs}
+  for run, (model, _, _) in loaded.items():
+    if not model.cfg.mlm_head and head is None:
       ap.error(f"{run} has no MLM head; pass --head RUN (a run with one, e.g. the pretrained import)")
-    res = mlm.evaluate(model, toks[run], smiles, rate=a.rate, seed=a.mask_seed, batch_size=a.batch,
-                       head=None if has_head else head, desc=os.path.basename(os.path.normpath(run)))
-    rows.append(dict(run=run, head="own" if has_head else a.head, **res._asdict()))
+  rows = []
+  for run, (model, _, mcfg) in loaded.items():
+    models = [(run, model)]
+    if a.twins:
+      from attngeo.nn import registry
+      models.append((f"{run} (random init, seed {a.twin_seed})", registry.build(mcfg, a.twin_seed)))
+    for name, m in models:
+      own = m.cfg.mlm_head
+      res = mlm.evaluate(m, toks[run], smiles, rate=a.rate, seed=a.mask_seed, batch_size=a.batch,
+                         head=None if own else head, desc=os.path.basename(os.path.normpath(run)))
+      rows.append(dict(run=name, head="own" if own else a.head, **res._asdict()))
   cols = [Col("run"), Col("head"), Col("sequences"), Col("masked", "masked tokens"), Col("loss", "loss (nats)", ".4f"),
           Col("accuracy", "accuracy", ".4f"), Col("perplexity", "perplexity", ".3f"), Col("seconds", "s", ".1f")]
   note = (f"data {a.data} ({len(smiles)} SMILES{'' if n is None else f', subset seed {a.seed}'}); {a.rate:g} of the "

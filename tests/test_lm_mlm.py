@@ -1,5 +1,6 @@
 """MLM masking and scores against float64 numpy references; `evaluate` against a direct computation."""
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
@@ -154,3 +155,28 @@ def test_bad_input_is_one_line(tok, kwargs, smiles, msg):
     mlm.evaluate(TinyEncoder(tok.vocab_size), tok, smiles, progress=False, **kwargs)
   with pytest.raises(ValueError, match="vocab has 591 tokens but the model's 100"):
     mlm.evaluate(TinyEncoder(100), tok, SMILES, progress=False)
+
+
+def test_mlm_eval_command_errors_are_one_line(tmp_path, capsys):
+  from attngeo import cli
+  run = tmp_path / "run"
+  run.mkdir()
+  (run / "config.json").write_text('{"model": {"class": "GPTConfig"}}')
+  enc = tmp_path / "enc"
+  enc.mkdir()
+  (enc / "config.json").write_text('{"model": {"class": "EncoderConfig"}}')
+  cases = [([str(tmp_path / "missing")], "no " + str(tmp_path / "missing" / "config.json")),
+           ([str(run)], "holds a GPTConfig, not an encoder"),
+           ([str(enc)], "no vocab file"),
+           ([str(enc), "--vocab", str(tmp_path / "v.txt")], "--vocab must be an existing vocab.txt"),
+           ([str(enc), "--data", "chembl"], "--data must be one of moses, moses-train, reactions"),
+           ([str(enc), "--rate", "1.5"], r"--rate must lie in \(0, 1\)"),
+           ([str(enc), "--n", "0"], "--n must be >= 1")]
+  for argv, msg in cases:
+    try:
+      code = cli.main(["mlm", "eval", *argv])
+    except SystemExit as e:                       # argparse's error: usage line, then the message
+      code = e.code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err[-1].startswith(("attngeo mlm: error:", "attngeo mlm eval: error:")), (argv, err)
+    assert re.search(msg, err[-1]), (argv, err)
