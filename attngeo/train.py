@@ -17,7 +17,8 @@ process's rows of each global batch.
   `workdir`, and the resumed run reproduces the uninterrupted one exactly (per-step keys are
   `fold_in(key, step)`). A workdir holding a run of another config is refused, naming the fields.
 * One process per workdir: `train` holds its lock (`attngeo.runlock`) for the whole run, so a
-  second run on the same folder is refused in one line (`RunFolderBusy`) before it reads anything.
+  second run on the same folder is refused in one line (`RunFolderBusy`) before it reads anything;
+  a run that fails before its first checkpoint (a full disk, Ctrl-C) removes the files it added.
 * Every logged row goes once to `workdir/metrics.jsonl` and to TensorBoard event files in
   `workdir/tb`, both flushed with each checkpoint; after a resume (even from a kill -9) each step
   appears exactly once in both. A tqdm bar shows loss and ETA; MFU is logged when the device peak
@@ -222,9 +223,7 @@ def device_peak_flops() -> float | None:
 
 def _resume(cfg: TrainConfig, state, shardings, data, model_cfg):
   """Check the workdir's config (before opening anything), then restore the newest intact step."""
-  ckpt_dir = os.path.join(cfg.workdir, "ckpt")
-  has_steps = os.path.isdir(ckpt_dir) and any(name.isdigit() for name in os.listdir(ckpt_dir))
-  if has_steps and os.path.exists(os.path.join(cfg.workdir, "config.json")):
+  if runlock.has_checkpoint(cfg.workdir) and os.path.exists(os.path.join(cfg.workdir, "config.json")):
     check_resumable(cfg.workdir, train=cfg, model=model_cfg)
   mngr = checkpoint.manager(cfg.workdir, cfg.keep, clean=True)      # the lock is held: unfinished steps are ours
   try:
@@ -241,7 +240,8 @@ def _resume(cfg: TrainConfig, state, shardings, data, model_cfg):
 
 def _run_folder(workdir: str | None):
   """The run folder's lock (`attngeo.runlock`), held by process 0 (the processes of one run share it)."""
-  return runlock.hold(workdir) if workdir and jax.process_index() == 0 else contextlib.nullcontext()
+  return (runlock.hold(workdir, started=runlock.has_checkpoint) if workdir and jax.process_index() == 0 else
+          contextlib.nullcontext())
 
 
 def train(model, loss_fn: Callable, data: Iterator, cfg: TrainConfig, *, flops_per_step: float | None = None,
