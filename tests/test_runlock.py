@@ -176,3 +176,25 @@ def test_lm_train_refused_at_a_full_disk_before_its_first_step_writes_nothing(tm
   err = capsys.readouterr().err.strip().splitlines()
   assert e.value.code == 2 and len(err) == 1 and "no space left on the device" in err[0], err
   assert not os.path.exists(tmp_path / "runs")
+
+
+def test_train_refused_at_its_first_checkpoint_leaves_the_folder_as_it_found_it(tmp_path, monkeypatch):
+  """sit train, swissroll and every other train.train caller left config.json, ckpt/, metrics.jsonl and tb/
+  in a folder with no step when the first checkpoint hit a full disk; a folder's own files stay."""
+  from flax import nnx
+  from helpers import Batches
+
+  from attngeo import checkpoint, flow, nn, train
+  wd = tmp_path / "run"
+  (wd / "notes.txt").parent.mkdir()
+  (wd / "notes.txt").write_text("kept")
+
+  def full(mngr, step, *args):
+    raise checkpoint.disk_full(str(wd / "ckpt"), 10**9, f"checkpoint step {step}")
+  monkeypatch.setattr(checkpoint, "save", full)
+  pf = nn.PointFlow(nn.PointFlowConfig.create(width=16, depth=1, num_heads=2), rngs=nnx.Rngs(0))
+  pts = {"points": np.zeros((2, 4, 3), np.float32)}
+  with pytest.raises(checkpoint.DiskFull):
+    train.train(pf, lambda m, b, r: (flow.loss(m, b["points"], r), {}), Batches(pts),
+                train.TrainConfig(steps=1, batch_size=2, workdir=str(wd), log_every=1, progress=False))
+  assert os.listdir(wd) == ["notes.txt"]
