@@ -12,8 +12,8 @@ The run folder is the one `attngeo.train` writes: `config.json` (`model`: the GP
 architecture and commit matched, the source's own config) and `ckpt/0` (an orbax train state at
 step 0 with a fresh optimizer state), so `attngeo.runs.load_run`, `attngeo probe` and anything that
 resumes from a run read it unchanged. A BERT/ALBERT import is a weights-only run folder instead
-(`attngeo.interop.bert.write_run`: config.json, weights.npz, and `hf/` holding the checkpoint as
-safetensors, converted once from a pytorch_model.bin). Nothing is downloaded: the files must be local. The import
+(`attngeo.interop.bert.write_run`: config.json, weights.npz, the vocab.txt, and `hf/` holding the
+checkpoint as safetensors, converted once from a pytorch_model.bin). Nothing is downloaded: the files must be local. The import
 summary names the rotary-table dtype of a nanochat import (nanochat's on this machine:
 `attngeo.interop.nanochat.rope_tables`). Export is lossless or refuses in one line naming the
 settings the layout cannot carry (`attngeo.interop.layout.unexpressed`).

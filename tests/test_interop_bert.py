@@ -250,10 +250,11 @@ def test_cli_import_export_and_bad_input(tmp_path, capsys):
   torch_model = transformers.AlbertForMaskedLM.from_pretrained(str(tmp_path / "hf"))
   os.remove(tmp_path / "hf" / "model.safetensors")
   torch.save(torch_model.state_dict(), tmp_path / "hf" / "pytorch_model.bin")
+  (tmp_path / "hf" / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "C"]))
   run = str(tmp_path / "run")
   assert cli.main(["import", "albert", str(tmp_path / "hf"), "--out", run]) == 0
   assert "heads on top: ['MLM']" in capsys.readouterr().out
-  assert sorted(os.listdir(run)) == ["config.json", "hf", "weights.npz"]
+  assert sorted(os.listdir(run)) == ["config.json", "hf", "vocab.txt", "weights.npz"]
   assert sorted(os.listdir(os.path.join(run, "hf"))) == ["config.json", "model.safetensors"]
   model, _, mcfg = runs.load_run(run)
   direct, _ = interop.load("albert", os.path.join(run, "hf"))               # the converted copy reads without torch

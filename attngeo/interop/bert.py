@@ -340,12 +340,13 @@ def save(model, path: str, kind: str = "bert") -> dict:
   return hf
 
 
-HF_DIR = "hf"     # in an imported run folder: the checkpoint as safetensors, its config.json and vocab.txt
+HF_DIR = "hf"     # in an imported run folder: the checkpoint as safetensors and its config.json
 
 
 def write_run(out: str, model, info: dict, imported: dict) -> None:
   """An imported run folder at `out`: `runs.write_weights_run` (config.json + weights.npz, what `runs.load_run`
-  reads) and `hf/` (the checkpoint's tensors as read, now model.safetensors, its config.json and vocab.txt).
+  reads), the checkpoint's `vocab.txt` (where one lies beside its weights: the tokenizer of `attngeo.lm.smiles`)
+  and `hf/` (the checkpoint's tensors as read, now model.safetensors, and its config.json).
 
   Everything is written into a sibling temporary folder that is renamed to `out` at the end, so a failure leaves
   nothing; `out` must not exist or be an empty folder.
@@ -369,7 +370,7 @@ def write_run(out: str, model, info: dict, imported: dict) -> None:
       json.dump(info["config"], f, indent=2)
     vocab = os.path.join(os.path.dirname(info["file"]), "vocab.txt")
     if os.path.isfile(vocab):
-      shutil.copyfile(vocab, os.path.join(hf, "vocab.txt"))
+      shutil.copyfile(vocab, os.path.join(tmp, "vocab.txt"))
     runs.write_weights_run(tmp, model, imported=imported)
     if os.path.isdir(out):
       os.rmdir(out)
