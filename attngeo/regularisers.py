@@ -34,7 +34,8 @@ batch, heads, tokens and test functions.
 
 The walk terms (reversibility, skew, mixing) read the chain of the layer's logits WITHOUT the causal
 mask: under the mask π = δ₀, ε_rev ≡ 0 and the spectrum is the diagonal (`attngeo.probe`), so there
-is nothing to train; unmasked, ε_rev = ρ_skew = 0 exactly at the exact-A corners (DMAP, ATAP).
+is nothing to train; unmasked, ε_rev = ρ_skew = 0 exactly at the exact-A corners (DMAP, ATAP). A CMAP
+(magnetic) layer is read through its magnitude `K = P(β, α = 0)` and its transports at θ = 0.
 
 **Sampling.** `sample` keeps s of the H heads of a layer (and s' of its b sequences), drawn uniformly
 without replacement. A term's layer mean over the kept heads is then unbiased for the mean over all
@@ -42,25 +43,26 @@ heads, with variance `(1 − s/H)·S²/s` (S² the variance of the per-head valu
 likewise for sequences), and the cost falls by s/H. Rows cannot be sampled to save work: Γ₂ at token
 i needs Γ on every token i attends to.
 
-`Regularisers` (weights λ ≥ 0, targets, sample sizes) is the config; `penalty` applies it to the
+`Regularisers` (weights λ ≥ 0, targets, sample sizes; JAX-free, in `attngeo.regularisers_config`, so a
+command's config can nest it and still answer `--help` without importing JAX) is the config; `penalty` applies it to the
 (q, k) captured from a model (`nn.capture_qk`) and returns `(Σ λ·R, {"reg/<term>": R})`;
 `regularised(cfg, loss_fn)` turns a trainer loss `loss_fn(model, batch, rng) -> (loss, metrics)` into
 the regularised one (the terms logged as metrics).
 """
 from __future__ import annotations
 
-import dataclasses
 import math
-import numbers
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from attngeo import geometry, markov, nn, operators
+from attngeo.regularisers_config import REVERSIBILITY_KINDS, TERMS, Regularisers
 
-TERMS = ("curvature", "reversibility", "skew", "mixing", "isometry")
-REVERSIBILITY_KINDS = ("eps_rev", "entropy")
+__all__ = ["REVERSIBILITY_KINDS", "TERMS", "Regularisers", "absolute_gap", "check_model", "coordinate_family",
+           "curvature", "curvature_terms", "isometry", "mixing", "penalty", "regularised", "reversibility", "sample",
+           "skew"]
 
 
 # ----------------------------------------------------------------------------- test functions and sampling
@@ -163,59 +165,6 @@ def isometry(wv, wo) -> jax.Array:
 
 
 # ----------------------------------------------------------------------------- config and application
-
-def _is_count(x) -> bool:
-  return isinstance(x, numbers.Integral) and not isinstance(x, bool) and x >= 0
-
-
-@dataclasses.dataclass(frozen=True)
-class Regularisers:
-  """Weights λ ≥ 0 of each term (0: off), the curvature and gap targets, and the sample sizes.
-
-  `curvature_target` K, `gap_target` g*, `test_functions` m (curvature), `tau` τ of `L = (P − I)/τ`,
-  `reversibility_kind` `"eps_rev"` | `"entropy"`, `heads` / `sequences` sampled per layer (0: all).
-  """
-  curvature: float = 0.0
-  reversibility: float = 0.0
-  skew: float = 0.0
-  mixing: float = 0.0
-  isometry: float = 0.0
-  curvature_target: float = 0.0
-  gap_target: float = 0.1
-  test_functions: int = 4
-  tau: float = 1.0
-  reversibility_kind: str = "eps_rev"
-  heads: int = 0
-  sequences: int = 0
-
-  def __post_init__(self):
-    self.validate()
-
-  def validate(self, prefix: str = "reg.") -> "Regularisers":
-    """One-line ValueError naming the first field (as `prefix + name`) no run can use."""
-    for term in TERMS:
-      w = getattr(self, term)
-      if isinstance(w, bool) or not isinstance(w, numbers.Real) or not (math.isfinite(w) and w >= 0):
-        raise ValueError(f"{prefix}{term} must be a weight ≥ 0 (a finite number; 0 turns the term off); got {w!r}")
-    real = lambda x: isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
-    rules = (("curvature_target", real(self.curvature_target), "a finite number (the curvature bound K)"),
-             ("gap_target", real(self.gap_target) and 0 < self.gap_target <= 1, "a number in (0, 1]"),
-             ("test_functions", _is_count(self.test_functions) and (self.test_functions >= 1 or not self.curvature),
-              f"an integer ≥ 1 when {prefix}curvature > 0 (the curvature term needs test functions)"),
-             ("tau", real(self.tau) and self.tau > 0, "a positive time scale"),
-             ("reversibility_kind", self.reversibility_kind in REVERSIBILITY_KINDS, f"one of {REVERSIBILITY_KINDS}"),
-             ("heads", _is_count(self.heads), "an integer ≥ 0 (0: every head)"),
-             ("sequences", _is_count(self.sequences), "an integer ≥ 0 (0: every sequence)"))
-    for name, ok, want in rules:
-      if not ok:
-        raise ValueError(f"{prefix}{name} must be {want}; got {getattr(self, name)!r}")
-    return self
-
-  @property
-  def active(self) -> tuple[str, ...]:
-    """The terms with a positive weight."""
-    return tuple(t for t in TERMS if getattr(self, t) > 0)
-
 
 def check_model(cfg: Regularisers, model, prefix: str = "reg.") -> list:
   """The model's `nn.Attention` layers, after refusing (one-line ValueError) a term the model cannot give:

@@ -386,3 +386,26 @@ def test_bench_refuses_bad_flags_before_any_work(argv, needle, capsys):
     bench_regularisers.main(argv)
   lines = capsys.readouterr().err.strip().splitlines()
   assert err.value.code == 2 and len(lines) == 1 and needle in lines[0]
+
+
+def test_the_config_is_jax_free_and_nests_as_dotted_flags():
+  """`attngeo.regularisers_config` imports no JAX; nested in a command's config it gives `--reg.<field>`
+  flags, and a negative weight there is the config's one-line ValueError."""
+  import subprocess
+  import sys
+  code = ("import sys; import attngeo.regularisers_config as c; c.Regularisers(curvature=1.0); "
+          "print('JAX' if 'jax' in sys.modules else 'NO_JAX')")
+  assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "NO_JAX"
+  from attngeo import config
+  from attngeo.regularisers_config import Regularisers
+
+  @dataclasses.dataclass
+  class Command:
+    steps: int = 1
+    reg: Regularisers = dataclasses.field(default_factory=Regularisers)
+  ap = config.Parser(prog="attngeo demo")
+  config.add_arguments(ap, Command)
+  got = config.from_arguments(ap.parse_args(["--reg.curvature", "0.5", "--reg.heads", "1"]), Command)
+  assert got.reg == reg.Regularisers(curvature=0.5, heads=1)
+  with pytest.raises(ValueError, match=r"^reg\.isometry must be a weight ≥ 0 .*; got -1\.0$"):
+    config.from_arguments(ap.parse_args(["--reg.isometry", "-1"]), Command)

@@ -1,0 +1,69 @@
+"""The config of `attngeo.regularisers`, JAX-free (a command's config nests it; `--help` imports no JAX).
+
+`Regularisers` holds the weight λ ≥ 0 of each term (0: off), the curvature bound K and gap bound g*, the
+number of curvature test functions, the time scale τ, the reversibility read-out and the head/sequence
+sample sizes; the terms and their equations are in `attngeo.regularisers`. Nested in a command's config
+as `reg`, its fields are the flags `--reg.curvature 0.1`, `--reg.heads 1`, … (`attngeo.config`), and a
+value no run can use is one ValueError line naming the flag's field at construction.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+
+TERMS = ("curvature", "reversibility", "skew", "mixing", "isometry")
+REVERSIBILITY_KINDS = ("eps_rev", "entropy")
+
+
+def _is_count(x) -> bool:
+  return isinstance(x, numbers.Integral) and not isinstance(x, bool) and x >= 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Regularisers:
+  """Weights λ ≥ 0 of each term (0: off), the curvature and gap targets, and the sample sizes.
+
+  `curvature_target` K, `gap_target` g*, `test_functions` m (curvature), `tau` τ of `L = (P − I)/τ`,
+  `reversibility_kind` `"eps_rev"` | `"entropy"`, `heads` / `sequences` sampled per layer (0: all).
+  """
+  curvature: float = 0.0
+  reversibility: float = 0.0
+  skew: float = 0.0
+  mixing: float = 0.0
+  isometry: float = 0.0
+  curvature_target: float = 0.0
+  gap_target: float = 0.1
+  test_functions: int = 4
+  tau: float = 1.0
+  reversibility_kind: str = "eps_rev"
+  heads: int = 0
+  sequences: int = 0
+
+  def __post_init__(self):
+    self.validate()
+
+  def validate(self, prefix: str = "reg.") -> "Regularisers":
+    """One-line ValueError naming the first field (as `prefix + name`) no run can use."""
+    for term in TERMS:
+      w = getattr(self, term)
+      if isinstance(w, bool) or not isinstance(w, numbers.Real) or not (math.isfinite(w) and w >= 0):
+        raise ValueError(f"{prefix}{term} must be a weight ≥ 0 (a finite number; 0 turns the term off); got {w!r}")
+    real = lambda x: isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
+    rules = (("curvature_target", real(self.curvature_target), "a finite number (the curvature bound K)"),
+             ("gap_target", real(self.gap_target) and 0 < self.gap_target <= 1, "a number in (0, 1]"),
+             ("test_functions", _is_count(self.test_functions) and (self.test_functions >= 1 or not self.curvature),
+              f"an integer ≥ 1 when {prefix}curvature > 0 (the curvature term needs test functions)"),
+             ("tau", real(self.tau) and self.tau > 0, "a positive time scale"),
+             ("reversibility_kind", self.reversibility_kind in REVERSIBILITY_KINDS, f"one of {REVERSIBILITY_KINDS}"),
+             ("heads", _is_count(self.heads), "an integer ≥ 0 (0: every head)"),
+             ("sequences", _is_count(self.sequences), "an integer ≥ 0 (0: every sequence)"))
+    for name, ok, want in rules:
+      if not ok:
+        raise ValueError(f"{prefix}{name} must be {want}; got {getattr(self, name)!r}")
+    return self
+
+  @property
+  def active(self) -> tuple[str, ...]:
+    """The terms with a positive weight."""
+    return tuple(t for t in TERMS if getattr(self, t) > 0)
