@@ -132,6 +132,32 @@ def test_loader_state_resumes_the_same_rows(tmp_path):
     np.testing.assert_array_equal(next(it2)["tokens"], w)
 
 
+def test_copy_mix_loader_serves_the_share_asked_and_zero_is_the_plain_loader(tmp_path):
+  from attngeo.data.loader import loader as grain_loader
+  corpus = text.open_corpus(text.TextSpec(write_corpus(tmp_path / "c", DOCS * 3), val_every=3), tok_lib.ByteTokenizer(),
+                            str(tmp_path / "cache"), chunk=64)
+  rows = corpus.rows("train", 32)
+  n = len(rows)
+  plain, zero = grain_loader(rows, 4, 1), text.loader(corpus, "train", 32, 4, seed=1, copy_mix=0.0)
+  for _ in range(2 * n // 4):                                   # two epochs, bit for bit
+    np.testing.assert_array_equal(next(zero)["tokens"], next(plain)["tokens"])
+  texts = {rows[r]["tokens"].tobytes() for r in range(n)}
+  epoch = next(text.loader(corpus, "train", 32, n, seed=1, copy_mix=0.25))["tokens"]   # one shuffled epoch
+  repeated = [t for t in epoch if t.tobytes() not in texts]
+  assert len(repeated) == n // 4                               # ⌊N·f⌋ exactly, N = n rows
+  for t in repeated:                                           # s repeated, its length in [8, 16]
+    assert any(np.array_equal(t[p:], t[:-p]) for p in range(8, 17))
+
+
+def test_token_ids_are_the_splits_distinct_tokens_without_bos(tmp_path):
+  tok = tok_lib.ByteTokenizer()
+  corpus = text.open_corpus(text.TextSpec(write_corpus(tmp_path / "c", DOCS), val_every=3), tok,
+                            str(tmp_path / "cache"), chunk=64)
+  for split in ("train", "val"):
+    ref = sorted(set(reference_stream(DOCS, tok, split, 3).tolist()) - {tok.bos_id})
+    np.testing.assert_array_equal(corpus.token_ids(split), ref)
+
+
 def test_empty_corpus_and_too_few_documents_fail_without_a_cache(tmp_path):
   tok = tok_lib.ByteTokenizer()
   empty = write_corpus(tmp_path / "e", ["", "  \n"])

@@ -1,16 +1,20 @@
 """Repeated random sequences mixed into text rows: a curriculum that makes copying (induction) pay.
 
-Row r of `CopyMix(rows, fraction, vocab_size)` is, with probability `fraction`, a synthetic row
-instead of `rows[r]`:
+Row r of `CopyMix(rows, fraction, vocab_size)` is a synthetic row instead of `rows[r]` exactly when
+
+    ⌊(r + 1)·f⌋ > ⌊r·f⌋                (f = fraction: rows ⌈1/f⌉ − 1, … evenly spread)
+
+so the first N rows hold exactly ⌊N·f⌋ synthetic ones (and any run of k consecutive rows ⌊k·f⌋ or
+⌈k·f⌉): the share is what was asked, not a binomial draw around it. A synthetic row is
 
     s = (s_0 … s_{L−1}) uniform over the ids [0, V),  L uniform over [min_len, max_len],
     row = (s, s, s, …)[:T + 1]        (s repeated to fill the row of T + 1 tokens)
 
 — the distribution the induction score draws from (`attngeo.lm.induction`: uniform over the whole
-vocabulary, special ids included), so a model trained on it learns to copy every id. The choice and
-the content of row r come from `np.random.default_rng([seed, r])`: the mixture is a fixed function
-of the row index, so any shuffle, seed or resumption of the loader sees the same rows. Every
-other row is `rows[r]` unchanged.
+vocabulary, special ids included), so a model trained on it learns to copy every id. The content of
+row r comes from `np.random.default_rng([seed, r])`: the mixture is a fixed function of the row
+index, so any shuffle or resumption of the loader sees the same rows. Every other row is `rows[r]`
+unchanged (the text of the replaced rows is not trained on).
 """
 from __future__ import annotations
 
@@ -38,9 +42,9 @@ class CopyMix:
 
   def synthetic(self, r: int) -> np.ndarray | None:
     """Row r's repeated random sequence [T + 1], or None when row r keeps its text."""
-    rng = np.random.default_rng([self.seed, r])
-    if rng.random() >= self.fraction:
+    if np.floor((r + 1) * self.fraction) <= np.floor(r * self.fraction):
       return None
+    rng = np.random.default_rng([self.seed, r])
     s = rng.integers(0, self.vocab_size, rng.integers(self.min_len, self.max_len + 1))
     return np.resize(s, self.width).astype(np.int32)
 

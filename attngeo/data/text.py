@@ -23,7 +23,11 @@
 * **Packed rows**: `PackedRows(stream, seq_len)` is the random-access source whose row `r` is the
   stream's tokens `[r·T, r·T + T + 1)` (inputs and next-token targets of one training row; every
   token is a target exactly once). `loader` serves shuffled rows through `attngeo.data.loader`
-  (grain, checkpointable iterator state).
+  (grain, checkpointable iterator state); with `copy_mix = f > 0` a share f of them are repeated
+  random spans (`attngeo.data.copying.CopyMix`, keyed by row index and seed); f = 0 serves the rows
+  themselves, bit for bit.
+* **Token set**: `Corpus.token_ids(split)` — the sorted distinct ids of a split's documents (BOS, the
+  separator the stream adds, left out): the tokens the induction probe draws from in its corpus mode.
 """
 from __future__ import annotations
 
@@ -330,6 +334,15 @@ class Corpus:
     return PackedRows(self.chunks[split], self.tokens[split], self.chunk, seq_len,
                       name=f"data {self.spec.source!r}: the {split} split")
 
+  def token_ids(self, split: str = "train") -> np.ndarray:
+    """int32[k]: the sorted distinct token ids of `split`'s documents (BOS left out)."""
+    seen = np.zeros(self.tokenizer.vocab_size, bool)
+    for c in range(len(self.chunks[split])):
+      record = self.chunks[split][c]
+      seen[np.asarray(record["tokens"])[:int(record["length"])]] = True
+    seen[self.tokenizer.bos_id] = False
+    return np.flatnonzero(seen).astype(np.int32)
+
 
 @contextlib.contextmanager
 def _building(path: str):
@@ -406,7 +419,13 @@ class PackedRows:
     return np.stack([self[r]["tokens"] for r in range(m)]) if m else np.zeros((0, self.seq_len + 1), np.int32)
 
 
-def loader(corpus: Corpus, split: str, seq_len: int, batch_size: int, seed: int = 0, shuffle: bool = True):
-  """Infinite grain iterator of {"tokens": [batch, seq_len + 1]} rows of `split` (shuffled, checkpointable)."""
+def loader(corpus: Corpus, split: str, seq_len: int, batch_size: int, seed: int = 0, shuffle: bool = True,
+           copy_mix: float = 0.0):
+  """Infinite grain iterator of {"tokens": [batch, seq_len + 1]} rows of `split` (shuffled, checkpointable);
+  `copy_mix > 0` replaces that share of the rows by `CopyMix`'s repeated random spans (its seed `seed`)."""
+  from attngeo.data.copying import CopyMix
   from attngeo.data.loader import loader as grain_loader
-  return grain_loader(corpus.rows(split, seq_len), batch_size, seed, shuffle=shuffle)
+  rows = corpus.rows(split, seq_len)
+  if copy_mix:
+    rows = CopyMix(rows, copy_mix, corpus.tokenizer.vocab_size, seed=seed)
+  return grain_loader(rows, batch_size, seed, shuffle=shuffle)
