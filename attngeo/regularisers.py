@@ -216,12 +216,13 @@ def penalty(cfg: Regularisers, model, qks, key) -> tuple[jax.Array, dict]:
 def regularised(cfg: Regularisers, loss_fn):
   """`loss_fn(model, batch, rng) -> (loss, metrics)` plus the penalty: the layers' (q, k) are captured
   during `loss_fn`'s own forward pass (its first call of each layer), the sampling key is drawn from
-  `rng`, and the terms join the metrics as `reg/<term>`. With no active term, `loss_fn` itself."""
+  `rng`, and the terms join the metrics as `reg/<term>`, the unregularised loss as `reg/base_loss`
+  (the trainer's `loss` is then the total). With no active term, `loss_fn` itself."""
   if not cfg.active:
     return loss_fn
 
   def fn(model, batch, rng):
     (loss, metrics), qks = nn.capture_qk(model, lambda: loss_fn(model, batch, rng))
     total, terms = penalty(cfg, model, qks, jax.random.fold_in(rng, 0x5E6))
-    return loss + total, {**metrics, **terms}
+    return loss + total, {**metrics, **terms, "reg/base_loss": loss}
   return fn

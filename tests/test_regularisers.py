@@ -323,6 +323,7 @@ def test_penalty_is_the_weighted_mean_over_layers(cfg):
   for term, value in means.items():
     np.testing.assert_allclose(metrics[f"reg/{term}"], value, rtol=1e-5, err_msg=term)
   assert float(metrics["reg/curvature"]) > 0 and metrics["n"] == 1.0
+  np.testing.assert_allclose(metrics["reg/base_loss"], base, rtol=1e-6)
   total = sum(getattr(cfg, t) * float(metrics[f"reg/{t}"]) for t in cfg.active)
   np.testing.assert_allclose(loss, float(base) + total, rtol=1e-5)
   assert reg.regularised(reg.Regularisers(), gpt_loss) is gpt_loss
