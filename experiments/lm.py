@@ -1,6 +1,7 @@
 """Language models: train a GPT on text, evaluate it, sample from it, and the seed's Table 2 at this scale.
 
     attngeo lm train [--data shakespeare] [--tokenizer byte|bpe] [--depth 4] [--operator DMTN] [--train.steps N] --out DIR
+    attngeo lm train --preset induction --out DIR    BPE, depth 2, CopyMix 0.25, induction logged every 50 steps
     attngeo lm eval RUN_DIR [--core-bundle DIR] [--max-rows N]
     attngeo lm sample RUN_DIR [--prompt TEXT] [--max-tokens 200] [--temperature 0.8] [--top-k 50]
     attngeo lm table2 [--seeds 0,1,2] [--conditions ATTN,DMTN,DMAP,ATAP,learnable] [--lm.X ...] [--out DIR]
@@ -9,8 +10,9 @@
 
 `train` writes a run folder (lm.json, tokenizer/, config.json, metrics.jsonl, ckpt/) and resumes a
 killed run from its last checkpoint. `eval` prints and writes RUN_DIR/eval.json: validation bits per
-byte (nanochat's definition), the induction score, the DAC probe and — with a local DCLM eval bundle —
-CORE. `table2` trains every condition × seed from scratch on the same budget and reports mean ± sd.
+byte (nanochat's definition), the induction score under both token sets (`induction`: uniform over the
+vocabulary, the seed's protocol; `induction_corpus`: the training corpus's tokens), the DAC probe and —
+with a local DCLM eval bundle — CORE. `table2` trains every condition × seed from scratch on the same budget and reports mean ± sd.
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ import numpy as np
 from attngeo import config as config_lib
 from attngeo.experiments import report
 from attngeo.experiments.report import Col
-from attngeo.lm.config import HELP, LMConfig
+from attngeo.lm.config import HELP, PRESETS, LMConfig, preset
 from attngeo.lm import table2
 from attngeo.lm.table2 import CONDITIONS, Table2Config, run_condition  # the protocol (the library's, with lm adapt)
 
@@ -38,8 +40,8 @@ SEED_TABLE2 = {"ATTN": 0.8471, "DMTN": 0.8492, "DMAP": 0.8621}
 
 def cmd_train(args, ap) -> dict:
   from attngeo.lm import recipe
-  cfg = config_lib.from_arguments(args, LMConfig)
   try:
+    cfg = config_lib.from_arguments(args, LMConfig, preset(args.preset) if args.preset else None)
     if args.eval_max_rows < 1:
       raise ValueError(f"--eval-max-rows must be ≥ 1; got {args.eval_max_rows}")
     cfg.validate()                               # every field, before JAX is imported
@@ -90,17 +92,18 @@ def cmd_eval(args, ap, loaded=None) -> dict:
     changed = corpus_changed(args.run_dir, corpus.key, cfg.data, args.allow_changed_corpus)
     out = evals.evaluate(model, tok, corpus.rows("val", cfg.seq_len), max_rows=args.max_rows,
                          with_dac=not args.no_dac, core_bundle=args.core_bundle, max_per_task=args.max_per_task,
-                         progress=True)
+                         progress=True, corpus_tokens=corpus.token_ids())
   except (ValueError, FileNotFoundError) as e:
     ap.error(str(e))
   out.update(corpus_key=corpus.key, corpus_changed=changed)
   rows = [{"metric": "val bpb", "value": out["bpb"]}, {"metric": "val loss (nats/token)", "value": out["val_loss"]},
           {"metric": "val tokens", "value": out["val_tokens"]}]
-  if "induction" in out:
-    rows.append({"metric": "induction acc (mean over L)", "value": out["induction"]})
-    for L, v in out["induction_per_length"].items():
-      rows.append({"metric": f"  L={L}: induction acc / loss / random-half loss",
-                   "value": f"{v['induction_acc']:.4f} / {v['induction_loss']:.3f} / {v['random_half_loss']:.3f}"})
+  for key, what in (("induction_corpus", "corpus tokens"), ("induction", "uniform over the vocabulary, the seed's")):
+    if key in out:
+      rows.append({"metric": f"induction acc, {what} (mean over L)", "value": out[key]})
+      for L, v in out[f"{key}_per_length"].items():
+        rows.append({"metric": f"  L={L}: induction acc / loss / random-half loss",
+                     "value": f"{v['induction_acc']:.4f} / {v['induction_loss']:.3f} / {v['random_half_loss']:.3f}"})
   if out.get("dac"):
     rows.append({"metric": f"DAC local contrast (L={out['dac']['L']}), max / mean over heads",
                  "value": f"{out['dac']['max_contrast']:.4f} / {out['dac']['mean_contrast']:.4f}"})
@@ -146,7 +149,7 @@ PEAKS = {"H100 (bf16 dense)": 989e12, "TPU v4 (bf16)": 275e12}
 
 
 def summarise(rows: list[dict], conditions) -> list[dict]:
-  """Per condition: mean ± sd (ddof = 1) over seeds of bpb and induction accuracy, and bpb's
+  """Per condition: mean ± sd (ddof = 1) over seeds of bpb and induction accuracy (both token sets), and bpb's
   difference from ATTN with Welch's t and p (`attngeo.stats.welch`; None for ATTN itself, without an
   ATTN row, or with fewer than 2 seeds on either side)."""
   from attngeo import stats
@@ -157,10 +160,13 @@ def summarise(rows: list[dict], conditions) -> list[dict]:
     if not rs:
       continue
     bpbs, inds = np.array([r["bpb"] for r in rs]), np.array([r["induction"] for r in rs])
+    corpus_inds = np.array([r["induction_corpus"] for r in rs])
     sd = lambda x: float(x.std(ddof=1)) if len(x) > 1 else float("nan")
     test = stats.welch_if_testable(bpbs, attn) if name != "ATTN" else None
     out.append(dict(condition=name, seeds=len(rs), bpb_mean=float(bpbs.mean()), bpb_sd=sd(bpbs),
-                    induction_mean=float(inds.mean()), induction_sd=sd(inds), seed_bpb=SEED_TABLE2.get(name),
+                    induction_mean=float(inds.mean()), induction_sd=sd(inds),
+                    induction_corpus_mean=float(corpus_inds.mean()), induction_corpus_sd=sd(corpus_inds),
+                    seed_bpb=SEED_TABLE2.get(name),
                     bpb_per_seed=bpbs.tolist(), bpb_vs_attn=test and test.difference, welch_t=test and test.t,
                     welch_df=test and test.df, welch_p=test and test.p))
   return out
@@ -181,7 +187,8 @@ def pm(mean_key, sd_key, digits=4):
 TABLE2_COLS = [Col("condition", "Operator"), Col("seeds", "seeds"),
                Col("bpb_mean", "val bpb ↓ (mean ± sd)", align="right"),
                Col("vs_attn", "here − ATTN (Welch t, p)", align="right"),
-               Col("induction_mean", "induction ↑ (mean ± sd)", align="right"),
+               Col("induction_corpus_mean", "induction, corpus tokens ↑", align="right"),
+               Col("induction_mean", "induction, uniform (seed's) ↑", align="right"),
                Col("seed_bpb", "seed paper bpb (d12, FineWeb-edu)", ".4f")]
 
 
@@ -203,6 +210,31 @@ def loss_figure(rows: list[dict], path: str) -> None:
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)
+
+
+def induction_figure(rows: list[dict], path: str) -> bool:
+  """Induction accuracy (corpus tokens solid, uniform dashed) against the step, per run, from the
+  periodic eval (`--lm.induction-lengths`, `--lm.eval-every`); False (nothing drawn) without one."""
+  if not any(r.get("induction_curve") for r in rows):
+    return False
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, ax = plt.subplots(figsize=(6.4, 4.0))
+  colours = dict(zip(CONDITIONS, ("black", "tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:red")))
+  for name in dict.fromkeys(r["condition"] for r in rows):
+    for i, r in enumerate(r for r in rows if r["condition"] == name and r.get("induction_curve")):
+      steps, corpus, uniform = zip(*r["induction_curve"])
+      ax.plot(steps, corpus, color=colours.get(name), lw=1, label=name if i == 0 else None)
+      ax.plot(steps, uniform, color=colours.get(name), lw=1, ls="--")
+  ax.set_xlabel("step")
+  ax.set_ylabel("induction accuracy")
+  ax.set_title("Induction vs step (solid: corpus tokens, dashed: uniform)")
+  ax.legend()
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return True
 
 
 def vocab_size(lm: LMConfig) -> int:
@@ -299,10 +331,12 @@ def check_table2(cfg: Table2Config, mfu: float) -> None:
 
 def cmd_table2(args, ap) -> dict:
   base = Table2Config()
-  if args.full:
-    base = full_config(base)
-  cfg = config_lib.from_arguments(args, Table2Config, base)
   try:
+    if args.preset:
+      base = dataclasses.replace(base, lm=preset(args.preset))
+    if args.full:
+      base = full_config(base)
+    cfg = config_lib.from_arguments(args, Table2Config, base)
     check_table2(cfg, args.mfu)
   except ValueError as e:
     ap.error(str(e))
@@ -333,17 +367,22 @@ def cmd_table2(args, ap) -> dict:
     r["vs_attn"] = vs_attn(r)
     r["bpb_mean"] = pm("bpb_mean", "bpb_sd")(r)
     r["induction_mean"] = pm("induction_mean", "induction_sd", 3)(r)
+    r["induction_corpus_mean"] = pm("induction_corpus_mean", "induction_corpus_sd", 3)(r)
   wall = time.perf_counter() - t0
   note = (f"Depth-{cfg.lm.depth} GPT (width {cfg.lm.width or cfg.lm.aspect * cfg.lm.depth}, context {cfg.lm.seq_len}, "
           f"{cfg.lm.tokenizer} tokenizer) trained from scratch on '{cfg.lm.data}' for {cfg.lm.train.steps} steps × "
           f"{cfg.lm.train.batch_size} rows per condition and seed; sd over {len(cfg.seeds)} seeds (ddof 1). "
           f"here − ATTN: the difference of mean bpb from ATTN's, Welch's t-test over the seeds (two-sided p). "
+          f"Induction: accuracy on the second copy of [s; s], s drawn from the training corpus's tokens "
+          f"(corpus) or uniformly from the vocabulary (uniform: the seed's protocol), mean over L. "
+          f"CopyMix share {cfg.lm.copy_mix}. "
           f"Seed paper: depth 12, FineWeb-edu, 65,536-token BPE, one seed. Wall time {wall:.0f} s.")
   payload = dict(config=dataclasses.asdict(cfg), table=summarise(rows, cfg.conditions), runs=rows, wall_seconds=wall)
   md = report.write(cfg.out, "table2", table, TABLE2_COLS, payload=payload, note=note)
   os.replace(os.path.join(cfg.out, "table2.json"), os.path.join(cfg.out, "results.json"))
   loss_figure(rows, os.path.join(cfg.out, "loss_curves.png"))
-  print(f"\nwrote {cfg.out}/table2.md, table2.csv, results.json, loss_curves.png; wall time {wall:.0f} s")
+  curves = ", induction_curves.png" if induction_figure(rows, os.path.join(cfg.out, "induction_curves.png")) else ""
+  print(f"\nwrote {cfg.out}/table2.md, table2.csv, results.json, loss_curves.png{curves}; wall time {wall:.0f} s")
   return {"markdown": md, **payload}
 
 
@@ -354,6 +393,8 @@ def parser() -> argparse.ArgumentParser:
   sub = ap.add_subparsers(dest="command", required=True)
   tr = sub.add_parser("train", help="train a GPT on text (resumes a killed run)", prog="attngeo lm train")
   tr.add_argument("--out", default="runs/lm", help="run folder (default: runs/lm)")
+  tr.add_argument("--preset", default=None, help=f"start from a protocol preset, flags override it: "
+                                                 f"{', '.join(f'{k} ({v})' for k, v in PRESETS.items())}")
   tr.add_argument("--no-eval", action="store_true", help="skip the evaluation after training (default: evaluate)")
   tr.add_argument("--eval-max-rows", type=int, default=512, help="validation rows for the final bpb (default: 512)")
   config_lib.add_arguments(tr, LMConfig, help=HELP)
@@ -388,6 +429,7 @@ def parser() -> argparse.ArgumentParser:
                   help="the seed's d12 recipe (depth 12, 2048 context, 65,536-token BPE, FineWeb-edu shards; "
                        "print it with --dry-run); default off")
   t2.add_argument("--dry-run", action="store_true", help="print the plan (FLOPs, step-time estimates, launch line), train nothing; default off")
+  t2.add_argument("--preset", default=None, help=f"the --lm.* protocol from a preset, flags override it: {sorted(PRESETS)}")
   t2.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilisation assumed by the estimates (default: 0.4)")
   config_lib.add_arguments(t2, Table2Config, help={"conditions": f"from {list(CONDITIONS)} (learnable: per-head "
                                                                  "(beta, alpha) from (0.5, 0.5))",

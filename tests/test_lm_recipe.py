@@ -168,6 +168,11 @@ def test_train_resume_eval_sample_and_bad_input(tmp_path, capsys):
     (["--train.steps", "0"], "steps must be an integer ≥ 1"),
     (["--eval-rows", "0"], "eval_rows must be an integer ≥ 1"),
     (["--operator", "CMAP", "--head-dim", "15", "--width", "30"], "CMAP needs an even head_dim"),
+    (["--copy-mix", "1"], "copy_mix must be a share in [0, 1) of training rows that repeat a random span; got 1.0"),
+    (["--copy-mix", "-0.1"], "copy_mix must be a share in [0, 1)"),
+    (["--induction-lengths", "32,64"], "induction_lengths must be half-lengths L ≥ 1 with 2L − 1 ≤ seq_len = 64"),
+    (["--tokenizer", "bpe", "--vocab-size", "100"], "vocab_size must be an integer ≥ 265 (256 bytes + 9 special"),
+    (["--preset", "nope"], "--preset must be one of ['induction']; got 'nope'"),
 ])
 def test_bad_train_settings_are_one_line_before_anything_is_written(tmp_path, capsys, flags, message):
   out = tmp_path / "run"
@@ -209,16 +214,20 @@ def fake_run(calls, evaluated=None):
     os.makedirs(run_dir, exist_ok=True)
     model = nn.GPT(nn.GPTConfig.from_depth(1, vocab_size=8, head_dim=4, width=8, operator=recipe.parse_operator(lm.operator),
                                            learnable_operator=lm.learnable_operator), rngs=nnx.Rngs(0))
-    corpus = type("Corpus", (), {"rows": lambda self, split, n: None, "key": "c0"})()
+    corpus = type("Corpus", (), {"rows": lambda self, split, n: None, "key": "c0",
+                                 "token_ids": lambda self: np.arange(3, 7)})()
     return {"model": model, "tokenizer": None, "corpus": corpus,
-            "history": [{"step": s, "loss": 3.0 - 0.1 * s - 0.01 * lm.train.seed} for s in (1, 2, 3)]}
+            "history": [{"step": s, "loss": 3.0 - 0.1 * s - 0.01 * lm.train.seed,
+                         **({"induction_corpus": 0.1 * s, "induction": 0.05 * s} if s > 1 else {})} for s in (1, 2, 3)]}
 
-  def evaluate(model, tok, rows, max_rows=None):
+  def evaluate(model, tok, rows, max_rows=None, corpus_tokens=None):
     op, seed = calls[-1]
     if evaluated is not None:
       evaluated.append((op, seed, max_rows))
+    assert np.array_equal(corpus_tokens, np.arange(3, 7))                   # the corpus's ids reach the probe
     return {"bpb": 2.0 + 0.1 * seed + OFFSET[op] * (1 + seed ** 2), "val_loss": 1.0, "induction": 0.1 * seed,
-            "induction_per_length": {}, "dac": {"max_contrast": 0.0}}
+            "induction_corpus": 0.5 + 0.1 * seed, "induction_per_length": {}, "induction_corpus_per_length": {},
+            "dac": {"max_contrast": 0.0}}
   return train, evaluate
 
 
@@ -236,7 +245,7 @@ def test_table2_tables_reuse_welch_column_and_figure(tmp_path, monkeypatch, caps
   row = next(r for r in out["table"] if r["condition"] == "ATTN")
   assert row["bpb_mean"] == pytest.approx(2.1) and row["bpb_sd"] == pytest.approx(0.1)          # 2.0, 2.1, 2.2
   assert row["induction_sd"] == pytest.approx(np.std([0.0, 0.1, 0.2], ddof=1)) and row["seed_bpb"] == 0.8471
-  assert row["welch_t"] is None
+  assert row["induction_corpus_mean"] == pytest.approx(0.6) and row["welch_t"] is None
   learnable = next(r for r in out["table"] if r["condition"] == "learnable")
   attn_bpb, learn_bpb = [2.0, 2.1, 2.2], [2.0 + 0.1 * s + 0.03 * (1 + s * s) for s in range(3)]
   ref = sps.ttest_ind(learn_bpb, attn_bpb, equal_var=False)
@@ -245,10 +254,12 @@ def test_table2_tables_reuse_welch_column_and_figure(tmp_path, monkeypatch, caps
   assert learnable["welch_p"] == pytest.approx(ref.pvalue, rel=1e-9)
   md = (tmp_path / "table2.md").read_text()
   assert "2.1000 ± 0.1000" in md and "here − ATTN (Welch t, p)" in md
+  assert "induction, corpus tokens" in md and "0.600 ± 0.100" in md and "induction, uniform (seed's)" in md
   assert f"{np.mean(learn_bpb) - 2.1:+.4f} (t = {ref.statistic:.1f}, p = {ref.pvalue:.2g})" in md
-  for name in ("table2.csv", "results.json", "loss_curves.png"):
+  for name in ("table2.csv", "results.json", "loss_curves.png", "induction_curves.png"):
     assert (tmp_path / name).stat().st_size > 0
   results = json.loads((tmp_path / "results.json").read_text())
+  assert results["runs"][0]["induction_curve"] == [[2, 0.2, 0.1], [3, pytest.approx(0.3), pytest.approx(0.15)]]
   assert any("learned_operator" in r for r in results["runs"])
   assert next(r for r in results["table"] if r["condition"] == "learnable")["welch_p"] == pytest.approx(ref.pvalue)
   lm_cmd.main(args)                                   # same configs: finished runs are reused

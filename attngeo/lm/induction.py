@@ -1,7 +1,14 @@
 """Induction score (the seed author's protocol): can the model copy a random sequence it has seen once?
 
-For half-length L, draw s = (s_0 … s_{L−1}) uniformly from the whole vocabulary [0, V) (as the seed
-author's code does: special ids included) and feed x = [s; s][:−1] (length 2L − 1, no BOS).
+For half-length L, draw s = (s_0 … s_{L−1}) i.i.d. uniformly from a token set and feed
+x = [s; s][:−1] (length 2L − 1, no BOS). Two token sets (`tokens`):
+
+* `"uniform"` — the whole vocabulary [0, V), as the seed author's code does (special ids included);
+* `"corpus"` — the ids that occur in the training corpus (`attngeo.data.text.Corpus.token_ids`):
+  s_t = pool[u_t], u_t uniform over [0, |pool|). A byte model never sees most bytes, so under
+  "uniform" it is asked to copy tokens it has no embedding for; "corpus" asks only for tokens it
+  trained on.
+
 Position i predicts x_{i+1}:
 
 * `induction_loss`, `induction_acc` — mean cross-entropy and argmax accuracy over i ∈ [L, 2L − 2]
@@ -31,9 +38,13 @@ def lengths_for(seq_len: int, lengths=LENGTHS) -> tuple[int, ...]:
   return tuple(L for L in lengths if 2 * L - 1 <= seq_len)
 
 
-def sequences(L: int, vocab_size: int, batches: int = 4, per_batch: int = 16, seed: int = 1234) -> np.ndarray:
-  """[batches·per_batch, 2L] int32: rows [s; s] with s uniform over ids [0, vocab_size)."""
-  s = np.random.default_rng(seed).integers(0, vocab_size, (batches * per_batch, L))
+def sequences(L: int, vocab_size: int, batches: int = 4, per_batch: int = 16, seed: int = 1234,
+              pool=None) -> np.ndarray:
+  """[batches·per_batch, 2L] int32: rows [s; s] with s uniform over ids [0, vocab_size), or over the
+  ids in `pool` (the "corpus" mode) when given."""
+  n = vocab_size if pool is None else len(pool)
+  s = np.random.default_rng(seed).integers(0, n, (batches * per_batch, L))
+  s = s if pool is None else np.asarray(pool)[s]
   return np.concatenate([s, s], 1).astype(np.int32)
 
 
@@ -55,20 +66,23 @@ _batch_jit = bpb.jitted(_batch_stats)
 
 
 def induction(model, vocab_size: int, seq_len: int, lengths=LENGTHS, batches: int = 4, per_batch: int = 16,
-              seed: int = 1234) -> dict:
+              seed: int = 1234, pool=None) -> dict:
   """{"induction": mean acc, "per_length": {L: {induction_loss, induction_acc, random_half_loss}}}.
 
   Args:
     model: a causal LM, tokens [b, n] → logits [b, n, V].
-    vocab_size: tokens are drawn from [0, vocab_size) (the model's vocabulary).
+    vocab_size: tokens are drawn from [0, vocab_size) (the model's vocabulary: the "uniform" mode).
     seq_len: the model's context; lengths with 2L − 1 > seq_len are skipped.
+    pool: the ids to draw from instead (the "corpus" mode: `Corpus.token_ids()`); None: uniform.
   """
   use = lengths_for(seq_len, lengths)
   if not use:
     raise ValueError(f"no induction length {tuple(lengths)} fits a context of {seq_len} tokens (needs 2L − 1 ≤ {seq_len})")
+  if pool is not None and not len(pool):
+    raise ValueError("the induction token pool is empty (a corpus with no tokens?)")
   per = {}
   for L in use:
-    rows = sequences(L, vocab_size, batches, per_batch, seed)
+    rows = sequences(L, vocab_size, batches, per_batch, seed, pool)
     stats = [jax.device_get(_batch_jit(model, jnp.asarray(rows[b * per_batch:(b + 1) * per_batch])))
              for b in range(batches)]
     per[L] = {k: float(np.mean([s[k] for s in stats])) for k in stats[0]}

@@ -11,7 +11,9 @@ A run folder holds `lm.json` (this config), `tokenizer/` (`tokenizer.json`, `tok
 `config.json` (its "classes" name `LMTrainConfig`, so `attngeo.runs.load_run` rebuilds it), `metrics.jsonl`
 and `ckpt/` (written by `attngeo.train.train`, which resumes a killed run from its last checkpoint).
 `train` checks everything before it writes anything (a refused run leaves the folder as it was) and
-holds the folder (`attngeo.runlock`) while it writes and trains. The loss is the mean next-token cross-entropy over every target
+holds the folder (`attngeo.runlock`) while it writes and trains. A share `copy_mix` of the training
+rows are repeated random spans (`attngeo.data.copying.CopyMix`, seeded by `train.seed`); `eval_every`
+logs validation bpb and induction (`eval_hook`). The loss is the mean next-token cross-entropy over every target
 of the packed rows (BOS targets included, as nanochat trains).
 """
 from __future__ import annotations
@@ -108,9 +110,10 @@ def recorded_corpus(run_dir: str) -> str | None:
     return json.load(f)["key"]
 
 
-def check_folder(out: str, tok, corpus, tcfg, mcfg) -> None:
+def check_folder(out: str, tok, corpus, tcfg, mcfg, copy_mix: float = 0.0) -> None:
   """Refuse (one-line ValueError) to write this run into `out` when `out` holds another run: another
-  tokenizer, another corpus (corpus.json), or another trainer/model config (`train_config.check_resumable`)."""
+  tokenizer, another corpus (corpus.json), another CopyMix share (lm.json; absent: 0, the runs before
+  it), or another trainer/model config (`train_config.check_resumable`)."""
   from attngeo.lm import tokenizer as tok_lib
   from attngeo.nn import registry
   tdir = os.path.join(out, "tokenizer")
@@ -121,6 +124,13 @@ def check_folder(out: str, tok, corpus, tcfg, mcfg) -> None:
   if before is not None and before != corpus.key:
     raise ValueError(f"{out}: its corpus changed since the run started (key {before} → {corpus.key}); "
                      f"resuming would read other rows — use another --out")
+  recorded = os.path.join(out, "lm.json")
+  if os.path.exists(recorded):
+    with open(recorded) as f:
+      share = json.load(f).get("copy_mix", 0.0)
+    if share != copy_mix:
+      raise ValueError(f"{out}: the run trained with copy_mix {share}, not {copy_mix}; resuming would read other "
+                       f"rows — use another --out")
   if os.path.exists(os.path.join(out, "config.json")):
     check_resumable(out, train=tcfg, model=registry.config_dict(mcfg))
 
@@ -138,7 +148,7 @@ def train(cfg: LMConfig, out: str, hooks=(), desc: str = "lm") -> dict:
 
   from attngeo import nn, runlock, train as train_lib
   from attngeo.data import text
-  from attngeo.lm import bpb, tokenizer as tok_lib
+  from attngeo.lm import tokenizer as tok_lib
   from attngeo.nn import gpt
   check(cfg)
   tok = tokenizer_for(cfg, out)
@@ -147,28 +157,41 @@ def train(cfg: LMConfig, out: str, hooks=(), desc: str = "lm") -> dict:
   tcfg = train_config(cfg, mcfg.width, out)
   for split in ("train", "val"):
     corpus.rows(split, cfg.seq_len)              # each split holds a row (a one-line ValueError if not)
-  check_folder(out, tok, corpus, tcfg, mcfg)
+  check_folder(out, tok, corpus, tcfg, mcfg, cfg.copy_mix)
   with runlock.hold(out, started=runlock.has_checkpoint):
-    check_folder(out, tok, corpus, tcfg, mcfg)
+    check_folder(out, tok, corpus, tcfg, mcfg, cfg.copy_mix)
     if not os.path.exists(os.path.join(out, "tokenizer", tok_lib.FILE)):
       tok.save(os.path.join(out, "tokenizer"))
     files.atomic_json(os.path.join(out, "corpus.json"), {"key": corpus.key, "stats": corpus.stats})
     files.atomic_json(os.path.join(out, "lm.json"), dataclasses.asdict(cfg))
     model = nn.GPT(mcfg, rngs=nnx.Rngs(tcfg.seed))
-    data = text.loader(corpus, "train", cfg.seq_len, tcfg.batch_size, tcfg.seed)
-    hooks = tuple(hooks)
-    if cfg.eval_every:
-      val = corpus.rows("val", cfg.seq_len).array(cfg.eval_rows)
-      table = tok.token_bytes()
-
-      def val_hook(step, m):
-        if step % cfg.eval_every == 0 or step == tcfg.steps:
-          return {"val_bpb": bpb.bits_per_byte(m, val, table)["bpb"]}
-      hooks += (val_hook,)
+    data = text.loader(corpus, "train", cfg.seq_len, tcfg.batch_size, tcfg.seed, copy_mix=cfg.copy_mix)
+    hooks = tuple(hooks) + ((eval_hook(cfg, corpus, tok, tcfg.steps),) if cfg.eval_every else ())
     tokens = tcfg.batch_size * cfg.seq_len
     result = train_lib.train(model, loss_fn, data, tcfg, flops_per_step=gpt.flops_per_token(mcfg) * tokens,
                              hooks=hooks, desc=desc, tokens_per_step=tokens)
   return {"run_dir": out, "history": result.history, "model": result.model, "tokenizer": tok, "corpus": corpus}
+
+
+def eval_hook(cfg: LMConfig, corpus, tok, steps: int):
+  """The periodic eval (every `cfg.eval_every` steps and at the last): `val_bpb` on the first
+  `eval_rows` validation rows and, at `induction_lengths`, `induction_corpus` (tokens of the training
+  corpus) and `induction` (uniform over the vocabulary: the seed's protocol) — metrics.jsonl and
+  TensorBoard log them as the training loss is."""
+  from attngeo.lm import bpb, induction
+  val = corpus.rows("val", cfg.seq_len).array(cfg.eval_rows)
+  table = tok.token_bytes()
+  pool = corpus.token_ids() if cfg.induction_lengths else None
+
+  def hook(step, m):
+    if step % cfg.eval_every and step != steps:
+      return None
+    out = {"val_bpb": bpb.bits_per_byte(m, val, table)["bpb"]}
+    if cfg.induction_lengths:
+      for name, tokens in (("induction_corpus", pool), ("induction", None)):
+        out[name] = induction.induction(m, tok.vocab_size, cfg.seq_len, cfg.induction_lengths, pool=tokens)["induction"]
+    return out
+  return hook
 
 
 def read_config(run_dir: str) -> LMConfig:

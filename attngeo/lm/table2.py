@@ -8,6 +8,8 @@
   progress bar, plus the text's content key): names the run folder `runs/<name>_s<seed>_<run_key>`.
 * `run_condition(cfg, name, seed)` — train (or resume) and evaluate one condition; its `result.json`
   is reused only under the same `result_key` (the run, the validation rows, the evaluation's version).
+  Induction is reported under both token sets (`attngeo.lm.induction`): `induction` (the seed's,
+  uniform over the vocabulary) and `induction_corpus` (the training corpus's ids).
 
 `attngeo lm table2` (`attngeo.experiments.lm`) runs every condition × seed and tabulates them;
 `attngeo lm adapt` (`attngeo.experiments.lm_adapt`) starts from the ATTN seed-0 run.
@@ -44,19 +46,32 @@ def condition_config(lm: LMConfig, name: str, seed: int | None = None) -> LMConf
   return dataclasses.replace(lm, operator=op, learnable_operator=learnable, train=train)
 
 
+# LMConfig fields added after runs were keyed, with the value every earlier run had: left out of the key
+# at that value, so earlier runs keep their folders; any other value keys a new run.
+ADDED_FIELDS = {"copy_mix": 0.0, "induction_lengths": ()}
+
+
 def run_key(lm: LMConfig) -> str:
   """What a run computes: every LMConfig field but where the text lives (`data`, `data_dir`) and the
-  progress bar, and the text's content (`text.content_key`): new text at the same path is another
-  run, the same text moved is the same run. Names the run's folder."""
+  progress bar (and `ADDED_FIELDS` at their earlier value), and the text's content (`text.content_key`):
+  new text at the same path is another run, the same text moved is the same run. Names the run's folder."""
   from attngeo.data import text
-  same = dataclasses.replace(lm, data="", data_dir="", train=dataclasses.replace(lm.train, progress=True))
+  same = dataclasses.asdict(dataclasses.replace(lm, data="", data_dir="",
+                                                train=dataclasses.replace(lm.train, progress=True)))
+  for name, before in ADDED_FIELDS.items():
+    if same[name] == before:
+      del same[name]
   return files.fingerprint(same, text.content_key(lm.text_spec()))
 
 
+# What a Table 2 result holds beyond `evals.evaluate`'s version: 2 — induction under both token sets.
+RESULT_VERSION = 2
+
+
 def result_key(run: str, eval_rows: int) -> str:
-  """What a result holds: the run (`run_key`), the validation rows and the evaluation's version."""
+  """What a result holds: the run (`run_key`), the validation rows and the evaluation's versions."""
   from attngeo.lm import evals
-  return files.fingerprint(run, eval_rows, evals.VERSION)
+  return files.fingerprint(run, eval_rows, evals.VERSION, RESULT_VERSION)
 
 
 def run_dir(out: str, name: str, seed: int, run: str) -> str:
@@ -85,13 +100,17 @@ def run_condition(cfg: Table2Config, name: str, seed: int) -> dict:
   trained = recipe.train(lm, folder, desc=f"{name} s{seed}")
   with runlock.hold(folder):
     val = trained["corpus"].rows("val", lm.seq_len)
-    ev = evals.evaluate(trained["model"], trained["tokenizer"], val, max_rows=cfg.eval_rows or None)
+    ev = evals.evaluate(trained["model"], trained["tokenizer"], val, max_rows=cfg.eval_rows or None,
+                        corpus_tokens=trained["corpus"].token_ids())
     hist = trained["history"]
     row = dict(condition=name, seed=seed, key=run, result_key=key, corpus=trained["corpus"].key, bpb=ev["bpb"],
-               val_loss=ev["val_loss"], induction=ev["induction"], dac_max_contrast=ev["dac"]["max_contrast"],
+               val_loss=ev["val_loss"], induction=ev["induction"], induction_corpus=ev["induction_corpus"],
+               dac_max_contrast=ev["dac"]["max_contrast"],
                final_train_loss=hist[-1]["loss"] if hist else None, seconds=time.perf_counter() - t0,
                curve=[(h["step"], h["loss"]) for h in hist], induction_per_length=ev["induction_per_length"],
-               dac=ev["dac"])
+               induction_corpus_per_length=ev["induction_corpus_per_length"], dac=ev["dac"],
+               induction_curve=[(h["step"], h["induction_corpus"], h["induction"]) for h in hist
+                                if "induction_corpus" in h])
     if lm.learnable_operator:
       from attngeo import nn
       row["learned_operator"] = [[np.asarray(c).tolist() for c in m.coefficients()]
