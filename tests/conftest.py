@@ -1,4 +1,9 @@
+import fcntl
+import json
 import os
+import shutil
+
+import pytest
 
 # Tests run on the CPU unless JAX_PLATFORMS says otherwise (experiments/gpu_check.sh sets cuda);
 # sharding tests spawn their own 8-device processes.
@@ -23,3 +28,28 @@ if _cache:
 from attngeo import cli as _cli  # noqa: E402
 
 os.environ.update(_cli.huge_pages_env(os.environ) or {})
+
+
+# ----------------------------------------------------------------------------- tiny runs made once
+
+
+@pytest.fixture(scope="session")
+def made_once(tmp_path_factory):
+  """`made_once(name, make)` → (folder, value): `make(folder)` runs once per test session for all its
+  xdist workers; the first to ask makes `name` in a folder the workers share (the base temp's parent
+  under xdist, as xdist documents) holding an exclusive lock, the others wait for it and read the same
+  folder and `value` (what `make` returned, kept as JSON). Consumers read the folder, never write to it."""
+  base = tmp_path_factory.getbasetemp()
+  root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "made_once"
+  root.mkdir(exist_ok=True)
+
+  def get(name, make):
+    folder, done = root / name, root / f"{name}.json"
+    with open(root / f"{name}.lock", "w") as lock:
+      fcntl.flock(lock, fcntl.LOCK_EX)
+      if not done.exists():
+        shutil.rmtree(folder, ignore_errors=True)             # a maker that failed part-way
+        done.with_suffix(".tmp").write_text(json.dumps(make(str(folder))))
+        done.with_suffix(".tmp").rename(done)
+    return str(folder), json.loads(done.read_text())
+  return get

@@ -97,15 +97,23 @@ def gpt_loop(capsys, run, tmp, *, data=("--data", "random"), formats=("nanochat"
 
 # ----------------------------------------------------------------------------- language-model runs
 
-@pytest.fixture(scope="module")
-def lm_data(tmp_path_factory):
-  return str(tmp_path_factory.mktemp("lm_data"))
+LM_ONE_STEP = dataclasses.replace(LM_TINY, train=dataclasses.replace(LM_TINY.train, steps=1))
 
 
-def test_lm_train_run(capsys, tmp_path, lm_data):
+@pytest.fixture(scope="session")
+def lm_run(made_once):
+  """One `lm train` run (one step) and its prepared corpus, made once for the session and every xdist
+  worker: the loop of `lm train`, the corpus of the `lm table2` condition, the source of `lm adapt`."""
   from attngeo.lm import recipe
-  run = str(tmp_path / "run")
-  recipe.train(dataclasses.replace(LM_TINY, data_dir=lm_data, train=dataclasses.replace(LM_TINY.train, steps=1)), run)
+
+  def make(folder):
+    recipe.train(dataclasses.replace(LM_ONE_STEP, data_dir=os.path.join(folder, "data")), os.path.join(folder, "run"))
+  folder = made_once("loop_lm", make)[0]
+  return os.path.join(folder, "run"), os.path.join(folder, "data")
+
+
+def test_lm_train_run(capsys, tmp_path, lm_run):
+  run, _ = lm_run
   text = tmp_path / "held_out.txt"
   text.write_text("To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer. " * 8)
   outcome = gpt_loop(capsys, run, str(tmp_path), data=("--data", str(text)))
@@ -115,23 +123,19 @@ def test_lm_train_run(capsys, tmp_path, lm_data):
   assert all(line and "=" in line for line in outcome.values()), outcome     # "... rope_sign=1 (nanochat: -1) ..."
 
 
-def test_lm_table2_condition(capsys, tmp_path, lm_data):
+def test_lm_table2_condition(capsys, tmp_path, lm_run):
   from attngeo.experiments import lm as lm_cmd
   t2 = lm_cmd.Table2Config(conditions=("DMTN",), seeds=(0,), eval_rows=2, out=str(tmp_path / "t2"),
-                           lm=dataclasses.replace(LM_TINY, data_dir=lm_data,
-                                                  train=dataclasses.replace(LM_TINY.train, steps=1)))
+                           lm=dataclasses.replace(LM_ONE_STEP, data_dir=lm_run[1]))
   row = lm_cmd.run_condition(t2, "DMTN", 0)
   run = os.path.join(t2.out, "runs", f"DMTN_s0_{row['key']}")
   outcome = gpt_loop(capsys, run, str(tmp_path))
   assert all(outcome.values()) and "operator" in outcome["nanochat"], outcome   # public layouts are ATTN only
 
 
-def test_lm_adapt_state(capsys, tmp_path, lm_data):
+def test_lm_adapt_state(capsys, tmp_path, lm_run):
   from attngeo.experiments import lm as lm_cmd
-  from attngeo.lm import recipe
-  src = str(tmp_path / "source")
-  recipe.train(dataclasses.replace(LM_TINY, data_dir=lm_data, train=dataclasses.replace(LM_TINY.train, steps=1)), src)
-  result = lm_cmd.main(["adapt", "--source", src, "--chain", "ATTN,DMTN,ATTN", "--seeds", "0", "--control", "false",
+  result = lm_cmd.main(["adapt", "--source", lm_run[0], "--chain", "ATTN,DMTN,ATTN", "--seeds", "0", "--control", "false",
                         "--out", str(tmp_path / "chain"), *ADAPT, "--adapt.steps", "1"])
   a1 = result["records"][2]["workdir"]                 # A1: ATTN again, after the DMTN state
   assert all(gpt_loop(capsys, a1, str(tmp_path)).values())          # refused in one line, as for lm train
