@@ -33,7 +33,8 @@ row space: a small but real singular value counts (a head with gate 10⁻⁴ sti
 space), whereas the dense reference `effective_isometry_defect_dense` cuts eigenvalues below
 `rtol`·max numerically and so agrees only where every nonzero eigenvalue clears that cut.
 
-**Layer stability** of walks: relative Frobenius change, mean row Jensen–Shannon divergence, and
+**Layer stability** of walks: relative Frobenius change (also in units of the walks' distance from
+the uniform walk, `uniform_relative_change`), mean row Jensen–Shannon divergence, and
 the ℓ² distance between the k largest eigenvalue moduli (`walk_moduli`). Layouts follow
 `attngeo.nn`: `wv` `[d, h, k]` (v = x·wv), `wo` `[h, k, d]`.
 """
@@ -426,6 +427,21 @@ def connection_laplacian_matrix(p, transports) -> jax.Array:
 def relative_change(w1, w2) -> jax.Array:
   """`‖W₂ − W₁‖_F / ‖W₁‖_F` [...]."""
   return jnp.linalg.norm(w2 - w1, axis=(-2, -1)) / jnp.linalg.norm(w1, axis=(-2, -1))
+
+
+def uniform_walk(n: int, causal: bool = False) -> jax.Array:
+  """U `[n, n]`: each row uniform over the keys it may attend (all n; j ≤ i under a causal mask)."""
+  allowed = jnp.tril(jnp.ones((n, n))) if causal else jnp.ones((n, n))
+  return allowed / allowed.sum(-1, keepdims=True)
+
+
+def uniform_relative_change(w1, w2, causal: bool = False) -> jax.Array:
+  """`‖W₂ − W₁‖_F / ½(‖W₁ − U‖_F + ‖W₂ − U‖_F)` [...]: the change in units of the walks' distance from
+  the uniform walk U (`uniform_walk`). Near-uniform walks (random initialisation) have a small raw
+  `relative_change` for that reason alone; this ratio does not."""
+  u = uniform_walk(w1.shape[-1], causal)
+  scale = 0.5 * (jnp.linalg.norm(w1 - u, axis=(-2, -1)) + jnp.linalg.norm(w2 - u, axis=(-2, -1)))
+  return jnp.linalg.norm(w2 - w1, axis=(-2, -1)) / jnp.maximum(scale, _TINY)
 
 
 def row_js_divergence(w1, w2) -> jax.Array:

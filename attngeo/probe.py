@@ -14,8 +14,9 @@ For each attention layer (q, k captured during one forward pass; dense P per hea
   edges, 0 when there are none), `effective_scale`, `effective_rank` r, `effective_participation`
   (mean participation ratio `(tr TᵀT)²/‖TᵀT‖_F²` of T_ij: δ² = 1 − participation/r edge by
   edge), `partial_support_mass`;
-* `next_relative_change`, `next_js_divergence`, `next_spectral_distance` — stability of W to the
-  next probed layer (`next_layer`), spectra from `connection.walk_moduli`.
+* `next_relative_change`, `next_uniform_relative_change` (the same change over the walks' mean
+  distance from the uniform walk), `next_js_divergence`, `next_spectral_distance` — stability of W to
+  the next probed layer (`next_layer`), spectra from `connection.walk_moduli`.
 
 * CMAP (magnetic) layers: the walk read-outs above are those of the magnitude K (|K_θ| = K); the
   edge transports `W_V^h R(θ^h_ij) W_O^h` depend on the edge through the phase, and the `effective_*`
@@ -189,14 +190,15 @@ def _coupling(m, heads):
   return jax.device_put(coupling if heads is None else coupling[np.asarray(heads)], jax.devices()[0])
 
 
-def _pair_impl(w1, w2, m1, m2):
+def _pair_impl(w1, w2, m1, m2, causal=False):
   """Stability of walks w1 → w2 `[b, n, n]` with moduli m1, m2 `[b, k]`, averaged over the batch."""
   return {"next_relative_change": connection.relative_change(w1, w2).mean(),
+          "next_uniform_relative_change": connection.uniform_relative_change(w1, w2, causal).mean(),
           "next_js_divergence": connection.row_js_divergence(w1, w2).mean(),
           "next_spectral_distance": jnp.linalg.norm(m1 - m2, axis=-1).mean()}
 
 
-_pair = jax.jit(_pair_impl)
+_pair = jax.jit(_pair_impl, static_argnames="causal")
 
 
 def _selection(name: str, value, size: int) -> list[int]:
@@ -235,8 +237,8 @@ def _check_no_windows(model, n: int):
                      f"probe does not apply; probe at most {min(windows[i] for i in short) + 1} tokens")
 
 
-def _validate(model, layers, heads, samples, num_moduli):
-  mods = nn.attention_modules(model)
+def _validate(model, layers, heads, samples, num_moduli, mods=None):
+  mods = nn.attention_modules(model) if mods is None else mods
   if not mods:
     raise ValueError(f"model ({type(model).__name__}) contains no attngeo.nn.Attention layer to probe")
   layers = _selection("layers", layers, len(mods))
@@ -254,8 +256,9 @@ def model_report(model, run, *, layers=None, heads=None, samples: int = 32, seed
   """Per-layer read-outs (see the module docstring) of `model` while `run()` executes it.
 
   Args:
-    model: any NNX module tree containing `attngeo.nn.Attention` layers (GPT, DiT, PointFlow,
-      imported checkpoints), indexed in `nn.attention_modules` order.
+    model: any NNX module tree containing `attngeo.nn.Attention` layers (GPT, DiT, PointFlow, encoders,
+      imported checkpoints), indexed in `nn.attention_modules` order, one index per call of a layer
+      shared across depth (ALBERT's one layer applied L times gives L rows).
     run: zero-argument callable running the model on the probe batch (q, k are captured).
     layers: indices of the layers to probe (default all); stability is to the next probed one.
     heads: head indices to keep in every probed layer (default all): the walk and the effective
@@ -268,10 +271,11 @@ def model_report(model, run, *, layers=None, heads=None, samples: int = 32, seed
     one dict per probed layer: `layer`, per-head lists, scalars, and `next_*` (None on the last).
   """
   from tqdm.auto import tqdm
-  mods, layers, heads = _validate(model, layers, heads, samples, num_moduli)
+  _validate(model, None, None, samples, num_moduli)
   if triangles < 2:
     raise ValueError(f"triangles must be at least 2; got {triangles}")
-  _, qks = nn.capture_qk(model, run)
+  _, qks, mods = nn.capture_qk(model, run, every_call=True)       # a shared layer (ALBERT): one row per call
+  mods, layers, heads = _validate(model, layers, heads, samples, num_moduli, mods)
   _check_no_windows(model, qks[0][0].shape[1])
   key = jax.random.PRNGKey(seed)
   rows, prev = [], None
@@ -280,8 +284,8 @@ def model_report(model, run, *, layers=None, heads=None, samples: int = 32, seed
     out, w, moduli = _layer(q, k, wv, wo, beta, alpha, jax.random.fold_in(key, idx), _coupling(mods[idx], heads),
                             causal=mods[idx].causal, samples=samples, num_moduli=num_moduli, triangles=triangles)
     if prev is not None:
-      rows[-1].update({kk: float(v) for kk, v in jax.device_get(_pair(prev[0], w, prev[1], moduli)).items()},
-                      next_layer=idx)
+      pair = _pair(prev[0], w, prev[1], moduli, causal=mods[idx].causal)
+      rows[-1].update({kk: float(v) for kk, v in jax.device_get(pair).items()}, next_layer=idx)
     row = {"layer": idx}
     row.update({kk: (np.asarray(v).tolist() if np.ndim(v) else np.asarray(v).item())
                 for kk, v in jax.device_get(out).items()})
@@ -295,7 +299,8 @@ def model_report(model, run, *, layers=None, heads=None, samples: int = 32, seed
       warnings.warn(f"layer {idx}: non-finite read-outs {bad} (finite queries/keys)", RuntimeWarning, stacklevel=2)
     rows.append(row)
     prev = (w, moduli)
-  rows[-1].update(next_layer=None, next_relative_change=None, next_js_divergence=None, next_spectral_distance=None)
+  rows[-1].update(next_layer=None, next_relative_change=None, next_uniform_relative_change=None, next_js_divergence=None,
+                  next_spectral_distance=None)
   unconverged = [r["layer"] for r in rows if not r["spectrum_converged"]]
   if unconverged:
     warnings.warn(f"the walk spectra of layers {unconverged} did not meet the eigensolver's tolerance: their "
@@ -321,7 +326,7 @@ def summary(model, run, *, samples: int = 32, seed: int = 0, num_moduli: int = 1
                             causal=m.causal, samples=samples, num_moduli=num_moduli,
                             phase_readouts=not m.magnetic)    # the family's programs are the report's
     if prev is not None:
-      per_layer[-1].update(_pair(prev[0], w, prev[1], moduli))
+      per_layer[-1].update(_pair(prev[0], w, prev[1], moduli, causal=m.causal))
     per_layer.append(out)
     prev = (w, moduli)
   return {key: jnp.mean(jnp.stack([jnp.mean(r[key]) for r in per_layer if key in r]))

@@ -533,8 +533,12 @@ def fold_distance(model):
   return model
 
 
-def capture_qk(model, fn):
-  """Run `fn()` with every Attention sowing its q, k; returns (fn's result, [(q, k)] per layer)."""
+def capture_qk(model, fn, *, every_call: bool = False):
+  """Run `fn()` with every Attention sowing its q, k; returns (fn's result, [(q, k)] per layer).
+
+  every_call: one entry per call of each Attention (a layer shared across depth — ALBERT's — is called
+  L times), returned as (fn's result, [(q, k)], [the Attention of each entry]).
+  """
   found = [(path, m) for path, m in nnx.iter_modules(model) if isinstance(m, Attention)]
   paths, mods = [path for path, _ in found], [m for _, m in found]
   for m in mods:
@@ -545,4 +549,7 @@ def capture_qk(model, fn):
     for m in mods:
       m.capture = False
   sown = dict(nnx.to_flat_state(inter))
+  if every_call:
+    calls = [(qk, m) for path, m in found for qk in sown[path + ("qk",)].get_value()]
+    return out, [qk for qk, _ in calls], [m for _, m in calls]
   return out, [sown[path + ("qk",)].get_value()[0] for path in paths]
