@@ -45,8 +45,9 @@ from attngeo.experiments import report
 from attngeo.experiments.report import Col
 
 FAMILIES = ("decoder", "encoder")
-STABILITY = (("next_relative_change", "ΔW rel. Frobenius"), ("next_js_divergence", "row JS"),
-             ("next_spectral_distance", "spectral dist."))
+STABILITY = (("next_relative_change", "ΔW rel. Frobenius"), ("next_uniform_relative_change", "ΔW / ‖W − U‖"),
+             ("next_js_divergence", "row JS"), ("next_spectral_distance", "spectral dist."))
+SMILES_FAMILY = "smiles-encoder"                  # imported BERT/ALBERT runs (--runs), probed on SMILES
 ISOMETRY = (("head_isometry_defect", "δ heads"), ("effective_isometry_defect", "δ effective"),
             ("effective_participation", "participation (eff.)"))
 QUANTITIES = STABILITY + ISOMETRY
@@ -80,6 +81,7 @@ class StudyConfig:
   probe_batch: int = 2
   probe_samples: int = 16
   probe_tokens: str | None = None
+  probe_smiles: str = "reactions"
   # instead of training: already-trained run folders (attngeo.train, or imported public checkpoints)
   runs: tuple[str, ...] = ()
   reprobe: bool = False
@@ -110,9 +112,11 @@ class StudyConfig:
       if not os.path.exists(os.path.join(path, "config.json")):
         raise ValueError(f"runs: {path} is not a run folder (no config.json)")
       kind = (files.read_config(path).get("model") or {}).get("class")
-      if kind not in ("GPTConfig", "PointFlowConfig"):
+      if kind not in ("GPTConfig", "PointFlowConfig", "EncoderConfig"):
         raise ValueError(f"runs: {path} holds a {kind or 'model of no recorded class'}; the study probes GPT "
-                         f"(decoder) and PointFlow (encoder) runs")
+                         f"(decoder), PointFlow (encoder) and BERT/ALBERT (encoder) runs")
+      if kind == "EncoderConfig" and not os.path.isfile(os.path.join(path, "vocab.txt")):
+        raise ValueError(f"runs: {path} is an encoder run without its vocab.txt (the checkpoint's tokenizer)")
     if self.probe_tokens is not None:
       if not (self.probe_tokens.endswith(".npy") and os.path.exists(self.probe_tokens)):
         raise ValueError(f"probe_tokens must be an existing .npy of token ids [b, n]; got {self.probe_tokens!r}")
@@ -145,6 +149,8 @@ HELP = {"families": f"model families to study, subset of {FAMILIES}",
         "probe_samples": "edges sampled per input for partial gate supports, ≥ 2",
         "probe_tokens": "decoders: .npy of token ids [b, n] to probe on (imported checkpoints: their tokenizer's "
                         "ids of held-out text); none: held-out bytes",
+        "probe_smiles": "BERT/ALBERT runs: SMILES probed (moses, moses-train, reactions or a file), the first "
+                        "probe_batch of exactly seq_len tokens with [CLS] and [SEP] (no padding)",
         "reprobe": "re-probe finished models from their checkpoints (and their initialisation) instead of "
                    "reusing the cached read-outs",
         "runs": "comma-separated run folders (trained or imported) to probe with their random initialisation "
@@ -187,7 +193,8 @@ def non_embedding_params(model) -> int:
   """Parameters of the transformer blocks (embeddings, read-in/out and time embedding excluded)."""
   import jax
   from flax import nnx
-  return int(sum(np.size(x) for x in jax.tree.leaves(nnx.state(model.blocks, nnx.Param))))
+  blocks = model.layers if hasattr(model, "layers") else model.blocks          # nn.Encoder: its (shared) layers
+  return int(sum(np.size(x) for x in jax.tree.leaves(nnx.state(blocks, nnx.Param))))
 
 
 def build(size: Size, seed: int):
@@ -280,6 +287,30 @@ class Family:
     return lambda: model(x, jnp.ones((x.shape[0],)))
 
 
+class SmilesInputs:
+  """Probe inputs of a BERT/ALBERT run: the first `probe_batch` SMILES of `probe_smiles` with exactly `seq_len`
+  tokens ([CLS] … [SEP]) under the run's vocab.txt, so the batch has no padding (the probe builds P from q, k
+  alone: a padded key would enter the walk)."""
+
+  def __init__(self, cfg: StudyConfig, vocab: str):
+    from attngeo.data import molecules
+    from attngeo.lm.smiles import SmilesTokenizer
+    tok = SmilesTokenizer.from_vocab(vocab)
+    seqs = [tok.encode(s) for s in molecules.load(cfg.probe_smiles)]
+    picked = [q for q in seqs if len(q) == cfg.seq_len][:cfg.probe_batch]
+    if len(picked) < cfg.probe_batch:
+      lengths = np.bincount([len(q) for q in seqs])
+      common = [int(n) for n in np.argsort(-lengths)[:3]]
+      raise ValueError(f"--probe-smiles {cfg.probe_smiles}: {len(picked)} SMILES have exactly --seq-len "
+                       f"{cfg.seq_len} tokens, --probe-batch asks {cfg.probe_batch}; the commonest lengths are {common}")
+    self.ids = np.asarray(picked, np.int32)
+
+  def probe_run(self, model):
+    import jax.numpy as jnp
+    ids = jnp.asarray(self.ids)
+    return lambda: model(ids, jnp.ones(ids.shape, bool))
+
+
 def model_key(cfg: StudyConfig, fam: Family, size: Size, seed: int) -> str:
   """What a model's result depends on: its config, the data's content, the recipe, the seed, the probe."""
   from attngeo import files
@@ -338,10 +369,13 @@ def run_folder_result(cfg: StudyConfig, fams: dict, path: str) -> dict:
   from attngeo import nn, probe, runs
   from attngeo.nn import registry
   model, _, mcfg = runs.load_run(path)
-  if not isinstance(model, (nn.GPT, nn.PointFlow)):
-    raise ValueError(f"{path}: the study probes GPT (decoder) and PointFlow (encoder) runs; got {type(model).__name__}")
-  family = "decoder" if isinstance(model, nn.GPT) else "encoder"
-  fam = fams.setdefault(family, Family(family, cfg))
+  if not isinstance(model, (nn.GPT, nn.PointFlow, nn.Encoder)):
+    raise ValueError(f"{path}: the study probes GPT, PointFlow and BERT/ALBERT runs; got {type(model).__name__}")
+  if isinstance(model, nn.Encoder):
+    family, fam = SMILES_FAMILY, SmilesInputs(cfg, os.path.join(path, "vocab.txt"))
+  else:
+    family = "decoder" if isinstance(model, nn.GPT) else "encoder"
+    fam = fams.setdefault(family, Family(family, cfg))
   to_default_device(model)
   t0 = time.perf_counter()
   rows = probe.model_report(model, fam.probe_run(model), samples=cfg.probe_samples, progress=cfg.progress,
@@ -456,7 +490,7 @@ def figure(results: list[dict], path: str):
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  families = [f for f in FAMILIES if any(r["family"] == f for r in results)]
+  families = [f for f in FAMILIES + (SMILES_FAMILY,) if any(r["family"] == f for r in results)]
   fig, axes = plt.subplots(len(QUANTITIES), len(families), figsize=(5.2 * len(families), 2.3 * len(QUANTITIES)),
                            squeeze=False)
   for c, family in enumerate(families):
