@@ -11,9 +11,10 @@ types τ [b, n] (default 0). With LN(x) = γ ⊙ (x − μ)/√(σ² + ε) + b (
 
 `hidden_states` returns [x⁰, …, x^L] (HF's `output_hidden_states`, embedding output first). The MLM
 head (BERT `cls.predictions`, ALBERT `predictions`) is
-`logits = LN_h(gelu_erf(x·W_h + b_h))·Eᵀ + c` (the decoder tied to E, or its own [E', V] when
-`tie_decoder` is off), W_h [d, E']. The pooler is `tanh(x_0·W_p + b_p)` (the first token), and a
-classifier (`classifier="nsp"`: BERT's `cls.seq_relationship`; `"labels"`: `classifier`; ALBERT's
+`logits = LN_h(gelu(x·W_h + b_h))·Eᵀ + c` (the decoder tied to E, or its own [E', V] when
+`tie_decoder` is off), W_h [d, E'], gelu the blocks' own (`block.mlp_act`: `gelu_erf`, HF's
+`gelu`; or the tanh form `gelu`, HF's `gelu_new`, the default of HF's AlbertConfig). The pooler
+is `tanh(x_0·W_p + b_p)` (the first token), and a classifier (`classifier="nsp"`: BERT's `cls.seq_relationship`; `"labels"`: `classifier`; ALBERT's
 `sop_classifier`) reads it: `pooled·W_c + b_c` [b, num_labels].
 
 Every attention layer is an `nn.Attention` (q/k/v/out biases on), so `graft`, `fold_distance`,
@@ -187,8 +188,9 @@ class Encoder(nnx.Module):
     return self.head_logits(self(ids, mask, token_types))
 
   def head_logits(self, x):
-    """The MLM head on hidden states x [b, n, d]: LN_h(gelu_erf(x·W_h + b_h))·decoder + c."""
-    h = jax.nn.gelu(x @ self.mlm_dense[...] + self.mlm_dense_bias[...], approximate=False)
+    """The MLM head on hidden states x [b, n, d]: LN_h(gelu(x·W_h + b_h))·decoder + c."""
+    h = x @ self.mlm_dense[...] + self.mlm_dense_bias[...]
+    h = jax.nn.gelu(h, approximate=self.cfg.block.mlp_act == "gelu")       # the blocks' GELU (HF: hidden_act)
     decoder = self.embed[...].T if self.cfg.tie_decoder else self.mlm_decoder[...]
     return (self.mlm_norm(h) @ decoder + self.mlm_bias[...]).astype(jnp.float32)
 
