@@ -14,8 +14,9 @@ head (BERT `cls.predictions`, ALBERT `predictions`) is
 `logits = LN_h(gelu(x·W_h + b_h))·Eᵀ + c` (the decoder tied to E, or its own [E', V] when
 `tie_decoder` is off), W_h [d, E'], gelu the blocks' own (`block.mlp_act`: `gelu_erf`, HF's
 `gelu`; or the tanh form `gelu`, HF's `gelu_new`, the default of HF's AlbertConfig). The pooler
-is `tanh(x_0·W_p + b_p)` (the first token), and a classifier (`classifier="nsp"`: BERT's `cls.seq_relationship`; `"labels"`: `classifier`; ALBERT's
-`sop_classifier`) reads it: `pooled·W_c + b_c` [b, num_labels].
+is `tanh(x_0·W_p + b_p)` (the first token), and a classifier (`classifier="nsp"`: BERT's
+`cls.seq_relationship`; `"labels"`: `classifier`; ALBERT's `sop_classifier`) reads it:
+`pooled·W_c + b_c` [b, num_labels].
 
 Every attention layer is an `nn.Attention` (q/k/v/out biases on), so `graft`, `fold_distance`,
 `capture_qk` and the probe act on these models unchanged. Random-init twins follow HF's
