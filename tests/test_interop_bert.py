@@ -25,7 +25,7 @@ TOL = 1e-4
 
 
 def package_dir(name):
-  spec = importlib.util.find_spec(name)            # finds the folder without importing the package (its deps are absent)
+  spec = importlib.util.find_spec(name)            # the folder, the package not imported (its deps are absent)
   return None if spec is None else spec.submodule_search_locations[0]
 
 

@@ -21,8 +21,9 @@ Which heads a model has is read from the keys (config.json does not say). Droppe
 checked first: the `position_ids` / `token_type_ids` buffers and, when config.json ties the decoder
 to the token table (`tie_word_embeddings`, default true), a decoder weight equal to the table and a
 decoder bias equal to the head's `bias`. Untied, the decoder's bias must equal `bias` (one MLM
-output bias: transformers < 5 shares the two, 5 uses the decoder's). Export writes what `save_pretrained` of transformers 5 writes — every other key, with
-the values it was given (a round trip is exact) — plus a `config.json` that gives the same model back.
+output bias: transformers < 5 shares the two, 5 uses the decoder's). Export writes what
+`save_pretrained` of transformers 5 writes — every other key, with the values it was given (a round
+trip is exact) — plus a `config.json` that gives the same model back.
 """
 from __future__ import annotations
 
@@ -95,7 +96,8 @@ def config(hf: dict, kind: str, **overrides):
       raise ValueError(f"{name} {key} must be a finite number >= 0; got {value!r}")
   pad = hf.get("pad_token_id", 0)
   fields = dict(depth=depth, vocab_size=vocab, seq_len=positions, type_vocab_size=types, width=d, num_heads=h,
-                head_dim=d // h, mlp_ratio=f / d, mlp_act=ACTS[act], norm_eps=float(eps), initializer_range=float(std) or 0.02,
+                head_dim=d // h, mlp_ratio=f / d, mlp_act=ACTS[act], norm_eps=float(eps),
+                initializer_range=float(std) or 0.02,
                 pad_token_id=pad if isinstance(pad, int) and not isinstance(pad, bool) and 0 <= pad < vocab else None,
                 tie_decoder=bool(hf.get("tie_word_embeddings", True)))
   if kind == "albert":
