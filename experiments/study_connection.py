@@ -295,15 +295,12 @@ class SmilesInputs:
   def __init__(self, cfg: StudyConfig, vocab: str):
     from attngeo.data import molecules
     from attngeo.lm.smiles import SmilesTokenizer
-    tok = SmilesTokenizer.from_vocab(vocab)
-    seqs = [tok.encode(s) for s in molecules.load(cfg.probe_smiles)]
-    picked = [q for q in seqs if len(q) == cfg.seq_len][:cfg.probe_batch]
-    if len(picked) < cfg.probe_batch:
-      lengths = np.bincount([len(q) for q in seqs])
-      common = [int(n) for n in np.argsort(-lengths)[:3]]
-      raise ValueError(f"--probe-smiles {cfg.probe_smiles}: {len(picked)} SMILES have exactly --seq-len "
-                       f"{cfg.seq_len} tokens, --probe-batch asks {cfg.probe_batch}; the commonest lengths are {common}")
-    self.ids = np.asarray(picked, np.int32)
+    try:
+      self.ids = SmilesTokenizer.from_vocab(vocab).equal_length(molecules.load(cfg.probe_smiles), cfg.probe_batch,
+                                                                cfg.seq_len)
+    except ValueError as e:
+      raise ValueError(f"--probe-smiles {cfg.probe_smiles} at --seq-len {cfg.seq_len}, --probe-batch "
+                       f"{cfg.probe_batch}: {e}") from None
 
   def probe_run(self, model):
     import jax.numpy as jnp

@@ -134,3 +134,12 @@ def test_vocab_errors(tmp_path):
   (tmp_path / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nC\nC\n")
   with pytest.raises(ValueError, match="'C' twice"):
     sm.SmilesTokenizer.from_vocab(tmp_path)
+
+
+def test_equal_length_batches_have_no_padding():
+  tok = sm.SmilesTokenizer.from_vocab(_vocab_path())
+  smiles = ["CCO", "CCCO", "CCN", "c1ccccc1", "CCC", "OCO"]        # token lengths 5, 6, 5, 10, 5, 5
+  np.testing.assert_array_equal(tok.equal_length(smiles, 2), tok.batch(["CCO", "CCN"]).ids)
+  assert tok.equal_length(smiles, 1, length=10).shape == (1, 10)
+  with pytest.raises(ValueError, match=r"1 SMILES have exactly 6 tokens, 2 asked; the commonest lengths are \[5, "):
+    tok.equal_length(smiles, 2, length=6)

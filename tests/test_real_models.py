@@ -81,5 +81,16 @@ def test_study_connection_probes_an_encoder_run_and_its_twin(tmp_path):
   (res,) = out["models"]
   assert res["family"] == study.SMILES_FAMILY and len(res["trained"]) == len(res["init"]) == 3
   assert all(r["next_uniform_relative_change"] > 0 for r in res["init"][:-1])
-  with pytest.raises(ValueError, match="1 SMILES have exactly --seq-len 12 tokens, --probe-batch asks 3"):
+  with pytest.raises(ValueError, match="--seq-len 12, --probe-batch 3: 1 SMILES have exactly 12 tokens, 3 asked"):
     study.SmilesInputs(study.StudyConfig(probe_smiles=str(smiles), seq_len=12, probe_batch=3), str(run / "vocab.txt"))
+
+
+@pytest.mark.slow
+def test_probe_command_on_an_encoder_run(tmp_path):
+  from attngeo.experiments import probe as probe_cmd
+  run = _tiny_run(tmp_path / "albert", shared=True)
+  smiles = tmp_path / "smiles.txt"
+  smiles.write_text("CCO\nCCCCCCCC\nCCCCCCCN\nc1ccccc1CC\nCCCCCCCO\n")
+  rows = probe_cmd.main([str(run), "--data", str(smiles), "--batch", "2", "--out", str(tmp_path / "p"), "--no-progress"])
+  assert len(rows) == 3 and (tmp_path / "p" / "probe.md").exists()
+  assert "the first 2 SMILES" in (tmp_path / "p" / "probe.md").read_text()

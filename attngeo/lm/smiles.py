@@ -154,5 +154,20 @@ class SmilesTokenizer:
     return Batch(ids, mask)
 
 
+  def equal_length(self, smiles: list[str], count: int, length: int | None = None) -> np.ndarray:
+    """ids [count, length] int32 of the first `count` SMILES (in list order) with exactly `length` tokens
+    ([CLS] and [SEP] included): a batch without padding. `length` None: the commonest length (the
+    shortest among equals)."""
+    seqs = [self.encode(s) for s in smiles]
+    lengths = np.bincount([len(q) for q in seqs])
+    n = int(np.argmax(lengths)) if length is None else int(length)
+    picked = [q for q in seqs if len(q) == n][:count]
+    if len(picked) < count:
+      common = [int(x) for x in np.argsort(-lengths, kind="stable")[:3]]
+      raise ValueError(f"{len(picked)} SMILES have exactly {n} tokens, {count} asked; the commonest lengths are "
+                       f"{common}")
+    return np.asarray(picked, np.int32)
+
+
 def _short(s: str, limit: int = 60) -> str:
   return repr(s if len(s) <= limit else s[:limit] + "…")
