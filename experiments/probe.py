@@ -8,7 +8,10 @@ RUN_DIR is a run folder written by `attngeo.train` (config.json + ckpt/) — GPT
 checkpoint imported into a run folder. Inputs: PointFlow takes point sets drawn from a generated
 cloud (default swiss_roll) or an [n, dim] .npy/.csv file (t = 1, the data end); GPT takes byte tokens of
 a text file, a .npy of token ids [b, n], or random tokens (the default); DiT takes a .npy of images
-[b, H, W, C] or Gaussian noise (the default; t = 1, null class). `--set-size` shapes PointFlow inputs
+[b, H, W, C] or Gaussian noise (the default; t = 1, null class); a BERT/ALBERT run (`attngeo import
+bert|albert`) takes SMILES (moses, moses-train, reactions — the default — or a file), tokenised by
+RUN_DIR/vocab.txt: the first --batch of the commonest token length, so the batch has no padding
+(ALBERT's shared layer gives one row per application). `--set-size` shapes PointFlow inputs
 only and `--seq-len` GPT inputs only. A path that does not exist, an input of another model, or a shape
 option given on a run it does not shape is an error; the inputs probed are printed and named in
 probe.md. Prints the per-layer table and writes probe.md / probe.csv / probe.json (every read-out, per
@@ -47,9 +50,11 @@ def _indices(text: str | None):
 # Per model config class (config.json's "model"."class"): the --data it takes, the files it reads, its default.
 TAKES = {"PointFlowConfig": "swiss_roll, sphere, torus or an existing .npy/.csv of points [n, dim]",
          "GPTConfig": "an existing text file, an existing .npy of token ids [b, n], or 'random'",
-         "DiTConfig": "an existing .npy of images [b, H, W, C], or 'noise'"}
-FILES = {"PointFlowConfig": (".npy", ".csv"), "GPTConfig": ("",), "DiTConfig": (".npy",)}
-DEFAULT_DATA = {"PointFlowConfig": "swiss_roll", "GPTConfig": "random", "DiTConfig": "noise"}
+         "DiTConfig": "an existing .npy of images [b, H, W, C], or 'noise'",
+         "EncoderConfig": "moses, moses-train, reactions or an existing file of SMILES"}
+FILES = {"PointFlowConfig": (".npy", ".csv"), "GPTConfig": ("",), "DiTConfig": (".npy",), "EncoderConfig": ("",)}
+DEFAULT_DATA = {"PointFlowConfig": "swiss_roll", "GPTConfig": "random", "DiTConfig": "noise",
+                "EncoderConfig": "reactions"}
 # The input-shape options of one model kind: option → (its default, the config class it applies to)
 DEFAULTS = {"set_size": 256, "seq_len": 64}
 SHAPES = {"set_size": "PointFlowConfig", "seq_len": "GPTConfig"}
@@ -67,7 +72,8 @@ def check_data(kind: str | None, data: str | None) -> str | None:
   if os.path.isfile(data) and data.endswith(FILES[kind]):
     return data
   bare_name = not os.path.splitext(data)[1] and os.sep not in data
-  if not os.path.exists(data) and (data == DEFAULT_DATA[kind] or kind == "PointFlowConfig" and bare_name):
+  if not os.path.exists(data) and (data == DEFAULT_DATA[kind] or kind == "PointFlowConfig" and bare_name
+                                   or kind == "EncoderConfig" and data in ("moses", "moses-train")):
     return data
   what = "not a file" if not os.path.exists(data) else "a file this model does not read"
   raise ValueError(f"--data must be {TAKES[kind]} for a {kind.removesuffix('Config')} run; got {data!r} ({what})")
@@ -161,6 +167,13 @@ def inputs(model, args, rng):
       x = jnp.asarray(x, jnp.float32)
     return (lambda: model(x, jnp.ones((x.shape[0],)), jnp.full((x.shape[0],), cfg.num_classes))), \
         f"{what}, {x.shape[0]} × {'×'.join(map(str, shape))} (t = 1, null class)"
+  if isinstance(model, nn.Encoder):        # BERT/ALBERT: equal-length SMILES, so the batch has no padding
+    from attngeo.data import molecules
+    from attngeo.lm.smiles import SmilesTokenizer
+    tok = SmilesTokenizer.from_vocab(os.path.join(args.run_dir, "vocab.txt"))
+    ids = jnp.asarray(tok.equal_length(molecules.load(args.data), args.batch))
+    return (lambda: model(ids, jnp.ones(ids.shape, bool))), \
+        f"the first {ids.shape[0]} SMILES of {args.data} with the commonest length, {ids.shape[1]} tokens (no padding)"
   raise ValueError(f"no probe inputs for {type(model).__name__}")
 
 
