@@ -21,7 +21,11 @@ batch, heads, tokens and test functions.
   production `σ = ½ Σ_ij (F_ij − F_ji) log(F_ij/F_ji)`, `F_ij = π_i P_ij` (`markov.entropy_production`).
   Dense: P `[b, h, n, n]` and one LU solve for π per (b, h), O(n²) memory and O(n³) time each.
 * **skew** — `ρ_skew² = ‖antisym(H L H)‖_F² / ‖H L H‖_F²` of the parametric logits (`markov.skew_share`,
-  squared so that it is smooth at the exact-A corners, where ρ_skew = 0). Dense O(n²·d), no solve.
+  squared so that it is smooth at the exact-A corners, where ρ_skew = 0), without forming L: with
+  `z_i = [q_i, k_i]` centred over the tokens (`Z̃ = HZ`) the double-centred logit is `s Z̃ C Z̃ᵀ`,
+  `C = [[c, c' + α/2], [c' − α/2, c]] ⊗ I_d` (c = (1 − β)/4, c' = (1 + β)/4: `operators.augment`), its
+  antisymmetric part `s Z̃ C_a Z̃ᵀ`, `C_a = [[0, α/2], [−α/2, 0]] ⊗ I_d`, and `‖Z̃ C Z̃ᵀ‖_F² =
+  ⟨(Z̃C)ᵀ(Z̃C), Z̃ᵀZ̃⟩_F`: O(n·d²) per head from 2d × 2d Gram matrices, O(n) memory.
 * **mixing** — a soft lower bound `g*` (`target`) on the absolute spectral gap of the walk's additive
   reversibilisation `A = ½(Π^{½} P Π^{−½} + Π^{−½} Pᵀ Π^{½})` (`markov.eigenbasis`; for a reversible P
   this is P's own spectrum): `R_mix = E_{b,h} relu(g* − (1 − max(|λ₁|, |λ_{n−1}|)))`. Dense: one
@@ -59,6 +63,8 @@ import jax.numpy as jnp
 
 from attngeo import geometry, markov, nn, operators
 from attngeo.regularisers_config import REVERSIBILITY_KINDS, TERMS, Regularisers
+
+_HI = jax.lax.Precision.HIGHEST
 
 __all__ = ["REVERSIBILITY_KINDS", "TERMS", "Regularisers", "absolute_gap", "check_model", "coordinate_family",
            "curvature", "curvature_terms", "isometry", "mixing", "penalty", "regularised", "reversibility", "sample",
@@ -137,9 +143,18 @@ def reversibility(q, k, *, beta=1.0, alpha=1.0, kind: str = "eps_rev", scale=Non
   return jnp.mean(markov.reversibility(p) if kind == "eps_rev" else markov.entropy_production(p))
 
 
-def skew(q, k, *, beta=1.0, alpha=1.0, scale=None) -> jax.Array:
-  """Mean over (b, h) of `ρ_skew²` of the parametric logits (`operators.logits(...).full`)."""
-  return jnp.mean(markov.skew_share(operators.logits(q, k, beta=beta, alpha=alpha, scale=scale).full) ** 2)
+def skew(q, k, *, beta=1.0, alpha=1.0) -> jax.Array:
+  """Mean over (b, h) of `ρ_skew²` of the parametric logits, from Gram matrices (module docstring; the
+  scale s cancels): `⟨W_aᵀW_a, G⟩ / ⟨WᵀW, G⟩` with `G = Z̃ᵀZ̃`, `W = Z̃C`, `W_a = Z̃C_a`."""
+  qf, kf = (x.astype(jnp.float32) - x.astype(jnp.float32).mean(1, keepdims=True) for x in (q, k))
+  b_, a_ = (jnp.asarray(x, jnp.float32)[..., None] for x in (beta, alpha))       # [] or [h] -> over [b, n, h, d]
+  c, cp = (1 - b_) / 4, (1 + b_) / 4
+  z = jnp.concatenate([qf, kf], -1)
+  w = jnp.concatenate([c * qf + (cp - a_ / 2) * kf, (cp + a_ / 2) * qf + c * kf], -1)
+  wa = jnp.concatenate([-a_ / 2 * kf, a_ / 2 * qf], -1)
+  gram = lambda x: jnp.einsum("bnhd,bnhe->bhde", x, x, precision=_HI)
+  g = gram(z)
+  return jnp.mean(jnp.sum(gram(wa) * g, (-2, -1)) / jnp.maximum(jnp.sum(gram(w) * g, (-2, -1)), 1e-30))
 
 
 def absolute_gap(p) -> jax.Array:
@@ -156,9 +171,9 @@ def mixing(q, k, *, target: float = 0.1, beta=1.0, alpha=1.0, scale=None) -> jax
 def isometry(wv, wo) -> jax.Array:
   """Mean over heads of the squared defect `δ² = 1 − tr(AB)²/(r·tr(ABAB))` of `T^h = W_O^h W_V^h`;
   `wv` `[d, h, k]`, `wo` `[h, k, d]` (`attngeo.connection` layouts), r = min(k, d)."""
-  a = jnp.einsum("hke,hle->hkl", wo, wo)                                   # O_hᵀO_h  [h, k, k]
-  b = jnp.einsum("dhk,dhl->hkl", wv, wv)                                   # V_h V_hᵀ [h, k, k]
-  ab = jnp.matmul(a, b)
+  a = jnp.einsum("hke,hle->hkl", wo, wo, precision=_HI)                    # O_hᵀO_h  [h, k, k]
+  b = jnp.einsum("dhk,dhl->hkl", wv, wv, precision=_HI)                    # V_h V_hᵀ [h, k, k]
+  ab = jnp.matmul(a, b, precision=_HI)
   trace, frob2 = jnp.trace(ab, axis1=-2, axis2=-1), jnp.sum(ab * jnp.swapaxes(ab, -1, -2), (-2, -1))
   rank = min(wv.shape[0], wv.shape[2])
   return jnp.mean(1.0 - trace**2 / (rank * jnp.maximum(frob2, 1e-30)))
