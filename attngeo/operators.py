@@ -188,7 +188,9 @@ def augment(q, k, *, beta, alpha, scale: float) -> Augmented:
     ka = ka.astype(dt)
   if isinstance(alpha, float) and alpha == 1.0:
     return Augmented(qa, ka, None)
-  g = 0.25 * jnp.sum(jnp.square(qf + kf), -1) - 0.25 * b_[..., 0] * jnp.sum(jnp.square(qf - kf), -1)
+  # g = ¼‖q + k‖² − ¼β‖q − k‖² = ¼(1 − β)‖q + k‖² + β q·k: the second form has no difference of squares
+  # (at |q| ≈ 1e20 the first was inf − inf: NaN keys for ATAP, whose logits are only ~|q|·|k|).
+  g = 0.25 * jnp.sum(jnp.square(jnp.sqrt(1 - b_) * (qf + kf)), -1) + b_[..., 0] * jnp.sum(qf * kf, -1)
   bias = -scale * 0.5 * (1 - a_[..., 0]) * g
   return Augmented(qa, ka, bias)
 
@@ -233,6 +235,35 @@ def _is_distance_form(beta, alpha) -> bool:
   return isinstance(beta, float) and beta == 0.0 and isinstance(alpha, float) and alpha == 0.0
 
 
+# Overflowing rows of the other augmented members (DMTN, ATAP, mixed (β, α); not the distance form, which
+# isolates its far tokens above, nor plain ATTN). Their logits hold s·¼(1 − β) q_i·q_j, s·q_i·k_j and the
+# like, which pass float32's 2^128 at |q| ≈ 1e20 (ATTN's s·q_i·k_j stays ~1e20 with plain keys): inf − inf
+# made those rows NaN. A row with a logit beyond 2^128 is, in float64, the point mass on its largest logit
+# (its gaps are of that size too; float32 resolves none finer than ~2^104). Such rows are recomputed from
+# q, k scaled by an exact power of two 2^−p (`_rescaled`): every term of the augmented logit is bilinear
+# in (q, k), so the logits become 2^−2p·L — the same argmax — bounded by `_LOGIT_BOUND`, where the gaps of
+# such a row (~the bound) still make the softmax the same point mass. (Scaled only to |q| ≲ 2^24, the
+# logits ~1e15 came back NaN from the jitted einsum kernel on XLA:CPU; to ~2^20 they are exact.) The other
+# rows keep the unscaled result; a call without such rows costs one check (`lax.cond`), and its values
+# and gradients are unchanged (at the overflow itself only the values are mended).
+_LOGIT_BOUND = 2.0 ** 20
+
+
+def _rescaled(q, k, scale: float):
+  """q, k times 2^−p, p ≥ 0 the least integer that brings the bound 8·s·d·max(|q|, |k|)² on every
+  augmented logit to at most `_LOGIT_BOUND` (exact in any float format: a power of two). Behind an
+  optimisation barrier, so XLA keeps the factor on the inputs."""
+  top = jnp.maximum(jnp.max(jnp.abs(q.astype(jnp.float32))), jnp.max(jnp.abs(k.astype(jnp.float32))))
+  f = jnp.exp2(-jnp.maximum(jnp.ceil(jnp.log2(top * math.sqrt(8 * scale * q.shape[-1] / _LOGIT_BOUND))), 0.0))
+  return jax.lax.optimization_barrier((q * f.astype(q.dtype), k * f.astype(k.dtype)))
+
+
+def _mend_overflow(y, rerun):
+  """y [b, n, h, e] with its non-finite rows replaced by `rerun()`'s (run only when there are any)."""
+  bad = ~jnp.all(jnp.isfinite(y), -1, keepdims=True)
+  return jax.lax.cond(jnp.any(bad), lambda: jnp.where(bad, rerun(), y), lambda: y)
+
+
 # ----------------------------------------------------------------------------- public API
 
 def transport(q, k, v, *, beta=1.0, alpha=1.0, causal: bool = False, mask=None, scale=None,
@@ -252,16 +283,26 @@ def transport(q, k, v, *, beta=1.0, alpha=1.0, causal: bool = False, mask=None, 
     [b, n, h, e], `P` never materialised on the fused/blockwise paths. At β = α = 0 (DMAP, Python
     floats) a token with ¼ s‖m‖² ≥ 2^110, whose logits float32 cannot form, is isolated: its row is
     its own value, its key weighs 0 in the other rows (`_FAR`; NaN if the mask hides its own key).
+    The other augmented members recompute a row whose logits overflow float32 on 2^−p-scaled q, k
+    (`_mend_overflow`): the float64 point mass it is.
   """
   mask, beta, scale = _arguments(q, k, v, beta=beta, mask=mask, scale=scale)
   alpha = _coefficient("alpha", alpha, q.shape[2])
-  aug = augment(q, k, beta=beta, alpha=alpha, scale=scale)
-  far = _far_tokens(q, k, scale) if _is_distance_form(beta, alpha) else None
-  if far is not None:
-    aug = _isolate(aug, far)
-  y = kernels.attention(aug.q, aug.k, v, bias=aug.bias, mask=mask, causal=causal, scale=scale,
-                        implementation=implementation, block_size=block_size)
-  return y if far is None else _own_values(y, v, far, mask)
+
+  def run(q, k):
+    aug = augment(q, k, beta=beta, alpha=alpha, scale=scale)
+    return kernels.attention(aug.q, aug.k, v, bias=aug.bias, mask=mask, causal=causal, scale=scale,
+                             implementation=implementation, block_size=block_size), aug
+  if _is_distance_form(beta, alpha):
+    far = _far_tokens(q, k, scale)
+    aug = _isolate(augment(q, k, beta=beta, alpha=alpha, scale=scale), far)
+    y = kernels.attention(aug.q, aug.k, v, bias=aug.bias, mask=mask, causal=causal, scale=scale,
+                          implementation=implementation, block_size=block_size)
+    return _own_values(y, v, far, mask)
+  y, aug = run(q, k)
+  if aug.k is k:                                                  # plain ATTN: its logits are q·k as given
+    return y
+  return _mend_overflow(y, lambda: run(*_rescaled(q, k, scale))[0])
 
 
 def _is_number(x) -> bool:

@@ -219,6 +219,34 @@ def test_dmap_at_huge_query_norms_matches_float64(impl, causal):
   assert np.all(np.isfinite(op.transport(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), beta=1.0, alpha=1.0)))
 
 
+def family_reference64(q, k, v, beta, alpha, causal=False):
+  """P(β, α)·v in float64 from the logit's Gram terms, each with its own coefficient (no difference of huge
+  terms: a zero coefficient drops its term exactly, so ATTN is s·q_i·k_j itself and ATAP has no ‖q‖²)."""
+  q, k, v = (np.asarray(x, np.float64).transpose(0, 2, 1, 3) for x in (q, k, v))          # [b, h, n, ·]
+  dot = lambda a, c: np.einsum("bhid,bhjd->bhij", a, c)
+  qk = dot(q, k)
+  g = 0.25 * (1 - beta) * ((q * q).sum(-1) + (k * k).sum(-1)) + 0.5 * (1 + beta) * (q * k).sum(-1)
+  lg = (0.25 * (1 - beta) * (dot(q, q) + dot(k, k)) + (0.25 * (1 + beta) + 0.5 * alpha) * qk
+        + (0.25 * (1 + beta) - 0.5 * alpha) * np.swapaxes(qk, -1, -2) + 0.5 * (1 - alpha) * (g[..., :, None] - g[..., None, :]))
+  lg = lg / math.sqrt(q.shape[-1])
+  if causal:
+    lg = np.where(np.tril(np.ones(lg.shape[-2:], bool)), lg, -np.inf)
+  w = np.exp(lg - lg.max(-1, keepdims=True))
+  return np.einsum("bhij,bhje->bhie", w / w.sum(-1, keepdims=True), v).transpose(0, 2, 1, 3)
+
+
+@pytest.mark.parametrize("impl", ["einsum", "blockwise", "xla"])
+def test_augmented_members_at_huge_query_norms_match_float64(impl):
+  """|q| ≈ 1e20 on half the tokens: DMTN's s·¼ q_i·q_j overflowed float32 (its far rows NaN), ATAP's key bias
+  was ¼‖q + k‖² − ¼‖q − k‖² = inf − inf (every row NaN), a mixed member both. Now g has no difference of
+  squares and an overflowing row is recomputed on 2^−p-scaled q, k: the float64 answer on every row."""
+  q, k, v = huge_and_plain_tokens()
+  for i, (beta, alpha) in enumerate([op.DMTN, op.ATAP, (0.3, 0.7)]):
+    y = op.transport(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), beta=beta, alpha=alpha, causal=i == 2,
+                     implementation=impl, block_size=8)
+    np.testing.assert_allclose(y, family_reference64(q, k, v, beta, alpha, causal=i == 2), rtol=1e-5, atol=1e-5)
+
+
 def test_a_far_token_whose_own_key_is_masked_is_nan():
   q, k, v = (jnp.asarray(x) for x in huge_and_plain_tokens())
   mask = ~jnp.eye(16, dtype=bool)[None, None]
