@@ -393,8 +393,9 @@ def parser() -> argparse.ArgumentParser:
   sub = ap.add_subparsers(dest="command", required=True)
   tr = sub.add_parser("train", help="train a GPT on text (resumes a killed run)", prog="attngeo lm train")
   tr.add_argument("--out", default="runs/lm", help="run folder (default: runs/lm)")
-  tr.add_argument("--preset", default=None, help=f"start from a protocol preset, flags override it: "
-                                                 f"{', '.join(f'{k} ({v})' for k, v in PRESETS.items())}")
+  tr.add_argument("--preset", default=None,
+                  help=f"start from a protocol preset ({', '.join(sorted(PRESETS))}; docs/lm.md), flags override it "
+                       "(default: none)")
   tr.add_argument("--no-eval", action="store_true", help="skip the evaluation after training (default: evaluate)")
   tr.add_argument("--eval-max-rows", type=int, default=512, help="validation rows for the final bpb (default: 512)")
   config_lib.add_arguments(tr, LMConfig, help=HELP)
@@ -429,7 +430,9 @@ def parser() -> argparse.ArgumentParser:
                   help="the seed's d12 recipe (depth 12, 2048 context, 65,536-token BPE, FineWeb-edu shards; "
                        "print it with --dry-run); default off")
   t2.add_argument("--dry-run", action="store_true", help="print the plan (FLOPs, step-time estimates, launch line), train nothing; default off")
-  t2.add_argument("--preset", default=None, help=f"the --lm.* protocol from a preset, flags override it: {sorted(PRESETS)}")
+  t2.add_argument("--preset", default=None,
+                  help=f"the --lm.* protocol from a preset ({', '.join(sorted(PRESETS))}; docs/lm.md), flags override it "
+                       "(default: none)")
   t2.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilisation assumed by the estimates (default: 0.4)")
   config_lib.add_arguments(t2, Table2Config, help={"conditions": f"from {list(CONDITIONS)} (learnable: per-head "
                                                                  "(beta, alpha) from (0.5, 0.5))",
