@@ -25,7 +25,8 @@ batch, heads, tokens and test functions.
   `z_i = [q_i, k_i]` centred over the tokens (`Z̃ = HZ`) the double-centred logit is `s Z̃ C Z̃ᵀ`,
   `C = [[c, c' + α/2], [c' − α/2, c]] ⊗ I_d` (c = (1 − β)/4, c' = (1 + β)/4: `operators.augment`), its
   antisymmetric part `s Z̃ C_a Z̃ᵀ`, `C_a = [[0, α/2], [−α/2, 0]] ⊗ I_d`, and `‖Z̃ C Z̃ᵀ‖_F² =
-  ⟨(Z̃C)ᵀ(Z̃C), Z̃ᵀZ̃⟩_F`: O(n·d²) per head from 2d × 2d Gram matrices, O(n) memory.
+  Σ C₀[k, l] C₀[k', l'] ⟨G_kk', G_ll'⟩` (C = C₀ ⊗ I_d, `G_kk'` the d × d blocks of `Z̃ᵀZ̃`): one Gram
+  per head, O(n·d²) time and O(n) memory, never n × n.
 * **mixing** — a soft lower bound `g*` (`target`) on the absolute spectral gap of the walk's additive
   reversibilisation `A = ½(Π^{½} P Π^{−½} + Π^{−½} Pᵀ Π^{½})` (`markov.eigenbasis`; for a reversible P
   this is P's own spectrum): `R_mix = E_{b,h} relu(g* − (1 − max(|λ₁|, |λ_{n−1}|)))`. Dense: one
@@ -143,18 +144,24 @@ def reversibility(q, k, *, beta=1.0, alpha=1.0, kind: str = "eps_rev", scale=Non
   return jnp.mean(markov.reversibility(p) if kind == "eps_rev" else markov.entropy_production(p))
 
 
+def _skew_norm(c0, t):
+  """`‖Z̃ (C₀ ⊗ I) Z̃ᵀ‖_F² = Σ C₀[k, l] C₀[k', l'] ⟨G_kk', G_ll'⟩` `[b, h]` from the table t `[b, h, 2, 2, 2, 2]`."""
+  return jnp.einsum("hkl,hKL,bhkKlL->bh", c0, c0, t, precision=_HI)
+
+
 def skew(q, k, *, beta=1.0, alpha=1.0) -> jax.Array:
   """Mean over (b, h) of `ρ_skew²` of the parametric logits, from Gram matrices (module docstring; the
-  scale s cancels): `⟨W_aᵀW_a, G⟩ / ⟨WᵀW, G⟩` with `G = Z̃ᵀZ̃`, `W = Z̃C`, `W_a = Z̃C_a`."""
-  qf, kf = (x.astype(jnp.float32) - x.astype(jnp.float32).mean(1, keepdims=True) for x in (q, k))
-  b_, a_ = (jnp.asarray(x, jnp.float32)[..., None] for x in (beta, alpha))       # [] or [h] -> over [b, n, h, d]
-  c, cp = (1 - b_) / 4, (1 + b_) / 4
-  z = jnp.concatenate([qf, kf], -1)
-  w = jnp.concatenate([c * qf + (cp - a_ / 2) * kf, (cp + a_ / 2) * qf + c * kf], -1)
-  wa = jnp.concatenate([-a_ / 2 * kf, a_ / 2 * qf], -1)
-  gram = lambda x: jnp.einsum("bnhd,bnhe->bhde", x, x, precision=_HI)
-  g = gram(z)
-  return jnp.mean(jnp.sum(gram(wa) * g, (-2, -1)) / jnp.maximum(jnp.sum(gram(w) * g, (-2, -1)), 1e-30))
+  scale s cancels). With the d × d blocks `G_kk' = Σ_i z̃_i^k z̃_i^k'ᵀ` (k, k' ∈ {q, k}) and
+  `‖Z̃ (C₀ ⊗ I) Z̃ᵀ‖_F² = Σ C₀[k, l] C₀[k', l'] ⟨G_kk', G_ll'⟩`, one Gram per head (n·4d²) and a 16-entry
+  table (16·d²) give both norms."""
+  z = jnp.stack([x.astype(jnp.float32) - x.astype(jnp.float32).mean(1, keepdims=True) for x in (q, k)], -2)
+  g = jnp.einsum("bnhkd,bnhle->bhkdle", z, z, precision=_HI)                    # [b, h, 2, d, 2, d]
+  t = jnp.einsum("bhkdKe,bhldLe->bhkKlL", g, g, precision=_HI)                 # ⟨G_kK, G_lL⟩
+  b_, a_ = jnp.broadcast_arrays(*(jnp.broadcast_to(jnp.asarray(x, jnp.float32), (q.shape[2],)) for x in (beta, alpha)))
+  c, cp, zero = (1 - b_) / 4, (1 + b_) / 4, jnp.zeros_like(b_)
+  mat = lambda a, b, c, d: jnp.stack([jnp.stack([a, b], -1), jnp.stack([c, d], -1)], -2)   # [h, 2, 2]
+  full, anti = mat(c, cp + a_ / 2, cp - a_ / 2, c), mat(zero, a_ / 2, -a_ / 2, zero)
+  return jnp.mean(_skew_norm(anti, t) / jnp.maximum(_skew_norm(full, t), 1e-30))
 
 
 def absolute_gap(p) -> jax.Array:
