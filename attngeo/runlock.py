@@ -3,6 +3,8 @@
 `hold(workdir)` takes `fcntl.flock(LOCK_EX | LOCK_NB)` on `workdir/.lock` and writes the owner's
 `pid host` into it; while it is held, a hold from any other process raises `RunFolderBusy` (a
 `ValueError`: the CLI prints it in one line) naming that owner, before anything is read or written.
+A folder that cannot be created or locked (a file in its place, a read-only or denied parent) raises
+`RunFolderUnusable` (a `ValueError` too) naming `--out` and the reason.
 
 * Re-entrant within a process: nested holds of one folder (by any spelling of its path) share the
   one lock, released when the outermost hold exits (the LM recipe holds it around `train.train`,
@@ -39,6 +41,10 @@ _guard = threading.Lock()
 
 class RunFolderBusy(ValueError):
   """Another process holds the run folder."""
+
+
+class RunFolderUnusable(ValueError):
+  """The run folder cannot be created or locked (a file is in its place, a read-only or denied parent)."""
 
 
 def has_checkpoint(workdir: str) -> bool:
@@ -85,15 +91,25 @@ def _same_file(fd: int, path: str) -> bool:
   return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
 
 
+def _unusable(workdir: str, e: OSError) -> RunFolderUnusable:
+  return RunFolderUnusable(f"--out {workdir} cannot be used as a run folder: {e.strerror} "
+                           f"({e.filename or workdir}); choose a writable folder")
+
+
 def _acquire(workdir: str) -> int:
   """A descriptor of `workdir/.lock`, locked by this process, the path still naming it; else `RunFolderBusy`."""
   path = os.path.join(workdir, LOCK_NAME)
   while True:
-    os.makedirs(workdir, exist_ok=True)
+    try:
+      os.makedirs(workdir, exist_ok=True)
+    except OSError as e:                       # a file in its place, a read-only or denied parent
+      raise _unusable(workdir, e) from None
     try:
       fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except FileNotFoundError:                  # the folder was removed by a holder that just left: again
       continue
+    except OSError as e:                       # a read-only or denied folder
+      raise _unusable(workdir, e) from None
     try:
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

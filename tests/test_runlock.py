@@ -198,3 +198,21 @@ def test_train_refused_at_its_first_checkpoint_leaves_the_folder_as_it_found_it(
     train.train(pf, lambda m, b, r: (flow.loss(m, b["points"], r), {}), Batches(pts),
                 train.TrainConfig(steps=1, batch_size=2, workdir=str(wd), log_every=1, progress=False))
   assert os.listdir(wd) == ["notes.txt"]
+
+
+@pytest.mark.parametrize("where", ["a file", "under a file", "read-only"])
+def test_an_out_that_cannot_be_a_folder_is_one_line_naming_out(tmp_path, capsys, where):
+  """A file at --out (FileExistsError), a file as its parent (NotADirectoryError) or a folder the process may not
+  write (/sys: EPERM, as a read-only file system's EROFS) were tracebacks from runlock._acquire's os.makedirs."""
+  (tmp_path / "F").write_text("mine")
+  out = {"a file": tmp_path / "F", "under a file": tmp_path / "F" / "run", "read-only": "/sys/attngeo-run"}[where]
+  with pytest.raises(runlock.RunFolderUnusable, match=f"^--out {out} cannot be used as a run folder: ") as e:
+    with runlock.hold(str(out)):
+      pytest.fail("held")
+  assert isinstance(e.value, ValueError) and "\n" not in str(e.value)
+  from attngeo import cli
+  argv = ["swissroll", "--operators", "ATTN", "--orders", "ffn_first", "--steps", "1", "--out", str(out)]
+  assert cli.main(argv) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith(f"attngeo swissroll: error: --out {out} cannot be used"), err
+  assert (tmp_path / "F").read_text() == "mine" and os.listdir(tmp_path) == ["F"]
