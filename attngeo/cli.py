@@ -121,19 +121,30 @@ def main(argv=None):
     msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     print(f"attngeo {argv[0]}: error: {msg}", file=sys.stderr)
     return 2
-  except (OSError, RuntimeError) as e:             # a full disk where no writer names it (a library's own write)
-    if os.environ.get("ATTNGEO_DEBUG") or not is_disk_full(e):
+  except Exception as e:                           # a full disk where no writer names it (a library's own write)
+    reason = storage_full(e)
+    if os.environ.get("ATTNGEO_DEBUG") or reason is None:
       raise
     where = f" writing {e.filename}" if getattr(e, "filename", None) else ""
-    print(f"attngeo {argv[0]}: error: no space left on device{where}; free space and run the same command again "
-          "(finished steps and cached results are kept)", file=sys.stderr)
+    print(f"attngeo {argv[0]}: error: {reason}{where}; free space (or raise the limit) and run the same command "
+          "again (finished steps and cached results are kept)", file=sys.stderr)
     return 2
   return 0
 
 
-def is_disk_full(e: BaseException) -> bool:
-  """ENOSPC, raised as an OSError or wrapped in a library's RuntimeError (tfds' writer)."""
-  return getattr(e, "errno", None) == errno.ENOSPC or "No space left on device" in str(e)
+# errno -> what the one line says; the texts are how libraries that wrap the error spell them.
+STORAGE_FULL = {errno.ENOSPC: ("no space left on device", "No space left on device"),
+                errno.EDQUOT: ("disk quota exceeded", "Disk quota exceeded"),
+                errno.EFBIG: ("file too large for the file-size limit (ulimit -f)", "File too large")}
+
+
+def storage_full(e: BaseException) -> str | None:
+  """What a full disk, quota or file-size limit says in the one line (None for any other error): the errno of
+  an OSError, or its text wrapped in a library's error (tfds' RuntimeError, safetensors' SafetensorError)."""
+  for code, (reason, text) in STORAGE_FULL.items():
+    if (isinstance(e, OSError) and e.errno == code) or (not isinstance(e, OSError) and text in str(e)):
+      return reason
+  return None
 
 
 if __name__ == "__main__":

@@ -228,3 +228,21 @@ def test_a_full_disk_no_writer_names_is_one_line(monkeypatch, capsys):
   monkeypatch.setattr(heat_swissroll, "main", lambda argv: (_ for _ in ()).throw(OSError(errno.EACCES, "denied")))
   with pytest.raises(OSError):                    # any other OSError is a bug to see, not a user line
     cli.main(["heat"])
+
+
+def test_the_file_size_limit_and_a_wrapped_full_disk_are_one_line(monkeypatch, capsys):
+  """EFBIG (`ulimit -f`) and safetensors' SafetensorError('… (os error 28)') escaped the disk-full handler, which
+  took only an OSError/RuntimeError naming ENOSPC: tracebacks."""
+  import errno
+
+  from safetensors import SafetensorError
+
+  from attngeo.experiments import heat_swissroll
+  for exc, line in ((OSError(errno.EFBIG, "File too large", "/run/weights.npz"),
+                     "file too large for the file-size limit (ulimit -f) writing /run/weights.npz"),
+                    (SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)"),
+                     "no space left on device; ")):
+    monkeypatch.setattr(heat_swissroll, "main", lambda argv, exc=exc: (_ for _ in ()).throw(exc))
+    assert cli.main(["heat"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"attngeo heat: error: {line}"), err
