@@ -241,6 +241,8 @@ def save(model, path: str) -> dict:
   layout.unexpressed(cfg, config(hf), "GPT-2")
   tensors = from_attngeo(layout.params(model), cfg)
   layout.check(layout.shapes(tensors), expected(cfg), "exported state")
+  side, text = os.path.join(os.path.dirname(os.path.abspath(path)), "config.json"), json.dumps(hf, indent=2)
+  safetensors_io.refuse_overwrite(path, tensors, {"format": "pt"}, {side: text})   # never a run's config.json
   safetensors_io.write(path, tensors, {"format": "pt"})
-  files.atomic_write(os.path.join(os.path.dirname(os.path.abspath(path)), "config.json"), json.dumps(hf, indent=2))
+  files.atomic_write(side, text)
   return hf

@@ -448,7 +448,9 @@ def save(model, path: str, *, meta: dict | None = None) -> dict:
   m = re.match(r"model_(\d+)\.safetensors$", os.path.basename(path))
   meta_path = os.path.join(os.path.dirname(path), f"meta_{m.group(1)}.json") if m else \
       os.path.splitext(path)[0] + ".meta.json"
-  safetensors_io.write(path, tensors, {"format": "nanochat", "nanochat_meta": json.dumps(meta)})
+  header = {"format": "nanochat", "nanochat_meta": json.dumps(meta)}
+  safetensors_io.refuse_overwrite(path, tensors, header, {meta_path: json.dumps(meta, indent=2)})
+  safetensors_io.write(path, tensors, header)
   files.atomic_write(meta_path, json.dumps(meta, indent=2))
   return meta
 
