@@ -13,7 +13,9 @@ architecture and commit matched, the source's own config) and `ckpt/0` (an orbax
 step 0 with a fresh optimizer state), so `attngeo.runs.load_run`, `attngeo probe` and anything that
 resumes from a run read it unchanged. A BERT/ALBERT import is a weights-only run folder instead
 (`attngeo.interop.bert.write_run`: config.json, weights.npz, the vocab.txt, and `hf/` holding the
-checkpoint as safetensors, converted once from a pytorch_model.bin). Nothing is downloaded: the files must be local. The import
+checkpoint as safetensors, converted once from a pytorch_model.bin; `--out` held by `attngeo.runlock` from
+before the load). A BERT/ALBERT export copies the run's vocab.txt beside the safetensors. Export overwrites
+no file that holds something else than what it writes (`safetensors_io.refuse_overwrite`). Nothing is downloaded: the files must be local. The import
 summary names the rotary-table dtype of a nanochat import (nanochat's on this machine:
 `attngeo.interop.nanochat.rope_tables`). Export is lossless or refuses in one line naming the
 settings the layout cannot carry (`attngeo.interop.layout.unexpressed`).
@@ -136,14 +138,16 @@ def import_main(argv=None):
 
 def _import_encoder(ap, a, overrides):
   """`attngeo import bert|albert`: the checkpoint as a weights-only run folder (`attngeo.interop.bert.write_run`)."""
-  from attngeo import interop
+  from attngeo import interop, runlock
   from attngeo.interop import bert
   try:
-    model, info = interop.load(a.kind, a.path, hf_config_path=a.config, **overrides)
-    weights = info["file"]
-    imported = {"kind": a.kind, "file": os.path.abspath(weights), "sha256": sha256(weights), "overrides": overrides,
-                "matched": info["source"], "config": info["config"]}
-    bert.write_run(a.out, model, info, imported)
+    bert.check_out(a.out)
+    with runlock.hold(a.out):             # before the load: a busy or unwritable --out is refused at once
+      model, info = interop.load(a.kind, a.path, hf_config_path=a.config, **overrides)
+      weights = info["file"]
+      imported = {"kind": a.kind, "file": os.path.abspath(weights), "sha256": sha256(weights), "overrides": overrides,
+                  "matched": info["source"], "config": info["config"]}
+      bert.write_run(a.out, model, info, imported)
   except (ValueError, TypeError, FileNotFoundError, ImportError) as e:
     ap.error(str(e))
   cfg = model.cfg
@@ -186,8 +190,12 @@ def export_main(argv=None):
     imported = files.read_config(a.run_dir).get("imported") or {}
     meta = dict(imported.get("meta") or {})   # its model_config is rewritten from the model (window_pattern kept)
     meta["attngeo_run"] = os.path.abspath(a.run_dir)
+  options = {"meta": meta} if a.format == "nanochat" else {}
+  vocab = os.path.join(a.run_dir, "vocab.txt")
+  if a.format in ("bert", "albert") and os.path.isfile(vocab):
+    options["vocab"] = vocab                   # beside the safetensors, as in HF folders: import reads it back
   try:
-    written = interop.save(model, a.format, a.out, **({"meta": meta} if a.format == "nanochat" else {}))
+    written = interop.save(model, a.format, a.out, **options)
   except ValueError as e:
     ap.error(str(e))
   block = dataclasses.asdict(mcfg.block)

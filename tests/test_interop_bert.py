@@ -274,3 +274,183 @@ def test_cli_import_export_and_bad_input(tmp_path, capsys):
   err = capsys.readouterr().err.strip().splitlines()
   assert err[-1].startswith("attngeo import: error: ") and "wrong shapes" in err[-1]
   assert not bad.exists() and not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+
+
+# ----------------------------------------------------------------------------- faults: overwrite, full disk, races
+
+def tree(folder):
+  """{relative path: bytes} of every file under `folder`."""
+  from pathlib import Path
+  return {str(p.relative_to(folder)): p.read_bytes() for p in Path(folder).rglob("*") if p.is_file()}
+
+
+def imported_albert(tmp_path, capsys):
+  tiny_hf("AlbertForMaskedLM", tmp_path / "hf")
+  (tmp_path / "hf" / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "C"]))
+  run = str(tmp_path / "run")
+  assert cli.main(["import", "albert", str(tmp_path / "hf"), "--out", run]) == 0
+  capsys.readouterr()
+  return run
+
+
+def test_export_into_a_run_folder_refuses_and_overwrites_nothing(tmp_path, capsys):
+  """F1: `export RUN2 --out RUN2/model.safetensors` overwrote RUN2/config.json with the HF one (the run no longer
+  loaded). Any file export would write that holds something else is refused in one line; the same export again
+  (byte-identical) is allowed."""
+  run = imported_albert(tmp_path, capsys)
+  before = tree(run)
+  for out in (os.path.join(run, "model.safetensors"), os.path.join(run, "hf", "model.safetensors")):
+    with pytest.raises(SystemExit) as e:
+      cli.main(["export", run, "--format", "albert", "--out", out])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and "export would overwrite" in err[0], err
+    assert tree(run) == before
+  runs.load_run(run)
+  exp = tmp_path / "exp" / "model.safetensors"
+  for _ in range(2):                                               # an earlier export of the same model: allowed
+    assert cli.main(["export", run, "--format", "albert", "--out", str(exp)]) == 0
+  first = tree(exp.parent)
+  (exp.parent / "config.json").write_text("{}")                    # anything else there: refused, nothing written
+  with pytest.raises(SystemExit):
+    cli.main(["export", run, "--format", "albert", "--out", str(exp)])
+  assert tree(exp.parent) == {**first, "config.json": b"{}"}
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "nanochat"])
+def test_gpt_exporters_overwrite_no_other_config(tmp_path, kind):
+  """F1 in the GPT-2 / nanochat exporters: a config.json / meta json there that is not this export stays."""
+  import export_audit
+
+  from attngeo.interop import gpt2, nanochat
+  cfg = (gpt2.config({"vocab_size": 11, "n_positions": 8, "n_embd": 8, "n_layer": 1, "n_head": 2}) if kind == "gpt2"
+         else nanochat.config({"sequence_len": 8, "vocab_size": 11, "n_layer": 1, "n_head": 2, "n_kv_head": 2,
+                               "n_embd": 8}, "2025-10"))
+  model, out = export_audit.randomized(cfg), tmp_path / "model_000001.safetensors"
+  side = tmp_path / ("config.json" if kind == "gpt2" else "meta_000001.json")
+  interop.save(model, kind, str(out))
+  interop.save(model, kind, str(out))                               # the same export again
+  before = out.read_bytes()
+  with pytest.raises(ValueError, match=f"export would overwrite {out}"):   # another model's weights
+    interop.save(export_audit.randomized(cfg, seed=1), kind, str(out))
+  assert out.read_bytes() == before
+  side.write_text('{"mine": 1}')
+  with pytest.raises(ValueError, match=f"export would overwrite {side}") as e:
+    interop.save(model, kind, str(out))
+  assert "\n" not in str(e.value) and side.read_text() == '{"mine": 1}'
+
+
+def test_export_carries_vocab_txt_and_import_reads_it_back(tmp_path, capsys):
+  """F15: export wrote no vocab.txt, so export → import → `mlm eval` needed --vocab."""
+  run = imported_albert(tmp_path, capsys)
+  exp = tmp_path / "exp" / "model.safetensors"
+  assert cli.main(["export", run, "--format", "albert", "--out", str(exp)]) == 0
+  vocab = (tmp_path / "hf" / "vocab.txt").read_bytes()
+  assert (exp.parent / "vocab.txt").read_bytes() == vocab
+  assert cli.main(["import", "albert", str(exp.parent), "--out", str(tmp_path / "again")]) == 0
+  assert (tmp_path / "again" / "vocab.txt").read_bytes() == vocab
+
+
+SAFETENSORS_FULL = "Error while serializing: I/O error: No space left on device (os error 28)"
+
+
+def test_a_full_disk_during_import_is_one_line_and_leaves_nothing(tmp_path, monkeypatch, capsys):
+  """F3: safetensors' writer raises SafetensorError('… No space left on device (os error 28)'), which the CLI's
+  disk-full handler (OSError/RuntimeError only) passed on as a traceback."""
+  import safetensors.numpy
+  from safetensors import SafetensorError
+  tiny_hf("AlbertForMaskedLM", tmp_path / "hf")
+  capsys.readouterr()                                   # the progress bar of save_pretrained
+
+  def full(*args, **kwargs):
+    raise SafetensorError(SAFETENSORS_FULL)
+  monkeypatch.setattr(safetensors.numpy, "save_file", full)
+  run = tmp_path / "run"
+  assert cli.main(["import", "albert", str(tmp_path / "hf"), "--out", str(run)]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("attngeo import: error: no space left on device writing "), err
+  assert sorted(os.listdir(tmp_path)) == ["hf"]
+
+
+EFBIG_IMPORT = """
+import resource, sys
+from attngeo import cli
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))   # SIGXFSZ: Python ignores it
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_the_file_size_limit_during_import_is_one_line_and_leaves_nothing(tmp_path, capsys):
+  """F4: under `ulimit -f` the write fails with EFBIG ('File too large (os error 27)'): a traceback before."""
+  import subprocess
+  import sys
+  tiny_hf("AlbertForMaskedLM", tmp_path / "hf")
+  capsys.readouterr()                                   # the progress bar of save_pretrained
+  assert os.path.getsize(tmp_path / "hf" / "model.safetensors") > 4096
+  out = subprocess.run([sys.executable, "-c", EFBIG_IMPORT, "import", "albert", str(tmp_path / "hf"), "--out",
+                        str(tmp_path / "run")], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, ATTNGEO_HUGEPAGES="0"))
+  err = out.stderr.strip().splitlines()
+  assert out.returncode == 2 and len(err) == 1, out.stderr[-3000:]
+  assert err[0].startswith("attngeo import: error: file too large for the file-size limit (ulimit -f) writing ")
+  assert sorted(os.listdir(tmp_path)) == ["hf"]
+
+
+@pytest.mark.parametrize("where", ["read-only parent", "a file"])
+def test_an_unusable_out_is_refused_before_the_load(tmp_path, monkeypatch, capsys, where):
+  """F5/F6: a read-only --out parent failed in tempfile.mkdtemp only after the model was loaded (a traceback);
+  a file at --out is one line too. Both before any load, nothing written."""
+  tiny_hf("AlbertModel", tmp_path / "hf")
+  capsys.readouterr()                                   # the progress bar of save_pretrained
+  (tmp_path / "F").write_text("mine")
+  out = "/sys/attngeo-run/run" if where == "read-only parent" else str(tmp_path / "F")
+  monkeypatch.setattr(interop, "load", lambda *a, **k: pytest.fail("loaded before --out was checked"))
+  with pytest.raises(SystemExit) as e:
+    cli.main(["import", "albert", str(tmp_path / "hf"), "--out", out])
+  err = capsys.readouterr().err.strip().splitlines()
+  assert e.value.code == 2 and len(err) == 1 and err[0].startswith(f"attngeo import: error: --out {out} "), err
+  assert sorted(os.listdir(tmp_path)) == ["F", "hf"] and (tmp_path / "F").read_text() == "mine"
+
+
+def test_an_import_holds_its_out_and_clears_what_a_killed_one_left(tmp_path, capsys):
+  """F8: two imports of one --out raced to os.rmdir(out) ('Directory not empty'): the second is now refused in
+  one line while the first holds --out. F9: a killed import's temporary stayed forever; the next one removes it."""
+  import subprocess
+  import sys
+  tiny_hf("AlbertModel", tmp_path / "hf")
+  capsys.readouterr()                                   # the progress bar of save_pretrained
+  run = tmp_path / "run"
+  holder = subprocess.Popen([sys.executable, "-c", "import sys\nfrom attngeo import runlock\nwith runlock.hold(sys.argv[1]):"
+                             "\n  print('held', flush=True)\n  sys.stdin.readline()", str(run)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+  try:
+    assert holder.stdout.readline() == "held\n"
+    with pytest.raises(SystemExit) as e:
+      cli.main(["import", "albert", str(tmp_path / "hf"), "--out", str(run)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and f"is in use by pid {holder.pid}" in err[0], err
+  finally:
+    holder.kill()                                       # kill -9 mid-import: its lock and temporary stay
+    holder.wait()
+    holder.stdin.close()
+    holder.stdout.close()
+  (run / ".import.tmp" / "hf").mkdir(parents=True)
+  (run / ".import.tmp" / "hf" / "model.safetensors").write_bytes(b"partial")
+  assert cli.main(["import", "albert", str(tmp_path / "hf"), "--out", str(run)]) == 0
+  assert sorted(os.listdir(run)) == ["config.json", "hf", "weights.npz"]
+  assert sorted(os.listdir(tmp_path)) == ["hf", "run"]
+
+
+def test_a_pickle_torch_refuses_is_one_line_without_its_advice(tmp_path, capsys):
+  """F16: a pickle that is not a tensor dict printed torch's UserWarning (2 lines) first, and the error passed on
+  torch's advice to retry with weights_only=False."""
+  import pickle
+  tiny_hf("AlbertModel", tmp_path / "hf")
+  capsys.readouterr()                                   # the progress bar of save_pretrained
+  os.remove(tmp_path / "hf" / "model.safetensors")
+  with open(tmp_path / "hf" / "pytorch_model.bin", "wb") as f:
+    pickle.dump({"a": 1}, f, protocol=4)                # protocol 4: torch warns it is not its default
+  with pytest.raises(SystemExit) as e:
+    cli.main(["import", "albert", str(tmp_path / "hf"), "--out", str(tmp_path / "run")])
+  err = capsys.readouterr().err.strip().splitlines()
+  assert e.value.code == 2 and len(err) == 1 and "holds more than tensors (Unsupported operand" in err[0], err
+  assert "weights_only" not in err[0] and not (tmp_path / "run").exists()

@@ -9,6 +9,6 @@ def load(path: str, hf_config_path: str | dict | None = None, **overrides):
   return bert.load(path, "albert", hf_config_path, **overrides)
 
 
-def save(model, path: str) -> dict:
-  """`bert.save(model, path, "albert")`."""
-  return bert.save(model, path, "albert")
+def save(model, path: str, vocab: str | None = None) -> dict:
+  """`bert.save(model, path, "albert", vocab)`."""
+  return bert.save(model, path, "albert", vocab)

@@ -34,6 +34,7 @@ import re
 
 import numpy as np
 
+from attngeo import runlock
 from attngeo.interop import layout, safetensors_io
 
 LAYOUTS = ("bert", "albert")
@@ -317,13 +318,18 @@ def load(path: str, kind: str = "bert", hf_config_path: str | dict | None = None
   return model, {"source": SOURCES[kind], "config": hf, "file": weights, "tensors": tensors}
 
 
-def save(model, path: str, kind: str = "bert") -> dict:
-  """Write `model` (a `kind`-family Encoder) as `path` (.safetensors, HF key names) and `config.json` beside it.
+def save(model, path: str, kind: str = "bert", vocab: str | None = None) -> dict:
+  """Write `model` (a `kind`-family Encoder) as `path` (.safetensors, HF key names) and `config.json` beside it,
+  and a copy of `vocab` (a vocab.txt; HF folders keep the tokenizer there) as `vocab.txt` beside it.
 
-  A model whose settings the HF files cannot carry is refused in one line before a file is written.
+  A model whose settings the HF files cannot carry, or a file there that is not this very export
+  (`safetensors_io.refuse_overwrite`: a run folder's own config.json), is refused in one line before a
+  file is written.
   Returns:
     the config.json dict written.
   """
+  import shutil
+
   from attngeo import files, operators
   from attngeo.nn.layers import attention_modules
   cfg = model.cfg
@@ -337,12 +343,29 @@ def save(model, path: str, kind: str = "bert") -> dict:
   hf = hf_config(cfg, kind)
   tensors = from_attngeo(layout.params(model), cfg, kind)
   layout.check(layout.shapes(tensors), expected(cfg, kind), "exported state")
+  folder, text = os.path.dirname(os.path.abspath(path)), json.dumps(hf, indent=2)
+  copies = {}
+  if vocab is not None:
+    with open(vocab, "rb") as f:
+      copies[os.path.join(folder, "vocab.txt")] = f.read()
+  safetensors_io.refuse_overwrite(path, tensors, {"format": "pt"}, {os.path.join(folder, "config.json"): text,
+                                                                    **copies})
   safetensors_io.write(path, tensors, {"format": "pt"})
-  files.atomic_write(os.path.join(os.path.dirname(os.path.abspath(path)), "config.json"), json.dumps(hf, indent=2))
+  files.atomic_write(os.path.join(folder, "config.json"), text)
+  if vocab is not None:
+    files.atomic_write(os.path.join(folder, "vocab.txt"), lambda tmp: shutil.copyfile(vocab, tmp))
   return hf
 
 
 HF_DIR = "hf"     # in an imported run folder: the checkpoint as safetensors and its config.json
+TMP_DIR = ".import.tmp"   # inside `out` while an import holds it: what it writes before moving it up
+
+
+def check_out(out: str) -> None:
+  """One ValueError line unless `out` is absent or an empty folder (its lock and a killed import's `TMP_DIR`
+  aside): an import never writes into a folder that holds anything."""
+  if os.path.exists(out) and (not os.path.isdir(out) or set(os.listdir(out)) - {runlock.LOCK_NAME, TMP_DIR}):
+    raise ValueError(f"--out {out} exists and is not an empty folder; choose a new run folder")
 
 
 def write_run(out: str, model, info: dict, imported: dict) -> None:
@@ -350,33 +373,38 @@ def write_run(out: str, model, info: dict, imported: dict) -> None:
   reads), the checkpoint's `vocab.txt` (where one lies beside its weights: the tokenizer of `attngeo.lm.smiles`)
   and `hf/` (the checkpoint's tensors as read, now model.safetensors, and its config.json).
 
-  Everything is written into a sibling temporary folder that is renamed to `out` at the end, so a failure leaves
-  nothing; `out` must not exist or be an empty folder.
+  `out` (absent or empty: `check_out`) is held (`attngeo.runlock`: a second import of it is refused in one line)
+  while everything is written into `out/TMP_DIR` and then moved up, config.json last, so a failure leaves nothing
+  (and a folder it created is removed). A `TMP_DIR` left by a killed import (`kill -9`) is removed first: under
+  the lock its owner is gone.
   """
   import shutil
-  import tempfile
 
   from attngeo import runs
   out = os.path.abspath(out)
-  if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
-    raise ValueError(f"--out {out} exists and is not an empty folder; choose a new run folder")
-  os.makedirs(os.path.dirname(out), exist_ok=True)
-  tmp = tempfile.mkdtemp(prefix=os.path.basename(out) + ".", suffix=".tmp", dir=os.path.dirname(out))
-  mask = os.umask(0)
-  os.umask(mask)
-  try:
-    os.chmod(tmp, 0o777 & ~mask)                 # what os.makedirs gives, not mkdtemp's 0700
-    hf = os.path.join(tmp, HF_DIR)
-    safetensors_io.write(os.path.join(hf, "model.safetensors"), info["tensors"], {"format": "pt"})
-    with open(os.path.join(hf, "config.json"), "w", encoding="utf-8") as f:
-      json.dump(info["config"], f, indent=2)
-    vocab = os.path.join(os.path.dirname(info["file"]), "vocab.txt")
-    if os.path.isfile(vocab):
-      shutil.copyfile(vocab, os.path.join(tmp, "vocab.txt"))
-    runs.write_weights_run(tmp, model, imported=imported)
-    if os.path.isdir(out):
-      os.rmdir(out)
-    os.rename(tmp, out)
-  except BaseException:
+  check_out(out)
+  with runlock.hold(out):
+    check_out(out)
+    tmp = os.path.join(out, TMP_DIR)
     shutil.rmtree(tmp, ignore_errors=True)
-    raise
+    moved = []
+    try:
+      hf = os.path.join(tmp, HF_DIR)
+      safetensors_io.write(os.path.join(hf, "model.safetensors"), info["tensors"], {"format": "pt"})
+      with open(os.path.join(hf, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(info["config"], f, indent=2)
+      vocab = os.path.join(os.path.dirname(info["file"]), "vocab.txt")
+      if os.path.isfile(vocab):
+        shutil.copyfile(vocab, os.path.join(tmp, "vocab.txt"))
+      runs.write_weights_run(tmp, model, imported=imported)
+      for name in sorted(os.listdir(tmp), key=lambda n: n == "config.json"):
+        os.rename(os.path.join(tmp, name), os.path.join(out, name))
+        moved.append(os.path.join(out, name))
+      os.rmdir(tmp)
+    except BaseException:
+      for path in [tmp] + moved:
+        if os.path.isdir(path):
+          shutil.rmtree(path, ignore_errors=True)
+        elif os.path.lexists(path):
+          os.remove(path)
+      raise
