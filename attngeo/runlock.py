@@ -25,6 +25,7 @@ A folder that cannot be created or locked (a file in its place, a read-only or d
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import shutil
@@ -92,7 +93,8 @@ def _same_file(fd: int, path: str) -> bool:
 
 
 def _unusable(workdir: str, e: OSError) -> RunFolderUnusable:
-  return RunFolderUnusable(f"--out {workdir} cannot be used as a run folder: {e.strerror} "
+  reason = "a file is in the way" if e.errno in (errno.EEXIST, errno.ENOTDIR) else e.strerror
+  return RunFolderUnusable(f"--out {workdir} cannot be used as a run folder: {reason} "
                            f"({e.filename or workdir}); choose a writable folder")
 
 

@@ -121,8 +121,8 @@ def refuse_overwrite(path: str, tensors: dict[str, np.ndarray], header: dict[str
   if os.path.lexists(path) and not (os.path.isfile(path) and path.endswith(SAFETENSORS_SUFFIXES) and holds_tensors()):
     clash.insert(0, path)
   if clash:
-    raise ValueError(f"export would overwrite {', '.join(clash)}, which hold something else (not this export); "
-                     "choose a new --out folder or remove them first")
+    raise ValueError(f"export would overwrite {', '.join(clash)} (holding something else than this export); "
+                     "choose a new --out folder or remove it first")
 
 
 def os_error(e: Exception, path: str) -> Exception:
