@@ -259,9 +259,12 @@ def _rescaled(q, k, scale: float):
 
 
 def _mend_overflow(y, rerun):
-  """y [b, n, h, e] with its non-finite rows replaced by `rerun()`'s (run only when there are any)."""
+  """y [b, n, h, e] with its non-finite rows replaced by `rerun()`'s (run only when there are any).
+  `rerun` reads no differentiable input, so the `lax.cond` is a constant of the forward pass: a
+  gradient program holds one extra forward kernel, not a second backward (nor its residuals)."""
   bad = ~jnp.all(jnp.isfinite(y), -1, keepdims=True)
-  return jax.lax.cond(jnp.any(bad), lambda: jnp.where(bad, rerun(), y), lambda: y)
+  fixed = jax.lax.cond(jnp.any(bad), rerun, lambda: jax.lax.stop_gradient(y))
+  return jnp.where(bad, fixed, y)
 
 
 # ----------------------------------------------------------------------------- public API
@@ -289,7 +292,7 @@ def transport(q, k, v, *, beta=1.0, alpha=1.0, causal: bool = False, mask=None, 
   mask, beta, scale = _arguments(q, k, v, beta=beta, mask=mask, scale=scale)
   alpha = _coefficient("alpha", alpha, q.shape[2])
 
-  def run(q, k):
+  def run(q, k, v, beta=beta, alpha=alpha):
     aug = augment(q, k, beta=beta, alpha=alpha, scale=scale)
     return kernels.attention(aug.q, aug.k, v, bias=aug.bias, mask=mask, causal=causal, scale=scale,
                              implementation=implementation, block_size=block_size), aug
@@ -299,10 +302,12 @@ def transport(q, k, v, *, beta=1.0, alpha=1.0, causal: bool = False, mask=None, 
     y = kernels.attention(aug.q, aug.k, v, bias=aug.bias, mask=mask, causal=causal, scale=scale,
                           implementation=implementation, block_size=block_size)
     return _own_values(y, v, far, mask)
-  y, aug = run(q, k)
+  y, aug = run(q, k, v)
   if aug.k is k:                                                  # plain ATTN: its logits are q·k as given
     return y
-  return _mend_overflow(y, lambda: run(*_rescaled(q, k, scale))[0])
+  const = lambda x: x if isinstance(x, float) else jax.lax.stop_gradient(x)   # floats stay static
+  return _mend_overflow(y, lambda: run(*_rescaled(const(q), const(k), scale), const(v), const(beta),
+                                       const(alpha))[0])
 
 
 def _is_number(x) -> bool:

@@ -247,6 +247,21 @@ def test_augmented_members_at_huge_query_norms_match_float64(impl):
     np.testing.assert_allclose(y, family_reference64(q, k, v, beta, alpha, causal=i == 2), rtol=1e-5, atol=1e-5)
 
 
+def test_the_overflow_mend_is_a_forward_constant_of_the_gradient_program():
+  """The mend's `lax.cond` reads no differentiable input: the gradient of a DMTN (and a learnable-β)
+  transport holds one cond, in the forward pass — not a second, differentiated copy of the kernel
+  (which doubled the compile time and kept the rerun's residuals), and gradients are unchanged."""
+  q, k, v = (jax.random.normal(jax.random.key(i), (1, 12, 2, 8)) for i in range(3))
+  loss = lambda q, k, v, b: jnp.sum(op.transport(q, k, v, beta=b, alpha=0.0) ** 2)
+  for beta in (1.0, jnp.full((2,), 0.7)):
+    grad = jax.jit(jax.grad(loss, (0, 1, 2) if isinstance(beta, float) else (0, 1, 2, 3)))
+    hlo = grad.lower(q, k, v, beta).as_text()
+    assert hlo.count("stablehlo.case") + hlo.count("stablehlo.if") == 1, hlo.count("stablehlo.case")
+  dense = lambda q, k, v: jnp.sum(jnp.einsum("bhij,bjhe->bihe", op.markov_matrix(q, k, beta=1.0, alpha=0.0), v) ** 2)
+  for got, want in zip(jax.grad(loss, (0, 1, 2))(q, k, v, 1.0), jax.grad(dense, (0, 1, 2))(q, k, v)):
+    np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-5)
+
+
 def test_a_far_token_whose_own_key_is_masked_is_nan():
   q, k, v = (jnp.asarray(x) for x in huge_and_plain_tokens())
   mask = ~jnp.eye(16, dtype=bool)[None, None]
