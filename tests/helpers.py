@@ -18,6 +18,20 @@ class Batches:
     pass
 
 
+# `python -c ERROR_SCRIPT ARGV...`: runs the `attngeo` command and prints whether JAX was imported (the CLI
+# answers argument errors before importing it).
+ERROR_SCRIPT = """
+import sys
+from attngeo import cli
+try:
+  code = cli.main(sys.argv[1:])
+except SystemExit as e:
+  code = e.code
+print("JAX_IMPORTED" if "jax" in sys.modules else "NO_JAX")
+sys.exit(code)
+"""
+
+
 # ----------------------------------------------------------------------------- connection-walk references (float64)
 
 def defect_from_lam(lam, rtol):

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from attngeo import cli
+from helpers import ERROR_SCRIPT
 
 HELP_SCRIPT = """
 import argparse, json, sys, time
@@ -135,18 +136,6 @@ def test_a_command_from_the_shell_reexecutes_once_with_huge_pages(monkeypatch):
   with pytest.raises(SystemExit) as exit_:
     cli.main()
   assert exit_.value.code == 2
-
-
-ERROR_SCRIPT = """
-import sys
-from attngeo import cli
-try:
-  code = cli.main(sys.argv[1:])
-except SystemExit as e:
-  code = e.code
-print("JAX_IMPORTED" if "jax" in sys.modules else "NO_JAX")
-sys.exit(code)
-"""
 
 
 def test_argument_errors_answer_before_jax_is_imported(tmp_path):

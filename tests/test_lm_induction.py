@@ -10,6 +10,7 @@ import pytest
 from flax import nnx
 
 from attngeo import cli, nn
+from helpers import ERROR_SCRIPT
 from attngeo.data import copying, text
 from attngeo.experiments import lm as lm_cmd
 from attngeo.lm import evals, induction, recipe, table2
@@ -154,18 +155,6 @@ def test_the_induction_preset_is_a_bpe_depth_2_copy_mix_protocol_flags_override(
   monkeypatch.setattr(recipe, "train", lambda c, out, desc="": seen.append(c) or {"history": []})
   lm_cmd.main(["train", "--preset", "induction", "--copy-mix", "0.1", "--train.steps", "7", "--no-eval", "--out", "o"])
   assert seen[0] == dataclasses.replace(cfg, copy_mix=0.1, train=dataclasses.replace(cfg.train, steps=7))
-
-
-ERROR_SCRIPT = """
-import sys
-from attngeo import cli
-try:
-  code = cli.main(sys.argv[1:])
-except SystemExit as e:
-  code = e.code
-print("JAX_IMPORTED" if "jax" in sys.modules else "NO_JAX")
-sys.exit(code)
-"""
 
 
 def test_protocol_errors_are_one_line_before_jax(tmp_path):
