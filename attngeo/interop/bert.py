@@ -278,18 +278,6 @@ def convert(tensors: dict[str, np.ndarray], hf: dict, kind: str, source: str = "
   return cfg, to_attngeo(tensors, cfg, kind)
 
 
-def paths(path: str) -> tuple[str, str]:
-  """(weights file, config.json) of a model folder (model.safetensors, else pytorch_model.bin) or a weights file."""
-  if os.path.isdir(path):
-    for name in ("model.safetensors", "pytorch_model.bin"):
-      if os.path.isfile(os.path.join(path, name)):
-        return os.path.join(path, name), os.path.join(path, "config.json")
-    raise FileNotFoundError(f"{path} has neither model.safetensors nor pytorch_model.bin")
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f"no checkpoint folder or file at {path}")
-  return path, os.path.join(os.path.dirname(path), "config.json")
-
-
 def load(path: str, kind: str = "bert", hf_config_path: str | dict | None = None, **overrides):
   """An `nn.Encoder` holding a Hugging Face BERT/ALBERT checkpoint's weights.
 
@@ -305,7 +293,7 @@ def load(path: str, kind: str = "bert", hf_config_path: str | dict | None = None
   """
   from attngeo.nn.encoder import Encoder
   _check_kind(kind)
-  weights, cfg_path = paths(path)
+  weights, cfg_path = layout.paths(path)
   hf = hf_config_path
   if not isinstance(hf, dict):
     cfg_path = hf or cfg_path

@@ -197,16 +197,6 @@ def convert(tensors: dict[str, np.ndarray], hf: dict, source: str = "GPT-2 check
   return cfg, to_attngeo(tensors, cfg)
 
 
-def _paths(path: str) -> tuple[str, str]:
-  """(weights file, config.json) from a model folder or a weights file."""
-  if os.path.isdir(path):
-    for name in ("model.safetensors", "pytorch_model.bin"):
-      if os.path.exists(os.path.join(path, name)):
-        return os.path.join(path, name), os.path.join(path, "config.json")
-    raise FileNotFoundError(f"{path} has neither model.safetensors nor pytorch_model.bin")
-  return path, os.path.join(os.path.dirname(path), "config.json")
-
-
 def load(path: str, hf_config_path: str | dict | None = None, **overrides):
   """An `nn.GPT` holding a Hugging Face GPT-2 checkpoint's weights.
 
@@ -217,7 +207,7 @@ def load(path: str, hf_config_path: str | dict | None = None, **overrides):
   Returns:
     (model, info) with info = {"source", "config", "file"}.
   """
-  weights, cfg_path = _paths(path)
+  weights, cfg_path = layout.paths(path)
   hf = hf_config_path
   if not isinstance(hf, dict):
     cfg_path = hf or cfg_path

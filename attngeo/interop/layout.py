@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 
 import numpy as np
@@ -162,3 +163,15 @@ def read_json(path: str) -> dict:
   if not isinstance(out, dict):
     raise ValueError(f"{path} must hold a JSON object; got {type(out).__name__}")
   return out
+
+
+def paths(path: str) -> tuple[str, str]:
+  """(weights file, config.json) of a model folder (model.safetensors, else pytorch_model.bin) or a weights file."""
+  if os.path.isdir(path):
+    for name in ("model.safetensors", "pytorch_model.bin"):
+      if os.path.isfile(os.path.join(path, name)):
+        return os.path.join(path, name), os.path.join(path, "config.json")
+    raise FileNotFoundError(f"{path} has neither model.safetensors nor pytorch_model.bin")
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"no checkpoint folder or file at {path}")
+  return path, os.path.join(os.path.dirname(path), "config.json")
