@@ -121,6 +121,12 @@ def main(argv=None):
     msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     print(f"attngeo {argv[0]}: error: {msg}", file=sys.stderr)
     return 2
+  except KeyboardInterrupt:
+    if os.environ.get("ATTNGEO_DEBUG"):
+      raise
+    print(f"attngeo {argv[0]}: interrupted; what it finished is kept (checkpoints, cached results): run the "
+          "same command again to go on", file=sys.stderr)
+    return 130
   except Exception as e:                           # a full disk where no writer names it (a library's own write)
     reason = storage_full(e)
     if os.environ.get("ATTNGEO_DEBUG") or reason is None:

@@ -235,3 +235,19 @@ def test_the_file_size_limit_and_a_wrapped_full_disk_are_one_line(monkeypatch, c
     assert cli.main(["heat"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"attngeo heat: error: {line}"), err
+
+
+def _interrupted(argv):
+  raise KeyboardInterrupt
+
+
+def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
+  """Ctrl-C during a command: one line saying what is kept, exit status 130 (128 + SIGINT), no traceback."""
+  monkeypatch.setitem(cli.COMMANDS, "boom", (f"{__name__}:_interrupted", "raises KeyboardInterrupt"))
+  monkeypatch.delenv("ATTNGEO_DEBUG", raising=False)
+  assert cli.main(["boom"]) == 130
+  err = capsys.readouterr().err
+  assert err.startswith("attngeo boom: interrupted;") and len(err.strip().splitlines()) == 1, err
+  monkeypatch.setenv("ATTNGEO_DEBUG", "1")
+  with pytest.raises(KeyboardInterrupt):
+    cli.main(["boom"])
