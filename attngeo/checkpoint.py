@@ -71,7 +71,8 @@ def disk_full(folder: str, needed: int, what: str, note: str = "") -> DiskFull:
   free = shutil.disk_usage(folder).free if os.path.isdir(folder) else 0
   return DiskFull(f"no space left on the device of {folder}: {what} needs about {needed:,} bytes (more with its "
                   f"metadata) and did not fit ({free:,} bytes free after its partial write was removed){note}; free "
-                  f"some space and rerun (the run resumes from its last checkpoint)")
+                  f"some space and rerun (a run resumes from its last finished checkpoint; one with none "
+                  f"starts again)")
 
 
 def is_disk_full(err: BaseException | None) -> bool:
