@@ -294,12 +294,7 @@ def load(path: str, kind: str = "bert", hf_config_path: str | dict | None = None
   from attngeo.nn.encoder import Encoder
   _check_kind(kind)
   weights, cfg_path = layout.paths(path)
-  hf = hf_config_path
-  if not isinstance(hf, dict):
-    cfg_path = hf or cfg_path
-    if not os.path.isfile(cfg_path):
-      raise FileNotFoundError(f"no {kind.upper()} config.json at {cfg_path}; pass the one that came with {weights}")
-    hf = layout.read_json(cfg_path)
+  hf = layout.hf_config(weights, cfg_path, hf_config_path, kind.upper())
   tensors = safetensors_io.read(weights)
   cfg, arrays = convert(tensors, hf, kind, source=weights, **overrides)
   model = layout.build(cfg, arrays, source=weights, model_class=Encoder)

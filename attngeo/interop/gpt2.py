@@ -208,12 +208,7 @@ def load(path: str, hf_config_path: str | dict | None = None, **overrides):
     (model, info) with info = {"source", "config", "file"}.
   """
   weights, cfg_path = layout.paths(path)
-  hf = hf_config_path
-  if not isinstance(hf, dict):
-    cfg_path = hf or cfg_path
-    if not os.path.exists(cfg_path):
-      raise FileNotFoundError(f"no GPT-2 config.json at {cfg_path}; pass the one that came with {weights}")
-    hf = layout.read_json(cfg_path)
+  hf = layout.hf_config(weights, cfg_path, hf_config_path, "GPT-2")
   cfg, arrays = convert(safetensors_io.read(weights), hf, source=weights, **overrides)
   return layout.build(cfg, arrays, source=weights), {"source": SOURCE, "config": hf, "file": weights}
 

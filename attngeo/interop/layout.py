@@ -175,3 +175,14 @@ def paths(path: str) -> tuple[str, str]:
   if not os.path.isfile(path):
     raise FileNotFoundError(f"no checkpoint folder or file at {path}")
   return path, os.path.join(os.path.dirname(path), "config.json")
+
+
+def hf_config(weights: str, cfg_path: str, given, name: str) -> dict:
+  """The Hugging Face config of `weights`: `given` itself when a dict, else the JSON at `given` (a path) or at
+  `cfg_path` (beside the weights, from `paths`); a missing file is one line naming `name`'s layout."""
+  if isinstance(given, dict):
+    return given
+  cfg_path = given or cfg_path
+  if not os.path.isfile(cfg_path):
+    raise FileNotFoundError(f"no {name} config.json at {cfg_path}; pass the one that came with {weights}")
+  return read_json(cfg_path)
