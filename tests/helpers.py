@@ -32,6 +32,22 @@ sys.exit(code)
 """
 
 
+def assert_errors_before_jax(cases, cwd):
+  """Each (argv, message) of `cases`, run as `attngeo ARGV` in a fresh interpreter in `cwd`: exit 2, one line
+  on stderr containing `message`, JAX never imported."""
+  import os
+  import subprocess
+  import sys
+  from attngeo import cli
+  env = {k: v for k, v in os.environ.items() if k not in cli.DISTRIBUTED_ENV + ("ATTNGEO_DEBUG",)}
+  for argv, message in cases:
+    out = subprocess.run([sys.executable, "-c", ERROR_SCRIPT, *argv], capture_output=True, text=True, timeout=60,
+                         env=env, cwd=cwd)
+    assert out.returncode == 2 and message in out.stderr, (argv, out.stderr)
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "NO_JAX" in out.stdout, f"`attngeo {' '.join(argv)}` imported JAX before its argument error"
+
+
 # ----------------------------------------------------------------------------- connection-walk references (float64)
 
 def defect_from_lam(lam, rtol):

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from attngeo import cli
-from helpers import ERROR_SCRIPT
+from helpers import assert_errors_before_jax
 
 HELP_SCRIPT = """
 import argparse, json, sys, time
@@ -165,13 +165,7 @@ def test_argument_errors_answer_before_jax_is_imported(tmp_path):
            (["sit", "train", "--ema", "1", "--out", "o"], "ema must be a decay in [0, 1)"),
            (["sit", "train", "--steps", "0", "--out", "o"], "steps must be >= 1 for sit train"),
            (["sit", "sample", str(tmp_path / "missing")], "is not a run folder")]
-  env = {k: v for k, v in os.environ.items() if k not in cli.DISTRIBUTED_ENV + ("ATTNGEO_DEBUG",)}
-  for argv, message in cases:
-    out = subprocess.run([sys.executable, "-c", ERROR_SCRIPT, *argv], capture_output=True, text=True, timeout=60,
-                         env=env, cwd=tmp_path)
-    assert out.returncode == 2 and message in out.stderr, (argv, out.stderr)
-    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
-    assert "NO_JAX" in out.stdout, f"`attngeo {' '.join(argv)}` imported JAX before its argument error"
+  assert_errors_before_jax(cases, tmp_path)
   assert sorted(os.listdir(tmp_path)) == ["gpt"]                                 # nothing written
 
 

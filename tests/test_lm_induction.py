@@ -2,15 +2,13 @@
 import dataclasses
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 from flax import nnx
 
-from attngeo import cli, nn
-from helpers import ERROR_SCRIPT
+from attngeo import nn
+from helpers import assert_errors_before_jax
 from attngeo.data import copying, text
 from attngeo.experiments import lm as lm_cmd
 from attngeo.lm import evals, induction, recipe, table2
@@ -166,11 +164,5 @@ def test_protocol_errors_are_one_line_before_jax(tmp_path):
            (["lm", "table2", "--preset", "induction", "--lm.induction-lengths", "256", "--out", "o"],
             "lm.induction_lengths must be half-lengths"),
            (["lm", "table2", "--preset", "nope", "--out", "o"], "--preset must be one of")]
-  env = {k: v for k, v in os.environ.items() if k not in cli.DISTRIBUTED_ENV + ("ATTNGEO_DEBUG",)}
-  for argv, message in cases:
-    out = subprocess.run([sys.executable, "-c", ERROR_SCRIPT, *argv], capture_output=True, text=True, timeout=60,
-                         env=env, cwd=tmp_path)
-    assert out.returncode == 2 and message in out.stderr, (argv, out.stderr)
-    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
-    assert "NO_JAX" in out.stdout, f"`attngeo {' '.join(argv)}` imported JAX before its argument error"
+  assert_errors_before_jax(cases, tmp_path)
   assert os.listdir(tmp_path) == []
