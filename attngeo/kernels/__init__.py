@@ -8,6 +8,9 @@ chooses; callers pass `implementation` through):
   `log_normaliser`; the derivation of the blockwise backward in its docstring.
 * `phase` — `phase_attention`, `y_i = Σ_j P_ij e^{iθ_ij} v_j` (CMAP's one-sided kernels: einsum and
   blockwise, both custom VJPs), and `sincos`.
+* `pallas` — `pallas_sdpa`, the same attention as one Pallas flash kernel (forward and backward; Triton,
+  Mosaic, or interpret mode on CPU), implementation "pallas"; `layout`: the blocks and head-dim padding
+  each backend needs.
 * `paired` — `paired_magnetic`, CMAP at β = 0 on its Hermitian pairing (each unordered token pair once).
 * `_blocks` — what they share: the mask conventions (`NEG`, `apply_masks`, `attended_rows`; a fully
   masked row is 0 on every kernel), the blockwise tiling and the one online-softmax scan.
@@ -21,9 +24,10 @@ from attngeo.kernels._blocks import NEG, apply_masks, attended_rows
 from attngeo.kernels.dispatch import (BLOCKWISE_FROM, IMPLEMENTATIONS, KERNELS, PHASE_IMPLEMENTATIONS, choose,
                                       default_implementation)
 from attngeo.kernels.paired import levels, pair_tasks, paired_magnetic, tiling
+from attngeo.kernels.pallas import layout, pallas_sdpa
 from attngeo.kernels.phase import phase_attention, sincos
 from attngeo.kernels.softmax import attention, log_normaliser
 
 __all__ = ["BLOCKWISE_FROM", "IMPLEMENTATIONS", "KERNELS", "NEG", "PHASE_IMPLEMENTATIONS", "apply_masks",
-           "attended_rows", "attention", "choose", "default_implementation", "levels", "log_normaliser",
-           "pair_tasks", "paired_magnetic", "phase_attention", "sincos", "tiling"]
+           "attended_rows", "attention", "choose", "default_implementation", "layout", "levels",
+           "log_normaliser", "pair_tasks", "pallas_sdpa", "paired_magnetic", "phase_attention", "sincos", "tiling"]

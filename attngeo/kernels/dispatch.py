@@ -3,7 +3,8 @@
 Three kinds of attention run on these kernels, each with its own set of names (`KERNELS`):
 
 * `"softmax"` — `softmax(s·q·kᵀ + bias_j, masked)·v` (`attention`; every member of the (β, α) family):
-  einsum, XLA's and cuDNN's fused SDPA, blockwise.
+  einsum, XLA's and cuDNN's fused SDPA, blockwise, and the Pallas flash kernel `"pallas"`
+  (`attngeo.kernels.pallas`: Triton on GPU, Mosaic on TPU, interpret mode on CPU).
 * `"phase"` — the same with a U(1) phase on the values (`phase_attention`): einsum, blockwise.
 * `"magnetic"` — the magnetic operator CMAP (`operators.magnetic_transport`): the phase kernels, and the
   Hermitian pairing `"paired"` (β = 0, no mask, not causal; `attngeo.kernels.paired`), which is never a
@@ -14,12 +15,16 @@ GPU and XLA's fused SDPA on TPU; on CPU, and for the phase kernels on every back
 below `BLOCKWISE_FROM` keys (or an unknown length) and the blockwise path from there on — O(n) memory
 (361 MiB against einsum's 1,153 at 1024 keys, batch 8 × 8 heads), within 7 % of einsum's time at
 1024 keys and 4–17 % slower at 2048 (with the CLI's huge pages; without them 1.6× faster at 1024).
+`"pallas"` runs only when named: never a default on CPU (interpret mode is a test harness, not a kernel),
+and not yet on GPU/TPU either — it has passed its interpret-mode tests but has not been compiled by
+Triton or Mosaic on a device; the GPU/TPU default moves to it (from `BLOCKWISE_FROM` keys) once
+`experiments/gpu_check.sh` has measured it there.
 """
 from __future__ import annotations
 
 import jax
 
-IMPLEMENTATIONS = ("einsum", "xla", "cudnn", "blockwise")
+IMPLEMENTATIONS = ("einsum", "xla", "cudnn", "blockwise", "pallas")
 PHASE_IMPLEMENTATIONS = ("einsum", "blockwise")
 KERNELS = {"softmax": IMPLEMENTATIONS, "phase": PHASE_IMPLEMENTATIONS, "magnetic": PHASE_IMPLEMENTATIONS + ("paired",)}
 _WHAT = {"softmax": "", "phase": " for phase attention", "magnetic": " for the magnetic operator"}

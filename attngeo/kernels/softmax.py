@@ -35,6 +35,7 @@ import jax.numpy as jnp
 from attngeo.kernels._blocks import (apply_masks, block_logits, check_block_size, check_mask, join_blocks,
                                      online_softmax, split_blocks, tile, untile, zero_empty_rows)
 from attngeo.kernels.dispatch import choose
+from attngeo.kernels.pallas import pallas_sdpa
 
 
 def _einsum_sdpa(q, k, v, bias, mask, causal, scale):
@@ -146,9 +147,9 @@ def attention(q, k, v, *, bias=None, mask=None, causal=False, scale=None, implem
 
   q: [b, t, h, d]; k: [b, s, h, d]; v: [b, s, h, e]; bias: [b, s, h] per-key logit bias or None;
   mask: bool, broadcastable to [b, h, t, s] (True = attend). implementation: "einsum" | "xla" |
-  "cudnn" | "blockwise" | None (`dispatch.choose`: by backend and length). Returns [b, t, h, e] in
-  v's dtype, with logits and softmax accumulated in float32. A query row whose keys are all masked (by
-  the mask and the causal order together) returns 0 on every kernel. This is the one kernel every
+  "cudnn" | "blockwise" | "pallas" (`attngeo.kernels.pallas`) | None (`dispatch.choose`: by backend and
+  length). Returns [b, t, h, e] in v's dtype, with logits and softmax accumulated in float32. A query row
+  whose keys are all masked (by the mask and the causal order together) returns 0 on every kernel. This is the one kernel every
   operator (and the matrix-free geometry) runs on.
   """
   chex.assert_rank([q, k, v], 4)
@@ -163,6 +164,8 @@ def attention(q, k, v, *, bias=None, mask=None, causal=False, scale=None, implem
     out = _einsum_sdpa(q, k, v, bias, mask, causal, scale)
   elif implementation in ("xla", "cudnn"):
     out = _sdpa_jax(q, k, v, bias, mask, causal, scale, implementation)
+  elif implementation == "pallas":
+    out = pallas_sdpa(q, k, v, bias, mask, causal, scale, check_block_size(block_size))
   else:
     out = _blockwise_sdpa(q, k, v, bias, mask, causal, scale, check_block_size(block_size))
   return zero_empty_rows(out, mask, causal, k.shape[1])

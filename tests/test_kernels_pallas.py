@@ -1,0 +1,179 @@
+"""attngeo.kernels.pallas in interpret mode on CPU: the flash kernel against float64 and the blockwise kernel.
+
+Ragged lengths (t = s = 45, blocks of 16: three blocks, the last padded by 3), batch 2, 2 heads, head dim 16,
+value dim 8. The reference is the definition in float64 (jax.numpy under x64, for its gradients):
+`P = softmax(scale·q·kᵀ + bias_j)` over the attended keys (mask and causal order, top-left aligned), a row
+with none is 0, `y = P v`. Each case is one program (outputs and the four gradients of Σ w ⊙ y together):
+interpret mode compiles slowly, so the default suite runs three of them and `-m slow` the rest.
+"""
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from attngeo import kernels, operators as op
+from attngeo.kernels import pallas
+
+B, N, H, D, E, BLOCK = 2, 45, 2, 16, 8, 16
+
+
+def inputs(seed=0, dtype=jnp.float32):
+  ks = jax.random.split(jax.random.PRNGKey(seed), 5)
+  q, k = (jax.random.normal(kk, (B, N, H, D)) for kk in ks[:2])
+  v = jax.random.normal(ks[2], (B, N, H, E))
+  bias = jax.random.normal(ks[3], (B, N, H))
+  w = jax.random.normal(ks[4], (B, N, H, E))
+  return [x.astype(dtype) for x in (q, k, v)] + [bias, w]
+
+
+def make_mask(kind):
+  """None; a key-padding mask [b, 1, 1, s] (batch 1 keeps its first 30 keys); a full [b, h, t, s] mask with
+  query row 7 of batch 0 / head 1 masked out entirely (a row with no keys: 0 on every kernel)."""
+  if kind == "none":
+    return None
+  if kind == "key":
+    return np.arange(N)[None, None, None, :] < np.array([N, 30])[:, None, None, None]
+  full = np.random.default_rng(1).random((B, H, N, N)) > 0.3
+  full[0, 1, 7] = False
+  full[:, :, :, 0] = full[:, :, :, 0] | (np.arange(N) != 7)[None, None, :]  # causal rows keep a key, but row 7
+  return full
+
+
+def reference(q, k, v, bias, w, mask, causal, scale):
+  """(y, dq, dk, dv, dbias) of Σ w ⊙ y in float64, from the definition."""
+  keep = np.ones((B, H, N, N), bool) if mask is None else np.broadcast_to(mask, (B, H, N, N))
+  if causal:
+    keep = keep & np.tril(np.ones((N, N), bool))
+  rows = keep.any(-1, keepdims=True)
+  with jax.enable_x64(True):
+    x64 = lambda x: jnp.asarray(np.asarray(x, np.float64))
+
+    def y(q, k, v, b):
+      s = scale * jnp.einsum("bthd,bshd->bhts", q, k) + jnp.transpose(b, (0, 2, 1))[:, :, None, :]
+      top = jnp.max(jnp.where(keep, s, -1e300), -1, keepdims=True)
+      top = jnp.where(rows, top, 0.0)
+      e = jnp.where(keep, jnp.exp(jnp.where(keep, s, top) - top), 0.0)
+      p = e / jnp.where(rows, e.sum(-1, keepdims=True), 1.0)
+      return jnp.einsum("bhts,bshe->bthe", p, v)
+    loss = lambda *a: (jnp.sum(x64(w) * y(*a)), y(*a))
+    (_, out), grads = jax.jit(jax.value_and_grad(loss, range(4), has_aux=True))(*(x64(x) for x in (q, k, v, bias)))
+    return [np.asarray(x) for x in (out, *grads)]
+
+
+def run(impl, q, k, v, bias, w, mask, causal, scale, block=BLOCK):
+  """(y, dq, dk, dv, dbias) of Σ w ⊙ y through `kernels.attention(implementation=impl)`, one jitted program."""
+  m = None if mask is None else jnp.asarray(mask)
+
+  @jax.jit
+  def f(q, k, v, bias):
+    def loss(q, k, v, bias):
+      y = kernels.attention(q, k, v, bias=bias, mask=m, causal=causal, scale=scale, implementation=impl,
+                            block_size=block)
+      return jnp.sum(w * y.astype(jnp.float32)), y
+    (_, y), g = jax.value_and_grad(loss, range(4), has_aux=True)(q, k, v, bias)
+    return (y, *g)
+  return [np.asarray(x, np.float64) for x in f(q, k, v, bias)]
+
+
+NAMES = ("y", "dq", "dk", "dv", "dbias")
+# (mask, causal, also against the blockwise kernel): the default suite compares with blockwise once (its
+# gradient program costs another ~9 s to compile), the slow cases every time.
+CASES = [pytest.param("key", True, True, id="key-mask-causal"), pytest.param("full", False, False, id="full-mask"),
+         pytest.param("none", False, True, id="plain", marks=pytest.mark.slow),
+         pytest.param("full", True, True, id="full-mask-causal", marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("kind,causal,blockwise", CASES)
+def test_outputs_and_gradients_match_float64_and_the_blockwise_kernel(kind, causal, blockwise):
+  """Float32: within 2e-5·max|ref| of float64 (y and all four gradients), and within 1e-5·max of blockwise."""
+  q, k, v, bias, w = inputs()
+  mask = make_mask(kind)
+  scale = 1 / math.sqrt(D)
+  got = run("pallas", q, k, v, bias, w, mask, causal, scale)
+  want = reference(q, k, v, bias, w, mask, causal, scale)
+  block = run("blockwise", q, k, v, bias, w, mask, causal, scale) if blockwise else want
+  for name, a, b, c in zip(NAMES, got, want, block):
+    size = np.abs(b).max()
+    assert size > 1e-2, name                                            # a real output / gradient
+    np.testing.assert_allclose(a, b, atol=2e-5 * size, rtol=1e-4, err_msg=name)
+    np.testing.assert_allclose(a, c, atol=1e-5 * size, rtol=1e-4, err_msg=name)
+  if kind == "full":
+    assert np.all(got[0][0, 7, 1] == 0)                                  # the row with no keys is 0
+  if kind == "key":
+    np.testing.assert_array_equal(got[2][1, 30:], 0)                     # masked keys get no gradient
+    np.testing.assert_array_equal(got[4][1, 30:], 0)
+
+
+def test_bf16_inputs_accumulate_in_float32():
+  """bf16 q, k, v (key mask, causal): against float64 on the same bf16-rounded inputs, y within 1e-2·max|y|
+  and the gradients within 3e-2·max (bf16 operands, P and dS rounded to bf16 before their products; float32
+  accumulation — a bf16 accumulation over 45 keys would be off by more); the same tolerance to blockwise."""
+  q, k, v, bias, w = inputs(2, jnp.bfloat16)
+  mask = make_mask("key")
+  got = run("pallas", q, k, v, bias, w, mask, True, 0.25)
+  want = reference(q, k, v, bias, w, mask, True, 0.25)
+  assert got[0].dtype == np.float64 and all(jnp.asarray(x).dtype == jnp.bfloat16 for x in (q, k, v))
+  for name, a, b, tol in zip(NAMES, got, want, (1e-2, 3e-2, 3e-2, 3e-2, 3e-2)):
+    size = np.abs(b).max()
+    np.testing.assert_allclose(a, b, atol=tol * size, rtol=0, err_msg=name)
+
+
+def test_transport_runs_dmtn_and_atap_by_the_dispatcher_name():
+  """`operators.transport(implementation="pallas")` for DMTN and ATAP (2·d augmented heads plus a key bias),
+  key mask, against the dense `markov_matrix`·v (float32, 1e-5); one jitted program for both."""
+  q, k, v, _, _ = inputs(3)
+  q, k = 0.5 * q, 0.5 * k
+  v = jnp.concatenate([v, v], -1)                                       # e = 16
+  mask = jnp.asarray(make_mask("key"))
+  names = ("DMTN", "ATAP")
+  both = jax.jit(lambda q, k, v: [op.transport(q, k, v, beta=op.corner(name)[0], alpha=op.corner(name)[1], mask=mask,
+                                               implementation="pallas", block_size=BLOCK) for name in names])
+  for name, got in zip(names, both(q, k, v)):
+    p = op.markov_matrix(q, k, beta=op.corner(name)[0], alpha=op.corner(name)[1], mask=mask)
+    want = np.einsum("bhts,bshe->bthe", np.asarray(p, np.float64), np.asarray(v, np.float64))
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5, err_msg=name)
+
+
+@pytest.mark.slow
+def test_transport_gradient_through_pallas_matches_blockwise():
+  """d/d(q, k, v) of Σ w ⊙ transport for DMTN, causal: the Pallas VJP against the blockwise one."""
+  q, k, v, _, w = inputs(4)
+  beta, alpha = op.corner("DMTN")
+
+  def grads(impl):
+    loss = lambda q, k, v: jnp.sum(w * op.transport(q, k, v, beta=beta, alpha=alpha, causal=True,
+                                                    implementation=impl, block_size=BLOCK))
+    return jax.jit(jax.grad(loss, range(3)))(q, k, v)
+  for a, b in zip(grads("pallas"), grads("blockwise")):
+    np.testing.assert_allclose(a, b, atol=1e-5 * np.abs(b).max(), rtol=1e-4)
+
+
+def test_the_dispatcher_selects_pallas_by_name_only(monkeypatch):
+  """"pallas" is a softmax kernel name, kept as it is on every backend; never the default (CPU above all),
+  and not one of the phase / magnetic kernels (lenient: another kind's name falls back to the default)."""
+  for backend in ("cpu", "gpu", "tpu"):
+    monkeypatch.setattr(jax, "default_backend", lambda backend=backend: backend)
+    assert kernels.choose("softmax", "pallas", 8) == "pallas"
+    assert "pallas" not in {kernels.choose("softmax", None, n) for n in (None, 8, 10 ** 6)}
+  assert kernels.choose("magnetic", "pallas", 8, strict=False) == "einsum"
+  with pytest.raises(ValueError, match="for phase attention; got 'pallas'"):
+    kernels.choose("phase", "pallas", 8)
+
+
+@pytest.mark.parametrize("backend,t,d,want", [
+    ("cpu", 45, 16, (16, 16, 16, 8)), ("cpu", 10, 16, (10, 10, 16, 8)),
+    ("gpu", 45, 16, (64, 64, 16, 16)), ("gpu", 1000, 96, (128, 128, 128, 16)), ("gpu", 5, 8, (16, 16, 16, 16)),
+    ("tpu", 45, 96, (128, 128, 96, 8)), ("tpu", 5000, 256, (512, 512, 256, 8))])
+def test_layout_pads_to_what_each_backend_lowers(backend, t, d, want):
+  """Blocks and head widths (bq, bk, D', E') at block_size 16 (cpu) / 512 (gpu, tpu), value dim 8: Triton
+  powers of two ≥ 16, blocks ≤ 128; Mosaic blocks multiples of 128, head dims whole; interpret mode as asked."""
+  block = 16 if backend == "cpu" else 512
+  got = pallas.layout(backend, t, t, d, 8, block)
+  assert got == want
+  bq, bk, dp, ep = got
+  if backend == "gpu":
+    assert all(x & (x - 1) == 0 and x >= 16 for x in got)
+  if backend == "tpu":
+    assert bq % 128 == 0 and bk % 128 == 0
