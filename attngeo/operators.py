@@ -53,22 +53,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from attngeo import _checks, kernels
-
-# Named corners (β, α) of the operator square.
-ATTN = (1.0, 1.0)
-DMTN = (0.0, 1.0)
-ATAP = (1.0, 0.0)
-DMAP = (0.0, 0.0)
-CORNERS = {"ATTN": ATTN, "DMTN": DMTN, "ATAP": ATAP, "DMAP": DMAP}
-
-
-def corner(name: str) -> tuple[float, float]:
-  """(β, α) of a named operator: one of ATTN, DMTN, ATAP, DMAP (case-insensitive)."""
-  try:
-    return CORNERS[name.upper()]
-  except (KeyError, AttributeError):
-    raise ValueError(f"operator must be one of {sorted(CORNERS)}; got {name!r}") from None
-
+# Named corners (β, α) of the operator square and the magnetic operator's name: one table, JAX-free, in
+# `attngeo.operator_names` (the CLI checks names with it before importing JAX).
+from attngeo.operator_names import ATAP, ATTN, CORNERS, DMAP, DMTN, MAGNETIC, corner, is_magnetic  # noqa: F401
 
 # ----------------------------------------------------------------------------- validation
 
@@ -387,15 +374,9 @@ def rownorm(full, *, causal: bool = False, mask=None):
 #
 # The magnetic operator CMAP (module docstring): magnitude P(β, α = 0), U(1) phase θ on complex value pairs.
 
-MAGNETIC = ("CMAP",)
 # Kernels of the magnetic operator: the one-sided phase kernels, and at β = 0 (no mask, not causal) the
 # Hermitian pairing `attngeo.kernels.paired`, which computes each unordered token pair once.
 MAGNETIC_IMPLEMENTATIONS = kernels.KERNELS["magnetic"]
-
-
-def is_magnetic(operator) -> bool:
-  """True for the name of the magnetic operator ('CMAP', case-insensitive)."""
-  return isinstance(operator, str) and operator.upper() in MAGNETIC
 
 
 def _coupling(x, heads: int):

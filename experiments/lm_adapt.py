@@ -257,10 +257,10 @@ def cmd_adapt(args, ap) -> dict:
   if args.dry_run and not args.full:
     ap.error("--dry-run plans the --full (d32) protocol; add --full")
   try:
-    adapt.check_fields(cfg)                 # the fields and files first: no JAX imported yet
+    ops = adapt.parse_chain(cfg.chain)      # first, without JAX: check_fields' text spec imports attngeo.data (grain)
+    adapt.check_fields(cfg)                 # then the fields and files
     if not args.dry_run:
       adapt.check_files(cfg)
-    ops = adapt.parse_chain(cfg.chain)
     if args.full:
       plan = full_plan(cfg, args.mfu)
       print_plan(plan)

@@ -25,6 +25,9 @@ from attngeo.experiments import report
 from attngeo.experiments.report import Col
 
 MOSES_DEFAULT_N = 2000
+# `attngeo.data.molecules.SOURCES`, named here so --data is checked before `attngeo.data` (grain, JAX) is imported;
+# tests/test_cli.py checks that the two agree.
+DATA_SOURCES = ("moses", "moses-train", "reactions")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -64,6 +67,7 @@ def _model_class(run: str) -> str:
 
 
 def _check(ap, a):
+  """Every argument error, in one line, before anything imports JAX (or grain)."""
   for name, value, low in (("--batch", a.batch, 1), ("--seed", a.seed, 0), ("--mask-seed", a.mask_seed, 0),
                            ("--twin-seed", a.twin_seed, 0)):
     if value < low:
@@ -72,14 +76,17 @@ def _check(ap, a):
     ap.error(f"--n must be >= 1; got {a.n}")
   if not 0.0 < a.rate < 1.0:
     ap.error(f"--rate must lie in (0, 1); got {a.rate}")
-  from attngeo.data import molecules
-  if a.data not in molecules.SOURCES and not os.path.isfile(a.data):
-    ap.error(f"--data must be one of {', '.join(molecules.SOURCES)} or an existing SMILES file; got {a.data!r}")
+  if a.data not in DATA_SOURCES and not os.path.isfile(a.data):
+    ap.error(f"--data must be one of {', '.join(DATA_SOURCES)} or an existing SMILES file; got {a.data!r}")
   if a.vocab and not os.path.isfile(a.vocab):
     ap.error(f"--vocab must be an existing vocab.txt; no file {a.vocab}")
   for run in a.runs + ([a.head] if a.head else []):
-    if _model_class(run) != "EncoderConfig":
-      ap.error(f"{run} holds a {_model_class(run)}, not an encoder; mlm eval takes BERT/ALBERT runs")
+    try:
+      cls = _model_class(run)
+    except (ValueError, FileNotFoundError) as e:
+      ap.error(str(e))
+    if cls != "EncoderConfig":
+      ap.error(f"{run} holds a {cls}, not an encoder; mlm eval takes BERT/ALBERT runs")
     vocab = a.vocab or os.path.join(run, "vocab.txt")
     if run != a.head and not os.path.isfile(vocab):
       ap.error(f"no vocab file {vocab}; pass --vocab PATH (the checkpoint's vocab.txt)")

@@ -46,7 +46,7 @@ import time
 
 import numpy as np
 
-from attngeo import config as config_lib, files, runs, train_config
+from attngeo import config as config_lib, files, operator_names, runs, train_config
 from attngeo.experiments import report
 from attngeo.experiments.report import Col
 
@@ -152,7 +152,9 @@ def check_compatible(mcfg, images_shape, num_classes: int):
 
 def check_fields(cfg: SiTConfig):
   """Argument errors of single fields (sizes, step counts, the trainer's fields by
-  `attngeo.train_config`'s rules, label dropout, seeds): no JAX imported, so they answer at once."""
+  `attngeo.train_config`'s rules, label dropout, seeds, the operator's name): no JAX imported, so they answer at
+  once."""
+  operator_names.resolve(cfg.operator)        # `attngeo.nn.resolve_operator`'s own check, without JAX
   for name in ("batch_size", "eval_samples", "grid_per_class", "probe_images", "sample_steps", "width", "depth",
                "heads", "patch"):
     if getattr(cfg, name) < 1:
@@ -171,12 +173,11 @@ def check_fields(cfg: SiTConfig):
 
 def validate(cfg: SiTConfig, *, training: bool = True):
   """Argument errors that need no data (raised before any work): `check_fields`, then sampler,
-  guidance, operator and preset (these import JAX)."""
+  guidance and preset (these import JAX)."""
   from attngeo import flow, nn
   check_fields(cfg)
   flow.check_sampler(cfg.sampler, cfg.sample_steps)
   flow.check_guidance(cfg.guidance, 0 if cfg.class_dropout > 0 else None)
-  nn.resolve_operator(cfg.operator)
   if cfg.preset:
     nn.DiTConfig.preset(cfg.preset)
 

@@ -164,9 +164,43 @@ def test_argument_errors_answer_before_jax_is_imported(tmp_path):
            (["lm", "adapt", "--source", str(tmp_path / "missing"), "--out", "o"], "no such run folder"),
            (["sit", "train", "--ema", "1", "--out", "o"], "ema must be a decay in [0, 1)"),
            (["sit", "train", "--steps", "0", "--out", "o"], "steps must be >= 1 for sit train"),
-           (["sit", "sample", str(tmp_path / "missing")], "is not a run folder")]
+           (["sit", "sample", str(tmp_path / "missing")], "is not a run folder"),
+           # issue 24: these imported grain/JAX (8–10 s) before their one line
+           (["mlm", "eval", str(tmp_path / "missing")], "RUN must be a run folder with a config.json"),
+           (["mlm", "eval", str(tmp_path / "gpt"), "--data", "nope"], "--data must be one of moses, moses-train"),
+           (["mlm", "eval", str(tmp_path / "gpt")], "holds a GPTConfig, not an encoder"),
+           (["lm", "adapt", "--chain", "ATTN,XYZ", "--out", "o"], "chain state 1 'XYZ': unknown operator"),
+           (["lm", "adapt", "--chain", "ATTN,0.5:2", "--out", "o"], "'0.5:2': alpha must lie in [0, 1]; got 2"),
+           (["sit", "train", "--operator", "FOO", "--out", "o"],
+            "operator must be one of ['ATAP', 'ATTN', 'DMAP', 'DMTN', 'CMAP'] or a (beta, alpha) pair; got 'FOO'"),
+           (["sit", "train", "--operator", "0.5:1", "--out", "o"], "operator must be one of")]
   assert_errors_before_jax(cases, tmp_path)
   assert sorted(os.listdir(tmp_path)) == ["gpt"]                                 # nothing written
+
+
+def test_operator_names_are_the_models_table_without_jax():
+  """`attngeo.operator_names` (JAX-free: the CLI checks with it) is the one table `operators` and
+  `nn.resolve_operator` read; its readings against the square's corners written out here."""
+  from attngeo import nn, operator_names as names, operators
+  from attngeo.data import molecules
+  from attngeo.experiments import mlm
+  assert operators.CORNERS is names.CORNERS and operators.MAGNETIC is names.MAGNETIC
+  square = {"ATTN": (1.0, 1.0), "DMTN": (0.0, 1.0), "ATAP": (1.0, 0.0), "DMAP": (0.0, 0.0), "CMAP": (0.0, 0.0)}
+  for name, pair in square.items():
+    assert nn.resolve_operator(name) == nn.resolve_operator(name.lower()) == names.resolve(name) == pair
+  assert nn.resolve_operator((0.25, 1)) == (0.25, 1.0)
+  assert [names.parse(s) for s in ("dmtn", "0.5:1", "(0.5, 1)", (0.5, 1), "1:1", "(0,0)")] == \
+      ["DMTN", (0.5, 1.0), (0.5, 1.0), (0.5, 1.0), "ATTN", "DMAP"]
+  for bad, message in (("FOO", "operator must be one of"), ((1.5, 0), "operator beta must lie in [0, 1]; got 1.5"),
+                       ((0, -1), "operator alpha must lie in [0, 1]; got -1"), (3, "a (beta, alpha) pair of numbers")):
+    for resolve in (names.resolve, nn.resolve_operator):
+      with pytest.raises(ValueError) as e:
+        resolve(bad)
+      assert message in str(e.value) and "\n" not in str(e.value)
+  for bad, message in (("CMAP", "unknown operator"), ("x:1", "two numbers"), ("0.5:2", "alpha must lie in [0, 1]")):
+    with pytest.raises(ValueError, match=re.escape(message)):
+      names.parse(bad)
+  assert mlm.DATA_SOURCES == molecules.SOURCES                  # mlm's JAX-free copy of the data names
 
 
 def test_debug_shows_the_traceback_of_errors_a_command_reports_itself(tmp_path, monkeypatch):

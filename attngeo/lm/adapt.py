@@ -86,31 +86,15 @@ def parse_chain(chain) -> list:
   chain needs at least two states (the source's operator, then a graft). Raises a one-line
   ValueError naming the offending state otherwise.
   """
-  from attngeo import operators
+  from attngeo import operator_names
   items = list(chain) if isinstance(chain, (list, tuple)) else re.split(r",(?![^()]*\))", str(chain))
-  corners = {v: k for k, v in operators.CORNERS.items()}
   ops = []
   for pos, item in enumerate(items):
-    if isinstance(item, (tuple, list)):
-      text, pair = str(tuple(item)), tuple(item)
-    else:
-      text = str(item).strip()
-      m = re.fullmatch(r"\(?\s*([^,:()\s]+)\s*[:,]\s*([^,:()\s]+)\s*\)?", text)
-      pair = m.groups() if m else None
-    if pair is None:
-      if text.upper() not in operators.CORNERS:
-        raise ValueError(f"chain state {pos} {text!r}: unknown operator; expected one of {sorted(operators.CORNERS)} "
-                         f"or beta:alpha with beta, alpha in [0, 1]")
-      ops.append(text.upper())
-      continue
+    text = str(tuple(item)) if isinstance(item, (tuple, list)) else str(item).strip()
     try:
-      beta, alpha = (float(x) for x in pair)
-    except (TypeError, ValueError):
-      raise ValueError(f"chain state {pos} {text!r}: beta:alpha must be two numbers") from None
-    for name, x in (("beta", beta), ("alpha", alpha)):
-      if not 0.0 <= x <= 1.0:
-        raise ValueError(f"chain state {pos} {text!r}: {name} must lie in [0, 1]; got {x:g}")
-    ops.append(corners.get((beta, alpha), (beta, alpha)))
+      ops.append(operator_names.parse(item))
+    except ValueError as e:
+      raise ValueError(f"chain state {pos} {text!r}: {e}") from None
   if len(ops) < 2:
     raise ValueError(f"chain {chain!r} needs at least two states (the source's operator, then a graft); got {len(ops)}")
   return ops

@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from attngeo import kernels, operators
+from attngeo import kernels, operator_names, operators
 
 ORDERS = ("attn_first", "ffn_first")
 
@@ -62,20 +62,10 @@ def _check_distance_form(operator, learnable_operator, qk_norm, num_kv_heads=Non
 
 
 def resolve_operator(operator) -> tuple[float, float]:
-  """A corner name ('DMAP', …), 'CMAP' (its magnitude: (0, 0)) or a (β, α) pair of floats in [0, 1] -> (β, α)."""
-  if operators.is_magnetic(operator):
-    return operators.DMAP
-  if isinstance(operator, str):
-    try:
-      return operators.corner(operator)
-    except ValueError:
-      raise ValueError(f"operator must be one of {sorted(operators.CORNERS) + list(operators.MAGNETIC)} "
-                       f"or a (beta, alpha) pair; got {operator!r}") from None
-  beta, alpha = (float(x) for x in operator)
-  for name, x in (("beta", beta), ("alpha", alpha)):
-    if not 0.0 <= x <= 1.0:
-      raise ValueError(f"operator {name} must lie in [0, 1]; got {x}")
-  return beta, alpha
+  """A corner name ('DMAP', …), 'CMAP' (its magnitude: (0, 0)) or a (β, α) pair of floats in [0, 1] -> (β, α).
+
+  The JAX-free `attngeo.operator_names.resolve` (the CLI checks names with it before importing JAX)."""
+  return operator_names.resolve(operator)
 
 
 ROPE_STYLES = ("half", "interleaved")
