@@ -8,13 +8,22 @@ named after a colon in `COMMANDS`). Parsing and
 argument errors answer at once. A user's mistake (a bad option, a missing file, an invalid
 configuration found before work starts) prints one line `attngeo COMMAND: error: …` and exits
 with status 2; set `ATTNGEO_DEBUG=1` to see the traceback instead.
+
+Ctrl-C (SIGINT) and SIGTERM (a TPU preemption, `kill PID`) stop a command the same way: `Terminated`, a
+`KeyboardInterrupt`, is raised where the signal lands, everything on the way out closes as for Ctrl-C (a
+training run waits for its pending checkpoint; a step it had not finished is never a step: orbax commits
+a step by renaming its folder), then one line and exit status 130 (128 + SIGINT) or 143 (128 + SIGTERM).
+Running the same command again resumes from the last checkpoint.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import importlib
 import os
+import signal
 import sys
+import threading
 
 COMMANDS = {
     "swissroll": ("attngeo.experiments.swissroll", "the Swiss-roll scan: Table 1, Figures 1-2"),
@@ -88,6 +97,28 @@ DISTRIBUTED_ENV = ("JAX_COORDINATOR_ADDRESS", "TPU_WORKER_HOSTNAMES")
 USER_ERRORS = (ValueError, TypeError, FileNotFoundError, NotADirectoryError, IsADirectoryError, FloatingPointError)
 
 
+class Terminated(KeyboardInterrupt):
+  """SIGTERM during a command: raised in the main thread where the signal lands, handled as Ctrl-C is."""
+
+
+def _terminate(signum, frame):
+  raise Terminated(f"signal {signum}")
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+  """SIGTERM raises `Terminated` inside the block (the main thread only: Python runs handlers there); the
+  previous handler is back afterwards."""
+  if threading.current_thread() is not threading.main_thread():
+    yield
+    return
+  previous = signal.signal(signal.SIGTERM, _terminate)
+  try:
+    yield
+  finally:
+    signal.signal(signal.SIGTERM, previous)
+
+
 def usage() -> str:
   lines = ["usage: attngeo COMMAND [--help] [options]", "", "commands:"]
   names = {name: name + (" " + "|".join(SUBCOMMANDS[name]) if name in SUBCOMMANDS else "") for name in COMMANDS}
@@ -114,19 +145,21 @@ def main(argv=None):
     from attngeo import sharding                                # imports JAX: only where there is a cluster
     sharding.initialize_distributed()
   try:
-    command(argv[1:])
+    with _sigterm_as_interrupt():
+      command(argv[1:])
   except USER_ERRORS as e:
     if os.environ.get("ATTNGEO_DEBUG"):
       raise
     msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     print(f"attngeo {argv[0]}: error: {msg}", file=sys.stderr)
     return 2
-  except KeyboardInterrupt:
+  except KeyboardInterrupt as e:                   # Ctrl-C, or SIGTERM (`Terminated`)
     if os.environ.get("ATTNGEO_DEBUG"):
       raise
-    print(f"attngeo {argv[0]}: interrupted; what it finished is kept (checkpoints, cached results): run the "
+    how, code = ("terminated (SIGTERM)", 128 + signal.SIGTERM) if isinstance(e, Terminated) else ("interrupted", 130)
+    print(f"attngeo {argv[0]}: {how}; what it finished is kept (checkpoints, cached results): run the "
           "same command again to go on", file=sys.stderr)
-    return 130
+    return code
   except Exception as e:                           # a full disk where no writer names it (a library's own write)
     reason = storage_full(e)
     if os.environ.get("ATTNGEO_DEBUG") or reason is None:

@@ -3,8 +3,10 @@ import argparse
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -269,6 +271,16 @@ def _interrupted(argv):
   raise KeyboardInterrupt
 
 
+def _terminated(argv):
+  raise cli.Terminated
+
+
+def _sigterm_self(argv):
+  os.kill(os.getpid(), signal.SIGTERM)
+  time.sleep(10)                                      # the handler raises here, at once
+  raise AssertionError("SIGTERM did not stop the command")
+
+
 def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
   """Ctrl-C during a command: one line saying what is kept, exit status 130 (128 + SIGINT), no traceback."""
   monkeypatch.setitem(cli.COMMANDS, "boom", (f"{__name__}:_interrupted", "raises KeyboardInterrupt"))
@@ -278,4 +290,27 @@ def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
   assert err.startswith("attngeo boom: interrupted;") and len(err.strip().splitlines()) == 1, err
   monkeypatch.setenv("ATTNGEO_DEBUG", "1")
   with pytest.raises(KeyboardInterrupt):
+    cli.main(["boom"])
+
+
+def test_sigterm_is_one_line_and_exit_143_and_the_handler_is_restored(monkeypatch, capsys):
+  """SIGTERM during a command raises `cli.Terminated` (a KeyboardInterrupt: what Ctrl-C closes, it closes); one line,
+  exit 143 (128 + SIGTERM); the process's own SIGTERM handler is back after the command."""
+  monkeypatch.setitem(cli.COMMANDS, "boom", (f"{__name__}:_terminated", "raises Terminated"))
+  monkeypatch.setitem(cli.COMMANDS, "term", (f"{__name__}:_sigterm_self", "sends itself SIGTERM"))
+  monkeypatch.delenv("ATTNGEO_DEBUG", raising=False)
+  caught = []
+  before = signal.signal(signal.SIGTERM, lambda signum, frame: caught.append(signum))   # never pytest's death
+  try:
+    for name in ("boom", "term"):
+      t0 = time.perf_counter()
+      assert cli.main([name]) == 143
+      assert time.perf_counter() - t0 < 5 and not caught
+      err = capsys.readouterr().err
+      assert err.startswith(f"attngeo {name}: terminated (SIGTERM);") and len(err.strip().splitlines()) == 1, err
+      assert signal.getsignal(signal.SIGTERM) is not cli._terminate
+  finally:
+    signal.signal(signal.SIGTERM, before)
+  monkeypatch.setenv("ATTNGEO_DEBUG", "1")
+  with pytest.raises(cli.Terminated):
     cli.main(["boom"])

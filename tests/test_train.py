@@ -120,6 +120,50 @@ def test_killed_run_resumes_exactly(tmp_path, single_device):
   np.testing.assert_allclose([v for _, v in events], reference, rtol=1e-6)      # float32 in the events
 
 
+# `python -c CLI_RUN WORKDIR`: tiny_run's training as an `attngeo` command (cli.main: its signal handling).
+CLI_RUN = """
+import sys
+from attngeo import cli
+cli.COMMANDS["tiny"] = ("tiny_run:run", "tests/tiny_run.py's GPT run")
+sys.exit(cli.main(["tiny", "--workdir", sys.argv[1], "--ckpt-every", "3", "--sleep", "0.4"]))
+"""
+
+
+def test_sigterm_is_one_line_exit_143_and_the_run_resumes(tmp_path, single_device):
+  """SIGTERM (a preemption, `kill`) ended an `attngeo` command with no line and status -15; now it stops as Ctrl-C
+  does: one line, exit 143 (128 + 15), the checkpoints it wrote kept and the next run resumes from the last one."""
+  reference = [r["loss"] for r in single_device[0]]
+  wd = str(tmp_path / "run")
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join(
+      [os.path.dirname(__file__)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+  env.pop("ATTNGEO_DEBUG", None)
+  with subprocess.Popen([sys.executable, "-c", CLI_RUN, wd], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                        env=env) as proc:
+    ckpt = os.path.join(wd, "ckpt")
+    deadline = time.time() + 240
+    while time.time() < deadline:
+      steps = [int(d) for d in os.listdir(ckpt) if d.isdigit()] if os.path.isdir(ckpt) else []
+      if steps and max(steps) >= 3:
+        break
+      assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+      time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    err = proc.stderr.read().decode()
+    code = proc.wait(timeout=120)
+  assert code == 143, (code, err[-3000:])
+  assert err.startswith("attngeo tiny: terminated (SIGTERM); what it finished is kept"), err[-3000:]
+  assert len(err.strip().splitlines()) == 1, err
+  kept = sorted(int(d) for d in os.listdir(ckpt) if d.isdigit())
+  assert kept and max(kept) < 12 and not [d for d in os.listdir(ckpt) if "tmp" in d], os.listdir(ckpt)
+  losses, meta = run_single("--workdir", wd, "--ckpt-every", "3")
+  assert meta["start_step"] == max(kept), "the second run resumes from the last checkpoint"
+  with open(os.path.join(wd, "metrics.jsonl")) as f:
+    logged = [json.loads(line) for line in f]
+  assert [r["step"] for r in logged] == list(range(1, 13)), "each step logged once after the resume"
+  np.testing.assert_allclose([r["loss"] for r in logged], reference, rtol=1e-6)
+  np.testing.assert_allclose([r["loss"] for r in losses], reference, rtol=1e-6)
+
+
 def tb_scalars(folder, tag):
   """[(step, value)] of `tag` in every events file of `folder`, in file order: TFRecords (length u64,
   its masked CRC u32, an `Event` proto, its CRC u32) read with tensorboardX's proto; a cut record ends a file."""
