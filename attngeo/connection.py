@@ -11,9 +11,27 @@ A single head has the constant transport T_ij = T^1. The random-walk connection 
 `(Δ F)_i = F_i − Σ_j W_ij T_ij F_j` for vector fields F `[n, d]` — `I − (W ⊗ T)` — applied here
 as `F − (1/H) Σ_h P^h F T^hᵀ` without forming any per-edge T_ij.
 
-**Scaled-isometry defect** `δ(T) = min_c ‖TᵀT − cI‖_F / ‖TᵀT‖_F` on T's row space (T has rank
-≤ k, so isometry is judged where it acts). With the r nonzero eigenvalues λ of `M = TᵀT`,
-`c = tr M / r` and `δ² = 1 − (tr M)² / (r ‖M‖_F²)`: δ needs two traces and a rank, nothing else.
+**Scaled-isometry defect — the one definition** (every route here reads this number). For T
+`[d, d]` with singular values σ₁ ≥ σ₂ ≥ …, `M = TᵀT`, eigenvalues λ_i = σ_i²:
+
+    δ(T) = min_c ‖M − c P_r‖_F / ‖M‖_F = sqrt( Σ_{i≤r} (λ_i − λ̄)² / Σ_{i≤r} λ_i² ),   λ̄ = c = tr M / r,
+
+with P_r the projector onto T's row space (T has rank ≤ k, so isometry is judged where it acts)
+and the **rank rule** `r = #{i : σ_i > 10⁻⁶ σ₁}` (`σ_i² > RANK_RTOL·σ₁²`, `RANK_RTOL = 1e-12`): the
+exact-arithmetic rank, the cut only separating structural zeros from float32 round-off (float32
+SVD leaves them below ~3·10⁻⁷·σ₁ at d = 768); a small but real singular value (a head with gate
+10⁻⁴) counts. Two routes compute it:
+
+* dense (`isometry_defect`, `head_isometry_defect`, `effective_isometry_defect_dense`): singular
+  values of T (never eigenvalues of TᵀT, which square the conditioning), then the sum of squared
+  deviations above — well conditioned: an exact isometry reads δ at float32 round-off (< 10⁻⁶);
+* trace tables (`effective_isometry_defect`): only `tr M`, `‖M‖_F²` and r are known per edge, so
+  `δ² = 1 − (tr M)² / (r ‖M‖_F²)`. That difference cancels in float32: its **resolution floor**
+  is `|δ²_tables − δ²| ≤ TABLE_FLOOR2 = 2·10⁻⁶` (≈ 17 ε₃₂; measured 2.4·10⁻⁷ on exact isometries,
+  δ = 3–5·10⁻⁴ where the truth is 0), i.e. δ below ~1.4·10⁻³ is not resolved, while at δ ≥ 0.1 the
+  two routes agree to a relative 10⁻⁴ (tested 2·10⁻⁵ against float64). The rank is the same rule
+  (`mixture_rank`), so the routes differ only by that floor and where a real singular value falls
+  under the cut.
 
 **Trace tables: the effective defect without per-edge d×d work.** `M_ij = Σ_ab g^a g^b T^aᵀT^b`,
 so `tr M_ij = gᵀ G g` and `‖M_ij‖_F² = Σ_abcd g^a g^b g^c g^d K_abcd` with, once per layer,
@@ -28,10 +46,8 @@ condition on g: on each gate support S = {h : g^h > 0} it equals the mixture's g
 zero). So δ(T_ij) is exact from (G, K, r(S_ij)). Softmax gates are positive on every unmasked
 edge, so one support — all heads — carries the walk; edges where some head's weight is exactly 0
 (underflow, head-specific masks) have other supports, whose share of W is estimated by sampling
-edges from W (importance sampling) with a reported standard error. This is the exact-arithmetic
-row space: a small but real singular value counts (a head with gate 10⁻⁴ still widens the row
-space), whereas the dense reference `effective_isometry_defect_dense` cuts eigenvalues below
-`rtol`·max numerically and so agrees only where every nonzero eigenvalue clears that cut.
+edges from W (importance sampling) with a reported standard error. This is the definition's
+exact-arithmetic row space (the rank rule above), the one the dense route counts too.
 
 **Layer stability** of walks: relative Frobenius change (also in units of the walks' distance from
 the uniform walk, `uniform_relative_change`), mean row Jensen–Shannon divergence, and
@@ -51,6 +67,8 @@ from attngeo import _checks, linalg, markov
 
 _HI = jax.lax.Precision.HIGHEST
 _TINY = 1e-30
+RANK_RTOL = 1e-12          # the rank rule: σ_i² > RANK_RTOL·σ₁² (module docstring), every route
+TABLE_FLOOR2 = 2e-6        # resolution of the trace-table route in δ² (module docstring)
 
 
 def _check_heads(p, transports):
@@ -97,18 +115,24 @@ def edge_transports(p, transports, rows=None) -> jax.Array:
 # ----------------------------------------------------------------------------- isometry defect
 
 def _row_space(lam, rtol):
-  """Mask of the eigenvalues λ `[..., m]` of TᵀT counted as nonzero: λ > rtol·max λ."""
+  """The rank rule: mask of the squared singular values λ = σ² `[..., m]` counted as nonzero, λ > rtol·max λ."""
   return lam > rtol * jnp.max(lam, -1, keepdims=True)
 
 
 def _defect(trace, frob2, rank):
-  """`δ = sqrt(1 − tr² / (r ‖M‖_F²))` and `c = tr / r` (δ = 0 for M = 0)."""
+  """The trace-table form `δ = sqrt(1 − tr² / (r ‖M‖_F²))` and `c = tr / r` (δ = 0 for M = 0); resolution
+  `TABLE_FLOOR2` in δ² (module docstring)."""
   rank = jnp.maximum(rank, 1)
   ratio = trace**2 / (rank * jnp.maximum(frob2, _TINY))
   return jnp.sqrt(jnp.clip(1.0 - ratio, 0.0, 1.0)), trace / rank
 
 
-def _defect_from_eigenvalues(lam, rtol):
+def defect_from_singular_values(sigma, rtol: float = RANK_RTOL) -> tuple[jax.Array, jax.Array]:
+  """The definition (module docstring) from T's singular values σ `[..., m]` (any order): with the r
+  values kept by the rank rule `σ_i² > rtol·σ₁²` and λ = σ², `δ = sqrt(Σ (λ − λ̄)² / Σ λ²)`,
+  `c = λ̄ = Σλ / r` — a sum of squared deviations, so an exact isometry reads δ at round-off.
+  Returns (defect [...], scale c [...]); δ = 0, c = 0 for T = 0."""
+  lam = jnp.square(sigma)
   keep = _row_space(lam, rtol)
   r = jnp.maximum(keep.sum(-1), 1)
   mean = jnp.sum(jnp.where(keep, lam, 0.0), -1) / r
@@ -117,32 +141,29 @@ def _defect_from_eigenvalues(lam, rtol):
   return jnp.sqrt(num / den), mean
 
 
-def isometry_defect(t, rtol: float = 1e-6) -> tuple[jax.Array, jax.Array]:
-  """`min_c ‖TᵀT − cI‖_F / ‖TᵀT‖_F` on the row space of T `[..., d, d]`: 0 iff T is a scaled isometry there.
+def isometry_defect(t, rtol: float = RANK_RTOL) -> tuple[jax.Array, jax.Array]:
+  """δ(T) of T `[..., d, d]`, the module docstring's definition: `min_c ‖TᵀT − c P_r‖_F / ‖TᵀT‖_F` on T's
+  row space (rank r by `σ_i² > rtol·σ₁²`), 0 iff T is a scaled isometry there.
 
-  With the nonzero eigenvalues λ of TᵀT (those above `rtol`·max), c = mean λ and the defect is
-  `sqrt(Σ (λ − mean λ)² / Σ λ²)`. Dense (one d×d eigensolve per matrix). Returns (defect [...], scale c [...]).
+  Dense (one SVD per matrix, `defect_from_singular_values`). Returns (defect [...], scale c [...]).
   """
-  lam = linalg.eigvalsh(jnp.matmul(jnp.swapaxes(t, -1, -2), t, precision=_HI))
-  return _defect_from_eigenvalues(lam, rtol)
+  return defect_from_singular_values(linalg.svdvals(t), rtol)
 
 
-def head_isometry_defect(wv, wo, rtol: float = 1e-6) -> tuple[jax.Array, jax.Array]:
+def head_isometry_defect(wv, wo, rtol: float = RANK_RTOL) -> tuple[jax.Array, jax.Array]:
   """`isometry_defect(T^h)` of every head `[h]` from k×k blocks, without forming T^h.
 
-  The nonzero eigenvalues of `T^hᵀT^h = V_hᵀ (O_hᵀO_h) V_h` are those of `A B` with
-  `A = O_hᵀO_h`, `B = V_h V_hᵀ` (k×k), i.e. of the symmetric `B^{1/2} A B^{1/2}`. Returns
+  With the thin QR factorisations `O_h = Q_O R_O`, `V_hᵀ = Q_V R_V` (`R` `[k, k]`),
+  `T^h = Q_O (R_O R_Vᵀ) Q_Vᵀ` has the singular values of the k×k matrix `R_O R_Vᵀ`. Returns
   (defect [h], scale c [h]).
   """
   _check_factors(wv, wo)
   wv, wo = wv.astype(jnp.float32), wo.astype(jnp.float32)
-  a = jnp.einsum("hke,hle->hkl", wo, wo, precision=_HI)                    # O_hᵀO_h  [h, k, k]
-  b = jnp.einsum("dhk,dhl->hkl", wv, wv, precision=_HI)                    # V_h V_hᵀ [h, k, k]
-  lb, ub = linalg.eigh(b)
-  half = jnp.matmul(ub * jnp.sqrt(jnp.maximum(lb, 0.0))[:, None, :], jnp.swapaxes(ub, -1, -2), precision=_HI)
-  core = jnp.matmul(jnp.matmul(half, a, precision=_HI), half, precision=_HI)
-  lam = linalg.eigvalsh(0.5 * (core + jnp.swapaxes(core, -1, -2)))
-  return _defect_from_eigenvalues(jnp.maximum(lam, 0.0), rtol)
+  qr_r = lambda x: linalg.map_matrices(lambda m: jnp.linalg.qr(m, mode="r"), x)
+  r_o = qr_r(jnp.swapaxes(wo, -1, -2))                                      # O_h = wo[h]ᵀ  [h, d, k] -> R_O
+  r_v = qr_r(jnp.transpose(wv, (1, 0, 2)))                                  # V_hᵀ = wv[:, h] [h, d, k] -> R_V
+  core = jnp.matmul(r_o, jnp.swapaxes(r_v, -1, -2), precision=_HI)
+  return defect_from_singular_values(linalg.svdvals(core), rtol)
 
 
 class TransportTables(NamedTuple):
@@ -157,7 +178,7 @@ class TransportTables(NamedTuple):
   rank: jax.Array
 
 
-def transport_tables(wv, wo, *, key=None, rtol: float = 1e-12) -> TransportTables:
+def transport_tables(wv, wo, *, key=None, rtol: float = RANK_RTOL) -> TransportTables:
   """`TransportTables` from `wv` `[d, h, k]`, `wo` `[h, k, d]` through the k×k blocks
   `A_ab = O_aᵀO_b`, `B_ab = V_a V_bᵀ` (H³k³ work and H²k² memory per head a, never d×d per pair).
   `key`, `rtol`: the random draws and the cut of `mixture_rank` (draws only when the factor ranks
@@ -225,7 +246,7 @@ def _pinned_rank(r_o, r_v, m, generic):
   return jax.lax.cond((r_o == m) | (r_v == m), lambda _: jnp.where(r_o == m, r_v, r_o), generic, None)
 
 
-def mixture_rank(wv, wo, support, key, *, draws: int = 2, rtol: float = 1e-12) -> jax.Array:
+def mixture_rank(wv, wo, support, key, *, draws: int = 2, rtol: float = RANK_RTOL) -> jax.Array:
   """Rank of `T(g) = Σ_h g^h T^h = O D_g V` for gates g > 0 on `support` `[h]` (bool).
 
   `O = [O_h]` `[d, m]`, `V = [V_h]` `[m, d]`, `D_g = diag(g^h I_k)` over the m = |S|·k supported head
@@ -279,7 +300,7 @@ def phase_gates(g, theta):
   return jnp.concatenate([g * jnp.cos(theta), g * jnp.sin(theta)], -1)
 
 
-def effective_isometry_defect(p, wv, wo, *, key=None, samples: int = 32, rtol: float = 1e-12,
+def effective_isometry_defect(p, wv, wo, *, key=None, samples: int = 32, rtol: float = RANK_RTOL,
                               chunk: int = 64, tables: TransportTables | None = None,
                               phases=None) -> EffectiveDefect:
   """W-weighted mean `Σ_ij W_ij δ(T_ij) / n` of the effective transport's defect, from trace tables.
@@ -388,10 +409,12 @@ def _effective(p, wv, wo, key, tables, phases=None, true_factors=None, *, sample
                          participation=p_sum.sum() / n + sampled_mass * p_mean)
 
 
-def effective_isometry_defect_dense(p, transports, rtol: float = 1e-6, chunk: int = 64) -> jax.Array:
-  """Dense reference: `Σ_ij W_ij isometry_defect(T_ij) / n` with every T_ij formed and eigensolved.
+def effective_isometry_defect_dense(p, transports, rtol: float = RANK_RTOL, chunk: int = 64) -> jax.Array:
+  """Dense route: `Σ_ij W_ij isometry_defect(T_ij) / n` with every T_ij formed and its singular values taken.
 
-  n²·d³ work (chunks of `chunk` query rows: chunk·n·d² memory); small models and tests only.
+  The same definition and rank rule as `effective_isometry_defect` (module docstring): the two agree
+  to the trace tables' floor `TABLE_FLOOR2` in δ² wherever no real singular value lies under
+  `rtol`. n²·d³ work (chunks of `chunk` query rows: chunk·n·d² memory); small models and tests only.
   """
   _check_heads(p, transports)
   n = p.shape[-1]

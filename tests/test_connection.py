@@ -300,3 +300,73 @@ def test_cmap_phases_must_match_p():
     conn.effective_isometry_defect(random_p(1), wv, wo, phases=jnp.zeros((3, 5, 5)))
   with pytest.raises(ValueError, match="k must be even"):
     conn.effective_isometry_defect(random_p(1), *random_factors(0, 8, 3, 3), phases=jnp.zeros((3, 7, 7)))
+
+
+# ----------------------------------------------------------------------------- one definition, two routes
+
+def defect64(t, rtol=1e-12):
+  """The definition in float64 (module docstring): singular values of T, rank σ² > rtol·σ₁², sum of squared
+  deviations of λ = σ² on the kept ones."""
+  lam = np.linalg.svd(np.float64(t), compute_uv=False)[..., ::-1] ** 2
+  return defect_from_lam(lam, rtol)
+
+
+def effective64(p, wv, wo):
+  p = np.float64(p)
+  t = np.einsum("dhk,hke->hed", np.float64(wv), np.float64(wo))
+  tij = np.einsum("hij,hde->ijde", p / p.sum(0), t)
+  return float((p.mean(0) * defect64(tij)).sum() / p.shape[-1])
+
+
+def isometric_heads(seed, d, h, k, scale=1.0):
+  """h heads with one transport `scale·Q` on a k-dimensional row space (orthonormal factors)."""
+  o = random_orthogonal(seed, d)[:, :k]
+  v = random_orthogonal(seed + 1, d)[:, :k]
+  return jnp.repeat(v[:, None, :], h, 1), jnp.repeat(scale * o.T[None], h, 0)
+
+
+def small_singular_value_heads(seed, d=12, k=3):
+  """Two heads on orthogonal row spaces, the second scaled by 10⁻⁴: its λ = 10⁻⁸·λ_max are real (the rank
+  rule counts them; the former dense cut λ > 10⁻⁶·λ_max dropped them and read a near-isometry)."""
+  o = random_orthogonal(seed, d)[:, :2 * k].reshape(d, 2, k)
+  v = random_orthogonal(seed + 1, d)[:, :2 * k].reshape(d, 2, k)
+  return v, jnp.transpose(o, (1, 2, 0)) * jnp.array([1.0, 1e-4])[:, None, None]
+
+
+CASES = {"random": lambda: random_factors(31, 8, 3, 4),                         # H·k > d: generic rank
+         "isometric one head": lambda: isometric_heads(32, 8, 1, 8),
+         "isometric three heads": lambda: isometric_heads(34, 8, 3, 4, 2.0),     # rank 4 < d = 8
+         "rank deficient": lambda: random_factors(36, 12, 2, 3),                 # H·k = 6 < d = 12
+         "small singular value": lambda: small_singular_value_heads(37)}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_dense_and_trace_routes_read_the_one_definition(case):
+  """Both routes against the float64 definition: the dense one to round-off (an exact isometry < 10⁻⁶), the
+  trace tables to their stated floor `TABLE_FLOOR2` in δ², and the head defect of the k×k cores to 10⁻⁵."""
+  wv, wo = CASES[case]()
+  h = wv.shape[1]
+  p = random_p(40, h=h, n=6)
+  truth = effective64(p, wv, wo)
+  dense = float(conn.effective_isometry_defect_dense(p, conn.head_transports(wv, wo), chunk=4))
+  tables = float(conn.effective_isometry_defect(p, wv, wo).mean)
+  assert abs(dense - truth) <= 1e-6 + 2e-5 * truth, (dense, truth)
+  assert abs(tables**2 - truth**2) <= conn.TABLE_FLOOR2 + 4e-5 * truth**2, (tables, truth)
+  heads = defect64(np.einsum("dhk,hke->hed", np.float64(wv), np.float64(wo)))
+  np.testing.assert_allclose(conn.head_isometry_defect(wv, wo)[0], heads, rtol=1e-5, atol=1e-6)
+  if case.startswith("isometric"):
+    assert dense < 1e-6 and max(conn.head_isometry_defect(wv, wo)[0]) < 1e-6 and tables**2 < conn.TABLE_FLOOR2
+    np.testing.assert_allclose(conn.isometry_defect(conn.head_transports(wv, wo))[0], 0.0, atol=1e-6)
+
+
+def test_a_real_singular_value_under_the_former_dense_cut_counts_in_both_routes():
+  """λ = 10⁻⁸·λ_max (σ = 10⁻⁴·σ₁) is in the row space by the rank rule: the routes agree on δ ≈ 0.7, not the
+  former dense 0 (isometric on the larger head alone) against the tables' 0.7."""
+  wv, wo = small_singular_value_heads(41)
+  p = jnp.full((2, 5, 5), 0.2)
+  truth = effective64(p, wv, wo)
+  assert truth > 0.5
+  np.testing.assert_allclose(conn.effective_isometry_defect_dense(p, conn.head_transports(wv, wo)), truth, rtol=1e-5)
+  np.testing.assert_allclose(conn.effective_isometry_defect(p, wv, wo).mean, truth, rtol=1e-5)
+  np.testing.assert_allclose(conn.isometry_defect(conn.head_transports(wv, wo)[1] + conn.head_transports(wv, wo)[0])[0],
+                             truth, rtol=1e-5)

@@ -326,3 +326,32 @@ def test_cmap_layers_report_the_phase_and_the_rotated_transport_defect(tmp_path)
   assert [c.key for c in cli.columns(rows)][-1] == "cmap_nu" and cli.columns(causal)[-1].key == "cmap_nu"
   assert cli.columns([{"layer": 0, "cmap_mean_abs_phase": None}]) == cli.COLUMNS    # no CMAP layer: no CMAP columns
   cli.plot(rows, str(tmp_path / "p.png"), "CMAP")                         # None head defects draw no points
+
+
+def test_probe_isometry_read_outs_are_the_one_definition():
+  """`connection`'s one definition through the probe: an exactly isometric head reads < 10⁻⁶, a head whose
+  8th singular value is 10⁻⁴·σ₁ (real: the rank rule σ > 10⁻⁶σ₁ keeps it) reads δ = √(1/8) as in float64,
+  not the 0 of the former λ > 10⁻⁶·λ_max cut; the effective defect agrees with the dense route to the trace
+  tables' floor `TABLE_FLOOR2` in δ²."""
+  from attngeo import connection
+  pf = nn.PointFlow(nn.PointFlowConfig.create(width=16, depth=1, num_heads=2, operator="DMTN"), rngs=nnx.Rngs(3))
+  m = nn.attention_modules(pf)[0]
+  d, h, k = m.wv[...].shape
+  o, _ = np.linalg.qr(np.random.default_rng(0).normal(size=(d, d)))
+  v, _ = np.linalg.qr(np.random.default_rng(1).normal(size=(d, d)))
+  sigma = np.ones((h, k))
+  sigma[1, -1] = 1e-4
+  m.wv[...] = jnp.asarray(v[:, :h * k].reshape(d, h, k), m.wv[...].dtype)
+  m.wo[...] = jnp.asarray(np.transpose(o[:, :h * k].reshape(d, h, k), (1, 2, 0)) * sigma[:, :, None], m.wo[...].dtype)
+  pts = jax.random.normal(jax.random.PRNGKey(4), (1, 10, 3))
+  run = lambda: pf(pts, jnp.ones((1,)))
+  row = probe.model_report(pf, run, progress=False)[0]
+  assert row["head_isometry_defect"][0] < 1e-6
+  np.testing.assert_allclose(row["head_isometry_defect"][1], np.sqrt(1 / 8), rtol=1e-5)
+  (q, kk), = nn.capture_qk(pf, run)[1]
+  beta, alpha = m.coefficients()
+  p = operators.markov_matrix(q, kk, beta=beta, alpha=alpha, causal=m.causal)[0]
+  ref = dense_layer_reference(q, kk, m)["effective"]
+  dense = float(connection.effective_isometry_defect_dense(p, connection.head_transports(m.wv[...], m.wo[...])))
+  assert abs(dense - ref) <= 1e-5 * ref
+  assert abs(row["effective_isometry_defect"] ** 2 - dense**2) <= connection.TABLE_FLOOR2 + 4e-5 * dense**2
