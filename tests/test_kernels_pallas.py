@@ -177,3 +177,20 @@ def test_layout_pads_to_what_each_backend_lowers(backend, t, d, want):
     assert all(x & (x - 1) == 0 and x >= 16 for x in got)
   if backend == "tpu":
     assert bq % 128 == 0 and bk % 128 == 0
+
+
+@pytest.mark.parametrize("mask,causal,dtype", [("full", True, jnp.bfloat16), ("key", False, jnp.float32)])
+def test_forward_and_backward_lower_to_triton(monkeypatch, mask, causal, dtype):
+  """On CPU, the GPU path's three kernels (forward, dk/dv/dbias, dq) lower to Triton MLIR (the custom call
+  XLA:GPU compiles): every op of the kernel bodies has a Triton lowering at the padded widths and
+  power-of-two blocks of `layout`. Lowering only — PTX compilation and the numbers need a GPU."""
+  pytest.importorskip("jax._src.pallas.triton.lowering")
+  monkeypatch.setattr(pallas, "_backend", lambda: "gpu")
+  q = jax.ShapeDtypeStruct((B, N, H, D), dtype)
+  v = jax.ShapeDtypeStruct((B, N, H, E), dtype)
+  bias = jax.ShapeDtypeStruct((B, N, H), jnp.float32)
+  m = None if make_mask(mask) is None else jnp.asarray(make_mask(mask))
+  y = lambda q, k, v, b: pallas.pallas_sdpa(q, k, v, b, m, causal, 0.25, 512).astype(jnp.float32)
+  grads = jax.grad(lambda *a: jnp.sum(y(*a)), range(4))
+  text = jax.jit(grads).trace(q, q, v, bias).lower(lowering_platforms=("cuda",)).as_text()
+  assert text.count("__gpu$xla.gpu.triton") == 3

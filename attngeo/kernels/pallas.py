@@ -38,23 +38,31 @@ Padding each backend needs (`layout`; D = augmented head dim, E = value dim, n =
 
 * CPU (interpret): none beyond whole blocks, `bq = min(block_size, t)`, `bk = min(block_size, s)` —
   VERIFIED (the tests run it).
-* GPU (Triton): block sizes are powers of two (Pallas' Triton lowering rejects loads whose size is not a
-  power of two, `jax/_src/pallas/triton/lowering.py`, and tl.dot wants ≥ 16 per dim), so D and E are zero-
-  padded to `max(16, next_pow2)` and blocks are `pow2 ≤ min(block_size, 128)`, ≥ 16. READ in the lowering
-  source and the JAX GPU attention example (which pads head dim to next_pow2), NOT run: no GPU was lent.
+* GPU (Triton, asked for by `pl_triton.CompilerParams`: jax 0.10's default GPU lowering is Mosaic GPU,
+  which has no `dot_general` here): block sizes are powers of two (Pallas' Triton lowering rejects loads
+  whose size is not a power of two, `jax/_src/pallas/triton/lowering.py`; tl.dot wants ≥ 16 per dim), so D
+  and E are zero-padded to `max(16, next_pow2)` and blocks are `pow2 ≤ min(block_size, 128)`, ≥ 16.
+  VERIFIED on CPU: forward and backward LOWER to Triton MLIR (`jit(...).trace(...).lower(lowering_platforms=
+  ("cuda",))`, the test file; bf16 and float32, key / full masks, causal, D = 16…256). NOT compiled to PTX
+  nor run: no GPU was lent. float32 operands run as TF32 there (`lax.Precision.DEFAULT`, as XLA's own
+  GPU dots do); pass bf16 for the tensor cores' full rate.
 * TPU (Mosaic): the last two dims of every block must be multiples of (8, 128) or equal the whole array
   dims (`jax/_src/pallas/mosaic/lowering.py`). Head dims are whole-array blocks (no padding required by
   the lowering; the MXU still computes in 128-lane tiles), the bias / dbias blocks `[1, bk]` and the mask
   blocks need bk a multiple of 128, lse `[bq, 1]` needs bq a multiple of 8: blocks are multiples of 128.
-  READ in the lowering source, NOT run: no TPU was lent.
+  READ in the lowering source, NOT lowered (Mosaic's lowering asks for a TPU device kind) nor run: the
+  products with a transposed operand (`Pᵀ·dO`, `dSᵀ·q`: `dot_general` contracting axis 0) are the ones
+  most likely to need a rewrite there.
 
-FLOP cost of the padding: the four products with the head dim contracted or produced (q·kᵀ forward, the
-recomputed q·kᵀ, dS·k, dSᵀ·q backward) scale by D'/D, the four with the value dim (P·v, dO·vᵀ, Pᵀ·dO and
-the forward's) by E'/E. The family at head dim d = 64: ATTN/DMAP D = 64, DMTN/ATAP D = 128 (float32) or
-256 (16-bit, `augment`'s hi/lo pair) — all powers of two, no cost on Triton; at d = 48, D = 96 → 128 on
-Triton (4/3× the q·k products; E = 48 → 64, 4/3× the v products), on TPU D = 96 is one 128-lane tile
-either way (the MXU's own padding, the same 4/3×). Ragged lengths cost ⌈n/b⌉·b/n in every product; causal
-skips the blocks above the diagonal (≈ ½ the work for n ≫ b).
+FLOP cost (per batch × head, t queries, s keys, padded widths D', E'): forward 2ts(D' + E') (q·kᵀ, P·v);
+backward 2ts(2D' + 2E') in the dk/dv kernel (q·kᵀ, dO·vᵀ, Pᵀ·dO, dSᵀ·q) plus 2ts(2D' + E') in the dq
+kernel (q·kᵀ, dO·vᵀ, dS·k: the recomputations are the price of no atomics, 2ts(D' + E') more than one fused
+backward). Padding multiplies the D-products by D'/D and the E-products by E'/E. The family at head dim
+d = 64: ATTN/DMAP D = 64, DMTN/ATAP D = 128 (float32) or 256 (16-bit, `augment`'s hi/lo pair) — all
+powers of two, no cost on Triton; at d = 48, D = 96 → 128 on Triton (4/3× the D-products; E = 48 → 64,
+4/3× the E-products), on TPU D = 96 is one 128-lane tile either way (the MXU's own padding, the same 4/3×).
+Ragged lengths cost ⌈n/b⌉·b/n in every product; causal skips the blocks above the diagonal (≈ ½ the work
+for n ≫ b).
 """
 from __future__ import annotations
 
@@ -63,6 +71,7 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pl_triton
 
 from attngeo.kernels._blocks import NEG, _pad_mask
 
@@ -186,6 +195,13 @@ def _dq_kernel(*refs, causal, scale, bq, bk, nk, has_mask, mask_keys):
 
 # ----------------------------------------------------------------------------- pallas_call wiring
 
+def _call(kernel, target, **kw):
+  """`pl.pallas_call` for `target`: "cpu" (interpret mode), "gpu" (Triton, named: jax 0.10's default GPU
+  lowering is Mosaic GPU, which has no `dot_general` on this kernel's lane semantics) or "tpu" (Mosaic)."""
+  params = pl_triton.CompilerParams(num_warps=4, num_stages=2) if target == "gpu" else None
+  return pl.pallas_call(kernel, interpret=target == "cpu", compiler_params=params, **kw)
+
+
 def _spec(shape, index_map):
   return pl.BlockSpec(shape, index_map)
 
@@ -198,7 +214,7 @@ def _mask_spec(mask, rows, cols, row_index, col_index):
                                 col_index(i) if ms > 1 else 0))
 
 
-def _forward(q, k, v, bias, mask, causal, scale, bq, bk, interpret):
+def _forward(q, k, v, bias, mask, causal, scale, bq, bk, target):
   """q [b,h,T,D], k [b,h,S,D], v [b,h,S,E], bias [b,h,1,S] f32, mask int8 or None -> (out, lse [b,h,T,1])."""
   b, h, tp, dd = q.shape
   sp, e = k.shape[2], v.shape[-1]
@@ -211,15 +227,15 @@ def _forward(q, k, v, bias, mask, causal, scale, bq, bk, interpret):
     args.append(mask)
   kernel = functools.partial(_fwd_kernel, causal=causal, scale=scale, bq=bq, bk=bk, nk=sp // bk,
                              has_mask=mask is not None, mask_keys=mask is not None and mask.shape[3] > 1)
-  return pl.pallas_call(
-      kernel, grid=(b, h, tp // bq), in_specs=in_specs,
+  return _call(
+      kernel, target, grid=(b, h, tp // bq), in_specs=in_specs,
       out_specs=[_spec((None, None, bq, e), lambda bb, hh, i: (bb, hh, i, 0)),
                  _spec((None, None, bq, 1), lambda bb, hh, i: (bb, hh, i, 0))],
       out_shape=[jax.ShapeDtypeStruct((b, h, tp, e), v.dtype), jax.ShapeDtypeStruct((b, h, tp, 1), jnp.float32)],
-      interpret=interpret, name="attngeo_flash_fwd")(*args)
+      name="attngeo_flash_fwd")(*args)
 
 
-def _backward(q, k, v, bias, mask, out, lse, dout, causal, scale, bq, bk, interpret):
+def _backward(q, k, v, bias, mask, out, lse, dout, causal, scale, bq, bk, target):
   b, h, tp, dd = q.shape
   sp, e = k.shape[2], v.shape[-1]
   delta = jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), -1, keepdims=True)   # [b,h,T,1]
@@ -235,12 +251,12 @@ def _backward(q, k, v, bias, mask, out, lse, dout, causal, scale, bq, bk, interp
   args += [dout, lse, delta]
   kernel = functools.partial(_dkv_kernel, causal=causal, scale=scale, bq=bq, bk=bk, nq=tp // bq,
                              has_mask=has_mask, mask_rows=has_mask and mask.shape[2] > 1)
-  dk, dv, dbias = pl.pallas_call(
-      kernel, grid=(b, h, sp // bk), in_specs=in_specs,
+  dk, dv, dbias = _call(
+      kernel, target, grid=(b, h, sp // bk), in_specs=in_specs,
       out_specs=[blk_k(dd), blk_k(e), _spec((None, None, 1, bk), lambda bb, hh, i: (bb, hh, 0, i))],
       out_shape=[jax.ShapeDtypeStruct(k.shape, jnp.float32), jax.ShapeDtypeStruct(v.shape, jnp.float32),
                  jax.ShapeDtypeStruct(bias.shape, jnp.float32)],
-      interpret=interpret, name="attngeo_flash_dkv")(*args)
+      name="attngeo_flash_dkv")(*args)
 
   whole = lambda width: _spec((None, None, sp, width), lambda bb, hh, i: (bb, hh, 0, 0))
   blk_q = lambda width: _spec((None, None, bq, width), lambda bb, hh, i: (bb, hh, i, 0))
@@ -253,25 +269,25 @@ def _backward(q, k, v, bias, mask, out, lse, dout, causal, scale, bq, bk, interp
   args += [dout, lse, delta]
   kernel = functools.partial(_dq_kernel, causal=causal, scale=scale, bq=bq, bk=bk, nk=sp // bk,
                              has_mask=has_mask, mask_keys=has_mask and mask.shape[3] > 1)
-  dq = pl.pallas_call(
-      kernel, grid=(b, h, tp // bq), in_specs=in_specs, out_specs=blk_q(dd),
-      out_shape=jax.ShapeDtypeStruct(q.shape, jnp.float32), interpret=interpret, name="attngeo_flash_dq")(*args)
+  dq = _call(
+      kernel, target, grid=(b, h, tp // bq), in_specs=in_specs, out_specs=blk_q(dd),
+      out_shape=jax.ShapeDtypeStruct(q.shape, jnp.float32), name="attngeo_flash_dq")(*args)
   return dq, dk, dv, dbias
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8, 9))
-def _flash(q, k, v, bias, mask, causal, scale, bq, bk, interpret):
-  return _forward(q, k, v, bias, mask, causal, scale, bq, bk, interpret)[0]
+def _flash(q, k, v, bias, mask, causal, scale, bq, bk, target):
+  return _forward(q, k, v, bias, mask, causal, scale, bq, bk, target)[0]
 
 
-def _flash_fwd(q, k, v, bias, mask, causal, scale, bq, bk, interpret):
-  out, lse = _forward(q, k, v, bias, mask, causal, scale, bq, bk, interpret)
+def _flash_fwd(q, k, v, bias, mask, causal, scale, bq, bk, target):
+  out, lse = _forward(q, k, v, bias, mask, causal, scale, bq, bk, target)
   return out, (q, k, v, bias, mask, out, lse)
 
 
-def _flash_bwd(causal, scale, bq, bk, interpret, res, dout):
+def _flash_bwd(causal, scale, bq, bk, target, res, dout):
   q, k, v, bias, mask, out, lse = res
-  dq, dk, dv, dbias = _backward(q, k, v, bias, mask, out, lse, dout, causal, scale, bq, bk, interpret)
+  dq, dk, dv, dbias = _backward(q, k, v, bias, mask, out, lse, dout, causal, scale, bq, bk, target)
   return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dbias, None
 
 
@@ -296,7 +312,8 @@ def pallas_sdpa(q, k, v, bias, mask, causal, scale, block_size, *, interpret=Non
     interpret = backend not in ("gpu", "tpu")
   b, t, h, d = q.shape
   s, e = k.shape[1], v.shape[-1]
-  bq, bk, dp, ep = layout("cpu" if interpret else backend, t, s, d, e, int(block_size))
+  target = "cpu" if interpret else backend
+  bq, bk, dp, ep = layout(target, t, s, d, e, int(block_size))
   tp, sp = _round_up(t, bq), _round_up(s, bk)
   head_major = lambda x, n, width: jnp.pad(jnp.transpose(x, (0, 2, 1, 3)),
                                            ((0, 0), (0, 0), (0, n - x.shape[1]), (0, width - x.shape[-1])))
@@ -308,5 +325,5 @@ def pallas_sdpa(q, k, v, bias, mask, causal, scale, block_size, *, interpret=Non
   bias_t = jnp.pad(bias_t, ((0, 0), (0, 0), (0, sp - s)), constant_values=NEG)[:, :, None, :]
   if mask is not None:
     mask = _pad_mask(jnp.asarray(mask), tp - t, sp - s).astype(jnp.int8)
-  out = _flash(qt, kt, vt, bias_t, mask, bool(causal), float(scale), bq, bk, bool(interpret))
+  out = _flash(qt, kt, vt, bias_t, mask, bool(causal), float(scale), bq, bk, target)
   return jnp.transpose(out[:, :, :t, :e], (0, 2, 1, 3))

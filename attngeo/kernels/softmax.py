@@ -149,8 +149,8 @@ def attention(q, k, v, *, bias=None, mask=None, causal=False, scale=None, implem
   mask: bool, broadcastable to [b, h, t, s] (True = attend). implementation: "einsum" | "xla" |
   "cudnn" | "blockwise" | "pallas" (`attngeo.kernels.pallas`) | None (`dispatch.choose`: by backend and
   length). Returns [b, t, h, e] in v's dtype, with logits and softmax accumulated in float32. A query row
-  whose keys are all masked (by the mask and the causal order together) returns 0 on every kernel. This is the one kernel every
-  operator (and the matrix-free geometry) runs on.
+  whose keys are all masked (by the mask and the causal order together) returns 0 on every kernel. This is
+  the one kernel every operator (and the matrix-free geometry) runs on.
   """
   chex.assert_rank([q, k, v], 4)
   chex.assert_equal_shape([q, k], dims=(0, 2, 3))
