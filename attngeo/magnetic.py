@@ -30,7 +30,9 @@ from j to i multiplies by e^{+iθ_ij}. π is K's stationary law (`Σπ = 1`), `�
   `|E_π − E_π'| ≤ ‖π − π'‖₁`: a π known to ℓ¹ error ε widens the bracket by ε. And ν ≤ 1 (random
   phases average `1 − Σ_i W_ii`).
 * Connection walk (`attngeo.connection`): the edge transport of each channel pair is the rotation
-  `R(θ_ij)` — an exact isometry (defect 0); `I − [K_ij R(θ_ij)]` is the real form of `I − K_θ`.
+  `R(θ_ij)` (`phase_rotations`) — an exact isometry (`phase_isometry_defect` 0); `I − [K_ij R(θ_ij)]`
+  (`rotation_laplacian_matrix`) is the real form of `I − K_θ`. Names are this module's own where their
+  signature or result differs from `connection`'s and `markov`'s (`symmetrised_flows` is not `markov.flows`).
 
 Dense functions take `(p, theta)` arrays (small n); `sampled_curvature` reads the circulation law
 from random triangles when n³ is too many. Matrix-free: `stationary` (π from the
@@ -80,7 +82,7 @@ def gauge(theta, phi):
 
 # ----------------------------------------------------------------------------- Hermitian form, spectrum
 
-def flows(p, pi=None):
+def symmetrised_flows(p, pi=None):
   """Symmetrised flows `W_ij = ½(π_i P_ij + π_j P_ji)` [..., n, n] and π [..., n] (`markov.stationary` if None)."""
   pi = markov.stationary(p).pi if pi is None else pi
   f = pi[..., :, None] * p
@@ -114,7 +116,7 @@ def _law(p, pi):
 @jax.jit
 def _hermitian(p, theta, pi):
   """(H, W_θ, D, D^{−1/2}) of the module docstring; D the flows' degrees."""
-  w, _ = flows(p, pi)
+  w, _ = symmetrised_flows(p, pi)
   d = jnp.sum(w, -1)
   r = jax.lax.rsqrt(jnp.maximum(d, _TINY))
   wt = w * jnp.exp(1j * theta.astype(w.dtype))
@@ -383,16 +385,18 @@ def _sampled_curvature(p, theta, key, samples):
 
 # ----------------------------------------------------------------------------- connection-walk read-outs
 
-def edge_transports(theta, rows=None) -> jax.Array:
-  """Per-edge transports `R(θ_ij) = [[cos, −sin], [sin, cos]]` [..., rows, n, 2, 2] on one (Re, Im) pair."""
+def phase_rotations(theta, rows=None) -> jax.Array:
+  """Per-edge transports `R(θ_ij) = [[cos, −sin], [sin, cos]]` [..., rows, n, 2, 2] on one (Re, Im) pair
+  (the magnetic walk's; `connection.edge_transports` is the attention-gated mixture of head transports)."""
   if rows is not None:
     theta = theta[..., rows, :]
   c, s = jnp.cos(theta), jnp.sin(theta)
   return jnp.stack([jnp.stack([c, -s], -1), jnp.stack([s, c], -1)], -2)
 
 
-def isometry_defect(p, theta, chunk: int = 64) -> jax.Array:
-  """`Σ_ij P_ij δ(R(θ_ij)) / n` [...] with `connection.isometry_defect`: 0 (every transport is a rotation)."""
+def phase_isometry_defect(p, theta, chunk: int = 64) -> jax.Array:
+  """`Σ_ij P_ij δ(R(θ_ij)) / n` [...], δ the one definition (`connection.isometry_defect`) of each edge's
+  rotation (`phase_rotations`): 0 to float32 round-off (every transport is a rotation)."""
   _check_pair(p, theta)
   if isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or chunk < 1:
     raise ValueError(f"chunk must be a positive integer; got {chunk!r}")
@@ -406,14 +410,15 @@ def isometry_defect(p, theta, chunk: int = 64) -> jax.Array:
 
 @jax.jit
 def _weighted_defect(p_rows, theta_rows):
-  return jnp.sum(p_rows * connection.isometry_defect(edge_transports(theta_rows))[0], (-2, -1))
+  return jnp.sum(p_rows * connection.isometry_defect(phase_rotations(theta_rows))[0], (-2, -1))
 
 
-def connection_laplacian_matrix(p, theta) -> jax.Array:
-  """Dense real `I − [P_ij R(θ_ij)]` [..., 2n, 2n] (block (i, j) is 2×2): the real form of `I − K_θ`."""
+def rotation_laplacian_matrix(p, theta) -> jax.Array:
+  """Dense real `I − [P_ij R(θ_ij)]` [..., 2n, 2n] (block (i, j) is 2×2): the real form of `I − K_θ`
+  (`connection.connection_laplacian_matrix` with the per-edge rotations `phase_rotations`)."""
   _check_pair(p, theta)
   n = p.shape[-1]
-  blocks = p[..., :, :, None, None] * edge_transports(theta)                            # [..., i, j, 2, 2]
+  blocks = p[..., :, :, None, None] * phase_rotations(theta)                            # [..., i, j, 2, 2]
   blocks = jnp.swapaxes(blocks, -3, -2).reshape(p.shape[:-2] + (2 * n, 2 * n))           # [..., (i a), (j b)]
   return jnp.eye(2 * n, dtype=blocks.dtype) - blocks
 
@@ -539,5 +544,5 @@ def summary(q, k, *, beta=0.0, coupling=1.0, scale=None, mask=None) -> dict[str,
   cv = curvature(p, theta)
   stats = {"lambda_max": fr.lambda_max, "frustration_lower": fr.lower, "frustration_upper": fr.upper,
            "wilson": jnp.real(cv.wilson), "mean_abs_circulation": cv.mean_abs,
-           "isometry_defect": isometry_defect(p, theta)}
+           "isometry_defect": phase_isometry_defect(p, theta)}
   return {key: np.asarray(v).mean(0) for key, v in stats.items()}

@@ -534,10 +534,10 @@ def test_a_walk_without_proper_triangles_has_no_circulation_law():
 
 # ----------------------------------------------------------------------------- connection walk
 
-def test_edge_transports_are_exact_isometries():
+def test_phase_rotations_are_exact_isometries():
   _, _, p, theta = _walk(11)
-  np.testing.assert_allclose(mg.isometry_defect(p, theta), 0.0, atol=1e-6)
-  r = mg.edge_transports(theta)
+  np.testing.assert_allclose(mg.phase_isometry_defect(p, theta), 0.0, atol=1e-6)
+  r = mg.phase_rotations(theta)
   np.testing.assert_allclose(jnp.swapaxes(r, -1, -2) @ r, jnp.broadcast_to(jnp.eye(2), r.shape), atol=1e-6)
   v = jax.random.normal(jax.random.PRNGKey(0), (2,))
   z = (v[0] + 1j * v[1]) * jnp.exp(1j * theta[0, 0, 2, 5])              # R(θ) acts as e^{iθ} on (Re, Im)
@@ -546,7 +546,7 @@ def test_edge_transports_are_exact_isometries():
 
 def test_real_connection_laplacian_is_the_complex_one():
   _, _, p, theta = _walk(12)
-  lap = np.asarray(mg.connection_laplacian_matrix(p, theta), np.float64)[0, 1]
+  lap = np.asarray(mg.rotation_laplacian_matrix(p, theta), np.float64)[0, 1]
   kt = np.asarray(p, np.float64)[0, 1] * np.exp(1j * np.asarray(theta, np.float64)[0, 1])
   ev = 1 - np.linalg.eigvals(kt)
   ref = np.sort_complex(np.concatenate([ev, ev.conj()]))
@@ -652,7 +652,7 @@ def test_bad_shapes_and_diagnostic_inputs():
   with pytest.raises(ValueError, match=r"k must lie in \[1, n\]"):
     mg.spectrum(p, theta, k=-1)
   with pytest.raises(ValueError, match="chunk must be a positive integer"):
-    mg.isometry_defect(p, theta, chunk=0)
+    mg.phase_isometry_defect(p, theta, chunk=0)
   pad = jnp.arange(N) < N - 4
   with pytest.raises(ValueError, match="mask must be symmetric"):
     mg.stationary(q, k, mask=jnp.broadcast_to(pad, (1, 1, 1, N)))
