@@ -13,7 +13,7 @@ whose Euclidean distances are the walk's diffusion distances at time t. α = 1 r
 sampling density (the generator tends to the Laplace–Beltrami operator, `(1 − λ_c)·4/ε → μ_c`).
 
 "Exact" means the eigenpairs of the full kernel (no k-NN truncation, no landmarks): A is applied
-matrix-free through the blockwise attention kernel (`geometry.gaussian_walk`, O(n) memory) and
+matrix-free through the blockwise attention kernel (`walks.gaussian_walk`, O(n) memory) and
 solved by `eigen.eigsh` (Chebyshev-filtered subspace iteration) to a residual tolerance; every
 pair comes back with its residual and a posteriori bounds, and `1 − λ` is computed to full
 relative precision (`rates`). For n above `coarse_min` the solver starts from the Nyström
@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attngeo import _checks, eigen, geometry, kernels, operators
+from attngeo import _checks, eigen, kernels, operators, walks
 
 
 class DiffusionMap(NamedTuple):
@@ -67,7 +67,7 @@ class DiffusionMap(NamedTuple):
 
 
 def _walk(x, eps, alpha, block_size):
-  return geometry.gaussian_walk(x, eps, alpha_norm=alpha, block_size=block_size)
+  return walks.gaussian_walk(x, eps, alpha_norm=alpha, block_size=block_size)
 
 
 def _extend(x_keys, log_q, eps, alpha, values, y, block_size):
@@ -91,7 +91,7 @@ def _level(x, coarse, *, eps, k, alpha, block, degree, tol, max_matvecs, block_s
     xs, lqs, psi_sub = coarse
     keys = xs - x.mean(0)                                  # the subsample in the frame of walk.x (x centred)
     x0 = jnp.exp(0.5 * walk.log_pi)[:, None] * _extend(keys, lqs, eps, alpha, psi_sub, walk.x, block_size)
-  res = geometry.conjugate_eigenpairs(walk, k + 1, tol=tol, block=block, degree=degree, max_matvecs=max_matvecs,
+  res = walks.conjugate_eigenpairs(walk, k + 1, tol=tol, block=block, degree=degree, max_matvecs=max_matvecs,
                                       x0=x0, seed=seed, return_block=return_block)
   return walk.x, walk.log_q, walk.log_pi, res
 
@@ -115,7 +115,7 @@ def diffusion_map(x, eps: float, k: int, *, alpha: float = 1.0, t: float = 1.0, 
 
   Args:
     x: points `[n, D]` (any float dtype; computed in float32).
-    eps: kernel bandwidth ε in `exp(−‖x − y‖²/ε)` (see `geometry.bandwidth` for a rule).
+    eps: kernel bandwidth ε in `exp(−‖x − y‖²/ε)` (see `bandwidth.bandwidth` for a rule).
     k: number of diffusion coordinates (nontrivial eigenpairs).
     alpha: Coifman–Lafon normalisation α ∈ [0, 1] (0: graph walk; ½: Fokker–Planck; 1: Laplace–Beltrami).
     t: diffusion time (coordinates `λ^t ψ`).

@@ -8,7 +8,7 @@ Conventions. A Markov operator `P` acts on values `f` `[..., n, m]` (m test func
 
 pairwise over the m columns of f and g. Matrix-free, `Γ(f, g) = (1/2τ)[P(fg) − f Pg − g Pf + fg]`
 needs ONE application of P to the stacked values `[f, g, fg]` and Γ₂ TWO sequential ones, so any
-`MarkovOperator` — a dense matrix, an attention operator (q, k, β, α, mask) or a Gaussian kernel on
+`MarkovOperator` (`attngeo.walks`) — a dense matrix, an attention operator (q, k, β, α, mask) or a Gaussian kernel on
 a point cloud — gives Γ and Γ₂ through the fused/blockwise kernels of `attngeo.operators` at O(n)
 memory, differentiably. Values are centred per column first (Γ ignores constants), which keeps
 the float32 cancellation in `P(fg) − f Pg − …` small.
@@ -30,269 +30,14 @@ Two curvatures, kept apart:
 """
 from __future__ import annotations
 
-import itertools
 import math
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attngeo import _checks, eigen, kernels, linalg, markov, operators
-
-
-def _identity(h):
-  return h
-
-
-class MarkovOperator(NamedTuple):
-  """A Markov generator acting on values f `[..., n, m]`.
-
-  generator: `f -> Lf`, `L = (P − I)/τ` (one application of P).
-  project: maps derived fields (products, Γ's) back into the operator's function space: the
-    identity, except for `spectral` operators, which live on their leading eigenfunctions.
-  spectrum: for `spectral` / `gaussian_spectral` operators, the `eigen.Eigh` of the symmetric
-    conjugate their eigenfunctions came from (values, residuals, error bounds, converged); else None.
-  """
-  generator: Callable[[jax.Array], jax.Array]
-  project: Callable[[jax.Array], jax.Array] = _identity
-  spectrum: eigen.Eigh | None = None
-
-
-def _from_apply(apply, tau) -> MarkovOperator:
-  return MarkovOperator(lambda f: (apply(f) - f) / tau)
-
-
-# ----------------------------------------------------------------------------- operators
-
-def dense(p, tau: float = 1.0) -> MarkovOperator:
-  """A materialised row-stochastic `P` `[..., n, n]` as an operator."""
-  markov.check_chain(p)
-  _checks.check_positive("tau", tau)
-  return _from_apply(lambda f: jnp.einsum("...ij,...jm->...im", p, f.astype(p.dtype)), tau)
-
-
-def attention(q, k, *, beta=1.0, alpha=1.0, causal=False, mask=None, scale=None, tau: float = 1.0,
-              implementation=None, block_size: int = 512) -> MarkovOperator:
-  """The attention operator (β, α) on q, k `[b, n, h, d]`, applied matrix-free.
-
-  Values use the dense convention `[b, h, n, m]` (matching `operators.markov_matrix`).
-  """
-  _checks.check_positive("tau", tau)
-
-  def apply(f):
-    v = jnp.transpose(f, (0, 2, 1, 3)).astype(jnp.float32)
-    out = operators.transport(q, k, v, beta=beta, alpha=alpha, causal=causal, mask=mask, scale=scale,
-                              implementation=implementation, block_size=block_size)
-    return jnp.transpose(out, (0, 2, 1, 3))
-  return _from_apply(apply, tau)
-
-
-def laplacian_time_scale(eps: float) -> float:
-  """τ(ε) = ε/4: with α = 1, `(P − I)/τ → Δ` for the kernel `exp(−‖x − y‖²/ε)`."""
-  return eps / 4.0
-
-
-def _centred(x):
-  _checks.check_rank("x", x, 2, "[n_points, dim]")
-  _checks.check_floating("x", x)
-  _checks.check_finite("x", x)
-  return x - x.mean(0)
-
-
-def _gaussian_logits(x, eps):
-  """`log K_ij = −‖x_i − x_j‖²/ε` [n, n] (dense)."""
-  sq = jnp.sum(x * x, -1)
-  return -(sq[:, None] + sq[None, :] - 2 * x @ x.T) / eps
-
-
-def _log_degree(x, eps, chunk: int, key_bias=None):
-  """`log Σ_j exp(−‖x_i − x_j‖²/ε + b_j)` [n] (b = `key_bias` or 0), in query chunks.
-
-  O(chunk·n) memory; checkpointed so its gradient keeps that bound.
-  """
-  n = x.shape[0]
-  pad = -n % chunk
-  xp = jnp.pad(x, ((0, pad), (0, 0)))
-  sq = jnp.sum(x * x, -1)
-  b = jnp.zeros((n,), x.dtype) if key_bias is None else key_bias
-
-  @jax.checkpoint
-  def rows(xc):
-    d2 = jnp.sum(xc * xc, -1)[:, None] + sq[None, :] - 2 * xc @ x.T
-    return jax.nn.logsumexp(-d2 / eps + b[None, :], -1)
-  return jax.lax.map(rows, xp.reshape(-1, chunk, x.shape[1])).reshape(-1)[:n]
-
-
-def gaussian_markov(x, eps: float, *, alpha_norm: float = 1.0, k: int | None = None):
-  """Dense Coifman–Lafon operator on a point cloud x `[n, D]`: `[n, n]` row-stochastic.
-
-  `K_ij = exp(−‖x_i − x_j‖²/ε)`, `q_i = Σ_j K_ij`, `K^α_ij = K_ij / (q_i q_j)^α`, `P = rownorm(K^α)`
-  (α = 0: graph walk; ½: Fokker–Planck; 1: Laplace–Beltrami, density-free). With `k`, the kernel
-  is restricted to the symmetrised k-nearest-neighbour graph before normalising. Time scale:
-  `laplacian_time_scale(eps)`. Computed in the log domain.
-  """
-  _checks.check_positive("eps", eps)
-  if not 0.0 <= alpha_norm <= 1.0:
-    raise ValueError(f"alpha_norm must lie in [0, 1]; got {alpha_norm}")
-  x = _centred(jnp.asarray(x, jnp.float32))
-  lk = _gaussian_logits(x, eps)
-  if k is not None:
-    if not 1 <= k < x.shape[0]:
-      raise ValueError(f"k must be in [1, n_points); got {k}")
-    kth = -jnp.sort(-lk, axis=-1)[:, k][:, None]   # k neighbours besides the point itself
-    keep = lk >= kth
-    keep = keep | keep.T
-    lk = jnp.where(keep, lk, -jnp.inf)
-  # log q_j as a column reduction (lk is symmetric): XLA:CPU fuses a row reduction broadcast
-  # along columns into the softmax with an O(n³) access pattern.
-  lq = jax.nn.logsumexp(lk, 0)
-  return jax.nn.softmax(lk - alpha_norm * lq[None, :], -1)
-
-
-class GaussianWalk(NamedTuple):
-  """The Coifman–Lafon walk `P_α` of a cloud, matrix-free (see `gaussian_walk`).
-
-  apply: `f [n, m] -> P_α f` (one attention call); log_q [n]: log kernel degree `log q_i`;
-  log_pi [n]: log of its reversible law `π_i ∝ d_i = Σ_j K^α_ij`; x [n, D]: the centred cloud.
-  """
-  apply: Callable[[jax.Array], jax.Array]
-  log_q: jax.Array
-  log_pi: jax.Array
-  x: jax.Array
-
-  def conjugate(self, v):
-    """`A v = Π^{1/2} P_α Π^{-1/2} v` for v [n, m]: symmetric, PSD, spectrum in [0, 1], A√π = √π."""
-    sq = jnp.exp(0.5 * self.log_pi)[:, None]
-    return sq * self.apply(v / sq)
-
-
-def gaussian_walk(x, eps: float, *, alpha_norm: float = 1.0, implementation: str | None = "blockwise",
-                  block_size: int = 1024) -> GaussianWalk:
-  """`gaussian_markov(x, eps, alpha_norm)` as a `GaussianWalk`, never materialised (O(n) memory).
-
-  `P_α f` is one attention call: queries x, keys x, scale 2/ε and key bias `−‖x_j‖²/ε − α log q_j`
-  (the i-only terms cancel in the row normalisation). `K^α` is symmetric, so P_α is reversible
-  with `π_i ∝ d_i`, `log d_i = −α log q_i + log Σ_j exp(−‖x_i − x_j‖²/ε − α log q_j)`; both degree
-  passes are chunked logsumexps.
-  """
-  _checks.check_positive("eps", eps)
-  if not 0.0 <= alpha_norm <= 1.0:
-    raise ValueError(f"alpha_norm must lie in [0, 1]; got {alpha_norm}")
-  x = _centred(jnp.asarray(x, jnp.float32))
-  chunk = min(256, x.shape[0])                                                # [chunk, n] per degree step
-  lq = _log_degree(x, eps, chunk)
-  log_d = -alpha_norm * lq + _log_degree(x, eps, chunk, key_bias=-alpha_norm * lq)
-  return GaussianWalk(_gaussian_apply(x, eps, alpha_norm, lq, block_size, implementation), lq,
-                      jax.nn.log_softmax(log_d), x)
-
-
-def gaussian(x, eps: float, *, alpha_norm: float = 1.0, implementation: str | None = "blockwise",
-             block_size: int = 1024) -> MarkovOperator:
-  """Matrix-free `gaussian_markov(x, eps, alpha_norm)` with `τ = ε/4`: P is never materialised.
-
-  Values f are `[n, m]`; one attention call per application (see `gaussian_walk`). O(n) memory
-  with the blockwise kernel.
-  """
-  _checks.check_positive("eps", eps)
-  x = _centred(jnp.asarray(x, jnp.float32))
-  lq = _log_degree(x, eps, min(block_size, x.shape[0]))
-  return _from_apply(_gaussian_apply(x, eps, alpha_norm, lq, block_size, implementation), laplacian_time_scale(eps))
-
-
-def _gaussian_apply(x, eps, alpha_norm, lq, block_size, implementation="blockwise"):
-  """`f -> P_α f` for centred x with kernel log-degrees lq: one attention call (see `gaussian`)."""
-  bias = (-jnp.sum(x * x, -1) / eps - alpha_norm * lq)[None, :, None]       # [1, n, 1]
-  xq = x[None, :, None, :]
-
-  def apply(f):
-    v = f.astype(jnp.float32)[None, :, None, :]
-    return kernels.attention(xq, xq, v, bias=bias, scale=2.0 / eps, implementation=implementation,
-                               block_size=block_size)[0, :, 0, :]
-  return apply
-
-
-def _spectral_operator(pi, lam, psi, tau, spectrum=None, log_generator: bool = False) -> MarkovOperator:
-  """Generator `Σ_c μ_c ⟨·, ψ_c⟩_π ψ_c` and projection on span(ψ), `μ = (λ − 1)/τ` (or `log λ / τ`)."""
-  mu = jnp.log(jnp.maximum(lam, 1e-30)) / tau if log_generator else (lam - 1.0) / tau
-  coeffs = lambda h: jnp.einsum("...nc,...n,...nm->...cm", psi, pi, h)
-  return MarkovOperator(lambda f: jnp.einsum("...nc,...c,...cm->...nm", psi, mu, coeffs(f)),
-                        lambda h: jnp.einsum("...nc,...cm->...nm", psi, coeffs(h)), spectrum)
-
-
-def conjugate_eigenpairs(walk: GaussianWalk, k: int, *, tol: float = 1e-5, block: int | None = None,
-                         degree: int = 16, max_matvecs: int = 2000, x0=None, seed: int = 0,
-                         return_block: bool = False) -> eigen.Eigh:
-  """The k leading eigenpairs of the symmetric conjugate `A = Π^{1/2} P_α Π^{-1/2}` of a Gaussian walk.
-
-  The Perron pair (1, √π) is known and deflated; `eigen.eigsh` (Chebyshev-filtered subspace
-  iteration with shift σ = 1; the spectrum is bounded below by 0: `K^α` is a Gaussian kernel,
-  hence PSD) finds the k − 1 others. The returned `Eigh` has the Perron pair first, its residual
-  and `shifted` (1 − λ, accurate relative to itself) measured like the others' (x0, block,
-  return_block as in `eigen.eigsh`, for the k − 1 nontrivial pairs).
-  """
-  if k < 2:
-    raise ValueError(f"k must be at least 2 eigenpairs; got {k}")
-  n = walk.x.shape[0]
-  sq = jnp.exp(0.5 * walk.log_pi)[:, None]
-  res = eigen.eigsh(walk.conjugate, n, k - 1, block=block, degree=degree, tol=tol, max_matvecs=max_matvecs,
-                    lower=0.0, deflate=sq, x0=x0, seed=seed, return_block=return_block, shift=1.0)
-  a_sq = walk.conjugate(sq)
-  r0, rate0 = jnp.linalg.norm(a_sq - sq), jnp.sum(sq * (sq - a_sq))
-  cat = lambda a, b: jnp.concatenate([jnp.atleast_1d(a), b])
-  return eigen.Eigh(cat(1.0 - rate0, res.values), jnp.concatenate([sq, res.vectors], 1), cat(r0, res.residuals),
-                    cat(r0 + jnp.abs(rate0), res.value_bounds), cat(jnp.minimum(1.0, r0 / res.shifted[0]), res.vector_bounds),
-                    res.converged & (r0 <= tol), res.iterations, res.matvecs + 1, cat(rate0, res.shifted))
-
-
-def gaussian_spectral(x, eps: float, k: int, *, alpha_norm: float = 1.0, tol: float = 1e-5, block: int | None = None,
-                      degree: int = 16, seed: int = 0, block_size: int = 1024) -> MarkovOperator:
-  """`spectral(gaussian_markov(x, eps, alpha_norm), k, ε/4)` without materialising P (large n).
-
-  `K^α` is symmetric, so P is reversible with `π_i ∝ d_i` and `A = Π^{1/2} P Π^{-1/2}` is
-  symmetric with spectrum in [0, 1]; its k leading eigenpairs come from `conjugate_eigenpairs`
-  (residual-checked; `op.spectrum.converged` says whether every residual met `tol`), `ψ = Π^{-1/2} u`.
-  """
-  walk = gaussian_walk(x, eps, alpha_norm=alpha_norm, block_size=block_size)
-  spec = conjugate_eigenpairs(walk, k, tol=tol, block=block, degree=degree, seed=seed)
-  pi = jnp.exp(walk.log_pi)
-  return _spectral_operator(pi, spec.values, spec.vectors / jnp.sqrt(pi)[:, None], laplacian_time_scale(eps), spec)
-
-
-def spectral(p, k: int, tau: float = 1.0, *, tol: float = 1e-4, log_generator: bool = False) -> MarkovOperator:
-  """The generator of a dense reversible P restricted to its k leading eigenfunctions.
-
-  With `(λ_c, ψ_c)` from `markov.eigenbasis` (ψ orthonormal in L²(π)) and `μ_c = (λ_c − 1)/τ`:
-  `Proj h = Σ_c ⟨h, ψ_c⟩_π ψ_c`, `L h = Σ_c μ_c ⟨h, ψ_c⟩_π ψ_c`. Every product and Γ is projected
-  back onto the span, which removes the sampling noise that the plain pointwise estimators
-  amplify (the "diffusion geometry" construction). k trades bias (too few modes to hold products
-  of the test functions) against noise. `op.spectrum` holds the residuals `‖A u − λ u‖` of the
-  conjugate pairs `u = √π ψ` (they include the error of π), `converged` iff all ≤ `tol`. With
-  `log_generator`, `μ_c = log λ_c / τ` (the generator of the semigroup P^{t/τ}; for a Gaussian
-  kernel walk the consistent estimate of Δ, see `ricci_estimate`).
-  """
-  markov.check_chain(p)
-  _checks.check_positive("tau", tau)
-  if k < 2:
-    raise ValueError(f"k must be at least 2 eigenfunctions; got {k}")
-  p32 = p.astype(jnp.float32) if p.dtype != jnp.float64 else p
-  pi = markov._solve_pi(p32)[0]
-  lam, psi = markov._eigenbasis(p32, k, pi)
-  sq = jnp.sqrt(pi)[:, None]
-  u = psi * sq
-  resid = jnp.linalg.norm(sq * (p32 @ psi) - u * lam, axis=0)
-  zero = jnp.zeros((), jnp.int32)
-  spec = eigen.Eigh(lam, u, resid, resid, jnp.ones_like(resid), jnp.all(resid <= tol), zero, zero)
-  return _spectral_operator(pi, lam, psi, tau, spec, log_generator)
-
-
-def _as_operator(p, tau) -> MarkovOperator:
-  if isinstance(p, MarkovOperator):
-    if tau is not None:
-      raise ValueError("tau is part of a MarkovOperator; pass it when building the operator")
-    return p
-  return dense(p, 1.0 if tau is None else tau)
-
+from attngeo import _checks, linalg, markov, walks
 
 def _check_values(name, f, g=None):
   """Test functions f (and g): floating `[..., n, m]`, finite — refused eagerly, NaN-propagating under jit."""
@@ -320,7 +65,7 @@ def _prepare(op, f, g):
 
 def generator(p, f, tau=None):
   """`Lf = (Pf − f)/τ` for f `[..., n, m]` (p: dense `[..., n, n]` P with `tau`, or a `MarkovOperator`)."""
-  op = _as_operator(p, tau)
+  op = walks.as_operator(p, tau)
   _check_values("f", f)
   return op.generator(f)
 
@@ -346,7 +91,7 @@ def gamma(p, f, g=None, tau=None):
   A non-finite f or g is a one-line error on concrete values; traced (under jit) it is not checked
   and its columns come out NaN (column c of Γ depends on f_c and g_c only).
   """
-  op = _as_operator(p, tau)
+  op = walks.as_operator(p, tau)
   _check_values("f", f, g)
   return _gamma(op, f, g)
 
@@ -364,7 +109,7 @@ def _gamma2(op, f, g=None):
 def gamma2(p, f, g=None, tau=None):
   """Iterated carré du champ `Γ₂(f, g)` `[..., n, m]`; two sequential applications of P. Non-finite
   f or g as in `gamma`: refused eagerly, NaN columns under jit."""
-  op = _as_operator(p, tau)
+  op = walks.as_operator(p, tau)
   _check_values("f", f, g)
   return _gamma2(op, f, g)
 
@@ -379,7 +124,7 @@ def _cometric(op, x):
 
 def cometric(p, x, tau=None):
   """Co-metric field `G^{ab}_i = Γ(x^a, x^b)_i` `[..., n, D, D]` of coordinate functions x `[..., n, D]`."""
-  op = _as_operator(p, tau)
+  op = walks.as_operator(p, tau)
   _check_values("x", x)
   return _cometric(op, x)
 
@@ -432,7 +177,7 @@ def family_curvature(p, f, dimension: float = math.inf, tau=None):
 
   An upper bound on `graph_curvature` (the min runs over m functions, not all), usable at scale.
   """
-  op = _as_operator(p, tau)
+  op = walks.as_operator(p, tau)
   _check_values("f", f)
   lf = op.generator(_prepare(op, f, None)[0])
   num = _gamma2(op, f) - (lf * lf / dimension if math.isfinite(dimension) else 0.0)
@@ -466,7 +211,7 @@ def ricci(p, x, dimension: int, tau=None) -> Ricci:
   with `spectral(P, k)` every intermediate function lives on the leading eigenfunctions, which is
   the estimator to use (see experiments/curvature.py for errors against N).
   """
-  op = _as_operator(p, tau)
+  op = walks.as_operator(p, tau)
   x = jnp.asarray(x, jnp.float32)
   _check_values("x", x)
   n, dd = x.shape
@@ -491,220 +236,3 @@ def ricci(p, x, dimension: int, tau=None) -> Ricci:
 
 
 # ----------------------------------------------------------------------------- bandwidth
-
-class Bandwidth(NamedTuple):
-  """eps: the chosen ε; dimension: intrinsic dimension `2·d log S'/d log ε` at eps (S' the
-  off-diagonal kernel sum); rule: the rule that set eps (`"max_slope"` or `"sheet"`); leak: the
-  estimated walk mass on short-circuit pairs at eps; eps_max_slope: the max-slope ε."""
-  eps: float
-  dimension: float
-  rule: str
-  leak: float
-  eps_max_slope: float
-
-
-def _short_circuits(x, knn: int, ratio: float):
-  """[n, n] bool: pairs whose k-NN-graph geodesic exceeds `ratio` × their straight-line distance
-  (or that the graph does not connect): the chord leaves the sampled manifold."""
-  from scipy.sparse import csr_matrix
-  from scipy.sparse.csgraph import shortest_path
-  from scipy.spatial import cKDTree
-  n = len(x)
-  knn = min(knn, n - 1)
-  dist, idx = cKDTree(x).query(x, knn + 1)
-  graph = csr_matrix((dist[:, 1:].ravel(), (np.repeat(np.arange(n), knn), idx[:, 1:].ravel())), shape=(n, n))
-  geodesic = shortest_path(graph, directed=False)
-  chord = np.sqrt(np.sum((x[:, None] - x[None]) ** 2, -1))
-  return geodesic > ratio * chord + 1e-12
-
-
-def bandwidth(x, eps_grid=None, *, rule: str = "sheet", leak: float = 1e-3, sample: int = 2000, seed: int = 0,
-              knn: int = 10, ratio: float = 3.0) -> Bandwidth:
-  """Gaussian-kernel bandwidth ε for a cloud x `[n, D]` by a stated rule (on ≤ `sample` points).
-
-  `"max_slope"`: `S(ε) = Σ_ij exp(−‖x_i − x_j‖²/ε)` scales like ε^{d/2} on a d-manifold; pick ε
-  at the steepest `d log S / d log ε` (the kernel-sum rule of Coifman et al. / Berry–Harlim). It
-  sits where S turns from the manifold to the ambient scaling, so on a rolled sheet it bridges
-  layers (ε ≈ 0.67 on the standardised Swiss roll: 17 % of the walk crosses between turns).
-  `"sheet"` (default): the largest grid ε ≤ the max-slope ε whose walk `P = rownorm(K_ε)` puts at
-  most `leak` of its mass (mean over rows) on short-circuit pairs — pairs whose geodesic in the
-  `knn`-nearest-neighbour graph is more than `ratio` × their straight-line distance. Then the walk
-  stays on the sheet. `rule` in the result says which constraint set ε.
-
-  Returns:
-    `Bandwidth(eps, dimension, rule, leak, eps_max_slope)`; `dimension = 2·d log S'/d log ε` at
-    the chosen ε, S' the off-diagonal kernel sum (flat at d/2 across the manifold regime).
-  """
-  if rule not in ("sheet", "max_slope"):
-    raise ValueError(f"rule must be 'sheet' or 'max_slope'; got {rule!r}")
-  _checks.check_positive("leak", leak)
-  x = np.asarray(_centred(jnp.asarray(x, jnp.float32)), np.float64)
-  if len(x) > sample:
-    x = x[np.random.default_rng(seed).choice(len(x), sample, replace=False)]
-  d2 = np.sum((x[:, None] - x[None]) ** 2, -1)
-  if eps_grid is None:
-    med = np.median(d2[d2 > 0])
-    eps_grid = med * np.logspace(-5, 1, 61)
-  eps_grid = np.asarray(eps_grid, np.float64)
-  off = d2 + np.diag(np.full(len(x), np.inf))
-  log_s = np.array([np.log(np.exp(-d2 / e).sum()) for e in eps_grid])
-  log_off = np.array([np.log(max(np.exp(-off / e).sum(), 1e-300)) for e in eps_grid])
-  slope, slope_off = np.gradient(log_s, np.log(eps_grid)), np.gradient(log_off, np.log(eps_grid))
-  i_max = int(np.argmax(slope))
-  leaks = np.full(len(eps_grid), np.nan)
-  i, chosen = i_max, "max_slope"
-  if rule == "sheet":
-    bad = _short_circuits(x, knn, ratio)
-    for j in range(i_max + 1):
-      lk = -d2 / eps_grid[j]
-      p = np.exp(lk - lk.max(1, keepdims=True))
-      p /= p.sum(1, keepdims=True)
-      leaks[j] = float((p * bad).sum(1).mean())
-    ok = np.flatnonzero(leaks[: i_max + 1] <= leak)
-    if len(ok) == 0:
-      raise ValueError(f"no ε on the grid keeps the walk's short-circuit mass ≤ leak = {leak}; pass a finer eps_grid")
-    if ok[-1] < i_max:
-      i, chosen = int(ok[-1]), "sheet"
-  return Bandwidth(float(eps_grid[i]), float(2 * slope_off[i]), chosen, float(leaks[i]), float(eps_grid[i_max]))
-
-
-def neighbour_bandwidth(x, neighbours: float = 64.0, *, rows: int = 500, seed: int = 0) -> float:
-  """The ε at which the Gaussian walk `P = rownorm(exp(−‖x_i − x_j‖²/ε))` on the whole cloud has
-  `neighbours` effective neighbours per row (`e^{H̄}`, mean row entropy H̄), by bisection in log ε.
-
-  H̄ is averaged over `rows` random rows (each against every point); `e^{H̄}` grows monotonically
-  with ε, like ε^{d/2} in the manifold regime. A bandwidth that fixes the neighbourhood size, not
-  the geometry: the curvature read-out's rule (`ricci_estimate`).
-  """
-  _checks.check_positive("neighbours", neighbours)
-  x = np.asarray(_centred(jnp.asarray(x, jnp.float32)), np.float64)
-  if not 1.0 < neighbours < len(x):
-    raise ValueError(f"neighbours must be in (1, n = {len(x)}); got {neighbours}")
-  idx = np.random.default_rng(seed).choice(len(x), min(rows, len(x)), replace=False)
-  d2 = np.sum(x[idx] ** 2, 1)[:, None] + np.sum(x**2, 1)[None, :] - 2.0 * x[idx] @ x.T
-  d2 = np.maximum(d2, 0.0)
-
-  def count(eps):
-    lk = -d2 / eps
-    p = np.exp(lk - lk.max(1, keepdims=True))
-    p /= p.sum(1, keepdims=True)
-    return float(np.exp(np.mean(-np.sum(p * np.log(np.maximum(p, 1e-300)), 1))))
-
-  lo, hi = np.log(1e-6 * np.median(d2)), np.log(10.0 * np.median(d2))
-  for _ in range(40):
-    mid = 0.5 * (lo + hi)
-    lo, hi = (mid, hi) if count(np.exp(mid)) < neighbours else (lo, mid)
-  return float(np.exp(0.5 * (lo + hi)))
-
-
-class RicciEstimate(NamedTuple):
-  """The spectral Ricci read-out at a basis size chosen by the closure-and-stability rule (`ricci_estimate`).
-
-  mean_ricci [n]: `Ricci.mean_ricci` with the k leading eigenfunctions (K for a surface);
-  uncertainty [n]: `|mean_ricci(k) − mean_ricci(k_next)|`, the change at the next basis size;
-  next_ricci [n]: the read-out at k_next; k, k_next: basis sizes used; eps: bandwidth; closure [len(ks)]: closure residual at each k of `ks`;
-  ks: the grid; resolved: closure(k_closure) ≤ the tolerance (False: the largest k was taken without it);
-  window: the basis sizes read (k_closure and the next two of the grid); window_means: the read-out's
-  mean at each; mean_uncertainty: their spread (max − min), the reported uncertainty of the mean."""
-  mean_ricci: np.ndarray
-  uncertainty: np.ndarray
-  next_ricci: np.ndarray
-  k: int
-  k_next: int
-  eps: float
-  closure: np.ndarray
-  ks: tuple
-  resolved: bool
-  window: tuple
-  window_means: np.ndarray
-  mean_uncertainty: float
-
-
-def _monomials(x, degree: int):
-  """All monomials of degree 1..`degree` `[n, M]` of the centred, RMS-scaled coordinates x `[n, D]`."""
-  x = x - x.mean(0)
-  x = x / np.sqrt(np.mean(np.sum(x * x, 1)))
-  cols = [np.prod(x[:, list(c)], 1) for deg in range(1, degree + 1)
-          for c in itertools.combinations_with_replacement(range(x.shape[1]), deg)]
-  return np.stack(cols, 1)
-
-
-def closure_residuals(psi, pi, f) -> np.ndarray:
-  """`‖f − Proj_k f‖_π / ‖f − ⟨f⟩_π‖_π` [K] for every prefix k = 1..K of the L²(π)-orthonormal basis
-  psi `[n, K]` (ψ₀ = 1), Frobenius over the columns of f `[n, M]` (Parseval: one projection)."""
-  psi, pi, f = (np.asarray(a, np.float64) for a in (psi, pi, f))
-  f = f - pi @ f
-  total = np.sum(pi[:, None] * f * f)
-  captured = np.cumsum(np.sum((psi.T @ (pi[:, None] * f)) ** 2, 1))
-  return np.sqrt(np.maximum(0.0, 1.0 - captured / total))
-
-
-def ricci_estimate(x, dimension: int, *, eps: float | None = None, neighbours: float = 64.0,
-                   ks=(16, 24, 36, 54, 81, 121, 182), closure_tol: float = 0.1, degree: int = 3,
-                   dense_max: int = 8000, tol: float = 1e-5) -> RicciEstimate:
-  """Ricci read-out of the manifold sampled by x `[n, D]` with ε and k chosen by stated rules.
-
-  The spectral read-out (`ricci(spectral(P, k), x, d)`) keeps every intermediate function on the
-  k leading eigenfunctions; it is biased when they cannot hold those functions and noisy when k
-  is large. The Γ-calculus of `ricci` multiplies coordinate functions and their Γ's up to cubic
-  order (the co-metric Γ(x^a, x^b) is quadratic, its Γ with x^c cubic), so the rule takes the
-  smallest k in `ks` whose closure residual of all monomials of degree ≤ `degree` in the
-  coordinates (`closure_residuals`) is ≤ `closure_tol`. On a round sphere this is k = 16 (the
-  harmonics of degree ≤ 3), on S³ and the flat torus 36; a torus of revolution needs more than 24.
-  Closure is necessary, not sufficient: the Γ₂ of a coordinate function carries the normal part
-  `⟨n, e_a⟩⟨n, e_b⟩|II|²`, which the G⁺ contraction removes only if the basis holds it; on a
-  non-umbilic surface (torus of revolution) it is not a low-degree polynomial, and truncating it
-  leaks positive mass into the tangent trace (+0.07 in the mean at k = 36 with the exact
-  Laplace–Beltrami eigenfunctions, −0.002 at k = 54). So the rule then reads the window of the
-  closure k and the next two grid sizes and keeps the size, among the first two, whose mean
-  read-out changes least at the next size (stability across k). Reported: the pointwise change at
-  the next size (`uncertainty`) and the spread of the mean over the window (`mean_uncertainty`);
-  a bias common to all three sizes (finite-N sampling bias, large at N ≤ 2000 on the torus) is
-  not seen by either. ε:
-  `neighbour_bandwidth(x, neighbours)` unless given. The generator on the basis is `log λ_c / τ`:
-  the Gaussian walk is close to the heat semigroup `e^{τΔ}` (τ = ε/4), so `log P / τ` estimates Δ
-  without the O(ε μ²) bias of `(P − I)/τ` on the higher modes.
-
-  Args:
-    x: points `[n, D]`; dimension: intrinsic dimension d.
-    eps: bandwidth (default by the neighbour rule); neighbours: its target e^{H̄}.
-    ks: increasing grid of basis sizes; closure_tol, degree: the closure rule.
-    dense_max: up to this n the eigenbasis is a dense `eigh`; above, `conjugate_eigenpairs`
-      (matrix-free) with residual tolerance `tol`.
-
-  Returns:
-    `RicciEstimate`.
-  """
-  ks = tuple(int(k) for k in ks)
-  if sorted(ks) != list(ks) or ks[0] < 2:
-    raise ValueError(f"ks must be an increasing grid of basis sizes ≥ 2; got {ks}")
-  x = np.asarray(x, np.float32)
-  n = len(x)
-  ks = tuple(k for k in ks if k < n - 1) or (min(16, n - 2),)
-  eps = neighbour_bandwidth(x, neighbours) if eps is None else float(eps)
-  _checks.check_positive("eps", eps)
-  tau = laplacian_time_scale(eps)
-  xj = jnp.asarray(x)
-  if n <= dense_max:
-    p = gaussian_markov(xj, eps)
-    pi = markov._solve_pi(p)[0]
-    lam, psi = markov._eigenbasis(p, ks[-1], pi)
-  else:
-    walk = gaussian_walk(xj, eps)
-    spec = conjugate_eigenpairs(walk, ks[-1], tol=tol)
-    pi = jnp.exp(walk.log_pi)
-    lam, psi = spec.values, spec.vectors / jnp.sqrt(pi)[:, None]
-  clos = closure_residuals(psi, pi, _monomials(x.astype(np.float64), degree))
-  closure = np.array([clos[k - 1] for k in ks])
-  ok = np.flatnonzero(closure <= closure_tol)
-  i = int(ok[0]) if len(ok) else len(ks) - 1
-  window = ks[i:i + 3]
-  read = lambda kk: np.asarray(ricci(_spectral_operator(pi, lam[:kk], psi[:, :kk], tau, log_generator=True), xj,
-                                     dimension).mean_ricci)
-  reads = [read(kk) for kk in window]
-  means = np.array([float(r.mean()) for r in reads])
-  # stability: of the sizes in the window that have a successor, the one whose mean changes least
-  j = int(np.argmin(np.abs(np.diff(means)))) if len(window) > 1 else 0
-  r, r_next = reads[j], reads[min(j + 1, len(window) - 1)]
-  return RicciEstimate(r, np.abs(r - r_next), r_next, window[j], window[min(j + 1, len(window) - 1)], eps, closure, ks,
-                       bool(len(ok)), tuple(window), means, float(np.ptp(means)))

@@ -245,6 +245,14 @@ def stationary(p, *, tol: float = 1e-4, refine: int = 2) -> Stationary:
   return _stationary(p, float(tol), int(refine))
 
 
+def law(p) -> jax.Array:
+  """π [..., n] of P [..., n, n]: one LU solve and two refinement steps in P's working dtype (float64 kept,
+  anything else float32) — the estimate `stationary` returns, without its error bound (use `stationary`
+  for the bound and `converged`)."""
+  check_chain(p)
+  return _solve_pi(_working(p))[0]
+
+
 def check_law(p, pi, atol: float = 1e-4) -> jax.Array:
   """A supplied law π [..., n] for P [..., n, n]: P's leading shape, floating, finite, ≥ 0 and Σπ = 1
   within `atol` (one-line errors on concrete values); returned as π/Σπ, so read-outs stay in their

@@ -12,7 +12,7 @@ batch, heads, tokens and test functions.
       R_curv = E_{b,h,i,c} relu(K·Γ(f_c)_i − Γ₂(f_c)_i)          (0 iff CD(K, ∞) holds on the family)
 
   Matrix-free: Γ is one application of P (to `[f, f²]`), Γ₂ two more (`geometry.gamma2`), all through
-  the operator's fused/blockwise attention kernel (`geometry.attention`): O(n) memory, the cost of
+  the operator's fused/blockwise attention kernel (`walks.attention`): O(n) memory, the cost of
   one attention with 10·m value channels (m test functions), about the same again backward. The
   causal mask is kept (Γ and Γ₂ of the masked walk). The default family (`coordinate_family`) is m
   random directions of `m = (q + k)/√2`, centred and scaled to unit RMS over the tokens and held
@@ -62,7 +62,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from attngeo import geometry, markov, nn, operators
+from attngeo import geometry, markov, nn, operators, walks
 from attngeo.regularisers_config import REVERSIBILITY_KINDS, TERMS, Regularisers
 
 _HI = jax.lax.Precision.HIGHEST
@@ -117,8 +117,8 @@ class Curvature(NamedTuple):
 def curvature_terms(q, k, f, *, beta=1.0, alpha=1.0, causal: bool = False, tau: float = 1.0, scale=None,
                     implementation=None) -> Curvature:
   """Γ(f) and Γ₂(f) of the walk (β, α) on q, k `[b, n, h, d]` for test functions f `[b, h, n, m]`,
-  matrix-free (three applications of P through the attention kernel; `geometry.attention`)."""
-  op = geometry.attention(q, k, beta=beta, alpha=alpha, causal=causal, scale=scale, tau=tau,
+  matrix-free (three applications of P through the attention kernel; `walks.attention`)."""
+  op = walks.attention(q, k, beta=beta, alpha=alpha, causal=causal, scale=scale, tau=tau,
                           implementation=implementation)
   return Curvature(geometry.gamma(op, f), geometry.gamma2(op, f))
 

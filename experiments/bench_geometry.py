@@ -17,7 +17,7 @@ float64 reference on the same points, with what it reports about itself and its 
   symmetric conjugate: largest eigenvalue error, largest reported residual.
 * `diffmap.diffusion_map` (k = 10) — α = 1 walk on the roll, reference float64 `eigh`: largest
   relative error of 1 − λ, largest eigenvector angle.
-* `geometry.ricci_estimate` — torus of revolution (R = 2, r = 1), reference K = cos θ/(r(R + r cos θ)):
+* `ricci_estimate.ricci_estimate` — torus of revolution (R = 2, r = 1), reference K = cos θ/(r(R + r cos θ)):
   median |error| / max|K|, mean (Gauss–Bonnet: 0), reported uncertainty of the mean.
 """
 from __future__ import annotations
@@ -33,13 +33,13 @@ from attngeo.experiments.report import Col
 
 
 def gamma2_dense(x, f, eps):
-  from attngeo import geometry as geo
-  return geo.gamma2(geo.gaussian_markov(x, eps), f, tau=geo.laplacian_time_scale(eps))
+  from attngeo import geometry as geo, walks
+  return geo.gamma2(walks.gaussian_markov(x, eps), f, tau=walks.laplacian_time_scale(eps))
 
 
 def gamma2_free(x, f, eps, block_size):
-  from attngeo import geometry as geo
-  return geo.gamma2(geo.gaussian(x, eps, block_size=block_size), f)
+  from attngeo import geometry as geo, walks
+  return geo.gamma2(walks.gaussian(x, eps, block_size=block_size), f)
 
 
 def _kernel64(x, eps, alpha):
@@ -62,7 +62,7 @@ def _timed(fn):
 
 def estimator_rows(n: int, eps: float = 0.05) -> list[dict]:
   import jax.numpy as jnp
-  from attngeo import data, diffmap, geometry as geo, markov, surfaces
+  from attngeo import data, diffmap, markov, ricci_estimate, surfaces
   rows = []
   x = data.swiss_roll(n, 123)
   k0, d0 = _kernel64(x, eps, 0.0)
@@ -89,9 +89,9 @@ def estimator_rows(n: int, eps: float = 0.05) -> list[dict]:
                    reported_kind="max residual", converged=bool(dm.converged), seconds=sec))
   s = surfaces.torus(n, 0)
   t0 = time.perf_counter()
-  est = geo.ricci_estimate(s.points, 2)
+  est = ricci_estimate.ricci_estimate(s.points, 2)
   sec = time.perf_counter() - t0
-  rows.append(dict(n=n, estimator=f"geometry.ricci_estimate (k = {est.k})", reference="torus K (closed form)",
+  rows.append(dict(n=n, estimator=f"ricci_estimate (k = {est.k})", reference="torus K (closed form)",
                    error=float(np.median(np.abs(est.mean_ricci - s.curvature))), error_kind="median |K − K*| / max|K*|",
                    error2=float(est.mean_ricci.mean()), reported=est.mean_uncertainty,
                    reported_kind="± of the mean", converged=bool(est.resolved), seconds=sec))

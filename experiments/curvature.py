@@ -6,8 +6,8 @@ Manifolds (uniform samples, `attngeo.surfaces`): unit sphere S², sphere of radi
 flat torus ⊂ R⁴ and the torus of revolution R = 2, r = 1 ⊂ R³, whose Gaussian curvature
 K = cos θ / (r(R + r cos θ)) runs from +1/3 (outside) to −1 (inside) and integrates to 0.
 
-For each manifold and N: ε by the neighbour rule (`geometry.neighbour_bandwidth`, e^{H̄} = 64)
-and the basis size k by the closure-and-stability rule (`geometry.ricci_estimate`: the smallest k
+For each manifold and N: ε by the neighbour rule (`bandwidth.neighbour_bandwidth`, e^{H̄} = 64)
+and the basis size k by the closure-and-stability rule (`ricci_estimate.ricci_estimate`: the smallest k
 whose leading eigenfunctions hold every coordinate monomial of degree ≤ 3 to 10 %, then, of it and
 the next grid size, the one whose mean read-out changes least at the next size); the plain estimators Γ(f),
 Γ₂(f) on the dense walk and the spectral Γ₂ (relative errors, where closed forms exist); and the
@@ -55,16 +55,16 @@ def pointwise(est, truth):
 
 def evaluate(name, n, naive: bool = True):
   import jax.numpy as jnp
-  from attngeo import geometry as geo
+  from attngeo import geometry as geo, ricci_estimate, walks
   sampler, ric_truth, fn, g_true, g2_true = _manifolds()[name]
   s = sampler(n)
   x = jnp.asarray(s.points)
   truth = np.asarray(ric_truth(s), np.float64)
   t0 = time.perf_counter()
-  est = geo.ricci_estimate(s.points, s.dimension)
+  est = ricci_estimate.ricci_estimate(s.points, s.dimension)
   seconds = time.perf_counter() - t0
   eps, k = est.eps, est.k
-  tau = geo.laplacian_time_scale(eps)
+  tau = walks.laplacian_time_scale(eps)
   scale = float(np.max(np.abs(truth))) or 1.0
   row = dict(manifold=name, n=n, eps=eps, k=k, closure=float(est.closure[list(est.ks).index(k)]), resolved=est.resolved,
              ricci_true=float(truth.mean()), ricci_spectral=float(est.mean_ricci.mean()),
@@ -76,10 +76,10 @@ def evaluate(name, n, naive: bool = True):
     row["sign_right"] = float(np.mean(np.sign(est.mean_ricci[strong]) == np.sign(truth[strong])))
     row["negative_mean"] = float(est.mean_ricci[truth < -0.2 * scale].mean())
     row["negative_true"] = float(truth[truth < -0.2 * scale].mean())
-  p = geo.gaussian_markov(x, eps)
+  p = walks.gaussian_markov(x, eps)
   if fn is not None:
     f = fn(x)
-    sp = geo.spectral(p, k, tau)
+    sp = walks.spectral(p, k, tau)
     g = np.asarray(geo.gamma(p, f[:, None], tau=tau)[:, 0])
     g2 = np.asarray(geo.gamma2(p, f[:, None], tau=tau)[:, 0])
     g2s = np.asarray(geo.gamma2(sp, f[:, None])[:, 0])
@@ -95,11 +95,11 @@ def evaluate(name, n, naive: bool = True):
 def evaluate_large(n: int, eps: float, k: int = 16):
   """Unit sphere at large N: spectral Γ₂ and Ricci from `gaussian_spectral` (P never materialised)."""
   import jax.numpy as jnp
-  from attngeo import data, geometry as geo
+  from attngeo import data, geometry as geo, walks
   x = jnp.asarray(data.sphere(n, 0))
   f = x @ A
   t0 = time.perf_counter()
-  sp = geo.gaussian_spectral(x, eps, k)
+  sp = walks.gaussian_spectral(x, eps, k)
   g2 = np.asarray(geo.gamma2(sp, f[:, None])[:, 0])
   ric = float(geo.ricci(sp, x, 2).mean_ricci.mean())
   g2t = np.asarray(1 + f**2)

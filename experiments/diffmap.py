@@ -30,7 +30,7 @@ def _parser():
   ap.add_argument("file", help=f"a .npy or .csv file of points [n, D], or a built-in cloud: {', '.join(CLOUDS)}")
   ap.add_argument("--k", type=int, default=10, help="number of diffusion coordinates (nontrivial eigenpairs), ≥ 1 (default 10)")
   ap.add_argument("--eps", default="auto", help="kernel bandwidth ε > 0 in exp(−‖x − y‖²/ε), or 'auto' for "
-                  "geometry.bandwidth's sheet rule (default auto)")
+                  "bandwidth.bandwidth's sheet rule (default auto)")
   ap.add_argument("--alpha", type=float, default=1.0, help="Coifman–Lafon normalisation α in [0, 1] (default 1: Laplace–Beltrami)")
   ap.add_argument("--t", type=float, default=1.0, help="diffusion time t ≥ 0, coordinates λ^t ψ (default 1)")
   ap.add_argument("--tol", type=float, default=2e-6, help="residual tolerance relative to ‖A‖ = 1, > 0 (default 2e-6; "
@@ -100,7 +100,7 @@ def main(argv=None):
       ap.error(f"--eps must be positive; got {a.eps}")
   if a.file not in CLOUDS and not (os.path.isfile(a.file) and a.file.endswith((".npy", ".csv"))):
     ap.error(f"FILE must be an existing .npy/.csv file or one of {', '.join(CLOUDS)}; got {a.file!r}")
-  from attngeo import diffmap, geometry
+  from attngeo import bandwidth, diffmap
   from attngeo.data import load_cloud
   try:
     x = load_cloud(a.file, a.n, a.seed)
@@ -110,7 +110,7 @@ def main(argv=None):
     ap.error(f"FILE must hold at least k + 2 = {a.k + 2} points; got {len(x)}")
   rule = "given"
   if a.eps == "auto":
-    bw = geometry.bandwidth(x)
+    bw = bandwidth.bandwidth(x)
     eps, rule = bw.eps, f"{bw.rule} rule (intrinsic dimension {bw.dimension:.2f})"
   t0 = time.perf_counter()
   dm = diffmap.diffusion_map(x, eps, a.k, alpha=a.alpha, t=a.t, tol=a.tol, seed=a.seed)

@@ -3,8 +3,8 @@
     attngeo heat [--n 2000] [--eps 0.05|auto] [--alpha-norm 0] [--times 4,32,256,2048]
                                          [--out runs/heat]
 
-Builds `P = geometry.gaussian_markov(x, ε, alpha_norm)` on the standardised roll (ε from
-`geometry.bandwidth`'s sheet rule with --eps auto), puts unit heat on one point of the outer sheet and draws
+Builds `P = walks.gaussian_markov(x, ε, alpha_norm)` on the standardised roll (ε from
+`bandwidth.bandwidth`'s sheet rule with --eps auto), puts unit heat on one point of the outer sheet and draws
 `δ P^t` at the given times, plus the equilibrium π. With α = 0 (plain graph walk) π is the kernel
 degree, so the equilibrium follows the sampling density and is visibly nonuniform. At a small
 bandwidth heat follows the sheet; raise ε to watch it short-circuit across the layers.
@@ -27,7 +27,7 @@ def main(argv=None):
   ap = config.Parser(prog="attngeo heat", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--n", type=int, default=2000, help="points on the roll, ≥ 10 (default 2000)")
   ap.add_argument("--seed", type=int, default=123, help="seed of the roll (default 123)")
-  ap.add_argument("--eps", default="0.05", help="bandwidth ε > 0, or 'auto' for geometry.bandwidth's sheet rule "
+  ap.add_argument("--eps", default="0.05", help="bandwidth ε > 0, or 'auto' for bandwidth.bandwidth's sheet rule "
                   "(default 0.05; larger: heat short-circuits the layers)")
   ap.add_argument("--alpha-norm", type=float, default=0.0, help="Coifman–Lafon α in [0, 1] (default 0: graph walk, "
                   "π follows the sampling density)")
@@ -52,11 +52,11 @@ def main(argv=None):
     if not eps_given > 0:
       ap.error(f"--eps must be positive; got {a.eps}")
   import jax.numpy as jnp
-  from attngeo import data, geometry as geo, markov, plotting
+  from attngeo import bandwidth, data, markov, plotting, walks
   x = data.swiss_roll(a.n, a.seed)
-  bw = geo.bandwidth(x)
+  bw = bandwidth.bandwidth(x)
   eps = bw.eps if a.eps == "auto" else eps_given
-  p = geo.gaussian_markov(jnp.asarray(x), eps, alpha_norm=a.alpha_norm)
+  p = walks.gaussian_markov(jnp.asarray(x), eps, alpha_norm=a.alpha_norm)
   source = int(np.argmin(x[:, 0] ** 2 + (x[:, 2] - x[:, 2].max()) ** 2))
   delta = jnp.zeros((a.n,)).at[source].set(1.0)
   panels = [(f"t = {t}", np.asarray(markov.propagate(p, delta, t))) for t in times]
