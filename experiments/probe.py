@@ -177,6 +177,17 @@ def inputs(model, args, rng):
   raise ValueError(f"no probe inputs for {type(model).__name__}")
 
 
+def applied_layers(model) -> int:
+  """Attention layers as the model applies them, the count `--layers` indexes (layer index = call index, as in
+  `probe.model_report`): ALBERT's one shared layer applied `depth` times is `depth` layers; any other model
+  calls each `nn.Attention` once."""
+  from attngeo import nn
+  mods = nn.attention_modules(model)
+  if isinstance(model, nn.Encoder) and model.cfg.shared_layers:
+    return len(mods) * model.cfg.depth
+  return len(mods)
+
+
 def table_rows(rows: list[dict]) -> list[dict]:
   """Per-layer rows with head means (the table's cells) and the effective defect's ± error."""
   out = []
@@ -262,7 +273,8 @@ def parser() -> argparse.ArgumentParser:
                   help=f"tokens per sequence, GPT runs only (refused on others), in [2, the model's context] "
                        f"(default: {DEFAULTS['seq_len']})")
   ap.add_argument("--step", type=int, default=None, help="checkpoint step to load (default: the latest)")
-  ap.add_argument("--layers", default=None, help="comma-separated attention-layer indices (default: all)")
+  ap.add_argument("--layers", default=None, help="comma-separated attention-layer indices as applied (ALBERT: one per "
+                       "application of its shared layer; default: all)")
   ap.add_argument("--heads", default=None, help="comma-separated head indices kept in every layer (default: all)")
   ap.add_argument("--samples", type=int, default=32,
                   help="edges sampled per input for the partial-support part of the effective defect, ≥ 2 (default: 32)")
@@ -297,10 +309,11 @@ def main(argv=None):
     model, _, mcfg = runs.load_run(a.run_dir, a.step)
   except (FileNotFoundError, ValueError) as e:
     ap.error(str(e))
-  mods = nn.attention_modules(model)
-  for name, idx, size in (("--layers", layers, len(mods)), ("--heads", heads, min((m.num_heads for m in mods), default=0))):
+  mods, depth = nn.attention_modules(model), applied_layers(model)
+  for name, idx, size, what in (("--layers", layers, depth, f" (the {depth} attention layers as applied)"),
+                                ("--heads", heads, min((m.num_heads for m in mods), default=0), "")):
     if idx is not None and (not idx or any(not 0 <= i < size for i in idx) or len(set(idx)) != len(idx)):
-      ap.error(f"{name} must be distinct indices in [0, {size}); got {idx}")
+      ap.error(f"{name} must be distinct indices in [0, {size}){what}; got {idx}")
   try:
     run, what = inputs(model, a, np.random.default_rng(a.seed))
   except ValueError as e:
@@ -310,7 +323,8 @@ def main(argv=None):
   rows = probe.model_report(model, run, layers=layers, heads=heads, samples=a.samples, seed=a.seed,
                             triangles=a.triangles, progress=not a.no_progress)
   out = a.out or os.path.join(a.run_dir, "probe")
-  title = f"{os.path.basename(os.path.abspath(a.run_dir))} — {type(model).__name__}, {len(mods)} attention layers"
+  shared = f" ({len(mods)} shared, applied {depth // len(mods)} times)" if depth != len(mods) else ""
+  title = f"{os.path.basename(os.path.abspath(a.run_dir))} — {type(model).__name__}, {depth} attention layers{shared}"
   note = (f"{title}; inputs: {what}; heads {heads if heads is not None else 'all'}. "
           "Per-head quantities are head means (per head in probe.json); δ effective ± its standard error "
           "where edges with a partial gate support were sampled. CMAP layers: walk read-outs of the magnitude, "

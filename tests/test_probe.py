@@ -355,3 +355,52 @@ def test_probe_isometry_read_outs_are_the_one_definition():
   dense = float(connection.effective_isometry_defect_dense(p, connection.head_transports(m.wv[...], m.wo[...])))
   assert abs(dense - ref) <= 1e-5 * ref
   assert abs(row["effective_isometry_defect"] ** 2 - dense**2) <= connection.TABLE_FLOOR2 + 4e-5 * dense**2
+
+
+def albert_run(folder, depth=3):
+  """A weights-only run of a tiny ALBERT-layout encoder (one shared layer applied `depth` times), its
+  vocab.txt and a SMILES file of equal-length molecules: what `attngeo import albert` writes, without torch."""
+  from attngeo import runs
+  vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "C", "O", "N", "(", ")", "=", "c", "1"]
+  model = nn.Encoder(nn.EncoderConfig.albert(depth=depth, vocab_size=len(vocab), seq_len=16, width=16, num_heads=2,
+                                             head_dim=8, embed_dim=8), rngs=nnx.Rngs(0))
+  os.makedirs(folder, exist_ok=True)
+  runs.write_weights_run(str(folder), model)
+  (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
+  (folder / "mols.txt").write_text("CCO\nCCN\nC=O\nCOC\n")
+  return model, str(folder / "mols.txt")
+
+
+def test_probe_cli_layers_count_albert_s_applications_not_its_one_module(tmp_path, capsys):
+  """ALBERT applies one Attention `depth` = 3 times: `--layers` indexes the applications (the call index of the
+  report's rows), so 2 is a layer and 3 is out of range, in one line naming the 3 applied layers (the old check
+  counted modules: [0, 1), refusing --layers 2)."""
+  model, mols = albert_run(tmp_path / "albert")
+  assert probe_cli.applied_layers(model) == 3 and len(nn.attention_modules(model)) == 1
+  assert probe_cli.applied_layers(tiny_gpt()) == 3
+  with pytest.raises(SystemExit) as e:
+    probe_cli.main([str(tmp_path / "albert"), "--data", mols, "--layers", "1,3", "--no-progress"])
+  err = capsys.readouterr().err.strip().splitlines()
+  assert e.value.code == 2 and len(err) == 1         # one line, no usage block or traceback
+  assert "--layers must be distinct indices in [0, 3) (the 3 attention layers as applied); got [1, 3]" in err[0]
+
+
+@pytest.mark.slow
+def test_probe_cli_probes_albert_s_applications_by_call_index(tmp_path):
+  """`--layers 0,2` on the tiny ALBERT: its rows are the dense walk read-outs of the q, k captured at calls 0
+  and 2 of the shared layer (which see different inputs, so they differ)."""
+  model, mols = albert_run(tmp_path / "albert")
+  rows = probe_cli.main([str(tmp_path / "albert"), "--data", mols, "--batch", "2", "--layers", "0,2", "--no-progress",
+                         "--out", str(tmp_path / "p")])
+  assert [r["layer"] for r in rows] == [0, 2] and rows[0]["next_layer"] == 2
+  from attngeo.lm.smiles import SmilesTokenizer
+  ids = jnp.asarray(SmilesTokenizer.from_vocab(str(tmp_path / "albert")).equal_length(["CCO", "CCN"], 2))
+  _, qks, mods = nn.capture_qk(model, lambda: model(ids, jnp.ones(ids.shape, bool)), every_call=True)
+  assert len(qks) == 3
+  for row, call in zip(rows, (0, 2)):
+    (q, k), m = qks[call], mods[call]
+    ref = [dense_layer_reference(q[i:i + 1], k[i:i + 1], m) for i in range(2)]
+    np.testing.assert_allclose(row["spectral_gap"], np.mean([r["gap"] for r in ref]), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(row["head_isometry_defect"], ref[0]["head"], rtol=2e-5)
+  assert abs(rows[0]["spectral_gap"] - rows[1]["spectral_gap"]) > 1e-4
+  assert "3 attention layers (1 shared, applied 3 times)" in (tmp_path / "p" / "probe.md").read_text()
