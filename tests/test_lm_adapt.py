@@ -191,6 +191,22 @@ def test_each_state_starts_from_the_graft_of_the_previous_and_changes_only_its_w
       prev = adapted
 
 
+def test_adaptation_reads_the_sources_copy_mix_rows_and_keys_the_share(chain, tmp_path):
+  """A source trained with CopyMix share c adapts on the same mixture: the first logged loss is the loss on
+  the first CopyMix batch (not the plain-text one), and the share enters the state key only when c > 0."""
+  source, tok, lm = recipe.load(chain["src"])
+  mixed = dataclasses.replace(lm, copy_mix=0.5)
+  corpus = text.open_corpus(lm.text_spec(), tok, chain["data_dir"])
+  train = LMTrain(steps=1, batch_size=4, warmup=1, log_every=1, ckpt_every=0, progress=False)
+  model = nnx.clone(source)
+  loss = loss_jit()
+  want = float(loss(source, next(text.loader(corpus, "train", 64, 4, 0, copy_mix=0.5))["tokens"]))
+  plain = float(loss(source, next(text.loader(corpus, "train", 64, 4, 0))["tokens"]))
+  history = adapt.adapt(model, mixed, corpus, train, 0, str(tmp_path / "state"))
+  assert history[0]["loss"] == pytest.approx(want, rel=1e-5) and abs(want - plain) > 1e-3
+  assert adapt.data_mix(lm) == () and adapt.data_mix(mixed) == ({"copy_mix": 0.5},)
+
+
 def test_finished_states_are_reused_only_on_an_exact_match(chain, capsys):
   again = lm_cmd.main(chain["argv"])
   assert again["trained"] == 0 and again["evaluated"] == 0

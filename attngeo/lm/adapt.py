@@ -28,7 +28,7 @@ Keys and reuse. Each model along the chain has a content key (`attngeo.files.fin
 
     key(θ₀)      = fp(source weights and model config, o₀)
     key(graft k) = fp(key(θ_{k−1}), o_k)
-    key(θ_k)     = fp(key(graft k), adaptation config, corpus key, s)
+    key(θ_k)     = fp(key(graft k), adaptation config, corpus key, s[, CopyMix share when > 0])
 
 State k trains in its own workdir `states/<label>_<operator>_s<s>_<key(θ_k)>` (held by one process:
 `attngeo.runlock`): a killed run resumes
@@ -253,8 +253,16 @@ def train_key(cfg: AdaptConfig, seed: int) -> dict:
   return {k: v for k, v in fields.items() if k not in RUN_CONTROL}
 
 
+def data_mix(text: LMConfig) -> tuple:
+  """The adaptation data's mixture beyond the corpus, for the state key: `({"copy_mix": share},)` when the
+  source's rows mix in repeated spans (`LMConfig.copy_mix` > 0), else `()` — so the keys of states adapted on
+  plain text, made before the share was honoured, are kept."""
+  return ({"copy_mix": float(text.copy_mix)},) if text.copy_mix else ()
+
+
 def adapt(model, text: LMConfig, corpus, train: LMTrain, seed: int, workdir: str, desc: str = "adapt") -> list[dict]:
-  """Train `model` (in place) `train.steps` steps on `corpus`'s train rows with data order `seed`,
+  """Train `model` (in place) `train.steps` steps on `corpus`'s train rows — with the source's CopyMix share
+  `text.copy_mix` of repeated-span rows, as it was trained — with data order `seed`,
   a fresh optimizer, in `workdir` (resumed from its checkpoint if it holds one). Returns the history."""
   from attngeo import train as train_lib
   from attngeo.data import text as text_lib
@@ -262,7 +270,7 @@ def adapt(model, text: LMConfig, corpus, train: LMTrain, seed: int, workdir: str
   from attngeo.nn import gpt
   lm = dataclasses.replace(text, train=dataclasses.replace(train, seed=seed))
   tcfg = recipe.train_config(lm, model.cfg.width, workdir)
-  data = text_lib.loader(corpus, "train", model.cfg.seq_len, tcfg.batch_size, seed)
+  data = text_lib.loader(corpus, "train", model.cfg.seq_len, tcfg.batch_size, seed, copy_mix=text.copy_mix)
   tokens = tcfg.batch_size * model.cfg.seq_len
   result = train_lib.train(model, recipe.loss_fn, data, tcfg, flops_per_step=gpt.flops_per_token(model.cfg) * tokens,
                            desc=desc, tokens_per_step=tokens)
@@ -340,7 +348,7 @@ def run(cfg: AdaptConfig, source: Source, log=print) -> dict:
     for k in range(1, len(ops)):
       graft(model, ops[k])
       gkey = files.fingerprint(prev, ops[k])
-      skey = files.fingerprint(gkey, train_key(cfg, seed), corpus.key)
+      skey = files.fingerprint(gkey, train_key(cfg, seed), corpus.key, *data_mix(source.text))
       workdir = os.path.join(cfg.out, "states", f"{labels[k]}_{operator_name(ops[k])}_s{seed}_{skey}")
       same = ops[k] == ops[k - 1]           # a graft onto the same operator changes nothing
       ev_graft = records[-1]["adapted"] if same else metrics(evaluate(model, gkey))
