@@ -1,8 +1,8 @@
 """Forward+backward time and peak memory of every operator under every attention kernel.
 
     attngeo bench [--seqs 256,1024,4096] [--batch 8] [--heads 8] [--head-dim 64] [--repeats 3]
-                  [--operators ATTN,DMAP,DMTN,ATAP,CMAP] [--implementations einsum,xla,cudnn,blockwise,paired]
-                  [--long 16384] [--dtype float32|bfloat16] [--out DIR]
+                  [--operators ATTN,DMAP,DMTN,ATAP,CMAP] [--implementations einsum,xla,cudnn,blockwise,pallas,paired]
+                  [--long 16384] [--dtype float32|bfloat16] [--interpret] [--numerics] [--out DIR]
 
 For each (seq, operator, implementation) it prints the fastest wall time of a jitted
 `grad(sum(transport(q, k, v)))` over `--repeats` runs, the compiled program's peak memory
@@ -21,6 +21,16 @@ the Hermitian pairing "paired", which computes each unordered token pair once: `
 the note under the table gives its ratio to ATTN per sequence length. `--long N` adds the blockwise
 path at batch 1, seq N, where a materialised P alone would need b·h·N²·4 bytes. Writes
 bench_operators.{md,csv,json}.
+
+"pallas" (`attngeo.kernels.pallas`, the family only) is timed by default on GPU (Triton) and TPU (Mosaic);
+on CPU it runs only when named with `--interpret` (interpret mode: a dry run of the script, not a timing).
+When it is timed, the note gives each operator's Pallas time ÷ its xla / cudnn / blockwise time.
+
+`--numerics` times nothing: for every family member and kernel it writes bench_numerics.{md,csv,json},
+the error of the kernel's output y and gradients (dq, dk, dv of Σ w ⊙ y, w fixed Gaussian) on bfloat16
+inputs and on float32 inputs against the einsum kernel in float32 at `highest` matmul precision on the
+same (bf16-representable) values: `max |x − x_ref| / max |x_ref|` per array, the gradients' maximum over
+dq, dk, dv (bf16 rounding of y alone is 2⁻⁸ ≈ 3.9e-3; TF32 products on GPU show in the float32 column).
 """
 from __future__ import annotations
 
@@ -32,7 +42,8 @@ from attngeo.experiments.report import Col
 
 CORNERS = ("ATTN", "DMAP", "DMTN", "ATAP")
 OPERATORS = CORNERS + ("CMAP",)
-IMPLEMENTATIONS = ("einsum", "xla", "cudnn", "blockwise", "paired")    # paired: CMAP only
+IMPLEMENTATIONS = ("einsum", "xla", "cudnn", "blockwise", "pallas", "paired")    # paired: CMAP only
+PALLAS_BACKENDS = ("gpu", "tpu")                # compiled there; "cpu" only in interpret mode (--interpret)
 
 
 def compiled_call(name, impl, b, n, h, d, block_size=None, dtype="float32"):
@@ -75,7 +86,64 @@ def available_impls(name="ATTN", chosen=None):
     impls = ["einsum", "xla", "blockwise"]
     if jax.default_backend() == "gpu":
       impls.insert(2, "cudnn")
+    if jax.default_backend() in PALLAS_BACKENDS or (chosen is not None and "pallas" in chosen):
+      impls.append("pallas")                      # on CPU only when named (main checks --interpret)
   return [i for i in impls if chosen is None or i in chosen]
+
+
+def pallas_ratios(rows) -> list[str]:
+  """'OP pallas ÷ xla/cudnn/blockwise a/b/c at seq n' for every operator the Pallas kernel was timed on."""
+  out = []
+  for n in dict.fromkeys(r["seq"] for r in rows):
+    for name in CORNERS:
+      t = {r["implementation"]: r["seconds"] for r in rows if r["seq"] == n and r["operator"] == name}
+      if "pallas" in t and math.isfinite(t["pallas"]):
+        other = [i for i in ("xla", "cudnn", "blockwise") if i in t]
+        ratios = "/".join(f"{t['pallas'] / t[i]:.2f}" for i in other)
+        out.append(f"{name} pallas ÷ {'/'.join(other)} {ratios} at seq {n}")
+  return out
+
+
+def numerics(seqs, batch, heads, head_dim, operators=CORNERS, implementations=None, seed=0):
+  """Rows of bf16 and float32 errors per (seq, operator, kernel) against float32 einsum at highest precision
+  (see the module docstring)."""
+  import jax
+  import jax.numpy as jnp
+
+  from attngeo import operators as op
+  rows = []
+  for n in seqs:
+    ks = jax.random.split(jax.random.PRNGKey(seed), 4)
+    q, k, v, w = [jax.random.normal(kk, (batch, n, heads, head_dim)).astype(jnp.bfloat16).astype(jnp.float32)
+                  for kk in ks]
+    for name in (x for x in operators if x in CORNERS):
+      beta, alpha = op.corner(name)
+
+      def outs(impl, dtype, q=q, k=k, v=v, beta=beta, alpha=alpha):
+        def loss(q, k, v):
+          y = op.transport(q, k, v, beta=beta, alpha=alpha, implementation=impl)
+          return jnp.sum(w * y.astype(jnp.float32)), y
+        (_, y), g = jax.jit(jax.value_and_grad(loss, (0, 1, 2), has_aux=True))(*(x.astype(dtype) for x in (q, k, v)))
+        return [x.astype(jnp.float32) for x in (y, *g)]
+      with jax.default_matmul_precision("highest"):
+        ref = outs("einsum", jnp.float32)
+      rel = lambda got: [float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b))) for a, b in zip(got, ref)]
+      for impl in available_impls(name, implementations):
+        row = dict(seq=n, batch=batch, operator=name, implementation=impl)
+        for dtype, tag in ((jnp.bfloat16, "bf16"), (jnp.float32, "f32")):
+          try:
+            err = rel(outs(impl, dtype))
+            row[f"{tag}_y"], row[f"{tag}_grad"] = err[0], max(err[1:])
+          except Exception as e:  # noqa: BLE001 — a kernel that rejects the dtype/shape is reported in its row
+            row[f"{tag}_y"] = row[f"{tag}_grad"] = float("nan")
+            print(f"{name}/{impl}/{n}/{tag}: {type(e).__name__}: {str(e)[:120]}")
+        rows.append(row)
+  return rows
+
+
+NUMERIC_COLUMNS = [Col("seq"), Col("batch"), Col("operator"), Col("implementation"),
+                   Col("bf16_y", "bf16 y err", ".2e"), Col("bf16_grad", "bf16 grad err", ".2e"),
+                   Col("f32_y", "f32 y err", ".2e"), Col("f32_grad", "f32 grad err", ".2e")]
 
 
 def machine_bytes() -> int:
@@ -198,6 +266,11 @@ def parser():
                   help="sequence length of the blockwise long-sequence row (0 skips it)")
   ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                   help="input dtype (accumulation is float32)")
+  ap.add_argument("--interpret", action="store_true",
+                  help="allow --implementations pallas on CPU, in Pallas' interpret mode (a dry run; not a timing)")
+  ap.add_argument("--numerics", action="store_true",
+                  help="time nothing: bf16 and float32 errors of every family member and kernel against float32 "
+                       "einsum at highest precision (bench_numerics.{md,csv,json})")
   ap.add_argument("--out", default="runs/bench", help="output folder for bench_operators.{md,csv,json}")
   return ap
 
@@ -206,6 +279,18 @@ def main(argv=None):
   ap = parser()
   a = ap.parse_args(argv)
   import jax
+  backend = jax.default_backend()
+  if a.implementations and "pallas" in a.implementations and backend not in PALLAS_BACKENDS and not (
+      backend == "cpu" and a.interpret):
+    ap.error(f"--implementations pallas needs a GPU or TPU (Triton / Mosaic); this backend is {backend}"
+             + (" (add --interpret for a dry run in interpret mode)" if backend == "cpu" else ""))
+  if a.interpret and backend != "cpu":
+    ap.error(f"--interpret is for CPU (on {backend} the Pallas kernel is compiled); drop it")
+  if a.numerics:
+    rows = numerics(list(a.seqs), a.batch, a.heads, a.head_dim, a.operators, a.implementations)
+    report.write(a.out, "bench_numerics", rows, NUMERIC_COLUMNS,
+                 note=f"backend={backend}; relative max error against float32 einsum at highest precision")
+    return rows
   for name in dict.fromkeys(("ATTN",) + tuple(a.operators)):
     if not available_impls(name, a.implementations):
       ap.error(f"--implementations {','.join(a.implementations)} leaves no kernel for {name} on {jax.default_backend()} "
@@ -225,6 +310,7 @@ def main(argv=None):
     r = rows[-1]
     notes.append(f"blockwise seq={r['seq']}: peak {r['peak_bytes'] / 2**30:.2f} GiB "
                  f"(a materialised P alone: {r['dense_p_bytes'] / 2**30:.1f} GiB)")
+  notes += pallas_ratios(rows)
   note = "; ".join(notes)
   report.write(a.out, "bench_operators", rows, COLUMNS, note=note)
 

@@ -1,16 +1,35 @@
 #!/usr/bin/env bash
 # The prepared GPU check (one run on an accelerator machine): kernel parity on the GPU, then the
-# operator and training benchmarks with cuDNN flash attention and bf16, MFU included.
-#   bash experiments/gpu_check.sh            # from the repository root; writes runs/gpu/*
+# operator benchmarks (cuDNN / XLA / Pallas / blockwise, ratios), bf16-vs-float32 numerics of every family
+# member under every kernel (Pallas included), and the training benchmark with bf16, MFU included.
+#   bash experiments/gpu_check.sh                    # from the repository root; writes runs/gpu/*
+#   bash experiments/gpu_check.sh --dry-run [DIR]    # CPU, tiny shapes, Pallas in interpret mode; writes DIR
 set -euo pipefail
 export PYTHONUNBUFFERED=1
-mkdir -p runs/gpu
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee runs/gpu/device.txt
-python3 -m pip install -q -e '.[dev]' 'jax[cuda12]'
+if [[ "${1:-}" == "--dry-run" ]]; then
+  out="${2:-runs/gpu-dry}"
+  export JAX_PLATFORMS=cpu
+  seqs=16; batch=1; heads=2; head_dim=8; long=0; repeats=1
+  ops=ATTN,DMTN; impls=(--implementations "xla,blockwise,pallas" --interpret)
+  train=(--seq 16 --batch 2 --depth 1 --width 16 --head-dim 8 --repeats 1 --dtype float32)
+elif [[ -n "${1:-}" ]]; then
+  echo "gpu_check.sh: unknown argument ${1}; expected none or --dry-run [DIR]" >&2
+  exit 2
+else
+  out=runs/gpu
+  seqs=1024,4096,16384; batch=8; heads=8; head_dim=64; long=65536; repeats=3
+  ops=ATTN,DMAP,DMTN,ATAP,CMAP; impls=()         # every kernel of the backend: einsum, xla, cudnn, blockwise, pallas
+  train=(--preset d12 --batch 16 --dtype bfloat16 --repeats 10)
+  mkdir -p "$out"
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/device.txt"
+  python3 -m pip install -q -e '.[dev]' 'jax[cuda12]'
+  JAX_PLATFORMS=cuda python3 -m pytest -q -n 0 -p no:cacheprovider tests/test_operators.py tests/test_kernels_pallas.py \
+    2>&1 | tail -3 | tee "$out/parity.txt"
+fi
+mkdir -p "$out"
 python3 -c 'import jax; print(jax.devices())'
-JAX_PLATFORMS=cuda python3 -m pytest -q -n 0 -p no:cacheprovider tests/test_operators.py 2>&1 | tail -3 \
-  | tee runs/gpu/parity.txt
-attngeo bench --seqs 1024,4096,16384 --batch 8 --heads 8 --head-dim 64 --dtype bfloat16 \
-  --operators ATTN,DMAP,DMTN,ATAP,CMAP --long 65536 --out runs/gpu | tee runs/gpu/bench_operators.txt
-attngeo bench-train --preset d12 --batch 16 --dtype bfloat16 --repeats 10 --out runs/gpu \
-  | tee runs/gpu/bench_train.txt
+attngeo bench --seqs "$seqs" --batch "$batch" --heads "$heads" --head-dim "$head_dim" --dtype bfloat16 \
+  --repeats "$repeats" --operators "$ops" "${impls[@]}" --long "$long" --out "$out" | tee "$out/bench_operators.txt"
+attngeo bench --numerics --seqs "${seqs%%,*}" --batch "$batch" --heads "$heads" --head-dim "$head_dim" \
+  --operators "${ops%,CMAP}" "${impls[@]}" --out "$out" | tee "$out/bench_numerics.txt"
+attngeo bench-train "${train[@]}" --out "$out" | tee "$out/bench_train.txt"

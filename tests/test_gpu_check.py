@@ -1,0 +1,55 @@
+"""experiments/gpu_check.sh, the one prepared GPU script: syntax, shellcheck, its CPU dry run (tiny shapes, the
+Pallas kernel in interpret mode) and `attngeo bench`'s Pallas guard."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from attngeo.experiments import bench_operators
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "experiments", "gpu_check.sh")
+
+
+def test_syntax_shellcheck_and_bad_argument():
+  assert subprocess.run(["bash", "-n", SCRIPT]).returncode == 0
+  shellcheck = shutil.which("shellcheck") or os.path.join(os.path.dirname(sys.executable), "shellcheck")
+  if os.path.exists(shellcheck):
+    out = subprocess.run([shellcheck, SCRIPT], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout
+  out = subprocess.run(["bash", SCRIPT, "--dry"], capture_output=True, text=True, timeout=30)
+  assert out.returncode == 2 and out.stderr.strip().count("\n") == 0 and "--dry-run" in out.stderr
+
+
+def test_pallas_needs_a_gpu_or_tpu_unless_interpret_on_cpu(capsys):
+  import jax
+  if jax.default_backend() != "cpu":
+    pytest.skip("the guard is for CPU")
+  with pytest.raises(SystemExit) as e:
+    bench_operators.main(["--seqs", "16", "--implementations", "xla,pallas"])
+  err = capsys.readouterr().err.strip().splitlines()
+  assert e.value.code == 2 and len(err) == 1 and "pallas needs a GPU or TPU" in err[0] and "--interpret" in err[0]
+  assert bench_operators.available_impls("ATTN") == ["einsum", "xla", "blockwise"]   # never a CPU default
+  assert "pallas" in bench_operators.available_impls("DMTN", ["pallas"])
+
+
+@pytest.mark.slow
+def test_dry_run_writes_the_pallas_rows(tmp_path):
+  """The whole script on CPU: Pallas timed beside xla and blockwise (its ratios in the note), and its bf16 and
+  float32 numerics against float32 einsum: float32 ≤ 1e-5 (the same sums), bf16 within 4 × 2⁻⁸."""
+  out = subprocess.run(["bash", SCRIPT, "--dry-run", str(tmp_path)], capture_output=True, text=True, timeout=900,
+                       cwd=ROOT)
+  assert out.returncode == 0, out.stderr[-2000:]
+  rows = json.loads((tmp_path / "bench_operators.json").read_text())
+  pallas = [r for r in rows if r["implementation"] == "pallas"]
+  assert {r["operator"] for r in pallas} == {"ATTN", "DMTN"} and all(r["seconds"] > 0 for r in pallas)
+  assert "DMTN pallas ÷ xla/blockwise" in (tmp_path / "bench_operators.md").read_text()
+  num = [r for r in json.loads((tmp_path / "bench_numerics.json").read_text()) if r["implementation"] == "pallas"]
+  assert {r["operator"] for r in num} == {"ATTN", "DMTN"}
+  for r in num:
+    assert r["f32_y"] <= 1e-5 and r["f32_grad"] <= 1e-5
+    assert 1e-4 < r["bf16_y"] <= 4 * 2**-8 and 1e-4 < r["bf16_grad"] <= 4 * 2**-8
+  assert (tmp_path / "bench_train.json").exists()
