@@ -1,6 +1,12 @@
 """Packaging: every package folder is installed, experiments only as attngeo.experiments."""
+import hashlib
+import json
 import os
+import subprocess
+import sys
 import tomllib
+
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -68,6 +74,75 @@ def test_the_library_and_the_experiments_have_no_import_cycle():
     if m not in state:
       visit(m, [m])
 
+
+
+JAX_FREE_CONFIGS = r"""
+import dataclasses, json, sys
+from attngeo.nn import config as C
+import attngeo.data.copying, attngeo.data.molecules, attngeo.data.points, attngeo.data.text, attngeo.sampler_names
+cfgs = [C.GPTConfig.from_depth(2, head_dim=32, vocab_size=64, seq_len=16, operator="DMTN").validate(),
+        C.DiTConfig.preset("S/2", depth=1, operator=(0.5, 1.0)), C.EncoderConfig.albert(depth=2, operator="CMAP"),
+        C.PointFlowConfig.create(dim=2, width=32, operator="DMAP", learnable_operator=True),
+        C.BlockConfig(width=12, num_heads=3).validate()]
+errors = []
+for bad in (lambda: C.GPTConfig.create(operator="FOO"), lambda: C.BlockConfig(width=10, num_heads=3).validate(),
+            lambda: C.EncoderConfig.create(classifier="nsp"), lambda: C.DiTConfig.preset("M/3")):
+  try:
+    bad()
+    errors.append(None)
+  except ValueError as e:
+    errors.append(str(e))
+print(json.dumps({"heads": [c.block.num_heads if hasattr(c, "block") else c.num_heads for c in cfgs],
+                  "errors": errors, "loaded": sorted(m for m in ("jax", "flax", "grain", "tensorflow") if m in sys.modules)}))
+"""
+
+
+def test_model_configs_build_and_validate_without_jax():
+  """`attngeo.nn.config` (and the light data modules) in a fresh interpreter: every model config builds and
+  validates, a bad one is one ValueError line, and neither JAX, Flax, grain nor TensorFlow is imported."""
+  out = subprocess.run([sys.executable, "-c", JAX_FREE_CONFIGS], capture_output=True, text=True, timeout=60,
+                       check=True)
+  got = json.loads(out.stdout)
+  assert got["loaded"] == [], f"importing attngeo.nn.config loaded {got['loaded']}"
+  assert got["heads"] == [4, 6, 8, 2, 3]          # GPT: width 64·2 = 128 in heads of 32; S/2: 6; ALBERT: 8
+  expected = ["operator must be one of ['ATAP', 'ATTN', 'DMAP', 'DMTN', 'CMAP'] or a (beta, alpha) pair; got 'FOO'",
+              "num_heads=3 does not divide width=10",
+              "EncoderConfig.classifier reads the pooled first token: it needs pooler=True",
+              "DiT preset must be one of ['B/2', 'L/2', 'S/2', 'XL/2']; got 'M/3'"]
+  assert got["errors"] == expected
+
+
+def test_moved_configs_serialise_byte_identically_and_every_public_name_resolves():
+  """The configs moved to `attngeo.nn.config` (issue 25): `config_dict` JSON (field order included) and the
+  content keys `files.fingerprint` of a config and of its dict are the values the code before the move printed
+  (literals below); the old homes (`nn.gpt.GPTConfig`, `nn.layers.BlockConfig`, …) are the same classes; every
+  name of `attngeo.nn.__all__` / `attngeo.data.__all__` resolves (they load on first use)."""
+  import attngeo.data
+  import attngeo.nn
+  from attngeo import files
+  from attngeo.nn import config as C, dit, encoder, gpt, layers, pointflow, registry
+  cfgs = [C.GPTConfig.from_depth(2, head_dim=32, vocab_size=64, seq_len=16, operator="DMTN", attn_windows=(4, 8)),
+          C.DiTConfig.preset("S/2", image_size=8, channels=1, depth=1, num_classes=10, operator=(0.5, 1.0)),
+          C.EncoderConfig.albert(depth=2, vocab_size=50, operator="CMAP"),
+          C.PointFlowConfig.create(dim=2, width=32, operator="DMAP", learnable_operator=True)]
+  before = [("00b32ec3df5edc45", "47d16f9e8f1fe38e", "1bb2f0505ab5aa7e"),      # computed at 60e0d66 (before)
+            ("d64b63f48c79a695", "bcf0293bc50b1a5e", "c8a1d198d86e1ffd"),
+            ("ba2a6e04840c7171", "1e40534dfc1c7fe3", "6a83b94d3c9a81da"),
+            ("eb3fe1ec7cf8fd99", "9af51888c8abb3b0", "f44e57d87364f6b7")]
+  for cfg, keys in zip(cfgs, before):
+    d = registry.config_dict(cfg)
+    assert (hashlib.sha256(json.dumps(d).encode()).hexdigest()[:16], files.fingerprint(cfg), files.fingerprint(d)) \
+        == keys, type(cfg).__name__
+    assert registry.config_from_dict(json.loads(json.dumps(d))) == cfg
+  assert (gpt.GPTConfig, dit.DiTConfig, encoder.EncoderConfig, pointflow.PointFlowConfig, layers.BlockConfig,
+          layers.NestsBlock, layers.ORDERS) == (C.GPTConfig, C.DiTConfig, C.EncoderConfig, C.PointFlowConfig,
+                                                C.BlockConfig, C.NestsBlock, C.ORDERS)
+  assert attngeo.nn.GPTConfig is C.GPTConfig and attngeo.nn.GPT is gpt.GPT
+  for package in (attngeo.nn, attngeo.data):
+    missing = [name for name in package.__all__ if getattr(package, name, None) is None]
+    assert not missing and set(package.__all__) <= set(dir(package)), missing
+  with pytest.raises(AttributeError, match="has no attribute 'nope'"):
+    attngeo.nn.nope  # noqa: B018
 
 # Public names defined in two attngeo modules with different signatures today, each a protocol the modules
 # share on purpose (the importers' load/save/convert/…) or a clash still to be renamed; a new clash fails.

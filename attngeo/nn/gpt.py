@@ -22,83 +22,15 @@ embeddings (`value_embeds`: the layers that have one) enter attention's values t
 """
 from __future__ import annotations
 
-import dataclasses
 import math
-import numbers
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from attngeo import _checks
-from attngeo.nn.layers import Block, BlockConfig, NestsBlock, make_norm, param
-
-
-def _gpt_block() -> BlockConfig:
-  return BlockConfig(width=256, num_heads=2, head_dim=128, mlp_act="relu2", use_rope=True, qk_norm=True)
-
-
-@dataclasses.dataclass(frozen=True)
-class GPTConfig(NestsBlock):
-  """A GPT: `depth` blocks of `block`, vocabulary `vocab_size`, context `seq_len`."""
-  depth: int = 4
-  vocab_size: int = 256
-  seq_len: int = 256
-  block: BlockConfig = dataclasses.field(default_factory=_gpt_block)
-  # Options for imported checkpoints (attngeo.interop); see the module docstring.
-  tie_embeddings: bool = False        # logits through the embedding table (GPT-2)
-  learned_positions: bool = False     # absolute position table [seq_len, d] added to the embedding (GPT-2)
-  embed_norm: bool = False            # norm right after the embedding (nanochat)
-  padded_vocab: int | None = None     # rows of the embedding/unembedding tables (≥ vocab_size; logits sliced)
-  logit_softcap: float | None = None  # c·tanh(logits / c) (nanochat: 15)
-  attn_windows: tuple[int, ...] = ()  # per-layer sliding window w (query j sees keys j − w … j); () = full
-  resid_mix: bool = False             # per-layer λ_r·x + λ_0·x0 before each block (nanochat 2026)
-  smear_channels: int = 0             # smear gate input width (nanochat 2026: 24; 0 = off)
-  backout_layer: int | None = None    # subtract λ_b × the stream after this block (nanochat 2026: depth // 2)
-  value_embeds: tuple[int, ...] = ()  # layers with a gated value embedding (nanochat 2026)
-  value_gate_channels: int = 12       # value-embedding gate input width
-
-  @classmethod
-  def from_depth(cls, depth: int, *, aspect: int = 64, head_dim: int = 128, width: int | None = None,
-                 **fields) -> "GPTConfig":
-    """nanochat's rule: width = `aspect`·depth rounded up to a multiple of `head_dim` (or `width`)."""
-    for name, value in (("depth", depth), ("aspect", aspect), ("head_dim", head_dim), ("width", width)):
-      if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1):
-        raise ValueError(f"{name} must be an integer ≥ 1{' or None' if name == 'width' else ''}; got {value!r}")
-    w = width if width is not None else -(-aspect * depth // head_dim) * head_dim
-    if w % head_dim:
-      raise ValueError(f"head_dim={head_dim} does not divide width={w}: heads must tile the width")
-    return cls.create(depth=depth, width=w, num_heads=w // head_dim, head_dim=head_dim, **fields)
-
-  @property
-  def width(self) -> int:
-    return self.block.width
-
-  @property
-  def table_rows(self) -> int:
-    """Rows of the embedding tables: `padded_vocab` or `vocab_size`."""
-    return self.padded_vocab or self.vocab_size
-
-  def validate(self) -> "GPTConfig":
-    self.block.validate()
-    for name in ("depth", "vocab_size", "seq_len"):
-      value = getattr(self, name)
-      if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"GPTConfig.{name} must be an integer ≥ 1; got {value!r}")
-    if self.padded_vocab is not None and self.padded_vocab < self.vocab_size:
-      raise ValueError(f"padded_vocab={self.padded_vocab} must be ≥ vocab_size={self.vocab_size}")
-    if self.attn_windows and len(self.attn_windows) != self.depth:
-      raise ValueError(f"attn_windows needs one window per layer ({self.depth}); got {len(self.attn_windows)}")
-    if any(w < 0 for w in self.attn_windows):
-      raise ValueError(f"attn_windows must be ≥ 0; got {self.attn_windows}")
-    if self.backout_layer is not None and not 0 <= self.backout_layer < self.depth:
-      raise ValueError(f"backout_layer must lie in [0, {self.depth}); got {self.backout_layer}")
-    bad = sorted(i for i in self.value_embeds if not 0 <= i < self.depth)
-    if bad or len(set(self.value_embeds)) != len(self.value_embeds):
-      raise ValueError(f"value_embeds must be distinct layers in [0, {self.depth}); got {self.value_embeds}")
-    if self.smear_channels > self.width or (self.value_embeds and self.value_gate_channels > self.width):
-      raise ValueError(f"smear_channels / value_gate_channels must be ≤ width={self.width}")
-    return self
+from attngeo.nn.config import BlockConfig, GPTConfig  # noqa: F401  (GPTConfig's old home)
+from attngeo.nn.layers import Block, make_norm, param
 
 
 class GPT(nnx.Module):

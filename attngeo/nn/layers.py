@@ -18,7 +18,7 @@ Shapes use einsum letters: `b` batch, `n` tokens, `d` width (embed), `h` heads, 
   `W_O^h`; the head dim must be even.
 * `Block` — pre-norm residual block, sub-layer order `attn_first` (MHSA→FFN) or `ffn_first`
   (FFN→MHSA), optionally adaLN-Zero modulated by a conditioning vector; `BlockConfig` is the one
-  config every model nests.
+  config every model nests (it lives, JAX-free, in `attngeo.nn.config`).
 * `graft(model, operator)` — run the same weights under another (β, α) or CMAP (to and from the
   family: a pure swap); `capture_qk` — read every layer's q, k during a forward pass.
 * Distance form (`distance_form=True`): DMAP parametrised by `W_+ = (W_Q + W_K)/√2` alone (`wp`, with
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -38,8 +37,8 @@ import numpy as np
 from flax import nnx
 
 from attngeo import kernels, operator_names, operators
-
-ORDERS = ("attn_first", "ffn_first")
+from attngeo.nn.config import (NORMS, ORDERS, ROPE_STYLES, BlockConfig, NestsBlock,  # noqa: F401  (their old home)
+                               check_distance_form)
 
 
 def param(rngs, shape, axes, *, std=None, zero=False, dtype=jnp.float32):
@@ -51,16 +50,6 @@ def param(rngs, shape, axes, *, std=None, zero=False, dtype=jnp.float32):
   return nnx.Param(value, axes=axes)
 
 
-def _check_distance_form(operator, learnable_operator, qk_norm, num_kv_heads=None, num_heads=None):
-  if resolve_operator(operator) != (0.0, 0.0) or operators.is_magnetic(operator) or learnable_operator:
-    raise ValueError(f"distance_form holds W_+ only, so its operator is a fixed DMAP; got operator={operator!r}, "
-                     f"learnable_operator={learnable_operator}")
-  if qk_norm:
-    raise ValueError("distance_form cannot carry qk_norm: norm(q) + norm(k) is not a function of W_+ x")
-  if num_kv_heads not in (None, num_heads):
-    raise ValueError("distance_form needs as many key heads as query heads (no GQA): W_+ = (W_Q + W_K)/√2 per head")
-
-
 def resolve_operator(operator) -> tuple[float, float]:
   """A corner name ('DMAP', …), 'CMAP' (its magnitude: (0, 0)) or a (β, α) pair of floats in [0, 1] -> (β, α).
 
@@ -68,8 +57,6 @@ def resolve_operator(operator) -> tuple[float, float]:
   return operator_names.resolve(operator)
 
 
-ROPE_STYLES = ("half", "interleaved")
-NORMS = ("rms", "layer")
 VALUE_GATE_RANGE = 3.0   # value-embedding gate 3·σ(·) ∈ (0, 3) (nanochat's ResFormer gate)
 
 
@@ -141,7 +128,7 @@ class Attention(nnx.Module):
                qk_gain=1.0, norm_eps=1e-6, value_gate=0, distance_form=False, rngs: nnx.Rngs):
     kv_heads = num_kv_heads or num_heads
     if distance_form:
-      _check_distance_form(operator, learnable_operator, qk_norm, kv_heads, num_heads)
+      check_distance_form(operator, learnable_operator, qk_norm, kv_heads, num_heads)
     self.distance_form = distance_form
     if num_heads % kv_heads:
       raise ValueError(f"num_kv_heads={kv_heads} must divide num_heads={num_heads}")
@@ -315,94 +302,6 @@ class Mlp(nnx.Module):
     h = self.fn(h + self.b1[...].astype(self.dtype) if self.bias else h)
     y = h @ self.w2[...].astype(self.dtype)
     return y + self.b2[...].astype(self.dtype) if self.bias else y
-
-
-@dataclasses.dataclass(frozen=True)
-class BlockConfig:
-  """What every transformer block shares. `operator`: corner name, (β, α), or 'CMAP' (coupling γ = `coupling`)."""
-  width: int = 128
-  num_heads: int = 4
-  head_dim: int | None = None          # default width // num_heads
-  mlp_ratio: float = 4.0
-  mlp_act: str = "gelu"
-  order: str = "attn_first"           # attn_first: MHSA→FFN; ffn_first: FFN→MHSA
-  operator: Any = "ATTN"
-  learnable_operator: bool = False
-  coupling: float = 1.0               # CMAP's phase coupling γ (initial value when learnable); unused by the family
-  use_rope: bool = False
-  qk_norm: bool = False
-  qkv_bias: bool = False
-  implementation: str | None = None
-  dtype: str = "float32"              # compute dtype; parameters stay float32
-  # Options for imported checkpoints (attngeo.interop); the defaults are attngeo's own blocks.
-  num_kv_heads: int | None = None     # GQA: key/value heads shared by num_heads / num_kv_heads queries
-  out_bias: bool = False              # bias on W_O (GPT-2)
-  mlp_bias: bool = True               # biases in the MLP (nanochat: none)
-  norm: str = "rms"                   # rms | layer: pre-norms, final norm and embedding norm
-  norm_scale: bool = True             # learnable scale in those norms (nanochat: none)
-  norm_bias: bool = False             # learnable bias (layer norm only; GPT-2)
-  norm_eps: float = 1e-6              # ε of every norm, QK-norm included
-  qk_norm_scale: bool = True          # learnable QK-norm scale (False: parameter-free, nanochat)
-  qk_gain: float = 1.0                # q, k multiplied by this after QK-norm (nanochat 2026: 1.2)
-  rope_base: float = 10_000.0         # rotary base θ (nanochat 2026: 100000)
-  rope_sign: int = 1                  # +1 textbook rotation, −1 nanochat's
-  rope_style: str = "half"            # half (rotate-half) | interleaved
-  rope_dtype: str | None = None       # round the rotary cos/sin tables to this dtype (nanochat: bfloat16)
-  distance_form: bool = False         # DMAP parametrised by W_+ = (W_Q + W_K)/√2 alone (see fold_distance)
-
-  def validate(self):
-    if self.order not in ORDERS:
-      raise ValueError(f"order must be one of {ORDERS}; got {self.order!r}")
-    if self.head_dim is None and self.width % self.num_heads:
-      raise ValueError(f"num_heads={self.num_heads} does not divide width={self.width}")
-    if self.num_kv_heads is not None and (self.num_kv_heads < 1 or self.num_heads % self.num_kv_heads):
-      raise ValueError(f"num_kv_heads={self.num_kv_heads} must divide num_heads={self.num_heads}")
-    if self.norm not in NORMS:
-      raise ValueError(f"norm must be one of {NORMS}; got {self.norm!r}")
-    if self.norm_bias and self.norm != "layer":
-      raise ValueError("norm_bias needs norm='layer' (RMSNorm has no bias)")
-    if self.rope_sign not in (1, -1):
-      raise ValueError(f"rope_sign must be 1 or -1; got {self.rope_sign!r}")
-    if self.rope_style not in ROPE_STYLES:
-      raise ValueError(f"rope_style must be one of {ROPE_STYLES}; got {self.rope_style!r}")
-    resolve_operator(self.operator)
-    if self.distance_form:
-      _check_distance_form(self.operator, self.learnable_operator, self.qk_norm, self.num_kv_heads, self.num_heads)
-    if operators.is_magnetic(self.operator) and self.dh % 2:
-      raise ValueError(f"operator CMAP needs an even head_dim (channel pairs are complex values); got {self.dh}")
-    if isinstance(self.coupling, str) or not math.isfinite(float(self.coupling)):
-      raise ValueError(f"coupling must be a finite number (CMAP's phase coupling); got {self.coupling!r}")
-    return self
-
-  @property
-  def dh(self) -> int:
-    return self.head_dim or self.width // self.num_heads
-
-
-class NestsBlock:
-  """Mixin for model configs that nest a `block: BlockConfig`.
-
-  `create(**fields)` routes each keyword to the model config if it names one of its fields, else
-  to its `BlockConfig` (`GPTConfig.create(depth=2, width=64, operator="DMTN")`), and validates.
-  """
-
-  @classmethod
-  def create(cls, **fields):
-    own = {f.name for f in dataclasses.fields(cls)}
-    block_names = {f.name for f in dataclasses.fields(BlockConfig)}
-    unknown = sorted(k for k in fields if k not in own and k not in block_names)
-    if unknown:
-      raise TypeError(f"{cls.__name__} has no field {unknown[0]!r} (nor has its BlockConfig)")
-    top = {k: v for k, v in fields.items() if k in own}
-    base = top.pop("block", None) or cls.__dataclass_fields__["block"].default_factory()
-    block = dataclasses.replace(base, **{k: v for k, v in fields.items() if k not in own})
-    return cls(**top, block=block.validate())
-
-  def with_operator(self, operator, learnable: bool | None = None):
-    """The same config under another operator (what `graft` does to a built model)."""
-    blk = dataclasses.replace(self.block, operator=operator,
-                              learnable_operator=self.block.learnable_operator if learnable is None else learnable)
-    return dataclasses.replace(self, block=blk.validate())
 
 
 def make_norm(cfg: BlockConfig, features: int, rngs: nnx.Rngs):

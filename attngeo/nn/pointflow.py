@@ -6,24 +6,12 @@ block adaLN-Zero conditioned on the time embedding.
 """
 from __future__ import annotations
 
-import dataclasses
 
 from flax import nnx
 
 from attngeo.nn.embeddings import FinalLayer, TimestepEmbedder
-from attngeo.nn.layers import Block, BlockConfig, NestsBlock, param
-
-
-def _pointflow_block() -> BlockConfig:
-  return BlockConfig(width=64, num_heads=2, mlp_ratio=2.0, order="ffn_first")
-
-
-@dataclasses.dataclass(frozen=True)
-class PointFlowConfig(NestsBlock):
-  """Points of dimension `dim`, `depth` blocks of `block` (FFN → MHSA by default)."""
-  dim: int = 3
-  depth: int = 2
-  block: BlockConfig = dataclasses.field(default_factory=_pointflow_block)
+from attngeo.nn.config import BlockConfig, PointFlowConfig  # noqa: F401  (PointFlowConfig's old home)
+from attngeo.nn.layers import Block, param
 
 
 class PointFlow(nnx.Module):

@@ -12,10 +12,11 @@ import dataclasses
 from flax import nnx
 
 from attngeo import config as config_lib
-from attngeo.nn.dit import DiT, DiTConfig
-from attngeo.nn.encoder import Encoder, EncoderConfig
-from attngeo.nn.gpt import GPT, GPTConfig
-from attngeo.nn.pointflow import PointFlow, PointFlowConfig
+from attngeo.nn.config import DiTConfig, EncoderConfig, GPTConfig, PointFlowConfig
+from attngeo.nn.dit import DiT
+from attngeo.nn.encoder import Encoder
+from attngeo.nn.gpt import GPT
+from attngeo.nn.pointflow import PointFlow
 
 MODELS = {"GPTConfig": (GPTConfig, GPT), "DiTConfig": (DiTConfig, DiT), "PointFlowConfig": (PointFlowConfig, PointFlow),
           "EncoderConfig": (EncoderConfig, Encoder)}
