@@ -24,7 +24,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-SAMPLERS = ("euler", "heun", "dopri5", "sde")
+from attngeo.sampler_names import SAMPLERS, check_guidance, check_sampler  # noqa: F401  (JAX-free)
 
 
 def interpolate(x0, x1, t):
@@ -55,14 +55,6 @@ def drop_labels(y, rng, prob: float, null_label: int | None):
   return jnp.where(jax.random.uniform(rng, y.shape) < prob, null_label, y)
 
 
-def check_guidance(scale: float, null_label: int | None = None):
-  """One-line errors for a guidance scale < 1, or > 1 without a null label."""
-  if not scale >= 1.0:
-    raise ValueError(f"guidance scale must be >= 1 (1 = no guidance); got {scale}")
-  if scale > 1.0 and null_label is None:
-    raise ValueError("guidance scale > 1 needs a null label (a model built with class_dropout_prob > 0)")
-
-
 def guided(velocity_fn, scale: float, null_label: int | None, channels: int | None = None):
   """Classifier-free guidance of `velocity_fn(x, t, y)`: `v_∅ + scale·(v_y − v_∅)`, one batched call.
 
@@ -90,14 +82,6 @@ def guided(velocity_fn, scale: float, null_label: int | None, channels: int | No
     return jnp.concatenate([mix[..., :channels], cond[..., channels:]], -1)
 
   return fn
-
-
-def check_sampler(solver: str, steps: int):
-  """One-line errors for an unknown sampler or a non-positive step count."""
-  if solver not in SAMPLERS:
-    raise ValueError(f"sampler must be one of {SAMPLERS}; got {solver!r}")
-  if steps < 1:
-    raise ValueError(f"steps must be positive; got {steps}")
 
 
 def sample(velocity_fn, x0, *, steps: int = 50, solver: str = "heun", save_every: int | None = None,

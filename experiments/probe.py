@@ -27,6 +27,7 @@ import pathlib
 import numpy as np
 
 from attngeo import config
+from attngeo.data import points
 from attngeo.experiments import report
 from attngeo.experiments.report import Col
 
@@ -64,15 +65,14 @@ CLOUD_POINTS = 4000                   # points drawn for a named cloud (the Swis
 def check_data(kind: str | None, data: str | None) -> str | None:
   """--data for a model of config class `kind`, checked before JAX is imported: the model's default input
   when None; a one-line ValueError for a file that does not exist or an input of another model (a point
-  cloud or a mistyped path for a token model). Cloud names are checked when loaded (`data.load_cloud`)."""
+  cloud or a mistyped path for a token model, a cloud name `data.points.CLOUDS` does not hold)."""
   if kind not in TAKES:                             # not a probed model: runs.load_run names the problem
     return data
   if data is None:
     return DEFAULT_DATA[kind]
   if os.path.isfile(data) and data.endswith(FILES[kind]):
     return data
-  bare_name = not os.path.splitext(data)[1] and os.sep not in data
-  if not os.path.exists(data) and (data == DEFAULT_DATA[kind] or kind == "PointFlowConfig" and bare_name
+  if not os.path.exists(data) and (data == DEFAULT_DATA[kind] or kind == "PointFlowConfig" and data in points.CLOUDS
                                    or kind == "EncoderConfig" and data in ("moses", "moses-train")):
     return data
   what = "not a file" if not os.path.exists(data) else "a file this model does not read"

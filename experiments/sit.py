@@ -49,7 +49,8 @@ import time
 
 import numpy as np
 
-from attngeo import config as config_lib, files, operator_names, runs, train_config
+from attngeo import config as config_lib, files, operator_names, runs, sampler_names, train_config
+from attngeo.nn import config as model_configs
 from attngeo.experiments import report
 from attngeo.experiments.report import Col
 from attngeo.regularisers_config import HELP as REG_HELP, Regularisers
@@ -157,8 +158,8 @@ def check_compatible(mcfg, images_shape, num_classes: int):
 
 def check_fields(cfg: SiTConfig):
   """Argument errors of single fields (sizes, step counts, the trainer's fields by
-  `attngeo.train_config`'s rules, label dropout, seeds, the operator's name): no JAX imported, so they answer at
-  once."""
+  `attngeo.train_config`'s rules, label dropout, seeds, the operator's name, sampler, guidance, the preset and
+  the model's shape): no JAX imported, so they answer at once."""
   operator_names.resolve(cfg.operator)        # `attngeo.nn.resolve_operator`'s own check, without JAX
   for name in ("batch_size", "eval_samples", "grid_per_class", "probe_images", "sample_steps", "width", "depth",
                "heads", "patch"):
@@ -175,6 +176,13 @@ def check_fields(cfg: SiTConfig):
   if not cfg.seeds:
     raise ValueError("seeds must name at least one seed")
   cfg.reg.validate()
+  sampler_names.check_sampler(cfg.sampler, cfg.sample_steps)
+  sampler_names.check_guidance(cfg.guidance, 0 if cfg.class_dropout > 0 else None)
+  shape = dict(mlp_ratio=cfg.mlp_ratio, operator=cfg.operator)      # `model_config` less the data's fields
+  if cfg.preset:
+    model_configs.DiTConfig.preset(cfg.preset, **shape)
+  else:
+    model_configs.DiTConfig.create(width=cfg.width, depth=cfg.depth, num_heads=cfg.heads, patch=cfg.patch, **shape)
 
 
 def validate(cfg: SiTConfig, *, training: bool = True):

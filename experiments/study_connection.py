@@ -102,7 +102,7 @@ class StudyConfig:
       if w % h:
         raise ValueError(f"encoder heads {h} must divide width {w}")
     for name in ("seq_len", "decoder_steps", "decoder_batch", "set_size", "encoder_steps", "encoder_batch",
-                 "probe_batch", "num_sets"):
+                 "probe_batch", "num_sets", "decoder_aspect", "decoder_head_dim"):
       if getattr(self, name) < 1:
         raise ValueError(f"{name} must be positive; got {getattr(self, name)}")
     if self.probe_samples < 2:
@@ -125,6 +125,7 @@ class StudyConfig:
       if not np.issubdtype(ids.dtype, np.integer) or ids.ndim != 2:
         raise ValueError(f"--probe-tokens {self.probe_tokens} must hold integer token ids [b, n]; got {ids.dtype} "
                          f"{ids.shape}")
+    sizes(self)                                 # every model config it trains, validated (JAX-free: attngeo.nn.config)
     return self
 
 

@@ -145,6 +145,8 @@ def test_argument_errors_answer_before_jax_is_imported(tmp_path):
   (lm train/table2/eval/adapt and sit train/sample imported it first, 1.4–10 s, before issue 25's JAX-free configs)."""
   (tmp_path / "gpt").mkdir()
   (tmp_path / "gpt" / "config.json").write_text('{"model": {"class": "GPTConfig"}}')       # the class is all it reads
+  (tmp_path / "pf").mkdir()
+  (tmp_path / "pf" / "config.json").write_text('{"model": {"class": "PointFlowConfig"}}')
   cases = [(["swissroll", "--steps", "0"], "--steps must be a positive integer"),
            (["swissroll-order", "--protocols", "nope"], "--protocols must be"),
            (["heat", "--n", "5"], "--n must be at least 10"),
@@ -175,9 +177,17 @@ def test_argument_errors_answer_before_jax_is_imported(tmp_path):
            (["lm", "adapt", "--chain", "ATTN,0.5:2", "--out", "o"], "'0.5:2': alpha must lie in [0, 1]; got 2"),
            (["sit", "train", "--operator", "FOO", "--out", "o"],
             "operator must be one of ['ATAP', 'ATTN', 'DMAP', 'DMTN', 'CMAP'] or a (beta, alpha) pair; got 'FOO'"),
-           (["sit", "train", "--operator", "0.5:1", "--out", "o"], "operator must be one of")]
+           (["sit", "train", "--operator", "0.5:1", "--out", "o"], "operator must be one of"),
+           # issue 25: JAX-free model configs (attngeo.nn.config) and sampler names (attngeo.sampler_names)
+           (["sit", "train", "--sampler", "rk4", "--out", "o"], "sampler must be one of ('euler', 'heun', 'dopri5'"),
+           (["sit", "sample", str(tmp_path / "gpt"), "--sampler", "rk4"], "sampler must be one of"),
+           (["sit", "transfer", "--guidance", "0.5", "--out", "o"], "guidance scale must be >= 1"),
+           (["sit", "transfer", "--preset", "M/3", "--out", "o"], "DiT preset must be one of ['B/2', 'L/2', 'S/2'"),
+           (["sit", "train", "--width", "100", "--heads", "3", "--out", "o"], "num_heads=3 does not divide width=100"),
+           (["study", "connection", "--decoder-aspect", "0"], "decoder_aspect must be positive; got 0"),
+           (["probe", str(tmp_path / "pf"), "--data", "swissrol"], "--data must be swiss_roll, sphere, torus or")]
   assert_errors_before_jax(cases, tmp_path)
-  assert sorted(os.listdir(tmp_path)) == ["gpt"]                                 # nothing written
+  assert sorted(os.listdir(tmp_path)) == ["gpt", "pf"]                           # nothing written
 
 
 def test_operator_names_are_the_models_table_without_jax():
