@@ -183,3 +183,19 @@ def test_no_public_name_is_defined_twice_with_different_signatures():
   assert not new, {name: funcs[name] for name in new}
   for name in ("edge_transports", "isometry_defect", "connection_laplacian_matrix", "flows"):
     assert name not in clashes and name not in KNOWN_NAME_CLASHES
+
+
+@pytest.mark.parametrize("package", ["attngeo.data", "attngeo.nn"])
+def test_no_submodule_import_replaces_a_lazy_public_name(package):
+  """Importing a submodule sets it as an attribute of its package, over a lazily loaded name of the same
+  spelling (`attngeo.data.loader` the function was replaced by the module `loader.py`, and every
+  `data.loader(...)` call of swissroll, sit and study failed). After every submodule is imported, each
+  public name is still the object its home module defines."""
+  import importlib
+  import pkgutil
+  pkg = importlib.import_module(package)
+  for info in pkgutil.iter_modules(pkg.__path__):
+    importlib.import_module(f"{package}.{info.name}")
+  for name in pkg.__all__:
+    home = importlib.import_module(f"{package}.{pkg._HOME[name]}")
+    assert getattr(pkg, name) is getattr(home, name), f"{package}.{name}"

