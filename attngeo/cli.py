@@ -112,11 +112,29 @@ def _sigterm_as_interrupt():
   if threading.current_thread() is not threading.main_thread():
     yield
     return
-  previous = signal.signal(signal.SIGTERM, _terminate)
+  previous, hook = signal.signal(signal.SIGTERM, _terminate), sys.unraisablehook
+  sys.unraisablehook = _redeliver(hook)
   try:
     yield
   finally:
     signal.signal(signal.SIGTERM, previous)
+    sys.unraisablehook = hook
+
+
+def _redeliver(hook):
+  """An unraisable hook that sends SIGTERM again when `Terminated` was swallowed.
+
+  Python runs a signal handler at the next bytecode of the main thread; when that bytecode belongs to a
+  finaliser or a gc callback (JAX's `_xla_gc_callback` runs on every collection), the exception it raises
+  cannot propagate: Python prints "Exception ignored in …" through `sys.unraisablehook` and the command
+  went on running. The hook has the signal sent again 10 ms later from a timer thread (sent from the hook
+  itself, it would land in the hook and be swallowed there too), until it lands where it propagates; any other unraisable goes to the previous hook."""
+  def handle(unraisable):
+    if isinstance(unraisable.exc_value, Terminated):      # from another thread, later: not inside this hook
+      threading.Timer(0.01, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    else:
+      hook(unraisable)
+  return handle
 
 
 def usage() -> str:

@@ -303,6 +303,39 @@ def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
     cli.main(["boom"])
 
 
+class _SignalsInItsFinaliser:
+  """Sends SIGTERM from `__del__` and runs bytecode there, so the handler's `Terminated` is raised inside a
+  finaliser, where Python swallows it (as inside JAX's gc callback)."""
+
+  def __del__(self):
+    os.kill(os.getpid(), signal.SIGTERM)
+    sum(range(10_000))
+
+
+def _sigterm_in_a_finaliser(argv):
+  _SignalsInItsFinaliser()
+  for _ in range(20):
+    time.sleep(0.05)
+  raise AssertionError("SIGTERM raised inside a finaliser did not stop the command")
+
+
+def test_sigterm_swallowed_by_a_finaliser_is_delivered_again(monkeypatch, capsys):
+  """Fault pass 3 (F1–F3): SIGTERM landing in a gc callback was swallowed ("Exception ignored") and the
+  command ran on. It stops now: one line, exit 143, and no "Exception ignored" noise; the unraisable hook
+  is restored afterwards."""
+  monkeypatch.setitem(cli.COMMANDS, "fin", (f"{__name__}:_sigterm_in_a_finaliser", "SIGTERM inside __del__"))
+  monkeypatch.delenv("ATTNGEO_DEBUG", raising=False)
+  caught, hook = [], sys.unraisablehook
+  before = signal.signal(signal.SIGTERM, lambda signum, frame: caught.append(signum))   # never pytest's death
+  try:
+    assert cli.main(["fin"]) == 143 and not caught
+  finally:
+    signal.signal(signal.SIGTERM, before)
+  err = capsys.readouterr().err
+  assert err.startswith("attngeo fin: terminated (SIGTERM);") and len(err.strip().splitlines()) == 1, err
+  assert sys.unraisablehook is hook
+
+
 def test_sigterm_is_one_line_and_exit_143_and_the_handler_is_restored(monkeypatch, capsys):
   """SIGTERM during a command raises `cli.Terminated` (a KeyboardInterrupt: what Ctrl-C closes, it closes); one line,
   exit 143 (128 + SIGTERM); the process's own SIGTERM handler is back after the command."""
