@@ -24,6 +24,7 @@ import os
 import signal
 import sys
 import threading
+import warnings
 
 COMMANDS = {
     "swissroll": ("attngeo.experiments.swissroll", "the Swiss-roll scan: Table 1, Figures 1-2"),
@@ -137,6 +138,24 @@ def _redeliver(hook):
   return handle
 
 
+@contextlib.contextmanager
+def _one_line_warnings(name: str):
+  """attngeo's own warnings (a corrupt checkpoint skipped, a non-UTF-8 file) as one line,
+  `attngeo NAME: warning: …`, without the source line Python's format adds; others as before."""
+  previous, home = warnings.showwarning, os.path.dirname(os.path.abspath(__file__))
+
+  def show(message, category, filename, lineno, file=None, line=None):
+    if os.path.abspath(filename).startswith(home + os.sep):
+      print(f"attngeo {name}: warning: {str(message).strip().splitlines()[0]}", file=file or sys.stderr)
+    else:
+      previous(message, category, filename, lineno, file, line)
+  warnings.showwarning = show
+  try:
+    yield
+  finally:
+    warnings.showwarning = previous
+
+
 def usage() -> str:
   lines = ["usage: attngeo COMMAND [--help] [options]", "", "commands:"]
   names = {name: name + (" " + "|".join(SUBCOMMANDS[name]) if name in SUBCOMMANDS else "") for name in COMMANDS}
@@ -163,7 +182,7 @@ def main(argv=None):
     from attngeo import sharding                                # imports JAX: only where there is a cluster
     sharding.initialize_distributed()
   try:
-    with _sigterm_as_interrupt():
+    with _sigterm_as_interrupt(), _one_line_warnings(argv[0]):
       command(argv[1:])
   except USER_ERRORS as e:
     if os.environ.get("ATTNGEO_DEBUG"):

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 
 import pytest
 
@@ -334,6 +335,22 @@ def test_sigterm_swallowed_by_a_finaliser_is_delivered_again(monkeypatch, capsys
   err = capsys.readouterr().err
   assert err.startswith("attngeo fin: terminated (SIGTERM);") and len(err.strip().splitlines()) == 1, err
   assert sys.unraisablehook is hook
+
+
+def _warns(argv):
+  from attngeo import checkpoint
+  warnings.warn_explicit("checkpoint step 30 in D is corrupt or incomplete; trying step 20", UserWarning,
+                         checkpoint.__file__, 318)
+
+
+def test_attngeos_warnings_are_one_line(monkeypatch, capsys):
+  """Fault pass 3 (F7): the corrupt-checkpoint warning printed three lines (path, message, source line)."""
+  monkeypatch.setitem(cli.COMMANDS, "warn", (f"{__name__}:_warns", "warns"))
+  with warnings.catch_warnings():
+    warnings.simplefilter("always")
+    assert cli.main(["warn"]) == 0
+  err = capsys.readouterr().err
+  assert err == "attngeo warn: warning: checkpoint step 30 in D is corrupt or incomplete; trying step 20\n", err
 
 
 def test_sigterm_is_one_line_and_exit_143_and_the_handler_is_restored(monkeypatch, capsys):
