@@ -199,3 +199,9 @@ def test_no_submodule_import_replaces_a_lazy_public_name(package):
   for name in pkg.__all__:
     home = importlib.import_module(f"{package}.{pkg._HOME[name]}")
     assert getattr(pkg, name) is getattr(home, name), f"{package}.{name}"
+
+
+def test_a_lazy_name_spelled_like_a_submodule_is_refused_at_import():
+  from attngeo import _lazy
+  with pytest.raises(ImportError, match=r"attngeo.data: public names spelled like submodules: \['loader'\]"):
+    _lazy.attach("attngeo.data", {}, {"loader": ("loader",)})

@@ -11,7 +11,7 @@
 The names below load on first use (PEP 562): `import attngeo.data.points` (NumPy only) imports neither
 grain nor tensorflow_datasets, so the CLI can check a cloud's name before them.
 """
-import importlib
+from attngeo import _lazy
 
 _HOMES = {
   "images": ("ImageSet", "check_images", "check_labels", "image_sets", "load_images"),
@@ -20,20 +20,4 @@ _HOMES = {
              "swiss_roll_oracle"),
 }
 _SUBMODULES = ("copying", "images", "molecules", "pipeline", "points", "text")
-_HOME = {name: module for module, names in _HOMES.items() for name in names}
-
-__all__ = sorted(_HOME)
-
-
-def __getattr__(name):
-  if name in _SUBMODULES:                         # a submodule: `attngeo.data.text` after `import attngeo.data`
-    return importlib.import_module(f"{__name__}.{name}")
-  if name not in _HOME:
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-  value = getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
-  globals()[name] = value
-  return value
-
-
-def __dir__():
-  return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__, __all__, _HOME = _lazy.attach(__name__, globals(), _HOMES, _SUBMODULES)

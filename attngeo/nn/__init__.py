@@ -12,7 +12,7 @@
 Model configs nest one `BlockConfig`; `XConfig.create(**fields)` routes block fields into it. The names
 below load on first use (PEP 562), so `import attngeo.nn.config` imports neither JAX nor Flax.
 """
-import importlib
+from attngeo import _lazy
 
 _HOMES = {
   "config": ("BlockConfig", "DiTConfig", "EncoderConfig", "GPTConfig", "ORDERS", "PointFlowConfig"),
@@ -25,20 +25,4 @@ _HOMES = {
   "pointflow": ("PointFlow",),
   "registry": ("build", "config_dict", "config_from_dict"),
 }
-_HOME = {name: module for module, names in _HOMES.items() for name in names}
-
-__all__ = sorted(_HOME)
-
-
-def __getattr__(name):
-  if name in _HOMES:                              # a submodule: `attngeo.nn.layers` after `import attngeo.nn`
-    return importlib.import_module(f"{__name__}.{name}")
-  if name not in _HOME:
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-  value = getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
-  globals()[name] = value
-  return value
-
-
-def __dir__():
-  return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__, __all__, _HOME = _lazy.attach(__name__, globals(), _HOMES)
