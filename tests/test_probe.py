@@ -200,7 +200,7 @@ def test_probe_cli_checks_point_sets_against_the_cloud(tmp_path, capsys):
   np.save(tmp_path / "plane.npy", np.zeros((50, 2)))
   for argv, message in (([], "--set-size must be in [2, 4000] (the points of --data swiss_roll); got 100000"),
                         (["--data", str(tmp_path / "plane.npy")], "has points of dimension 2; this PointFlow takes 3"),
-                        (["--data", "swissroll"], "--data: cloud must be one of"),
+                        (["--data", "swissroll"], "--data must be swiss_roll, sphere, torus or an existing .npy/.csv"),
                         (["--data", str(tmp_path / "cloud.npy")], "for a PointFlow run; got"),
                         (["--seq-len", "12"], f"--seq-len applies to GPT runs only; {wd} is a PointFlow run")):
     with pytest.raises(SystemExit) as e:
