@@ -199,8 +199,12 @@ def test_help_documents_every_option_without_importing_jax():
   order = _help("swissroll_order")
   assert order.strip().endswith("JAX False") and "usage: attngeo swissroll-order" in order
   for f in dataclasses.fields(swissroll.SwissRollConfig):
-    assert f.name in swissroll.HELP, f.name
-    assert "--" + f.name.replace("_", "-") in out
+    nested = f.default_factory() if f.default_factory is not dataclasses.MISSING else None
+    names = ([f"{f.name}.{g.name}" for g in dataclasses.fields(nested)] if dataclasses.is_dataclass(nested)
+             else [f.name])                                           # a nested config (reg): each of its fields
+    for name in names:
+      assert name in swissroll.HELP, name
+      assert "--" + name.replace("_", "-") in out, name
 
 
 def test_cli_overrides():
