@@ -19,6 +19,7 @@ classifier's own test accuracy; uniform noise in the image range gives a large d
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 
@@ -68,31 +69,36 @@ class Classifier(nnx.Module):
     return self.head(self.features(x))
 
 
-def train_classifier(images: np.ndarray, labels: np.ndarray, cfg: ClassifierConfig) -> Classifier:
-  """Train `Classifier` by Adam (cosine decay) on cross-entropy over `cfg.steps` random minibatches."""
+def train_classifier(images: np.ndarray, labels: np.ndarray, cfg: ClassifierConfig, *,
+                     progress: bool = False) -> Classifier:
+  """Train `Classifier` by Adam (cosine decay) on cross-entropy over `cfg.steps` random minibatches.
+
+  One jitted step per minibatch, dispatched from Python: on XLA CPU a `lax.scan` over the steps
+  runs the convolutions ~18× slower (0.38 s against 0.021 s a step at batch 128, 28×28), and a
+  single scan cannot be interrupted — Ctrl-C or SIGTERM waited for all of it. `progress` shows a
+  tqdm bar with the running loss.
+  """
+  from tqdm.auto import tqdm
+
   model = Classifier(cfg, rngs=nnx.Rngs(cfg.seed))
   opt = nnx.Optimizer(model, optax.adam(optax.cosine_decay_schedule(cfg.lr, cfg.steps)), wrt=nnx.Param)
-
-  def step(model, opt, x, y):
-    def lf(m):
-      return optax.softmax_cross_entropy_with_integer_labels(m(x), y).mean()
-    loss, grads = nnx.value_and_grad(lf)(model)
-    opt.update(model, grads)
-    return loss
-
   graphdef, state = nnx.split((model, opt))
-  x, y = jnp.asarray(images), jnp.asarray(labels, jnp.int32)
 
-  @jax.jit
-  def run(state, idx):                            # idx [steps, batch]: every step in one scan
-    def body(state, i):
-      m, o = nnx.merge(graphdef, state)
-      step(m, o, x[i], y[i])
-      return nnx.state((m, o)), None
-    return jax.lax.scan(body, state, idx)[0]
+  @functools.partial(jax.jit, donate_argnums=0)
+  def step(state, x, y):
+    m, o = nnx.merge(graphdef, state)
+    loss, grads = nnx.value_and_grad(
+        lambda m: optax.softmax_cross_entropy_with_integer_labels(m(x), y).mean())(m)
+    o.update(m, grads)
+    return nnx.state((m, o)), loss
 
+  x, y = np.asarray(images, np.float32), np.asarray(labels, np.int32)
   idx = np.random.default_rng(cfg.seed).integers(0, len(images), (cfg.steps, cfg.batch_size))
-  state = run(state, idx)
+  with tqdm(idx, desc="classifier", disable=not progress, leave=False, dynamic_ncols=True) as bar:
+    for i, batch in enumerate(bar):
+      state, loss = step(state, x[batch], y[batch])
+      if progress and (i % 50 == 0 or i == cfg.steps - 1):
+        bar.set_postfix(loss=f"{float(loss):.3f}")
   nnx.update(model, nnx.state(nnx.merge(graphdef, state)[0]))
   return model
 
@@ -177,12 +183,21 @@ def reference_check(model: Classifier, train_images, test_images, test_labels, s
 
 
 def save(model: Classifier, path: str, extra: dict | None = None):
-  """Write the classifier (config.json + params.npz) to folder `path`; `extra` is stored in config.json."""
+  """Write the classifier (params.npz, then config.json) to folder `path`; `extra` goes in config.json.
+
+  Each file is written through a temporary and a rename, config.json last: a folder with a
+  config.json is complete, so a kill mid-save leaves nothing `load` would read half-written.
+  """
+  from attngeo import files
+
   os.makedirs(path, exist_ok=True)
   leaves = jax.tree.leaves(nnx.state(model, nnx.Param))
-  np.savez(os.path.join(path, "params.npz"), *[np.asarray(v) for v in leaves])
-  with open(os.path.join(path, "config.json"), "w") as f:
-    json.dump({"classifier": dataclasses.asdict(model.cfg), **(extra or {})}, f, indent=1)
+
+  def write(tmp):
+    with open(tmp, "wb") as f:
+      np.savez(f, *[np.asarray(v) for v in leaves])
+  files.atomic_write(os.path.join(path, "params.npz"), write)
+  files.atomic_json(os.path.join(path, "config.json"), {"classifier": dataclasses.asdict(model.cfg), **(extra or {})})
 
 
 def load(path: str) -> tuple[Classifier, dict]:

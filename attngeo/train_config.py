@@ -127,12 +127,13 @@ class TrainConfig:
     return check(self, prefix)
 
 
-def check_resumable(workdir: str, **configs):
+def check_resumable(workdir: str, *, ignore: tuple[str, ...] = (), **configs):
   """Refuse (one-line ValueError) a workdir whose config.json records another run.
 
   Compares every recorded config with the given ones field by field (`RUN_CONTROL_FIELDS` of the
   train config excepted, and `steps` under a constant schedule, where a longer run extends the
-  same trajectory) and names the fields that differ.
+  same trajectory; `ignore` names further "config.field" keys that do not change results) and
+  names the fields that differ.
   """
   saved = files.read_config(workdir)
   diffs = []
@@ -143,6 +144,8 @@ def check_resumable(workdir: str, **configs):
     for key in sorted(set(flat_old) | set(flat_new)):
       if name == "train" and (key in RUN_CONTROL_FIELDS or (key == "steps" and flat_old.get("schedule") ==
                                                              flat_new.get("schedule") == "constant")):
+        continue
+      if f"{name}.{key}" in ignore:
         continue
       if flat_old.get(key) != flat_new.get(key):
         diffs.append(f"{name}.{key} {flat_old.get(key)!r} → {flat_new.get(key)!r}")

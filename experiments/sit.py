@@ -382,14 +382,17 @@ def prepare(cfg: SiTConfig):
   ev["classifier"], ev["reference"], ev["reference_rows"] = None, None, []
   if cfg.metric:
     folder = os.path.join(cfg.out, "classifier", b.builder_config.name)
-    if os.path.exists(os.path.join(folder, "params.npz")):
+    ccfg = image_metrics.ClassifierConfig(image_size=x.shape[1], channels=x.shape[3], num_classes=k,
+                                          conv=(16, 32) if x.shape[1] >= 16 else (16,), steps=cfg.classifier_steps)
+    key = files.fingerprint(ccfg, x[b.train_idx], y[b.train_idx], x[b.test_idx], y[b.test_idx])
+    meta = files.cached_result(os.path.join(folder, "config.json"), key)
+    if meta is not None:                      # reused only for the same images, labels and classifier config
       clf, meta = image_metrics.load(folder)
     else:
-      ccfg = image_metrics.ClassifierConfig(image_size=x.shape[1], channels=x.shape[3], num_classes=k,
-                                            conv=(16, 32) if x.shape[1] >= 16 else (16,), steps=cfg.classifier_steps)
-      clf = image_metrics.train_classifier(x[b.train_idx], y[b.train_idx], ccfg)
-      meta = {"data": cfg.data, "reference": image_metrics.reference_check(clf, x[b.train_idx], x[b.test_idx],
-                                                                          y[b.test_idx])}
+      print(f"metric: training its classifier ({ccfg.steps} steps on {len(b.train_idx)} images) -> {folder}", flush=True)
+      clf = image_metrics.train_classifier(x[b.train_idx], y[b.train_idx], ccfg, progress=cfg.progress)
+      meta = {"data": cfg.data, "key": key,
+              "reference": image_metrics.reference_check(clf, x[b.train_idx], x[b.test_idx], y[b.test_idx])}
       image_metrics.save(clf, folder, extra=meta)
     ev["classifier"], ev["reference"] = clf, image_metrics.features(clf, x[b.train_idx])
     ev["reference_rows"] = [dict(stage=f"reference: {name}", seed="—", operator="—", **vals)
@@ -504,8 +507,20 @@ def geometry_rows(rows: list[dict]) -> list[dict]:
   return out
 
 
+# Fields of a transfer that change no finished stage's result: a re-run may add seeds or change these.
+TRANSFER_CONTROL = ("seeds", "out", "progress", "log_every", "ckpt_every")
+
+
+def check_transfer_folder(cfg: SiTConfig) -> None:
+  """Refuse (one line) a transfer into a folder whose finished stages were made under other settings:
+  they would be read back ("done earlier") and reported under this config."""
+  if os.path.exists(os.path.join(cfg.out, "config.json")) and "sit" in files.read_config(cfg.out):
+    train_config.check_resumable(cfg.out, ignore=tuple(f"sit.{k}" for k in TRANSFER_CONTROL), sit=cfg)
+
+
 def transfer(cfg: SiTConfig) -> dict:
   t0 = time.perf_counter()
+  check_transfer_folder(cfg)
   os.makedirs(cfg.out, exist_ok=True)
   files.write_config(cfg.out, sit=cfg)
   train_src, ev = prepare(cfg)
@@ -734,6 +749,8 @@ def main(argv=None):
       else:
         print("local: attngeo sit " + " ".join(shlex.quote(a) for a in argv if a != "--dry-run"))
       return cfg
+    if args.command == "transfer":
+      check_transfer_folder(cfg)
     check_data(cfg)
   except (ValueError, TypeError, FileNotFoundError, ImportError) as e:
     sp.error(str(e))

@@ -2,6 +2,7 @@
 official checkpoints import as runs, and bad input fails in one line before any training."""
 import json
 import math
+import glob
 import os
 import re
 import subprocess
@@ -336,3 +337,33 @@ def test_sample_grid_rows_are_labelled_with_their_class(imported_run, monkeypatc
       [t.get_text() for t in fig.axes[0].get_yticklabels()]))
   sit.main(["sample", run, "--per-class", "2", "--sampler", "euler", "--sample-steps", "1"])
   assert shown == [[f"class {c}" for c in range(5)]]
+
+
+def test_transfer_refuses_a_folder_made_under_other_settings(tmp_path, capsys):
+  """Finished stages are read back: a re-run under other settings would report them as its own."""
+  out = str(tmp_path / "run")
+  sit.main(["transfer", *TINY, "--steps", "1", "--fold-steps", "0", "--sampler", "euler", "--metric", "false",
+            "--out", out])
+  before = {p: os.path.getmtime(os.path.join(out, p)) for p in ("config.json", "transfer.json")}
+  with pytest.raises(SystemExit):
+    sit.main(["transfer", *TINY, "--steps", "2", "--fold-steps", "0", "--sampler", "euler", "--metric", "false",
+              "--out", out])
+  assert "sit.steps 1 → 2" in capsys.readouterr().err
+  assert before == {p: os.path.getmtime(os.path.join(out, p)) for p in before}      # nothing rewritten
+  capsys.readouterr()
+  sit.main(["transfer", *TINY, "--steps", "1", "--fold-steps", "0", "--sampler", "euler", "--metric", "false",
+            "--seeds", "0", "--log-every", "7", "--out", out])                          # control fields may change
+  assert capsys.readouterr().out.count("done earlier") == 5
+
+
+def test_classifier_is_reused_only_for_its_own_settings(tmp_path):
+  """The metric's classifier is keyed by its config and images: other --classifier-steps train a new one."""
+  out = str(tmp_path / "run")
+
+  def prepare(steps):
+    ev = sit.prepare(sit.SiTConfig(data="digits", classifier_steps=steps, out=out, progress=False))[1]
+    [folder] = glob.glob(os.path.join(out, "classifier", "*"))
+    return ev["classifier"].cfg.steps, os.stat(os.path.join(folder, "params.npz")).st_mtime_ns
+  first, again, other = prepare(5), prepare(5), prepare(6)
+  assert again == first                                   # read back, not retrained
+  assert other[0] == 6 and other[1] != first[1]           # retrained (and rewritten) under the new setting
