@@ -714,6 +714,18 @@ def parser() -> argparse.ArgumentParser:
   return ap
 
 
+def fit_to_cloud(cfg: SwissRollConfig, given=()) -> SwissRollConfig:
+  """Read-out sizes left at their defaults are fitted to a smaller cloud: `heat_points` becomes
+  min(heat_points, num_points) and each `probe_sizes` entry min(size, num_points) (repeats dropped).
+  Values in `given` (set by the user) are kept, and `validate` refuses them if they do not fit."""
+  fields = {}
+  if "heat_points" not in given:
+    fields["heat_points"] = min(cfg.heat_points, cfg.num_points)
+  if "probe_sizes" not in given:
+    fields["probe_sizes"] = tuple(sorted({min(n, cfg.num_points) for n in cfg.probe_sizes}))
+  return dataclasses.replace(cfg, **fields)
+
+
 def config_from_argv(argv=None, ap: argparse.ArgumentParser | None = None) -> SwissRollConfig:
   """Parse and validate; a bad setting exits with one line (code 2) before any work."""
   ap = ap or parser()
@@ -722,7 +734,8 @@ def config_from_argv(argv=None, ap: argparse.ArgumentParser | None = None) -> Sw
   if args.full and args.out is None:
     base = dataclasses.replace(base, out="runs/swissroll_full")
   try:
-    cfg = config_lib.from_arguments(args, SwissRollConfig, base)
+    cfg = fit_to_cloud(config_lib.from_arguments(args, SwissRollConfig, base),
+                       given={k for k in ("heat_points", "probe_sizes") if getattr(args, k, None) is not None})
     validate(cfg)
     check_regularisers(cfg)
   except ValueError as e:

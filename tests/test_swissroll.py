@@ -207,6 +207,16 @@ def test_help_documents_every_option_without_importing_jax():
       assert "--" + name.replace("_", "-") in out, name
 
 
+def test_read_out_sizes_left_at_their_defaults_fit_a_smaller_cloud(capsys):
+  small = swissroll.config_from_argv(["--num-points", "400"])
+  assert small.heat_points == 400 and small.probe_sizes == (256, 400)
+  default = swissroll.config_from_argv([])
+  assert default.heat_points == 1000 and default.probe_sizes == (256, 1024, 4000)
+  with pytest.raises(SystemExit):                      # a size the user asked for is refused, not clipped
+    swissroll.config_from_argv(["--num-points", "400", "--heat-points", "1000"])
+  assert "--heat-points must be at most num_points = 400" in capsys.readouterr().err
+
+
 def test_cli_overrides():
   cfg = swissroll.config_from_argv(["--operators", "DMAP,ATTN", "--steps", "7", "--full"])
   assert cfg.operators == ("DMAP", "ATTN") and cfg.steps == 7 and cfg.out == "runs/swissroll_full"
