@@ -15,6 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import checkify
 
+from attngeo import errors
+
 
 def checked(fn):
   """`fn` in checked mode: staged value checks, NaN production and division by zero raise `ValueError`.
@@ -46,7 +48,7 @@ def check_rank(name: str, x, rank: int, layout: str) -> None:
 
 def check_floating(name: str, x) -> None:
   if not jnp.issubdtype(jnp.result_type(x), jnp.floating):
-    raise TypeError(f"{name} must be a floating-point array; got dtype {jnp.result_type(x)}")
+    raise errors.InputTypeError(f"{name} must be a floating-point array; got dtype {jnp.result_type(x)}")
 
 
 def check_finite(name: str, x) -> None:

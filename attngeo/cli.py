@@ -26,6 +26,8 @@ import sys
 import threading
 import warnings
 
+from attngeo import errors
+
 COMMANDS = {
     "swissroll": ("attngeo.experiments.swissroll", "the Swiss-roll scan: Table 1, Figures 1-2"),
     "swissroll-order": ("attngeo.experiments.swissroll_order", "the order effect: e^H̄ vs set size, depth and budget"),
@@ -94,8 +96,9 @@ def _reexec_with_huge_pages() -> None:
 # one is set is JAX imported before the command parses its options, so argument errors answer at once.
 DISTRIBUTED_ENV = ("JAX_COORDINATOR_ADDRESS", "TPU_WORKER_HOSTNAMES")
 
-# Errors that mean "the input is wrong", reported in one line (anything else is a bug: traceback).
-USER_ERRORS = (ValueError, TypeError, FileNotFoundError, NotADirectoryError, IsADirectoryError, FloatingPointError)
+# Errors that mean "the input is wrong", reported in one line (anything else is a bug: traceback). A
+# TypeError is one only when attngeo raised it on purpose (`errors.InputTypeError`): a bare one is a bug.
+USER_ERRORS = (ValueError, errors.InputTypeError, FileNotFoundError, NotADirectoryError, IsADirectoryError, FloatingPointError)
 
 
 class Terminated(KeyboardInterrupt):

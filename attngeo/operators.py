@@ -52,7 +52,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attngeo import _checks, kernels
+from attngeo import _checks, errors, kernels
 # Named corners (β, α) of the operator square and the magnetic operator's name: one table, JAX-free, in
 # `attngeo.operator_names` (the CLI checks names with it before importing JAX).
 from attngeo.operator_names import ATAP, ATTN, CORNERS, DMAP, DMTN, MAGNETIC, corner, is_magnetic  # noqa: F401
@@ -73,17 +73,17 @@ def _check_qk(q, k):
 def _coefficient(name: str, x, heads: int):
   """β or α as a Python float (static corner) or an array broadcastable to [h]."""
   if isinstance(x, str):
-    raise TypeError(f"{name} must be a number or a per-head array in [0, 1]; got the string {x!r} "
+    raise errors.InputTypeError(f"{name} must be a number or a per-head array in [0, 1]; got the string {x!r} "
                     f"(for a named operator use operators.corner({x!r}))")
   if isinstance(x, (bool, np.bool_)):
-    raise TypeError(f"{name} must be a number or a per-head array in [0, 1], not a bool; got {x!r}")
+    raise errors.InputTypeError(f"{name} must be a number or a per-head array in [0, 1], not a bool; got {x!r}")
   if isinstance(x, (int, float, np.floating, np.integer)):
     x = float(x)
     _checks.check_unit_interval(name, x)
     return x
   x = jnp.asarray(x)
   if x.dtype == jnp.bool_:
-    raise TypeError(f"{name} must be a number or a per-head array in [0, 1], not a bool array")
+    raise errors.InputTypeError(f"{name} must be a number or a per-head array in [0, 1], not a bool array")
   if x.ndim > 1 or (x.ndim == 1 and x.shape[0] not in (1, heads)):
     raise ValueError(f"{name} must be a scalar or a per-head array of shape [{heads}]; got shape {x.shape}")
   _checks.check_unit_interval(name, x)
@@ -119,7 +119,7 @@ def _check_mask(mask, b, h, t, s):
     return None
   mask = jnp.asarray(mask)
   if mask.dtype != jnp.bool_:
-    raise TypeError(f"mask must be boolean (True = attend); got dtype {mask.dtype}")
+    raise errors.InputTypeError(f"mask must be boolean (True = attend); got dtype {mask.dtype}")
   if mask.ndim != 4:
     raise ValueError(f"mask must be 4-D, broadcastable to [batch, heads, q_len, k_len]; got {mask.shape}")
   try:
@@ -313,7 +313,7 @@ def _scale(scale, d: int) -> float:
   if scale is None:
     return 1.0 / math.sqrt(d)
   if not _is_number(scale):
-    raise TypeError(f"scale must be a finite positive number (default 1/sqrt(head_dim)); got {scale!r}")
+    raise errors.InputTypeError(f"scale must be a finite positive number (default 1/sqrt(head_dim)); got {scale!r}")
   if not np.isfinite(float(scale)) or float(scale) <= 0:
     raise ValueError(f"scale must be a finite positive number (default 1/sqrt(head_dim)); got {scale!r}")
   return float(scale)
@@ -382,9 +382,9 @@ MAGNETIC_IMPLEMENTATIONS = kernels.KERNELS["magnetic"]
 def _coupling(x, heads: int):
   """γ as a Python float (static) or a finite array broadcastable to [h]."""
   if isinstance(x, str):
-    raise TypeError(f"coupling must be a number or a per-head array; got the string {x!r}")
+    raise errors.InputTypeError(f"coupling must be a number or a per-head array; got the string {x!r}")
   if isinstance(x, (bool, np.bool_)):
-    raise TypeError(f"coupling must be a number or a per-head array, not a bool; got {x!r}")
+    raise errors.InputTypeError(f"coupling must be a number or a per-head array, not a bool; got {x!r}")
   if isinstance(x, (int, float, np.floating, np.integer)):
     x = float(x)
     if not np.isfinite(x):

@@ -28,7 +28,7 @@ import hashlib
 import json
 import os
 
-from attngeo import config
+from attngeo import config, errors
 
 
 def sha256(path: str) -> str:
@@ -120,7 +120,7 @@ def import_main(argv=None):
     else:
       model, info = interop.load("gpt2", a.path, hf_config_path=a.config, **overrides)
       source = {"matched": info["source"], "config": info["config"]}
-  except (ValueError, TypeError, FileNotFoundError, ImportError) as e:
+  except (ValueError, errors.InputTypeError, FileNotFoundError, ImportError) as e:
     ap.error(str(e))
   weights = info["file"]
   imported = {"kind": a.kind, "file": os.path.abspath(weights), "sha256": sha256(weights), "overrides": overrides,
@@ -148,7 +148,7 @@ def _import_encoder(ap, a, overrides):
       imported = {"kind": a.kind, "file": os.path.abspath(weights), "sha256": sha256(weights), "overrides": overrides,
                   "matched": info["source"], "config": info["config"]}
       bert.write_run(a.out, model, info, imported)
-  except (ValueError, TypeError, FileNotFoundError, ImportError) as e:
+  except (ValueError, errors.InputTypeError, FileNotFoundError, ImportError) as e:
     ap.error(str(e))
   cfg = model.cfg
   heads = [name for name, on in (("MLM", cfg.mlm_head), ("pooler", cfg.pooler), (cfg.classifier, cfg.classifier)) if on]

@@ -49,7 +49,7 @@ import time
 
 import numpy as np
 
-from attngeo import config as config_lib, files, operator_names, runs, sampler_names, train_config
+from attngeo import config as config_lib, errors, files, operator_names, runs, sampler_names, train_config
 from attngeo.nn import config as model_configs
 from attngeo.experiments import report
 from attngeo.experiments.report import Col
@@ -752,7 +752,7 @@ def main(argv=None):
     if args.command == "transfer":
       check_transfer_folder(cfg)
     check_data(cfg)
-  except (ValueError, TypeError, FileNotFoundError, ImportError) as e:
+  except (ValueError, errors.InputTypeError, FileNotFoundError, ImportError) as e:
     sp.error(str(e))
   from attngeo import runlock
   with runlock.hold(cfg.out):        # one process per --out: data, training, samples and probe alike

@@ -374,3 +374,24 @@ def test_sigterm_is_one_line_and_exit_143_and_the_handler_is_restored(monkeypatc
   monkeypatch.setenv("ATTNGEO_DEBUG", "1")
   with pytest.raises(cli.Terminated):
     cli.main(["boom"])
+
+
+def _wrong_type(argv):
+  from attngeo import errors
+  raise errors.InputTypeError("--thing must be a number; got a string")
+
+
+def _a_bug(argv):
+  len(3)                                              # a TypeError from a wrong call inside: a bug
+
+
+def test_a_wrong_typed_input_is_one_line_but_a_bare_type_error_is_a_bug(monkeypatch, capsys):
+  """Only attngeo's own type checks (`errors.InputTypeError`) are user errors; a TypeError from inside keeps
+  its traceback, so a bug is never reported as the user's mistake."""
+  monkeypatch.delenv("ATTNGEO_DEBUG", raising=False)
+  monkeypatch.setitem(cli.COMMANDS, "typed", (f"{__name__}:_wrong_type", "a type check"))
+  monkeypatch.setitem(cli.COMMANDS, "bug", (f"{__name__}:_a_bug", "a bug"))
+  assert cli.main(["typed"]) == 2
+  assert capsys.readouterr().err.strip() == "attngeo typed: error: --thing must be a number; got a string"
+  with pytest.raises(TypeError, match="has no len"):
+    cli.main(["bug"])

@@ -28,6 +28,8 @@ import numpy as np
 import tensorflow_datasets as tfds
 from absl import logging as absl_logging
 
+from attngeo import errors
+
 SOURCES = ("mnist", "digits")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
 
@@ -53,7 +55,7 @@ def check_images(images, name: str = "images") -> np.ndarray:
     if lo < 0 or hi > 1:
       raise ValueError(f"float {name} must lie in [0, 1] (or be uint8 in [0, 255]); got range [{lo:.4g}, {hi:.4g}]")
   else:
-    raise TypeError(f"{name} must be an integer or float array; got dtype {x.dtype}")
+    raise errors.InputTypeError(f"{name} must be an integer or float array; got dtype {x.dtype}")
   return (x.astype(np.float32) / top * 2.0 - 1.0).astype(np.float32)
 
 
@@ -63,7 +65,7 @@ def check_labels(labels, num_classes: int, n: int | None = None, name: str = "la
   if y.ndim != 1 or (n is not None and y.shape[0] != n):
     raise ValueError(f"{name} must be a 1-D array of {n if n is not None else 'n'} labels; got shape {y.shape}")
   if not np.issubdtype(y.dtype, np.integer):
-    raise TypeError(f"{name} must be integers; got dtype {y.dtype}")
+    raise errors.InputTypeError(f"{name} must be integers; got dtype {y.dtype}")
   if y.size and (y.min() < 0 or y.max() >= num_classes):
     raise ValueError(f"{name} must lie in [0, {num_classes}) (the class count); got range [{y.min()}, {y.max()}]")
   return y.astype(np.int32)

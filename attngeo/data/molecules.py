@@ -27,6 +27,8 @@ import os
 
 import numpy as np
 
+from attngeo import errors
+
 WHEELS = {"molsets": "moses", "rxnfp": "rxnfp", "rxnmapper": "rxnmapper"}  # distribution → import name
 VERSIONS = {"molsets": "0.3.1", "rxnfp": "0.1.0", "rxnmapper": "0.4.3"}
 INSTALL = "pip install --no-deps " + " ".join(f"{d}=={v}" for d, v in VERSIONS.items())
@@ -85,7 +87,7 @@ def reactions(n: int | None = None, seed: int = 0) -> list[str]:
 def load(source: str, n: int | None = None, seed: int = 0) -> list[str]:
   """SMILES of a named source (`SOURCES`) or a file (text: one per line; CSV: a `COLUMNS` column)."""
   if not isinstance(source, (str, os.PathLike)):
-    raise TypeError(f"source must be one of {SOURCES} or a file path; got {type(source).__name__}")
+    raise errors.InputTypeError(f"source must be one of {SOURCES} or a file path; got {type(source).__name__}")
   if source == "moses":
     return moses("test", n, seed)
   if source == "moses-train":

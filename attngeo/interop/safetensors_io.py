@@ -24,6 +24,8 @@ import warnings
 
 import numpy as np
 
+from attngeo import errors
+
 SAFETENSORS_SUFFIXES = (".safetensors",)
 TORCH_SUFFIXES = (".pt", ".pth", ".bin")
 
@@ -84,7 +86,7 @@ def write(path: str, tensors: dict[str, np.ndarray], metadata: dict[str, str] | 
   from attngeo import files
   bad = sorted(k for k, v in (metadata or {}).items() if not isinstance(v, str))
   if bad:
-    raise TypeError(f"safetensors metadata values must be strings; not for {bad}")
+    raise errors.InputTypeError(f"safetensors metadata values must be strings; not for {bad}")
 
   def save(tmp):
     try:

@@ -25,6 +25,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from attngeo import errors
+
 RXNFP_PATTERN = (r"(\%\([0-9]{3}\)|\[[^\]]+]|Br?|Cl?|N|O|S|P|F|I|b|c|n|o|s|p|\||\(|\)|\.|=|#|-|\+|\\|\/|:|~|@|\?|>>?|"
                  r"\*|\$|\%[0-9]{2}|[0-9])")
 RXNMAPPER_PATTERN = (r"(\[[^\]]+]|Br?|Cl?|N|O|S|P|F|I|b|c|n|o|s|p|\(|\)|\.|=|#|-|\+|\\|\/|:|~|@|\?|>>?|\*|\$|"
@@ -100,7 +102,7 @@ class SmilesTokenizer:
   def tokenize(self, smiles: str) -> list[str]:
     """The regex's tokens of `smiles`, which they must cover fully (else a ValueError naming the position)."""
     if not isinstance(smiles, str):
-      raise TypeError(f"smiles must be a str; got {type(smiles).__name__}")
+      raise errors.InputTypeError(f"smiles must be a str; got {type(smiles).__name__}")
     if not smiles:
       raise ValueError("smiles is empty")
     tokens, pos = [], 0
@@ -132,7 +134,7 @@ class SmilesTokenizer:
   def batch(self, smiles: list[str], length: int | None = None) -> Batch:
     """Right-padded ids `[b, n]` int32 and mask `[b, n]` bool; `n` = `length` or the longest sequence."""
     if isinstance(smiles, str) or not isinstance(smiles, (list, tuple)):
-      raise TypeError(f"smiles must be a list of str; got {type(smiles).__name__}")
+      raise errors.InputTypeError(f"smiles must be a list of str; got {type(smiles).__name__}")
     if not smiles:
       raise ValueError("smiles must hold at least one SMILES; got an empty list")
     if length is not None and (isinstance(length, bool) or not isinstance(length, (int, np.integer)) or length < 3):

@@ -23,7 +23,7 @@ from typing import Iterable
 
 import numpy as np
 
-from attngeo import files
+from attngeo import errors, files
 
 SPECIAL_TOKENS = ("<|bos|>", "<|user_start|>", "<|user_end|>", "<|assistant_start|>", "<|assistant_end|>",
                   "<|python_start|>", "<|python_end|>", "<|output_start|>", "<|output_end|>")
@@ -62,7 +62,7 @@ class _Base:
       return first + self._encode([text])[0]
     if isinstance(text, (list, tuple)):
       return [first + ids for ids in self._encode(list(text))]
-    raise TypeError(f"text must be a str or a list of str; got {type(text).__name__}")
+    raise errors.InputTypeError(f"text must be a str or a list of str; got {type(text).__name__}")
 
   def token_bytes(self) -> np.ndarray:
     """[V] int32: UTF-8 byte length of each ordinary token, 0 for special tokens (nanochat's table)."""

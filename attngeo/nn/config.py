@@ -19,7 +19,7 @@ import math
 import numbers
 from typing import Any
 
-from attngeo import operator_names
+from attngeo import errors, operator_names
 
 ORDERS = ("attn_first", "ffn_first")
 ROPE_STYLES = ("half", "interleaved")
@@ -112,7 +112,7 @@ class NestsBlock:
     block_names = {f.name for f in dataclasses.fields(BlockConfig)}
     unknown = sorted(k for k in fields if k not in own and k not in block_names)
     if unknown:
-      raise TypeError(f"{cls.__name__} has no field {unknown[0]!r} (nor has its BlockConfig)")
+      raise errors.InputTypeError(f"{cls.__name__} has no field {unknown[0]!r} (nor has its BlockConfig)")
     top = {k: v for k, v in fields.items() if k in own}
     base = top.pop("block", None) or cls.__dataclass_fields__["block"].default_factory()
     block = dataclasses.replace(base, **{k: v for k, v in fields.items() if k not in own})
