@@ -53,6 +53,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
+from attngeo import interrupts
+
 
 class CheckpointWarning(UserWarning):
   """A checkpoint step was skipped (corrupt or incomplete)."""
@@ -179,7 +181,7 @@ def save(mngr, step: int, state, data_state: dict):
     raise FloatingPointError(f"the training state holds NaN/Inf at step {step}: not checkpointed; the last good "
                              f"checkpoint is {'step ' + str(last) if last is not None else 'none'} in {mngr.directory}")
   _quiet_leftovers()                # a failing write's leftovers may land before its error is seen
-  with _writing(mngr):
+  with interrupts.deferred(), _writing(mngr):      # Ctrl-C/SIGTERM take effect once the write is handed over
     _saving[mngr] = (step, nbytes(state))
     mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(_pure(state)),
                                             data=ocp.args.JsonSave(data_state),
@@ -190,7 +192,7 @@ def save(mngr, step: int, state, data_state: dict):
 def finish(mngr):
   """Wait for `mngr`'s pending save and close it; a full disk is one `DiskFull`."""
   try:
-    with _writing(mngr):
+    with interrupts.deferred(), _writing(mngr):    # a signal here stops the command after the save, not in it
       mngr.wait_until_finished()
   finally:
     mngr.close()

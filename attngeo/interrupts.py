@@ -1,0 +1,49 @@
+"""Sections a signal must not cut: Ctrl-C or SIGTERM inside `deferred()` takes effect when it ends.
+
+A checkpoint write waits on orbax's background threads (the previous step's finalisation, the
+array copies). A signal landing in that wait raised inside orbax, which logged the interrupted
+thread join as a failed save — a 14-line absl traceback — before the command's own one line, and
+left the step to the next run's clean-up. Inside `deferred()` SIGINT and SIGTERM are only
+recorded; on leaving the section the previous handlers are back and the first recorded signal is
+raised again (`signal.raise_signal`), so the command stops where it would have, one write later.
+Only the main thread (where Python runs signal handlers) defers; sections nest. Imports nothing of
+attngeo.
+"""
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_state = {"depth": 0, "pending": None}
+
+
+def _record(signum, frame):
+  if _state["pending"] is None:
+    _state["pending"] = signum
+
+
+@contextlib.contextmanager
+def deferred():
+  """Hold SIGINT/SIGTERM for the duration of the block; deliver the first one received afterwards."""
+  if threading.current_thread() is not threading.main_thread():
+    yield                                    # signal handlers run in the main thread only
+    return
+  if _state["depth"]:                        # nested: the outermost section delivers
+    _state["depth"] += 1
+    try:
+      yield
+    finally:
+      _state["depth"] -= 1
+    return
+  previous = {s: signal.signal(s, _record) for s in _SIGNALS}
+  _state["depth"], _state["pending"] = 1, None
+  try:
+    yield
+  finally:
+    for s, handler in previous.items():
+      signal.signal(s, handler)
+    pending, _state["depth"], _state["pending"] = _state["pending"], 0, None
+    if pending is not None:
+      signal.raise_signal(pending)
