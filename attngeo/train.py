@@ -234,7 +234,8 @@ def _resume(cfg: TrainConfig, state, shardings, data, model_cfg):
   if restored is not None:
     state, data_state, _ = restored
     data.set_state(data_state)
-  files.write_config(cfg.workdir, train=cfg, model=model_cfg)
+  recorded = (files.read_config(cfg.workdir) if os.path.exists(os.path.join(cfg.workdir, "config.json")) else {})
+  files.write_config(cfg.workdir, **{**recorded, "train": cfg, "model": model_cfg})   # an experiment's own config stays
   return mngr, state
 
 

@@ -507,20 +507,29 @@ def geometry_rows(rows: list[dict]) -> list[dict]:
   return out
 
 
-# Fields of a transfer that change no finished stage's result: a re-run may add seeds or change these.
+# Fields that change no finished stage's result: a re-run may add seeds or change these.
 TRANSFER_CONTROL = ("seeds", "out", "progress", "log_every", "ckpt_every")
+# `sit train` trains one model; a resume may also change what is evaluated after it (and `steps`,
+# which the trainer's own check covers: a longer run under a constant schedule extends the same one).
+EVALUATION = ("sampler", "sample_steps", "guidance", "eval_samples", "grid_per_class", "probe_images",
+              "classifier_steps", "metric")
 
 
-def check_transfer_folder(cfg: SiTConfig) -> None:
-  """Refuse (one line) a transfer into a folder whose finished stages were made under other settings:
-  they would be read back ("done earlier") and reported under this config."""
-  if os.path.exists(os.path.join(cfg.out, "config.json")) and "sit" in files.read_config(cfg.out):
-    train_config.check_resumable(cfg.out, ignore=tuple(f"sit.{k}" for k in TRANSFER_CONTROL), sit=cfg)
+def check_run_folder(cfg: SiTConfig, command: str) -> None:
+  """Refuse (one line) a `sit transfer` or `sit train` into a folder made under other settings.
+
+  A transfer reads finished stages back ("done earlier") and would report them under this config; a
+  `sit train` resumes the checkpoint, whose trajectory the data, model, loss (`reg`) and optimiser
+  settings made. The fields that change neither may differ."""
+  if not (os.path.exists(os.path.join(cfg.out, "config.json")) and "sit" in files.read_config(cfg.out)):
+    return
+  ignore = TRANSFER_CONTROL + (EVALUATION + TRANSFER_ONLY + ("steps",) if command == "train" else ())
+  train_config.check_resumable(cfg.out, ignore=tuple(f"sit.{k}" for k in ignore), sit=cfg)
 
 
 def transfer(cfg: SiTConfig) -> dict:
   t0 = time.perf_counter()
-  check_transfer_folder(cfg)
+  check_run_folder(cfg, "transfer")
   os.makedirs(cfg.out, exist_ok=True)
   files.write_config(cfg.out, sit=cfg)
   train_src, ev = prepare(cfg)
@@ -554,6 +563,9 @@ def train_one(cfg: SiTConfig) -> dict:
 
   from attngeo import nn
   t0 = time.perf_counter()
+  check_run_folder(cfg, "train")                      # again, under the run folder's lock
+  recorded = files.read_config(cfg.out) if os.path.exists(os.path.join(cfg.out, "config.json")) else {}
+  files.write_config(cfg.out, **{**recorded, "sit": cfg})   # before training: a killed run's resume is checked too
   train_src, ev = prepare(cfg)
   seed = cfg.seeds[0]
   mcfg = model_config(cfg, ev["image_shape"][1], ev["image_shape"][3], ev["num_classes"], cfg.operator)
@@ -749,8 +761,7 @@ def main(argv=None):
       else:
         print("local: attngeo sit " + " ".join(shlex.quote(a) for a in argv if a != "--dry-run"))
       return cfg
-    if args.command == "transfer":
-      check_transfer_folder(cfg)
+    check_run_folder(cfg, args.command)
     check_data(cfg)
   except (ValueError, errors.InputTypeError, FileNotFoundError, ImportError) as e:
     sp.error(str(e))

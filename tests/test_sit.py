@@ -367,3 +367,19 @@ def test_classifier_is_reused_only_for_its_own_settings(tmp_path):
   first, again, other = prepare(5), prepare(5), prepare(6)
   assert again == first                                   # read back, not retrained
   assert other[0] == 6 and other[1] != first[1]           # retrained (and rewritten) under the new setting
+
+
+def test_train_resume_under_another_loss_or_model_is_refused(tmp_path, capsys):
+  """A `sit train` folder resumes only the run its checkpoints hold: another --reg.skew or width is one line,
+  nothing rewritten; what is only evaluated (sampler steps) may change."""
+  out = str(tmp_path / "train")
+  args = ["train", *TRAIN_TINY, "--steps", "2", "--metric", "false", "--sampler", "euler", "--out", out]
+  sit.main(args)
+  listing = {p: os.path.getmtime(p) for p in glob.glob(os.path.join(out, "**"), recursive=True)}
+  for extra, field in ((["--reg.skew", "0.1"], "sit.reg.skew 0.0 → 0.1"), (["--width", "32"], "sit.width 16 → 32")):
+    with pytest.raises(SystemExit):
+      sit.main(args + extra)
+    assert field in capsys.readouterr().err
+    assert listing == {p: os.path.getmtime(p) for p in glob.glob(os.path.join(out, "**"), recursive=True)}
+  row = sit.main(args + ["--sample-steps", "3"])
+  assert np.isfinite(row["val_loss"])
