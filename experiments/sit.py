@@ -185,17 +185,6 @@ def check_fields(cfg: SiTConfig):
     model_configs.DiTConfig.create(width=cfg.width, depth=cfg.depth, num_heads=cfg.heads, patch=cfg.patch, **shape)
 
 
-def validate(cfg: SiTConfig, *, training: bool = True):
-  """Argument errors that need no data (raised before any work): `check_fields`, then sampler,
-  guidance and preset (these import JAX)."""
-  from attngeo import flow, nn
-  check_fields(cfg)
-  flow.check_sampler(cfg.sampler, cfg.sample_steps)
-  flow.check_guidance(cfg.guidance, 0 if cfg.class_dropout > 0 else None)
-  if cfg.preset:
-    nn.DiTConfig.preset(cfg.preset)
-
-
 # ----------------------------------------------------------------------------- training and sampling
 
 def loss_fn(model, batch, rng):
@@ -735,7 +724,6 @@ def main(argv=None):
     try:
       check_fields(cfg)
       files.read_config(args.run)              # not a run folder: one line before JAX is imported
-      validate(cfg)
       model = runs.load_run(args.run)[0]
       from attngeo import flow
       from attngeo.data import images
@@ -751,7 +739,6 @@ def main(argv=None):
     check_fields(cfg)
     if args.command == "train" and cfg.steps < 1:
       raise ValueError(f"steps must be >= 1 for sit train (0 steps is the random initialisation); got {cfg.steps}")
-    validate(cfg)
     if args.command == "transfer" and args.dry_run:
       print(json.dumps(dataclasses.asdict(cfg), indent=1))
       if args.full:

@@ -1,11 +1,12 @@
 """The SiT experiment: the distance-form fold is exact, the transfer protocol runs end to end (smoke),
 official checkpoints import as runs, and bad input fails in one line before any training."""
+import glob
 import json
 import math
-import glob
 import os
 import re
 import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -308,6 +309,15 @@ def test_dry_run_local_line_and_help(capsys):
   assert "--operator" in helps["train"] and "--operator" not in helps["transfer"]
   top = sit.parser().format_help()
   assert all(c in top for c in ("train", "sample", "transfer", "import")) and "attngeo sit SUBCOMMAND --help" in top
+
+
+def test_argument_errors_and_the_dry_run_answer_without_importing_jax():
+  code = ("import sys\nfrom attngeo.experiments import sit\n"
+          "sit.main(['transfer', '--dry-run', '--preset', 'S/2'])\n"
+          "try:\n  sit.main(['train', '--sampler', 'bogus', '--out', '/nonexistent/x'])\nexcept SystemExit:\n  pass\n"
+          "print('JAX', 'jax' in sys.modules)")
+  run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+  assert run.stdout.strip().endswith("JAX False") and "sampler" in run.stderr
 
 
 def test_full_dry_run_prints_its_cost(capsys):
