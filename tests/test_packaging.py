@@ -92,18 +92,20 @@ for bad in (lambda: C.GPTConfig.create(operator="FOO"), lambda: C.BlockConfig(wi
     errors.append(None)
   except ValueError as e:
     errors.append(str(e))
+roundtrip = [C.config_from_dict(json.loads(json.dumps(C.config_dict(c)))) == c for c in cfgs[:4]]
 print(json.dumps({"heads": [c.block.num_heads if hasattr(c, "block") else c.num_heads for c in cfgs],
-                  "errors": errors, "loaded": sorted(m for m in ("jax", "flax", "grain", "tensorflow") if m in sys.modules)}))
+                  "errors": errors, "roundtrip": roundtrip, "loaded": sorted(m for m in ("jax", "flax", "grain", "tensorflow") if m in sys.modules)}))
 """
 
 
 def test_model_configs_build_and_validate_without_jax():
-  """`attngeo.nn.config` (and the light data modules) in a fresh interpreter: every model config builds and
-  validates, a bad one is one ValueError line, and neither JAX, Flax, grain nor TensorFlow is imported."""
+  """`attngeo.nn.config` (and the light data modules) in a fresh interpreter: every model config builds,
+  validates and round-trips through its JSON dict, a bad one is one ValueError line, and neither JAX, Flax, grain nor TensorFlow is imported."""
   out = subprocess.run([sys.executable, "-c", JAX_FREE_CONFIGS], capture_output=True, text=True, timeout=60,
                        check=True)
   got = json.loads(out.stdout)
   assert got["loaded"] == [], f"importing attngeo.nn.config loaded {got['loaded']}"
+  assert got["roundtrip"] == [True] * 4           # config ⇄ dict through JSON, without JAX
   assert got["heads"] == [4, 6, 8, 2, 3]          # GPT: width 64·2 = 128 in heads of 32; S/2: 6; ALBERT: 8
   expected = ["operator must be one of ['ATAP', 'ATTN', 'DMAP', 'DMTN', 'CMAP'] or a (beta, alpha) pair; got 'FOO'",
               "num_heads=3 does not divide width=10",

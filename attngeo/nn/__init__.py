@@ -7,7 +7,7 @@
 * `gpt` — `GPT` (decoder LM, nanochat's depth knob); `encoder` — `Encoder` (BERT / ALBERT, post-LN,
   MLM head); `dit` — `DiT` (SiT/DiT backbone);
   `pointflow` — `PointFlow` (set transformer over points); `embeddings` — time/position embeddings;
-* `registry` — config ⇄ dict and rebuilding a model from a run's config.
+* `registry` — rebuilding a model from a run's config (the config ⇄ dict pair lives in `config`).
 
 Model configs nest one `BlockConfig`; `XConfig.create(**fields)` routes block fields into it. The names
 below load on first use (PEP 562), so `import attngeo.nn.config` imports neither JAX nor Flax.
@@ -15,7 +15,8 @@ below load on first use (PEP 562), so `import attngeo.nn.config` imports neither
 from attngeo import _lazy
 
 _HOMES = {
-  "config": ("BlockConfig", "DiTConfig", "EncoderConfig", "GPTConfig", "ORDERS", "PointFlowConfig"),
+  "config": ("BlockConfig", "DiTConfig", "EncoderConfig", "GPTConfig", "ORDERS", "PointFlowConfig", "config_dict",
+             "config_from_dict"),
   "dit": ("DiT",),
   "encoder": ("Encoder",),
   "embeddings": ("FinalLayer", "TimestepEmbedder", "sincos_2d", "timestep_embedding"),
@@ -23,6 +24,6 @@ _HOMES = {
   "layers": ("Attention", "Block", "Mlp", "attention_modules", "capture_qk", "fold_distance", "graft",
              "resolve_operator", "rope"),
   "pointflow": ("PointFlow",),
-  "registry": ("build", "config_dict", "config_from_dict"),
+  "registry": ("build",),
 }
 __getattr__, __dir__, __all__, _HOME = _lazy.attach(__name__, globals(), _HOMES)

@@ -310,3 +310,28 @@ class PointFlowConfig(NestsBlock):
   dim: int = 3
   depth: int = 2
   block: BlockConfig = dataclasses.field(default_factory=_pointflow_block)
+
+
+# ----------------------------------------------------------------------------- config ⇄ dict
+
+CONFIGS = {c.__name__: c for c in (GPTConfig, DiTConfig, PointFlowConfig, EncoderConfig)}
+
+
+def config_dict(model_or_config) -> dict | None:
+  """`{"class": "GPTConfig", **fields}` of a model (its `cfg`) or of a config; None if it has none.
+
+  JAX-free (a model is only read for its `cfg`): the CLI records and compares configs before JAX loads."""
+  cfg = getattr(model_or_config, "cfg", model_or_config)
+  if not dataclasses.is_dataclass(cfg) or type(cfg).__name__ not in CONFIGS:
+    return None
+  return {"class": type(cfg).__name__, **dataclasses.asdict(cfg)}
+
+
+def config_from_dict(fields: dict):
+  """Inverse of `config_dict`: the config dataclass (nested `block` rebuilt, lists as tuples)."""
+  from attngeo import config as config_lib
+  fields = dict(fields)
+  name = fields.pop("class", None)
+  if name not in CONFIGS:
+    raise ValueError(f"unknown model config class {name!r}; known: {sorted(CONFIGS)}")
+  return config_lib.from_dict(CONFIGS[name], fields)
