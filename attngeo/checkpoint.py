@@ -53,7 +53,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
-from attngeo import interrupts
+from attngeo import interrupts, runlock
 
 
 class CheckpointWarning(UserWarning):
@@ -419,7 +419,7 @@ def _quarantine(mngr, step: int):
   """Move a bad step aside to `<workdir>/ckpt_corrupt/<step>-<time>` so it is never resumed or overwritten."""
   src = os.path.join(str(mngr.directory), str(step))
   if jax.process_index() == 0 and os.path.exists(src):
-    dst = os.path.join(os.path.dirname(str(mngr.directory)), "ckpt_corrupt", f"{step}-{int(time.time())}")
+    dst = os.path.join(os.path.dirname(str(mngr.directory)), runlock.QUARANTINE_NAME, f"{step}-{int(time.time())}")
     os.makedirs(os.path.dirname(dst), exist_ok=True)
     shutil.move(src, dst)
   mngr.reload()

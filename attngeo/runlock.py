@@ -35,6 +35,9 @@ import time
 from typing import Callable
 
 LOCK_NAME = ".lock"
+# Checkpoint steps moved aside as corrupt (`attngeo.checkpoint`): evidence and possibly readable
+# weights, never removed by the clean-up of a failed start.
+QUARANTINE_NAME = "ckpt_corrupt"
 
 _held: dict[str, list] = {}          # realpath → [descriptor, depth, folders this hold created]
 _guard = threading.Lock()
@@ -138,8 +141,9 @@ def _release(folder: str, entry: list) -> None:
 
 
 def _remove_added(workdir: str, before: set[str]) -> None:
-  """Remove the top-level entries of `workdir` that are not in `before` (the lock file aside)."""
-  for name in sorted(set(os.listdir(workdir)) - before - {LOCK_NAME}):
+  """Remove the top-level entries of `workdir` that are not in `before` (the lock file and quarantined
+  checkpoint steps aside)."""
+  for name in sorted(set(os.listdir(workdir)) - before - {LOCK_NAME, QUARANTINE_NAME}):
     path = os.path.join(workdir, name)
     if os.path.isdir(path) and not os.path.islink(path):
       shutil.rmtree(path)

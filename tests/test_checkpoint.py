@@ -231,6 +231,21 @@ def jax_tree_equal(a, b):
   return all(jax.tree.leaves(jax.tree.map(lambda x, y: bool(np.array_equal(np.asarray(x), np.asarray(y))), a, b)))
 
 
+def test_when_every_step_is_corrupt_the_refusal_keeps_them_all_aside(finished, tmp_path):
+  """Every step damaged: the resume is refused in one line and the steps stay in ckpt_corrupt/ (the clean-up of
+  a failed start removed that new folder, and with it every checkpoint of the run)."""
+  wd = copy_run(finished, tmp_path)
+  for step in (2, 4):
+    for path in data_files(os.path.join(step_dir(wd, step), "state")):
+      with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) // 2)
+  with pytest.warns(checkpoint.CheckpointWarning), pytest.raises(ValueError, match="every step was corrupt"):
+    run(wd)
+  kept = sorted(name.split("-")[0] for name in os.listdir(os.path.join(wd, "ckpt_corrupt")))
+  assert kept == ["2", "4"]
+  assert all(os.listdir(os.path.join(wd, "ckpt_corrupt", name)) for name in os.listdir(os.path.join(wd, "ckpt_corrupt")))
+
+
 def test_a_run_saved_without_integrity_data_is_refused_not_called_corrupt(finished, tmp_path):
   """Steps saved before checksums existed (none has integrity data) cannot be verified: one clear
   error, and nothing is moved aside."""
