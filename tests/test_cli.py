@@ -395,3 +395,20 @@ def test_a_wrong_typed_input_is_one_line_but_a_bare_type_error_is_a_bug(monkeypa
   assert capsys.readouterr().err.strip() == "attngeo typed: error: --thing must be a number; got a string"
   with pytest.raises(TypeError, match="has no len"):
     cli.main(["bug"])
+
+
+def test_an_interrupted_shell_command_flushes_and_exits_without_the_teardown(tmp_path):
+  """From the shell, an interrupted command ends with `os._exit` after its one line (the interpreter's teardown
+  segfaulted after a signal during XLA's compile-and-load); what it printed is flushed, atexit hooks do not run."""
+  (tmp_path / "cmd.py").write_text("import atexit\n"
+                                   "def run(argv):\n"
+                                   "  atexit.register(print, 'TEARDOWN')\n"
+                                   "  print('partial line', end='')\n"
+                                   "  raise KeyboardInterrupt\n")
+  code = ("import sys\nfrom attngeo import cli\ncli.COMMANDS['cmd'] = ('cmd:run', 'test')\n"
+          "sys.argv = ['attngeo', 'cmd']\nsys.exit(cli.main())")
+  env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", ATTNGEO_HUGEPAGES="0")
+  env.pop("ATTNGEO_DEBUG", None)
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+  assert out.returncode == 130 and out.stdout == "partial line"
+  assert out.stderr.strip().startswith("attngeo cmd: interrupted;") and "TEARDOWN" not in out.stdout
