@@ -155,6 +155,27 @@ def test_bad_configs_fail_fast(make, match):
     make()
 
 
+@pytest.mark.parametrize("fields, message", [
+    (dict(mlp_ratio=0), "mlp_ratio must be a finite number > 0; got 0"),
+    (dict(mlp_ratio=-1), "mlp_ratio must be a finite number > 0"),
+    (dict(mlp_ratio=float("nan")), "mlp_ratio must be a finite number > 0"),
+    (dict(mlp_ratio=0.001), "without a hidden unit"),
+    (dict(norm_eps=-1.0), "norm_eps must be a finite number > 0; got -1.0"),
+    (dict(norm_eps=0.0), "norm_eps must be a finite number > 0"),
+    (dict(rope_base=0.5), "rope_base must be a finite number > 1"),
+    (dict(qk_gain=float("inf")), "qk_gain must be a finite number"),
+    (dict(dtype="foo"), "dtype must be one of"),
+    (dict(rope_dtype="int8"), "rope_dtype must be one of .* or None"),
+    (dict(mlp_act="tanh"), "mlp_act must be one of"),
+    (dict(num_heads=0), "num_heads must be an integer ≥ 1; got 0"),
+])
+def test_impossible_block_fields_are_one_line_before_any_array(fields, message):
+  """The second fault-injection pass: mlp_ratio 0 or −1 crashed inside XLA (ZeroDivisionError, MLIRError) and
+  norm_eps −1 was accepted and trained to NaN; every field is now checked by `BlockConfig.validate`."""
+  with pytest.raises(ValueError, match=message):
+    nn.BlockConfig(**dict(dict(width=16, num_heads=2), **fields)).validate()
+
+
 def test_gpt_rejects_tokens_outside_the_vocabulary():
   model = nn.GPT(nn.GPTConfig.from_depth(1, vocab_size=16, head_dim=8, width=16), rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match=r"tokens must lie in \[0, 16\)"):

@@ -24,6 +24,8 @@ from attngeo import errors, operator_names
 ORDERS = ("attn_first", "ffn_first")
 ROPE_STYLES = ("half", "interleaved")
 NORMS = ("rms", "layer")
+MLP_ACTS = ("gelu", "gelu_erf", "relu2", "silu")       # `attngeo.nn.layers.Mlp`'s activations
+DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 
 def check_distance_form(operator, learnable_operator, qk_norm, num_kv_heads=None, num_heads=None):
@@ -71,6 +73,24 @@ class BlockConfig:
   distance_form: bool = False         # DMAP parametrised by W_+ = (W_Q + W_K)/√2 alone (see fold_distance)
 
   def validate(self):
+    for name in ("width", "num_heads") + (("head_dim",) if self.head_dim is not None else ()):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{name} must be an integer ≥ 1; got {value!r}")
+    for name, low in (("mlp_ratio", 0.0), ("norm_eps", 0.0), ("rope_base", 1.0)):
+      value = getattr(self, name)
+      if isinstance(value, (bool, str)) or not math.isfinite(float(value)) or not float(value) > low:
+        raise ValueError(f"{name} must be a finite number > {low:g}; got {value!r}")
+    if int(self.width * self.mlp_ratio) < 1:
+      raise ValueError(f"mlp_ratio={self.mlp_ratio} leaves the MLP of width {self.width} without a hidden unit")
+    if isinstance(self.qk_gain, (bool, str)) or not math.isfinite(float(self.qk_gain)):
+      raise ValueError(f"qk_gain must be a finite number; got {self.qk_gain!r}")
+    if self.mlp_act not in MLP_ACTS:
+      raise ValueError(f"mlp_act must be one of {MLP_ACTS}; got {self.mlp_act!r}")
+    for name in ("dtype", "rope_dtype"):
+      value = getattr(self, name)
+      if not (value in DTYPES or (name == "rope_dtype" and value is None)):
+        raise ValueError(f"{name} must be one of {DTYPES}{' or None' if name == 'rope_dtype' else ''}; got {value!r}")
     if self.order not in ORDERS:
       raise ValueError(f"order must be one of {ORDERS}; got {self.order!r}")
     if self.head_dim is None and self.width % self.num_heads:
