@@ -175,6 +175,11 @@ def check_fields(cfg: SiTConfig):
     raise ValueError(f"class_dropout must lie in [0, 1); got {cfg.class_dropout}")
   if not cfg.seeds:
     raise ValueError("seeds must name at least one seed")
+  if cfg.metric and cfg.classifier_steps < 1:
+    raise ValueError(f"classifier_steps must be ≥ 1 (the metric's classifier trains that long; --metric false "
+                     f"skips it); got {cfg.classifier_steps}")
+  if not 0.0 < cfg.test_fraction < 1.0:
+    raise ValueError(f"test_fraction must lie in (0, 1) (the held-out share); got {cfg.test_fraction}")
   cfg.reg.validate()
   sampler_names.check_sampler(cfg.sampler, cfg.sample_steps)
   sampler_names.check_guidance(cfg.guidance, 0 if cfg.class_dropout > 0 else None)
@@ -510,9 +515,16 @@ def check_run_folder(cfg: SiTConfig, command: str) -> None:
   A transfer reads finished stages back ("done earlier") and would report them under this config; a
   `sit train` resumes the checkpoint, whose trajectory the data, model, loss (`reg`) and optimiser
   settings made. The fields that change neither may differ."""
-  if not (os.path.exists(os.path.join(cfg.out, "config.json")) and "sit" in files.read_config(cfg.out)):
+  if not os.path.exists(os.path.join(cfg.out, "config.json")):
     return
-  ignore = TRANSFER_CONTROL + (EVALUATION + TRANSFER_ONLY + ("steps",) if command == "train" else ())
+  recorded = files.read_config(cfg.out)
+  if "sit" not in recorded:
+    kinds = sorted(k for k in recorded if k != "classes")
+    raise ValueError(f"--out {cfg.out} holds another kind of run (its config.json records {', '.join(kinds)}); "
+                     f"use a new --out")
+  constant = recorded["sit"].get("schedule") == cfg.schedule == "constant"     # a longer run extends the same one
+  ignore = TRANSFER_CONTROL + (EVALUATION + TRANSFER_ONLY + (("steps",) if constant else ()) if command == "train"
+                               else ())
   train_config.check_resumable(cfg.out, ignore=tuple(f"sit.{k}" for k in ignore), sit=cfg)
 
 

@@ -386,10 +386,33 @@ def test_train_resume_under_another_loss_or_model_is_refused(tmp_path, capsys):
   args = ["train", *TRAIN_TINY, "--steps", "2", "--metric", "false", "--sampler", "euler", "--out", out]
   sit.main(args)
   listing = {p: os.path.getmtime(p) for p in glob.glob(os.path.join(out, "**"), recursive=True)}
-  for extra, field in ((["--reg.skew", "0.1"], "sit.reg.skew 0.0 → 0.1"), (["--width", "32"], "sit.width 16 → 32")):
+  for extra, field in ((["--reg.skew", "0.1"], "sit.reg.skew 0.0 → 0.1"), (["--width", "32"], "sit.width 16 → 32"),
+                       (["--steps", "3"], "sit.steps 2 → 3")):              # cosine: another trajectory
     with pytest.raises(SystemExit):
       sit.main(args + extra)
     assert field in capsys.readouterr().err
     assert listing == {p: os.path.getmtime(p) for p in glob.glob(os.path.join(out, "**"), recursive=True)}
   row = sit.main(args + ["--sample-steps", "3"])
   assert np.isfinite(row["val_loss"])
+
+
+def test_train_into_another_kind_of_run_is_refused_before_any_data(tmp_path, capsys):
+  """An lm run folder (or an import) is not resumed as a SiT: refused in one line, nothing added (it wrote the
+  image data and trained the classifier first, then the trainer refused)."""
+  out = tmp_path / "lm_run"
+  out.mkdir()
+  (out / "config.json").write_text(json.dumps({"train": {"steps": 5}, "model": {"class": "GPTConfig"}}))
+  with pytest.raises(SystemExit):
+    sit.main(["train", *TRAIN_TINY, "--out", str(out)])
+  assert "holds another kind of run (its config.json records model, train)" in capsys.readouterr().err
+  assert sorted(os.listdir(out)) == ["config.json"]
+
+
+@pytest.mark.parametrize("args, message", [(["--classifier-steps", "0"], "classifier_steps must be ≥ 1"),
+                                           (["--test-fraction", "1"], r"test_fraction must lie in \(0, 1\)")])
+def test_metric_settings_are_checked_before_any_data(tmp_path, capsys, args, message):
+  out = tmp_path / "never"
+  with pytest.raises(SystemExit):
+    sit.main(["train", *TRAIN_TINY, *args, "--out", str(out)])
+  assert re.search(message, capsys.readouterr().err) and not out.exists()
+
