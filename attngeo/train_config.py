@@ -64,12 +64,12 @@ OPTIMIZER_RULES = (
     ("final_lr_frac", lambda v: is_real(v) and v >= 0, "a finite fraction ≥ 0 (of the peak rate)"),
 )
 TRAINER_RULES = (
-    ("steps", _positive_int, "an integer ≥ 1"),
+    ("steps", lambda v: _positive_int(v) and v < 2**31, "an integer in [1, 2³¹) (the step counter is int32)"),
     ("batch_size", _positive_int, "an integer ≥ 1 (the global batch)"),
     ("ema", lambda v: is_real(v) and 0 <= v < 1, "a decay in [0, 1) (0 disables)"),
     ("mesh", lambda v: isinstance(v, (tuple, list)) and len(v) == 3 and all(map(_positive_int, v)),
      "three integers ≥ 1 (data, fsdp, tensor)"),
-    ("seed", is_integer, "an integer"),
+    ("seed", lambda v: is_integer(v) and 0 <= v < 2**32, "an integer in [0, 2³²) (numpy's and JAX's seeds)"),
     ("workdir", lambda v: v is None or (isinstance(v, (str, os.PathLike)) and str(v) != ""),
      "a folder path or None"),
     ("ckpt_every", lambda v: is_integer(v) and v >= 0,

@@ -162,6 +162,9 @@ def test_argument_errors_answer_before_jax_is_imported(tmp_path):
            (["swissroll", "--lr", "-1"], "--lr must be a positive finite number"),
            (["lm", "train", "--train.lr", "-1", "--out", "o"], "train.lr must be a positive finite rate; got -1.0"),
            (["lm", "train", "--seq-len", "32", "--out", "o"], "seq_len must be an integer ≥ 63"),
+           # the second fault-injection pass: OverflowError from jit after 6.6 s; numpy's message after 4.6 s
+           (["lm", "train", "--train.steps", "99999999999999999999", "--out", "o"], "train.steps must be an integer in"),
+           (["lm", "train", "--train.seed", "-1", "--out", "o"], "train.seed must be an integer in [0, 2³²)"),
            (["lm", "train", "--model", "qk_norm", "--out", "o"], "model override 'qk_norm' must be name=value"),
            (["lm", "table2", "--lm.train.keep", "0", "--out", "o"], "lm.train.keep must be an integer ≥ 1"),
            (["lm", "eval", str(tmp_path / "missing")], "is not a language-model run folder"),
