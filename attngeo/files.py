@@ -27,12 +27,23 @@ def write_config(workdir: str, **configs):
   atomic_write(os.path.join(workdir, "config.json"), json.dumps(payload, indent=1, default=str))
 
 
+def read_json(path: str):
+  """The JSON value in `path`; a damaged file is one `ValueError` naming it (json's own message names
+  only a line and column)."""
+  with open(path) as f:
+    try:
+      return json.load(f)
+    except json.JSONDecodeError as e:
+      raise ValueError(f"{path} is not valid JSON ({e}): the file is damaged or was edited by hand") from None
+    except UnicodeDecodeError:
+      raise ValueError(f"{path} is not valid JSON (not UTF-8 text): the file is damaged") from None
+
+
 def read_config(workdir: str) -> dict:
   path = os.path.join(workdir, "config.json")
   if not os.path.exists(path):
     raise FileNotFoundError(f"{workdir} is not a run folder: no config.json")
-  with open(path) as f:
-    return json.load(f)
+  return read_json(path)
 
 
 def fingerprint(*objects) -> str:

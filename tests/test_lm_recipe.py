@@ -165,7 +165,7 @@ def test_train_resume_eval_sample_and_bad_input(tmp_path, capsys):
     (["--head-dim", "-4"], "head_dim must be an integer ≥ 1"),
     (["--aspect", "0", "--width", "none"], "aspect must be an integer ≥ 1"),
     (["--width", "40"], "head_dim=16 does not divide width=40"),
-    (["--train.steps", "0"], "steps must be an integer ≥ 1"),
+    (["--train.steps", "0"], "steps must be an integer in [1, 2³¹)"),
     (["--eval-rows", "0"], "eval_rows must be an integer ≥ 1"),
     (["--operator", "CMAP", "--head-dim", "15", "--width", "30"], "CMAP needs an even head_dim"),
     (["--copy-mix", "1"], "copy_mix must be a share in [0, 1) of training rows that repeat a random span; got 1.0"),

@@ -106,3 +106,15 @@ def test_weights_run_folders_round_trip_and_damage_is_one_line(tmp_path):
   with pytest.raises(ValueError, match="weights.npz is damaged"):
     runs.load_run(wd)
   assert not [p for p in os.listdir(tmp_path / "run") if p.startswith(".")]   # atomic writes leave no temporary
+
+
+def test_a_damaged_run_file_is_one_line_naming_it(tmp_path):
+  """json's own message ("Invalid control character at: line 1 column 8") named no file."""
+  from attngeo import files
+  from attngeo.lm import recipe
+  (tmp_path / "config.json").write_text('{"train\x01": 1}')
+  (tmp_path / "lm.json").write_bytes(b"\xff\xfe{")
+  with pytest.raises(ValueError, match=r"config.json is not valid JSON \(Invalid control character"):
+    files.read_config(str(tmp_path))
+  with pytest.raises(ValueError, match=r"lm.json is not valid JSON \(not UTF-8 text\)"):
+    recipe.read_config(str(tmp_path))

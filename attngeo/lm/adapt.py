@@ -43,7 +43,6 @@ without retraining.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import re
@@ -280,8 +279,7 @@ def adapt(model, text: LMConfig, corpus, train: LMTrain, seed: int, workdir: str
 def _read_json(path: str):
   if not os.path.exists(path):
     return None
-  with open(path) as f:
-    return json.load(f)
+  return files.read_json(path)
 
 
 class Evaluator:

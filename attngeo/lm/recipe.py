@@ -21,7 +21,6 @@ as `reg/base_loss`); a run resumes only under the `reg` it started with (lm.json
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import typing
 
@@ -113,8 +112,7 @@ def recorded_corpus(run_dir: str) -> str | None:
   path = os.path.join(run_dir, "corpus.json")
   if not os.path.exists(path):
     return None
-  with open(path) as f:
-    return json.load(f)["key"]
+  return files.read_json(path)["key"]
 
 
 def check_folder(out: str, tok, corpus, tcfg, mcfg, copy_mix: float = 0.0, reg=None) -> None:
@@ -134,8 +132,7 @@ def check_folder(out: str, tok, corpus, tcfg, mcfg, copy_mix: float = 0.0, reg=N
                      f"resuming would read other rows — use another --out")
   recorded = os.path.join(out, "lm.json")
   if os.path.exists(recorded):
-    with open(recorded) as f:
-      recorded_json = json.load(f)
+    recorded_json = files.read_json(recorded)
     share = recorded_json.get("copy_mix", 0.0)
     if share != copy_mix:
       raise ValueError(f"{out}: the run trained with copy_mix {share}, not {copy_mix}; resuming would read other "
@@ -213,8 +210,7 @@ def read_config(run_dir: str) -> LMConfig:
   path = os.path.join(run_dir, "lm.json")
   if not os.path.exists(path):
     raise FileNotFoundError(f"{path}: missing — {run_dir} is not a language-model run folder (attngeo lm train writes it)")
-  with open(path) as f:
-    return config_lib.from_dict(LMConfig, json.load(f))
+  return config_lib.from_dict(LMConfig, files.read_json(path))
 
 
 def load(run_dir: str, step: int | None = None):
