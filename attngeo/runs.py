@@ -14,15 +14,16 @@ import os
 from attngeo import config as config_lib, files
 
 
-def load_model(model, workdir: str, step: int | None = None, use_ema: bool = False):
+def load_model(model, workdir: str, step: int | None = None, use_ema: bool = False, *, with_step: bool = False):
   """Load the weights of checkpoint `step` (default: the newest intact one) in `workdir` into `model`.
 
   Only the model's weights are read (no optimizer state); `use_ema` loads their EMA instead
-  (runs trained with `TrainConfig.ema`). Returns the model.
+  (runs trained with `TrainConfig.ema`). Returns the model, or (model, the step loaded) with
+  `with_step` — a newer step may have been skipped as corrupt, or written meanwhile.
   """
   from attngeo import checkpoint
-  checkpoint.restore_params(workdir, model, step, use_ema=use_ema)
-  return model
+  loaded = checkpoint.restore_params(workdir, model, step, use_ema=use_ema)
+  return (model, loaded) if with_step else model
 
 
 # Trainer configs a run written before config.json named its classes may hold (chosen by their fields).

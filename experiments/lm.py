@@ -85,9 +85,9 @@ def cmd_eval(args, ap, loaded=None) -> dict:
     from attngeo.lm import core, evals
     core.check_max_per_task(args.max_per_task)
     if loaded is None:
-      model, tok, cfg = recipe.load(args.run_dir, args.step)
+      model, tok, cfg, step = recipe.load(args.run_dir, args.step, with_step=True)
     else:
-      model, tok = loaded["model"], loaded["tokenizer"]
+      model, tok, step = loaded["model"], loaded["tokenizer"], loaded.get("step")
     corpus = text.open_corpus(cfg.text_spec(), tok, cfg.data_dir)
     changed = corpus_changed(args.run_dir, corpus.key, cfg.data, args.allow_changed_corpus)
     out = evals.evaluate(model, tok, corpus.rows("val", cfg.seq_len), max_rows=args.max_rows,
@@ -95,8 +95,9 @@ def cmd_eval(args, ap, loaded=None) -> dict:
                          progress=True, corpus_tokens=corpus.token_ids())
   except (ValueError, FileNotFoundError) as e:
     ap.error(str(e))
-  out.update(corpus_key=corpus.key, corpus_changed=changed)
-  rows = [{"metric": "val bpb", "value": out["bpb"]}, {"metric": "val loss (nats/token)", "value": out["val_loss"]},
+  out.update(corpus_key=corpus.key, corpus_changed=changed, step=step)
+  rows = [{"metric": "checkpoint step", "value": step if step is not None else "—"},
+          {"metric": "val bpb", "value": out["bpb"]}, {"metric": "val loss (nats/token)", "value": out["val_loss"]},
           {"metric": "val tokens", "value": out["val_tokens"]}]
   for key, what in (("induction_corpus", "corpus tokens"), ("induction", "uniform over the vocabulary, the seed's")):
     if key in out:

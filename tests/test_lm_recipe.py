@@ -113,7 +113,7 @@ def test_train_resume_eval_sample_and_bad_input(tmp_path, capsys):
   out = capsys.readouterr().out
   assert "val bpb" in out and "induction acc" in out and "CORE skipped" in out
   ev = json.loads((tmp_path / "part" / "eval.json").read_text())
-  assert math.isfinite(ev["bpb"]) and ev["core"] is None
+  assert math.isfinite(ev["bpb"]) and ev["core"] is None and ev["step"] == 4      # which checkpoint it measured
   assert os.path.exists(tmp_path / "part" / "tokenizer" / "tokenizer.json")
   texts = lm_cmd.main(["sample", part, "--prompt", "The ", "--max-tokens", "5", "--seed", "3"])
   assert len(texts) == 1 and texts[0].startswith("The ")
@@ -145,6 +145,7 @@ def test_train_resume_eval_sample_and_bad_input(tmp_path, capsys):
       capsys.readouterr().err
   ev = lm_cmd.main(["eval", part, "--max-rows", "2", "--no-dac", "--allow-changed-corpus"])
   assert ev["corpus_changed"] and "evaluating on the new text" in capsys.readouterr().err
+  assert lm_cmd.main(["eval", part, "--max-rows", "2", "--no-dac", "--allow-changed-corpus", "--step", "2"])["step"] == 2
   with pytest.raises(SystemExit):
     lm_cmd.main(["eval", str(tmp_path / "nowhere")])
   assert "lm.json: missing" in capsys.readouterr().err

@@ -148,7 +148,7 @@ def check_folder(out: str, tok, corpus, tcfg, mcfg, copy_mix: float = 0.0, reg=N
 
 
 def train(cfg: LMConfig, out: str, hooks=(), desc: str = "lm") -> dict:
-  """Train (or resume) the run in `out`; returns {"run_dir", "history", "model", "tokenizer", "corpus"}.
+  """Train (or resume) the run in `out`; returns {"run_dir", "history", "model", "tokenizer", "corpus", "step"}.
 
   Every check comes first and nothing is written before they all pass: the config (`check`), then,
   for a folder that holds a run, its tokenizer, corpus and configs (`check_folder`) — a refused
@@ -182,7 +182,8 @@ def train(cfg: LMConfig, out: str, hooks=(), desc: str = "lm") -> dict:
     tokens = tcfg.batch_size * cfg.seq_len
     result = train_lib.train(model, regularisers.regularised(cfg.reg, loss_fn), data, tcfg, flops_per_step=gpt.flops_per_token(mcfg) * tokens,
                              hooks=hooks, desc=desc, tokens_per_step=tokens)
-  return {"run_dir": out, "history": result.history, "model": result.model, "tokenizer": tok, "corpus": corpus}
+  return {"run_dir": out, "history": result.history, "model": result.model, "tokenizer": tok, "corpus": corpus,
+          "step": tcfg.steps}
 
 
 def eval_hook(cfg: LMConfig, corpus, tok, steps: int):
@@ -213,8 +214,9 @@ def read_config(run_dir: str) -> LMConfig:
   return config_lib.from_dict(LMConfig, files.read_json(path))
 
 
-def load(run_dir: str, step: int | None = None):
-  """(model with the checkpoint's weights, tokenizer, LMConfig) of a run folder (latest step by default)."""
+def load(run_dir: str, step: int | None = None, *, with_step: bool = False):
+  """(model with the checkpoint's weights, tokenizer, LMConfig) of a run folder (latest intact step by
+  default); with `with_step`, the step loaded is a fourth element."""
   from attngeo import files
   from attngeo.lm import tokenizer as tok_lib
   from attngeo.nn import registry
@@ -222,5 +224,5 @@ def load(run_dir: str, step: int | None = None):
   tok = tok_lib.load(os.path.join(run_dir, "tokenizer"))
   saved = files.read_config(run_dir)
   mcfg = registry.config_from_dict(saved["model"]) if saved.get("model") else model_config(cfg, tok.vocab_size)
-  model = runs.load_model(registry.build(mcfg), run_dir, step)
-  return model, tok, cfg
+  model, loaded = runs.load_model(registry.build(mcfg), run_dir, step, with_step=True)
+  return (model, tok, cfg, loaded) if with_step else (model, tok, cfg)
