@@ -222,12 +222,14 @@ def main(argv=None):
       _exit_at_once(code)
     return code
   except Exception as e:                           # a full disk where no writer names it (a library's own write)
-    reason = storage_full(e)
-    if os.environ.get("ATTNGEO_DEBUG") or reason is None:
+    reason, unwritable = storage_full(e), not_writable(e)
+    if os.environ.get("ATTNGEO_DEBUG") or (reason is None and unwritable is None):
       raise
     where = f" writing {e.filename}" if getattr(e, "filename", None) else ""
-    print(f"attngeo {argv[0]}: error: {reason}{where}; free space (or raise the limit) and run the same command "
-          "again (finished steps and cached results are kept)", file=sys.stderr)
+    advice = ("choose a folder this user can write (--out, --data-dir)" if reason is None else
+              "free space (or raise the limit) and run the same command again (finished steps and cached results "
+              "are kept)")
+    print(f"attngeo {argv[0]}: error: {reason or unwritable}{where}; {advice}", file=sys.stderr)
     return 2
   return 0
 
@@ -235,14 +237,24 @@ def main(argv=None):
 # errno -> what the one line says; the texts are how libraries that wrap the error spell them.
 STORAGE_FULL = {errno.ENOSPC: ("no space left on device", "No space left on device"),
                 errno.EDQUOT: ("disk quota exceeded", "Disk quota exceeded"),
-                errno.EFBIG: ("file too large for the file-size limit (ulimit -f)", "File too large")}
+                errno.EFBIG: ("file too large for the file-size limit (ulimit -f)", "File too large"),
+                -1: ("no space left on device", "Not enough disk space")}      # tfds' own check before it writes
+# errno -> the one line of a folder the command cannot write (a mount the user chose). EACCES stays a
+# traceback: a wrong path inside the code raises it as readily as a user's folder does.
+NOT_WRITABLE = {errno.EROFS: "read-only file system"}
+
+
+def not_writable(e: BaseException) -> str | None:
+  """The one line's reason when `e` is an OSError of a read-only file system; None otherwise."""
+  return NOT_WRITABLE.get(e.errno) if isinstance(e, OSError) else None
 
 
 def storage_full(e: BaseException) -> str | None:
   """What a full disk, quota or file-size limit says in the one line (None for any other error): the errno of
-  an OSError, or its text wrapped in a library's error (tfds' RuntimeError, safetensors' SafetensorError)."""
+  an OSError, or its text in an error without one (tfds' RuntimeError and errno-less IOError, safetensors'
+  SafetensorError)."""
   for code, (reason, text) in STORAGE_FULL.items():
-    if (isinstance(e, OSError) and e.errno == code) or (not isinstance(e, OSError) and text in str(e)):
+    if (isinstance(e, OSError) and e.errno == code) or (getattr(e, "errno", None) is None and text in str(e)):
       return reason
   return None
 

@@ -1,5 +1,6 @@
 """The `attngeo` command line: fast help for every command, one-line errors with exit status 2."""
 import argparse
+import errno
 import json
 import os
 import re
@@ -415,3 +416,24 @@ def test_an_interrupted_shell_command_flushes_and_exits_without_the_teardown(tmp
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
   assert out.returncode == 130 and out.stdout == "partial line"
   assert out.stderr.strip().startswith("attngeo cmd: interrupted;") and "TEARDOWN" not in out.stdout
+
+
+def _read_only(argv):
+  raise OSError(errno.EROFS, "Read-only file system", "/mnt/ro/data")
+
+
+def _tfds_full(argv):
+  raise OSError("Not enough disk space. Needed: 1.2 MiB (download: 0, generated: 1.2 MiB)")
+
+
+def test_a_read_only_or_full_data_folder_is_one_line(monkeypatch, capsys):
+  """The second fault-injection pass: a read-only --data-dir (EROFS from makedirs) and tfds' own errno-less
+  'Not enough disk space' were tracebacks."""
+  monkeypatch.delenv("ATTNGEO_DEBUG", raising=False)
+  monkeypatch.setitem(cli.COMMANDS, "ro", (f"{__name__}:_read_only", "read-only"))
+  monkeypatch.setitem(cli.COMMANDS, "full", (f"{__name__}:_tfds_full", "tfds full"))
+  assert cli.main(["ro"]) == 2
+  assert capsys.readouterr().err.strip() == ("attngeo ro: error: read-only file system writing /mnt/ro/data; choose a "
+                                             "folder this user can write (--out, --data-dir)")
+  assert cli.main(["full"]) == 2
+  assert capsys.readouterr().err.strip().startswith("attngeo full: error: no space left on device; free space")
