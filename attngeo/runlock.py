@@ -128,8 +128,14 @@ def _acquire(workdir: str) -> int:
     if _same_file(fd, path):
       break
     os.close(fd)                               # locked a file its holder unlinked on leaving: again
-  os.ftruncate(fd, 0)
-  os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+  try:
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+  except BaseException:                        # a full disk: leave no lock file (nor the folder) behind
+    with contextlib.suppress(FileNotFoundError):
+      os.unlink(path)
+    os.close(fd)
+    raise
   return fd
 
 

@@ -112,6 +112,19 @@ def test_a_hold_leaves_no_lock_file_and_removes_the_folders_it_created(tmp_path)
   assert os.listdir(wd) == ["kept"]
 
 
+def test_a_full_disk_while_writing_the_lock_leaves_neither_lock_nor_folder(tmp_path, monkeypatch):
+  """The second fault-injection pass: a start at a full disk was refused but left `run/.lock` behind."""
+  import errno
+
+  def full(fd, data, offset):
+    raise OSError(errno.ENOSPC, "No space left on device")
+  monkeypatch.setattr(runlock.os, "pwrite", full)
+  with pytest.raises(OSError, match="No space left"):
+    with runlock.hold(str(tmp_path / "run")):
+      pass
+  assert os.listdir(tmp_path) == []
+
+
 @pytest.mark.parametrize("error", [ValueError("refused: disk full"), KeyboardInterrupt()])
 def test_a_run_that_fails_before_its_first_checkpoint_leaves_the_folder_as_it_found_it(tmp_path, error):
   wd = tmp_path / "run"
