@@ -52,6 +52,13 @@ def _check_values(name, f, g=None):
     _checks.check_finite("g", g)
 
 
+def _check_rows(p, f) -> None:
+  """f holds one row per state of a dense P (a `MarkovOperator` carries no size to compare with)."""
+  if not isinstance(p, walks.MarkovOperator) and jnp.ndim(p) >= 2 and jnp.shape(f)[-2] != jnp.shape(p)[-1]:
+    raise ValueError(f"f must have one row per state of P: P is [..., {jnp.shape(p)[-1]}, {jnp.shape(p)[-1]}], "
+                     f"f has shape {jnp.shape(f)}")
+
+
 def _split(x, parts):
   m = x.shape[-1] // parts
   return [x[..., i * m:(i + 1) * m] for i in range(parts)]
@@ -67,6 +74,7 @@ def generator(p, f, tau=None):
   """`Lf = (Pf − f)/τ` for f `[..., n, m]` (p: dense `[..., n, n]` P with `tau`, or a `MarkovOperator`)."""
   op = walks.as_operator(p, tau)
   _check_values("f", f)
+  _check_rows(p, f)
   return op.generator(f)
 
 
@@ -93,6 +101,7 @@ def gamma(p, f, g=None, tau=None):
   """
   op = walks.as_operator(p, tau)
   _check_values("f", f, g)
+  _check_rows(p, f)
   return _gamma(op, f, g)
 
 
@@ -111,6 +120,7 @@ def gamma2(p, f, g=None, tau=None):
   f or g as in `gamma`: refused eagerly, NaN columns under jit."""
   op = walks.as_operator(p, tau)
   _check_values("f", f, g)
+  _check_rows(p, f)
   return _gamma2(op, f, g)
 
 

@@ -214,6 +214,9 @@ def test_bad_inputs():
     walks.gaussian(jnp.ones((4,)), 1.0)
   with pytest.raises(ValueError, match="P must have at least one state"):      # numpy's zero-size error before
     geo.gamma(jnp.zeros((0, 0)), jnp.ones((0, 1)))
+  for fn in (geo.gamma, geo.gamma2, geo.generator):                           # was einsum's "Size of label 'j'"
+    with pytest.raises(ValueError, match=r"f must have one row per state of P: P is \[..., 4, 4\], f has shape \(5, 2\)"):
+      fn(p, jnp.ones((5, 2)))
 
 
 @pytest.mark.parametrize("fn", [geo.gamma, geo.gamma2])
