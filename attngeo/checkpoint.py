@@ -315,8 +315,11 @@ def restore_params(workdir: str, model, step: int | None = None, use_ema: bool =
       _check_verifiable(mngr, s)
       out, failure = _attempt(lambda: read(s))
       if failure:
-        if step is not None or failure.shape or i + 1 == len(steps):
+        if failure.shape:
           raise ValueError(f"cannot load the weights of step {s} in {mngr.directory} into this model ({failure})")
+        if step is not None or i + 1 == len(steps):
+          raise ValueError(f"checkpoint step {s} in {mngr.directory} is corrupt or incomplete ({failure}); "
+                           f"{'no earlier step to load' if step is None else 'load another --step'}")
         warnings.warn(f"checkpoint step {s} in {mngr.directory} is corrupt or incomplete; trying step {steps[i + 1]}",
                       CheckpointWarning, stacklevel=2)
         continue
@@ -333,7 +336,8 @@ def restore_params(workdir: str, model, step: int | None = None, use_ema: bool =
     mngr.close()
 
 
-_READ_FAILURES = ("DATA_LOSS", "Error opening", "Error reading", "NOT_FOUND", "checksum", "corrupt", "truncat")
+_READ_FAILURES = ("DATA_LOSS", "Error opening", "Error reading", "NOT_FOUND", "OUT_OF_RANGE", "checksum", "corrupt",
+                  "truncat")
 
 
 def _shape_mismatch(err: Exception) -> bool:
@@ -365,7 +369,8 @@ def _attempt(fn):
     return fn(), None
   except Exception as e:  # noqa: BLE001 — any failure to read a step means the step is unusable
     lines = str(e).strip().splitlines()
-    failure = _Failure(type(e).__name__, lines[0][:200] if lines else "no detail", _shape_mismatch(e))
+    detail = lines[0].split("See full TensorStore details")[0].split("[source locations")[0].strip(" ;,")
+    failure = _Failure(type(e).__name__, detail[:200] or "no detail", _shape_mismatch(e))   # TensorStore's repr tail off
   _settle_failed_read()
   return None, failure
 
