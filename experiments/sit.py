@@ -317,13 +317,13 @@ def save_grids(panels: list[tuple[str, np.ndarray]], rows: int, path: str, title
 
 # ----------------------------------------------------------------------------- evaluation of a stage
 
-def probe_layers(model, images: np.ndarray, labels: np.ndarray) -> list[dict]:
+def probe_layers(model, images: np.ndarray, labels: np.ndarray, progress: bool = True) -> list[dict]:
   """Per-layer `probe.model_report` of the model on held-out images at t = 1 (the data end)."""
   import jax.numpy as jnp
 
   from attngeo import probe
   x, y = jnp.asarray(images), jnp.asarray(labels, jnp.int32)
-  return probe.model_report(model, lambda: model(x, jnp.ones((len(x),)), y))
+  return probe.model_report(model, lambda: model(x, jnp.ones((len(x),)), y), progress=progress)
 
 
 def layer_summary(layers: list[dict]) -> dict:
@@ -341,7 +341,7 @@ def evaluate_stage(model, stage: str, title: str, seed: int, cfg: SiTConfig, ev:
   if ev.get("classifier") is not None:
     row.update(image_metrics.evaluate(ev["classifier"], samples, ev["sample_labels"], ev["reference"]))
   row["val_loss"] = validation_loss(model, ev["val_images"], ev["val_labels"])
-  layers = probe_layers(model, ev["probe_images"], ev["probe_labels"])
+  layers = probe_layers(model, ev["probe_images"], ev["probe_labels"], progress=cfg.progress)
   row.update(layer_summary(layers))
   row["eval_seconds"] = time.perf_counter() - t0
   os.makedirs(folder, exist_ok=True)

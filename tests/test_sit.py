@@ -392,8 +392,10 @@ def test_train_resume_under_another_loss_or_model_is_refused(tmp_path, capsys):
       sit.main(args + extra)
     assert field in capsys.readouterr().err
     assert listing == {p: os.path.getmtime(p) for p in glob.glob(os.path.join(out, "**"), recursive=True)}
+  capsys.readouterr()
   row = sit.main(args + ["--sample-steps", "3"])
   assert np.isfinite(row["val_loss"])
+  assert "probe:" not in capsys.readouterr().err                    # --progress false: no bar (the probe drew one)
 
 
 def test_train_into_another_kind_of_run_is_refused_before_any_data(tmp_path, capsys):
