@@ -32,6 +32,7 @@ import dataclasses
 import json
 import os
 import time
+import warnings
 from typing import Any, Callable, Iterator
 
 import jax
@@ -234,9 +235,17 @@ def _resume(cfg: TrainConfig, state, shardings, data, model_cfg):
   if restored is not None:
     state, data_state, _ = restored
     data.set_state(data_state)
+  elif jax.process_index() == 0 and _quarantined(cfg.workdir):   # after an all-corrupt refusal: say it starts over
+    warnings.warn(f"no intact checkpoint in {mngr.directory}: training from step 0 (the corrupt steps stay in "
+                  f"{os.path.join(cfg.workdir, runlock.QUARANTINE_NAME)})", checkpoint.CheckpointWarning, stacklevel=2)
   recorded = (files.read_config(cfg.workdir) if os.path.exists(os.path.join(cfg.workdir, "config.json")) else {})
   files.write_config(cfg.workdir, **{**recorded, "train": cfg, "model": model_cfg})   # an experiment's own config stays
   return mngr, state
+
+
+def _quarantined(workdir: str) -> bool:
+  folder = os.path.join(workdir, runlock.QUARANTINE_NAME)
+  return os.path.isdir(folder) and bool(os.listdir(folder))
 
 
 def _run_folder(workdir: str | None):

@@ -252,6 +252,8 @@ def test_when_every_step_is_corrupt_the_refusal_keeps_them_all_aside(finished, t
   kept = sorted(name.split("-")[0] for name in os.listdir(os.path.join(wd, "ckpt_corrupt")))
   assert kept == ["2", "4"]
   assert all(os.listdir(os.path.join(wd, "ckpt_corrupt", name)) for name in os.listdir(os.path.join(wd, "ckpt_corrupt")))
+  with pytest.warns(checkpoint.CheckpointWarning, match="no intact checkpoint .*: training from step 0"):
+    assert run(wd).start_step == 0                     # the same command again starts over, and says so
 
 
 def test_a_run_saved_without_integrity_data_is_refused_not_called_corrupt(finished, tmp_path):
