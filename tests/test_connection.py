@@ -38,7 +38,7 @@ def dense_effective_defect64(p, wv, wo, rtol=1e-14):
 
 def test_attention_output_is_the_connection_walk():
   """y_i = Σ_h Σ_j P^h_ij T^h x_j = H Σ_j W_ij T_ij x_j, against the module's own forward pass."""
-  att = nn.Attention(8, 2, 4, operator="DMTN", rngs=nnx.Rngs(0))
+  att = nn.Attention(nn.BlockConfig(width=8, num_heads=2, operator="DMTN"), rngs=nnx.Rngs(0))
   x = jax.random.normal(jax.random.PRNGKey(1), (1, 6, 8))
   q, k, _ = att.qkv(x)
   p = op.markov_matrix(q, k, beta=0.0, alpha=1.0)[0]
@@ -247,7 +247,7 @@ def test_bad_inputs():
 
 def test_cmap_attention_output_is_the_walk_with_rotated_transports():
   """Anchor of the convention: a CMAP layer's output is `Σ_h Σ_j P^h_ij x_j W_V^h R(θ^h_ij) W_O^h`."""
-  att = nn.Attention(8, 2, 4, operator="CMAP", coupling=1.3, rngs=nnx.Rngs(0))
+  att = nn.Attention(nn.BlockConfig(width=8, num_heads=2, operator="CMAP", coupling=1.3), rngs=nnx.Rngs(0))
   x = jax.random.normal(jax.random.PRNGKey(1), (1, 6, 8))
   q, k, _ = att.qkv(x)
   p = op.markov_matrix(q, k, beta=0.0, alpha=0.0)[0]

@@ -115,7 +115,8 @@ def test_block_size_forms_and_the_attention_layer():
   from flax import nnx
   from attngeo import nn
   x = jax.random.normal(jax.random.PRNGKey(1), (B, 4, 16))
-  cmap = nn.Attention(16, H, 8, operator="CMAP", implementation="paired", rngs=nnx.Rngs(0))
+  cmap = nn.Attention(nn.BlockConfig(width=16, num_heads=H, head_dim=8, operator="CMAP", implementation="paired"),
+                      rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match="needs mask=None and causal=False"):   # reached: the layer passes it on
     cmap(x, mask=jnp.ones((B, 1, 1, 4), bool))
   nn.graft(cmap, "DMAP")

@@ -586,7 +586,8 @@ def test_summary_reports_the_read_outs():
 
 def test_attention_option_and_grafting_to_and_from_the_family():
   x = jax.random.normal(jax.random.PRNGKey(2), (2, 12, 16))
-  build = lambda operator, **kw: nn.Attention(16, 2, 8, operator=operator, coupling=0.6, rngs=nnx.Rngs(0), **kw)
+  block = lambda operator, **kw: nn.BlockConfig(width=16, num_heads=2, operator=operator, coupling=0.6, **kw)
+  build = lambda operator, **kw: nn.Attention(block(operator, **kw), rngs=nnx.Rngs(0))
   att = build("ATTN")
   q, k, v = att.qkv(x)
   ref = jnp.einsum("bnhk,hkd->bnd", reference(q, k, v, 0.0, 0.6), att.wo[...])
@@ -661,6 +662,6 @@ def test_bad_shapes_and_diagnostic_inputs():
   with pytest.raises(ValueError, match="mask leaves some tokens with no keys"):
     mg.summary(q, k, mask=(pad[:, None] & pad[None, :])[None, None])
   with pytest.raises(ValueError, match="even head_dim"):
-    nn.Attention(16, 2, 7, operator="CMAP", rngs=nnx.Rngs(0))
+    nn.Attention(nn.BlockConfig(width=16, num_heads=2, head_dim=7, operator="CMAP"), rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match="coupling must be a finite number"):
     nn.BlockConfig(operator="CMAP", coupling=float("inf")).validate()

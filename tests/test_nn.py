@@ -123,8 +123,8 @@ def test_graft_equals_a_model_built_under_the_target_operator(src):
 
 def test_attention_matches_operator_transport_per_head():
   """Attention = Σ_h W_O^h transport(q^h, k^h, v^h) with its own projections (learnable β, α per head)."""
-  att = nn.Attention(16, 2, 8, operator="DMTN", learnable_operator=True, use_rope=True, qk_norm=True,
-                     rngs=nnx.Rngs(0))
+  att = nn.Attention(nn.BlockConfig(width=16, num_heads=2, head_dim=8, operator="DMTN", learnable_operator=True,
+                                    use_rope=True, qk_norm=True), rngs=nnx.Rngs(0))
   att.beta[...] = jnp.array([0.2, 0.9])
   x = jax.random.normal(jax.random.PRNGKey(3), (1, 10, 16))
   q, k, v = att.qkv(x)

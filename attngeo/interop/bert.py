@@ -36,6 +36,7 @@ import numpy as np
 
 from attngeo import runlock
 from attngeo.interop import layout, safetensors_io
+from attngeo.nn import presets
 
 LAYOUTS = ("bert", "albert")
 SOURCES = {"bert": "huggingface/transformers src/transformers/models/bert/modeling_bert.py (BertModel)",
@@ -133,9 +134,7 @@ def hf_config(cfg, kind: str) -> dict:
 
 def _check_family(cfg, kind: str):
   b = cfg.block
-  want = dict(mlp_bias=True, qkv_bias=True, out_bias=True, qk_norm=False, norm_scale=True,
-              norm_bias=True, num_kv_heads=None, qk_gain=1.0)
-  bad = [f"{k}={getattr(b, k)!r} ({kind}: {v!r})" for k, v in want.items() if getattr(b, k) != v]
+  bad = presets.mismatches(b, "bert", kind)
   if b.mlp_act not in ACTS.values():
     bad.append(f"mlp_act={b.mlp_act!r} ({kind}: one of {sorted(set(ACTS.values()))})")
   if b.dh * b.num_heads != cfg.width:

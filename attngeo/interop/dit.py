@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from attngeo.interop import layout, safetensors_io
+from attngeo.nn import presets
 
 HEADS_BY_WIDTH = {384: 6, 768: 12, 1024: 16, 1152: 16}
 REQUIRED = ("x_embedder.proj.weight", "pos_embed", "final_layer.linear.weight", "y_embedder.embedding_table.weight")
@@ -85,8 +86,7 @@ def config_from_state_dict(sd: dict, num_heads: int | None = None, num_classes: 
     raise ValueError(f"num_heads={heads} must divide the checkpoint's width {d}")
   fields = dict(image_size=int(grid * p), patch=int(p), channels=int(c), depth=depth, num_classes=int(num_classes),
                 class_dropout_prob=dropout, learn_sigma=out == 2 * c, time_scale=1.0, width=int(d),
-                num_heads=int(heads), mlp_ratio=hidden / d, mlp_act="gelu", qkv_bias=True, out_bias=True,
-                operator="ATTN")
+                num_heads=int(heads), mlp_ratio=hidden / d, **presets.fields("dit"), operator="ATTN")
   return DiTConfig.create(**{**fields, **overrides})
 
 

@@ -31,6 +31,7 @@ import re
 import numpy as np
 
 from attngeo.interop import layout, safetensors_io
+from attngeo.nn import presets
 
 SOURCE = "huggingface/transformers src/transformers/models/gpt2/modeling_gpt2.py (GPT2LMHeadModel)"
 GELU_TANH = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
@@ -71,8 +72,7 @@ def config(hf: dict, **overrides):
   if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < math.inf:
     raise ValueError(f"GPT-2 config.json layer_norm_epsilon must be a finite number >= 0; got {eps!r}")
   fields = dict(depth=depth, vocab_size=vocab, seq_len=positions, width=d,
-                num_heads=h, head_dim=d // h, mlp_ratio=inner / d, mlp_act="gelu", mlp_bias=True, qkv_bias=True,
-                out_bias=True, use_rope=False, qk_norm=False, norm="layer", norm_scale=True, norm_bias=True,
+                num_heads=h, head_dim=d // h, mlp_ratio=inner / d, **presets.fields("gpt2"),
                 norm_eps=float(eps), learned_positions=True,
                 tie_embeddings=bool(hf.get("tie_word_embeddings", True)))
   fields.update(overrides)
@@ -95,9 +95,7 @@ def hf_config(cfg) -> dict:
 
 def _check_family(cfg):
   b = cfg.block
-  want = dict(mlp_act="gelu", mlp_bias=True, qkv_bias=True, out_bias=True, use_rope=False, qk_norm=False,
-              norm="layer", norm_scale=True, norm_bias=True, order="attn_first", num_kv_heads=None)
-  bad = [f"{k}={getattr(b, k)!r} (GPT-2: {v!r})" for k, v in want.items() if getattr(b, k) != v]
+  bad = presets.mismatches(b, "gpt2", "GPT-2")
   if not cfg.learned_positions or cfg.embed_norm or cfg.padded_vocab or cfg.logit_softcap or cfg.attn_windows \
      or cfg.resid_mix or cfg.smear_channels or cfg.backout_layer is not None or cfg.value_embeds:
     bad.append("learned_positions must be on and the nanochat extras off")

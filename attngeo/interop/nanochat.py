@@ -56,6 +56,7 @@ import re
 import numpy as np
 
 from attngeo.interop import layout, safetensors_io
+from attngeo.nn import presets
 
 ARCHS = {
     "2025-10": {"commit": "ccfe7915ac152c5f52be344fe13b73bf9e75c1c5", "date": "2025-10-16"},
@@ -137,9 +138,8 @@ def config(model_config: dict, arch: str = "2025-10", **overrides):
     raise ValueError(f"nanochat needs n_head | n_embd and n_kv_head | n_head; got n_embd={d}, n_head={h}, "
                      f"n_kv_head={g}")
   fields = dict(depth=depth, vocab_size=vocab, seq_len=seq, width=d, num_heads=h, head_dim=d // h,
-                num_kv_heads=None if g == h else g, mlp_ratio=4.0, mlp_act="relu2", mlp_bias=False, qkv_bias=False,
-                use_rope=True, rope_sign=-1, rope_base=10_000.0, qk_norm=True,
-                qk_norm_scale=False, norm="rms", norm_scale=False, norm_eps=TORCH_FLOAT32_EPS, embed_norm=True,
+                num_kv_heads=None if g == h else g, mlp_ratio=4.0, **presets.fields("nanochat"),
+                rope_sign=-1, rope_base=10_000.0, norm_eps=TORCH_FLOAT32_EPS, embed_norm=True,
                 logit_softcap=SOFTCAP)
   if arch == "2026-07":
     padded = -(-vocab // PAD_VOCAB_TO) * PAD_VOCAB_TO
@@ -212,9 +212,7 @@ def expected(cfg) -> dict[str, tuple]:
 def _check_family(cfg):
   """Refuse a GPTConfig that nanochat's forward cannot express (export, or overrides gone astray)."""
   b = cfg.block
-  want = dict(mlp_act="relu2", mlp_bias=False, qkv_bias=False, out_bias=False, use_rope=True, rope_style="half",
-              qk_norm=True, qk_norm_scale=False, norm="rms", norm_scale=False, order="attn_first")
-  bad = [f"{k}={getattr(b, k)!r} (nanochat: {v!r})" for k, v in want.items() if getattr(b, k) != v]
+  bad = presets.mismatches(b, "nanochat")
   if b.mlp_ratio != 4.0:
     bad.append(f"mlp_ratio={b.mlp_ratio} (nanochat: 4.0)")
   if cfg.tie_embeddings or cfg.learned_positions or not cfg.embed_norm:

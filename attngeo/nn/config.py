@@ -20,6 +20,7 @@ import numbers
 from typing import Any
 
 from attngeo import errors, operator_names
+from attngeo.nn import presets
 
 ORDERS = ("attn_first", "ffn_first")
 ROPE_STYLES = ("half", "interleaved")
@@ -253,8 +254,8 @@ CLASSIFIERS = (None, "nsp", "labels")
 
 
 def _bert_block() -> BlockConfig:
-  return BlockConfig(width=256, num_heads=4, mlp_ratio=2.0, mlp_act="gelu_erf", qkv_bias=True, out_bias=True,
-                     norm="layer", norm_bias=True, norm_eps=1e-12)
+  return BlockConfig(width=256, num_heads=4, mlp_ratio=2.0, mlp_act="gelu_erf", norm_eps=1e-12,
+                     **presets.fields("bert"))
 
 
 @dataclasses.dataclass(frozen=True)

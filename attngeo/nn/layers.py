@@ -121,22 +121,23 @@ class Attention(nnx.Module):
   and the layer is DMAP on m (q = k = m/√2, so that (q + k)/√2 = m for the kernels and probes).
   """
 
-  def __init__(self, width: int, num_heads: int, head_dim: int, *, operator="ATTN", learnable_operator=False,
-               causal=False, use_rope=False, qk_norm=False, qkv_bias=False, implementation=None,
-               coupling: float = 1.0, dtype=jnp.float32, num_kv_heads: int | None = None, out_bias=False,
-               rope_base=10_000.0, rope_sign=1, rope_style="half", rope_dtype=None, qk_norm_scale=True,
-               qk_gain=1.0, norm_eps=1e-6, value_gate=0, distance_form=False, rngs: nnx.Rngs):
-    kv_heads = num_kv_heads or num_heads
-    if distance_form:
-      check_distance_form(operator, learnable_operator, qk_norm, kv_heads, num_heads)
+  def __init__(self, cfg: BlockConfig, *, causal: bool = False, value_gate: int = 0, rngs: nnx.Rngs):
+    """One attention layer of `cfg` (a `BlockConfig`: sizes, operator, kernel and the checkpoint options;
+    `attngeo.nn.presets` names the combinations real checkpoints use). `causal` and `value_gate` belong to
+    the model around the block (a GPT is causal; nanochat's value embeddings gate some layers only)."""
+    cfg.validate()
+    width, num_heads, head_dim, operator = cfg.width, cfg.num_heads, cfg.dh, cfg.operator
+    learnable_operator, qk_norm, qkv_bias, distance_form = (cfg.learnable_operator, cfg.qk_norm, cfg.qkv_bias,
+                                                            cfg.distance_form)
+    dtype, norm_eps = jnp.dtype(cfg.dtype), cfg.norm_eps
+    kv_heads = cfg.num_kv_heads or num_heads
     self.distance_form = distance_form
-    if num_heads % kv_heads:
-      raise ValueError(f"num_kv_heads={kv_heads} must divide num_heads={num_heads}")
     self.num_heads, self.head_dim, self.causal = num_heads, head_dim, causal
-    self.use_rope, self.qk_norm, self.qkv_bias = use_rope, qk_norm, qkv_bias
-    self.implementation, self.dtype, self.capture = implementation, dtype, False
-    self.num_kv_heads, self.out_bias, self.qk_gain, self.value_gate = kv_heads, out_bias, qk_gain, value_gate
-    self.rope_base, self.rope_sign, self.rope_style, self.rope_dtype = rope_base, rope_sign, rope_style, rope_dtype
+    self.use_rope, self.qk_norm, self.qkv_bias = cfg.use_rope, qk_norm, qkv_bias
+    self.implementation, self.dtype, self.capture = cfg.implementation, dtype, False
+    self.num_kv_heads, self.out_bias, self.qk_gain, self.value_gate = kv_heads, cfg.out_bias, cfg.qk_gain, value_gate
+    self.rope_base, self.rope_sign, self.rope_style = cfg.rope_base, cfg.rope_sign, cfg.rope_style
+    self.rope_dtype = None if cfg.rope_dtype is None else jnp.dtype(cfg.rope_dtype)
     qk = (("wp", num_heads),) if distance_form else (("wq", num_heads), ("wk", kv_heads))
     for name, heads in qk + (("wv", kv_heads),):
       setattr(self, name, param(rngs, (width, heads, head_dim), ("embed", "heads", "kv")))
@@ -146,13 +147,13 @@ class Attention(nnx.Module):
       for name, heads in qk + (("bv", kv_heads),):
         setattr(self, name, param(rngs, (heads, head_dim), ("heads", "kv"), zero=True))
     if qk_norm:
-      self.q_norm = nnx.RMSNorm(head_dim, dtype=dtype, epsilon=norm_eps, use_scale=qk_norm_scale, rngs=rngs)
-      self.k_norm = nnx.RMSNorm(head_dim, dtype=dtype, epsilon=norm_eps, use_scale=qk_norm_scale, rngs=rngs)
-    if out_bias:
+      self.q_norm = nnx.RMSNorm(head_dim, dtype=dtype, epsilon=norm_eps, use_scale=cfg.qk_norm_scale, rngs=rngs)
+      self.k_norm = nnx.RMSNorm(head_dim, dtype=dtype, epsilon=norm_eps, use_scale=cfg.qk_norm_scale, rngs=rngs)
+    if cfg.out_bias:
       self.bo = param(rngs, (width,), ("embed",), zero=True)
     if value_gate:
       self.ve_gate = param(rngs, (value_gate, kv_heads), (None, "heads"), zero=True)
-    self.learnable_operator, self.coupling_init = learnable_operator, float(coupling)
+    self.learnable_operator, self.coupling_init = learnable_operator, float(cfg.coupling)
     self.set_operator(operator)
 
   def set_operator(self, operator):
@@ -328,14 +329,7 @@ class Block(nnx.Module):
     norm = (lambda: nnx.LayerNorm(cfg.width, use_scale=False, use_bias=False, rngs=rngs)) if self.adaln else \
            (lambda: make_norm(cfg, cfg.width, rngs))
     self.norm_attn, self.norm_mlp = norm(), norm()
-    self.attn = Attention(cfg.width, cfg.num_heads, cfg.dh, operator=cfg.operator,
-                          learnable_operator=cfg.learnable_operator, causal=causal, use_rope=cfg.use_rope,
-                          qk_norm=cfg.qk_norm, qkv_bias=cfg.qkv_bias, implementation=cfg.implementation,
-                          coupling=cfg.coupling, dtype=dtype, num_kv_heads=cfg.num_kv_heads, out_bias=cfg.out_bias,
-                          rope_base=cfg.rope_base, rope_sign=cfg.rope_sign, rope_style=cfg.rope_style,
-                          rope_dtype=None if cfg.rope_dtype is None else jnp.dtype(cfg.rope_dtype),
-                          qk_norm_scale=cfg.qk_norm_scale, qk_gain=cfg.qk_gain, norm_eps=cfg.norm_eps,
-                          value_gate=value_gate, distance_form=cfg.distance_form, rngs=rngs)
+    self.attn = Attention(cfg, causal=causal, value_gate=value_gate, rngs=rngs)
     self.mlp = Mlp(cfg.width, int(cfg.width * cfg.mlp_ratio), cfg.mlp_act, dtype, bias=cfg.mlp_bias, rngs=rngs)
     if self.adaln:
       self.ada_w = param(rngs, (cond_dim, 6 * cfg.width), ("cond", "embed"), zero=True)
