@@ -1,9 +1,11 @@
-"""`attngeo` command line: one sub-command per job; each has its own `--help`.
+"""`attngeo` command line: one command per job; each has its own `--help`.
 
-    attngeo COMMAND [--help] [options]
+    attngeo COMMAND [--help] [options]          attngeo GROUP SUB [--help] [options]   (lm, sit, study, mlm)
 
-Each command lives in one module of `attngeo.experiments` with a `main(argv)` (or the function
-named after a colon in `COMMANDS`). Parsing and
+`COMMANDS` is the one table of every command, sub-commands included ("lm train"): each names a function
+of `attngeo.experiments` (`main`, or the one after a colon) that takes the arguments after the command's
+name and builds its own parser (`attngeo.config.Parser`, options generated from the config dataclass by
+`config.add_arguments`). A group is only a prefix of that table. Parsing and
 `--help` never import JAX (the command modules import it inside their functions), so help and
 argument errors answer at once. A user's mistake (a bad option, a missing file, an invalid
 configuration found before work starts) prints one line `attngeo COMMAND: error: …` and exits
@@ -26,8 +28,11 @@ import sys
 import threading
 import warnings
 
-from attngeo import errors
+from attngeo import errors, hugepages
 
+# One table of every command: "name" or "group sub" -> ("module" (runs its main) or "module:function", what it
+# does). Each function takes the argument list after the command's name and builds its own parser (prog
+# "attngeo NAME"); a group ("lm", "sit", "study", "mlm") is only a prefix: `attngeo lm` lists its sub-commands.
 COMMANDS = {
     "swissroll": ("attngeo.experiments.swissroll", "the Swiss-roll scan: Table 1, Figures 1-2"),
     "swissroll-order": ("attngeo.experiments.swissroll_order", "the order effect: e^H̄ vs set size, depth and budget"),
@@ -39,57 +44,74 @@ COMMANDS = {
     "diffmap": ("attngeo.experiments.diffmap", "exact matrix-free diffusion map of a point cloud, with residuals"),
     "bench-diffmap": ("attngeo.experiments.bench_diffmap", "diffusion maps vs dense float64 eigsh and datafold by N"),
     "probe": ("attngeo.experiments.probe", "per-layer Markov/Bakry-Emery/connection diagnostics of a checkpoint"),
-    "import": ("attngeo.experiments.import_export:import_main", "a nanochat or GPT-2 checkpoint as a run folder"),
-    "export": ("attngeo.experiments.import_export:export_main", "a run's GPT back to the nanochat or GPT-2 layout"),
-    "sit": ("attngeo.experiments.sit", "SiT on images, the ATTN->DMTN->DMAP transfer (Figures 3-5), SiT/DiT import"),
-    "lm": ("attngeo.experiments.lm", "language models: bpb, induction, DAC, CORE; Table 2; adaptation (Table 3)"),
+    "import": ("attngeo.experiments.import_export:import_main", "a nanochat, GPT-2, BERT or ALBERT checkpoint as a run folder"),
+    "export": ("attngeo.experiments.import_export:export_main", "a run's model back to its public layout"),
+    "sit train": ("attngeo.experiments.sit:train_main", "train a class-conditional SiT"),
+    "sit sample": ("attngeo.experiments.sit:sample_main", "sample a grid from a run folder"),
+    "sit transfer": ("attngeo.experiments.sit:transfer_main", "the ATTN -> DMTN -> DMAP transfer (Figures 3-5)"),
+    "sit import": ("attngeo.experiments.sit:import_main", "an official SiT/DiT checkpoint as a run folder"),
+    "lm train": ("attngeo.experiments.lm:train_main", "train a GPT on text (resumes a killed run)"),
+    "lm eval": ("attngeo.experiments.lm:eval_main", "bpb, induction, DAC probe and CORE of a run"),
+    "lm sample": ("attngeo.experiments.lm:sample_main", "sample text from a run (KV-cached)"),
+    "lm table2": ("attngeo.experiments.lm:table2_main", "the seed's Table 2 at this machine's scale"),
+    "lm adapt": ("attngeo.experiments.lm_adapt:main", "the seed's Table 3: sequential adaptation along a chain"),
     "bench-probe": ("attngeo.experiments.bench_probe", "probe time and memory at the d12 shape; training-hook overhead"),
-    "study": ("attngeo.experiments.study", "studies that train, probe and compare models across sizes"),
-    "mlm": ("attngeo.experiments.mlm", "masked-LM loss and accuracy of BERT/ALBERT runs on SMILES"),
+    "study connection": ("attngeo.experiments.study_connection",
+                         "connection-walk stability and isometry defects across sizes, trained vs random init"),
+    "mlm eval": ("attngeo.experiments.mlm:eval_main", "masked-LM loss and accuracy of BERT/ALBERT runs on SMILES"),
 }
-
-# The sub-commands of the dispatching commands, listed in the top-level help (test_cli checks them against
-# each dispatcher's parser).
-SUBCOMMANDS = {"lm": ("train", "eval", "sample", "table2", "adapt"), "sit": ("train", "sample", "transfer", "import"),
-               "study": ("connection",), "mlm": ("eval",)}
-
-# Transparent huge pages for glibc's malloc (glibc ≥ 2.35). XLA on CPU allocates fresh buffers for its
-# n × n temporaries at every call, and glibc maps large ones from the kernel 4 KiB page by page: a
-# 500-step Swiss-roll condition made 7.1 M page faults (13.6 s of system time in a 42.8 s run); with
-# huge pages 0.46 M and 24 % less training time (docs/benchmarks.md). Tunables are read at process
-# start, so the command re-executes itself once, with the same command line and the setting added;
-# ATTNGEO_HUGEPAGES=0 keeps the process as it is.
-HUGE_PAGES = "glibc.malloc.hugetlb=1"
-_REEXEC = "ATTNGEO_REEXEC"          # set in the re-executed process: never a second exec
+GROUPS = {"sit": "SiT on images, the ATTN->DMTN->DMAP transfer (Figures 3-5), SiT/DiT import",
+          "lm": "language models: bpb, induction, DAC, CORE; Table 2; adaptation (Table 3)",
+          "study": "studies that train, probe and compare models across sizes",
+          "mlm": "masked-LM evaluation of BERT/ALBERT runs"}
 
 
-def huge_pages_env(env) -> dict | None:
-  """`env` with `HUGE_PAGES` added to GLIBC_TUNABLES (and the re-exec mark), or None when it is off,
-  present, already re-executed, or not glibc ≥ 2.35."""
-  tunables = env.get("GLIBC_TUNABLES", "")
-  if env.get("ATTNGEO_HUGEPAGES", "1") == "0" or "glibc.malloc.hugetlb" in tunables or env.get(_REEXEC):
-    return None
-  try:
-    name, version = os.confstr("CS_GNU_LIBC_VERSION").split()
-    if name != "glibc" or tuple(int(x) for x in version.split(".")[:2]) < (2, 35):
-      return None
-  except (AttributeError, ValueError, OSError):          # not Linux/glibc
-    return None
-  return dict(env, GLIBC_TUNABLES=f"{tunables}:{HUGE_PAGES}" if tunables else HUGE_PAGES, **{_REEXEC: "1"})
+def subcommands(group: str) -> tuple[str, ...]:
+  """The sub-commands of `group`, in table order."""
+  return tuple(name.split()[1] for name in COMMANDS if name.split()[0] == group and " " in name)
 
 
-def _reexec_with_huge_pages() -> None:
-  """Replace this process by the same command line (`sys.orig_argv`: interpreter flags and wrappers
-  kept) under `huge_pages_env`; returns (and the command runs here) when that is None or exec fails."""
-  env = huge_pages_env(os.environ)
-  if env is None or not sys.executable:
-    return
-  sys.stdout.flush()
-  sys.stderr.flush()
-  try:
-    os.execve(sys.executable, list(sys.orig_argv), env)
-  except OSError:
-    pass
+def group_usage(group: str) -> str:
+  subs = [name for name in COMMANDS if name.startswith(group + " ")]
+  width = max(len(n) for n in subs) + 2
+  return "\n".join([f"usage: attngeo {group} {{{','.join(subcommands(group))}}} [--help] [options]", "",
+                    GROUPS[group] + ".", "", "sub-commands (attngeo NAME --help lists its options):"] +
+                   [f"  {n:<{width}}{COMMANDS[n][1]}" for n in subs])
+
+
+def find_command(argv: list[str]):
+  """(command name, its arguments) for `argv`, or (None, exit status) after printing the usage a group
+  or an unknown name calls for."""
+  if argv and argv[0] in GROUPS:
+    if len(argv) > 1 and f"{argv[0]} {argv[1]}" in COMMANDS:
+      return f"{argv[0]} {argv[1]}", argv[2:]
+    if len(argv) == 1 or argv[1] in ("-h", "--help"):
+      print(group_usage(argv[0]))
+      return None, 0
+    print(f"attngeo {argv[0]}: unknown sub-command {argv[1]!r}\n\n{group_usage(argv[0])}", file=sys.stderr)
+    return None, 2
+  if not argv or argv[0] in ("-h", "--help"):
+    print(usage())
+    return None, 0
+  if argv[0] not in COMMANDS:
+    print(f"attngeo: unknown command {argv[0]!r}\n\n{usage()}", file=sys.stderr)
+    return None, 2
+  return argv[0], argv[1:]
+
+
+def entry(name: str):
+  """The function `COMMANDS[name]` names (imported on first use; command modules import JAX lazily)."""
+  module_name, _, function = COMMANDS[name][0].partition(":")
+  return getattr(importlib.import_module(module_name), function or "main")
+
+
+def call_group(group: str, argv: list[str]):
+  """`group SUB args…` from Python (`lm.main(["train", …])`, `python -m attngeo.experiments.lm train …`):
+  the sub-command's return value; a group usage or an unknown sub-command exits as `attngeo` does."""
+  name, rest = find_command([group, *argv])
+  if name is None:
+    raise SystemExit(rest)
+  return entry(name)(rest)
 
 
 # The variables `sharding.initialize_distributed` reads (a coordinator, or a TPU pod slice's workers): only when
@@ -161,10 +183,10 @@ def _one_line_warnings(name: str):
 
 def usage() -> str:
   lines = ["usage: attngeo COMMAND [--help] [options]", "", "commands:"]
-  names = {name: name + (" " + "|".join(SUBCOMMANDS[name]) if name in SUBCOMMANDS else "") for name in COMMANDS}
-  width = max(len(n) for n in names.values()) + 2
-  lines += [f"  {names[name]:<{width}}{desc}" for name, (_, desc) in COMMANDS.items()]
-  return "\n".join(lines)
+  rows = [(name, desc) for name, (_, desc) in COMMANDS.items() if " " not in name]
+  rows += [(f"{g} {'|'.join(subcommands(g))}", desc) for g, desc in GROUPS.items()]
+  width = max(len(n) for n, _ in rows) + 2
+  return "\n".join(lines + [f"  {n:<{width}}{desc}" for n, desc in rows])
 
 
 def _exit_at_once(code: int):
@@ -188,35 +210,31 @@ def _exit_at_once(code: int):
 
 def main(argv=None):
   from_shell = argv is None
-  argv = sys.argv[1:] if argv is None else argv
-  if not argv or argv[0] in ("-h", "--help"):
-    print(usage())
-    return 0
-  if argv[0] not in COMMANDS:
-    print(f"attngeo: unknown command {argv[0]!r}\n\n{usage()}", file=sys.stderr)
-    return 2
-  wants_help = any(a in ("-h", "--help") for a in argv[1:])
+  argv = sys.argv[1:] if argv is None else list(argv)
+  name, rest = find_command(argv)
+  if name is None:
+    return rest
+  wants_help = any(a in ("-h", "--help") for a in rest)
   if from_shell and not wants_help:
-    _reexec_with_huge_pages()
-  module_name, _, entry = COMMANDS[argv[0]][0].partition(":")   # "module" runs main, "module:fn" runs fn
-  command = getattr(importlib.import_module(module_name), entry or "main")
+    hugepages.reexec()
+  command = entry(name)
   if not wants_help and any(os.environ.get(v) for v in DISTRIBUTED_ENV):
     from attngeo import sharding                                # imports JAX: only where there is a cluster
     sharding.initialize_distributed()
   try:
-    with _sigterm_as_interrupt(), _one_line_warnings(argv[0]):
-      command(argv[1:])
+    with _sigterm_as_interrupt(), _one_line_warnings(name):
+      command(rest)
   except USER_ERRORS as e:
     if os.environ.get("ATTNGEO_DEBUG"):
       raise
     msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    print(f"attngeo {argv[0]}: error: {msg}", file=sys.stderr)
+    print(f"attngeo {name}: error: {msg}", file=sys.stderr)
     return 2
   except KeyboardInterrupt as e:                   # Ctrl-C, or SIGTERM (`Terminated`)
     if os.environ.get("ATTNGEO_DEBUG"):
       raise
     how, code = ("terminated (SIGTERM)", 128 + signal.SIGTERM) if isinstance(e, Terminated) else ("interrupted", 130)
-    print(f"attngeo {argv[0]}: {how}; what it finished is kept (checkpoints, cached results): run the "
+    print(f"attngeo {name}: {how}; what it finished is kept (checkpoints, cached results): run the "
           "same command again to go on", file=sys.stderr)
     if from_shell:
       _exit_at_once(code)
@@ -229,7 +247,7 @@ def main(argv=None):
     advice = ("choose a folder this user can write (--out, --data-dir)" if reason is None else
               "free space (or raise the limit) and run the same command again (finished steps and cached results "
               "are kept)")
-    print(f"attngeo {argv[0]}: error: {reason or unwritable}{where}; {advice}", file=sys.stderr)
+    print(f"attngeo {name}: error: {reason or unwritable}{where}; {advice}", file=sys.stderr)
     return 2
   return 0
 

@@ -389,10 +389,14 @@ def cmd_table2(args, ap) -> dict:
 
 # ----------------------------------------------------------------------------- parser
 
-def parser() -> argparse.ArgumentParser:
-  ap = config_lib.Parser(prog="attngeo lm", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  sub = ap.add_subparsers(dest="command", required=True)
-  tr = sub.add_parser("train", help="train a GPT on text (resumes a killed run)", prog="attngeo lm train")
+def _parser(name: str, **kw) -> argparse.ArgumentParser:
+  from attngeo import cli
+  return config_lib.Parser(prog=f"attngeo lm {name}", description=kw.pop("description", cli.COMMANDS[f"lm {name}"][1] + "."),
+                           formatter_class=argparse.RawDescriptionHelpFormatter, **kw)
+
+
+def train_parser() -> argparse.ArgumentParser:
+  tr = _parser("train")
   tr.add_argument("--out", default="runs/lm", help="run folder (default: runs/lm)")
   tr.add_argument("--preset", default=None,
                   help=f"start from a protocol preset ({', '.join(sorted(PRESETS))}; docs/lm.md), flags override it "
@@ -400,7 +404,11 @@ def parser() -> argparse.ArgumentParser:
   tr.add_argument("--no-eval", action="store_true", help="skip the evaluation after training (default: evaluate)")
   tr.add_argument("--eval-max-rows", type=int, default=512, help="validation rows for the final bpb (default: 512)")
   config_lib.add_arguments(tr, LMConfig, help=HELP)
-  ev = sub.add_parser("eval", help="bpb, induction, DAC probe and CORE of a run", prog="attngeo lm eval")
+  return tr
+
+
+def eval_parser() -> argparse.ArgumentParser:
+  ev = _parser("eval")
   ev.add_argument("run_dir", help="a run folder written by attngeo lm train")
   ev.add_argument("--core-bundle", default=None, help="DCLM eval bundle directory (core.yaml, eval_data/, "
                                                       "eval_meta_data.csv); default: none, CORE skipped")
@@ -411,7 +419,11 @@ def parser() -> argparse.ArgumentParser:
   ev.add_argument("--allow-changed-corpus", action="store_true",
                   help="evaluate even when the text at the run's data path differs from the corpus it trained on "
                        "(corpus.json; a warning says so); default: refuse")
-  sa = sub.add_parser("sample", help="sample text from a run (KV-cached)", prog="attngeo lm sample")
+  return ev
+
+
+def sample_parser() -> argparse.ArgumentParser:
+  sa = _parser("sample")
   sa.add_argument("run_dir", help="a run folder written by attngeo lm train")
   sa.add_argument("--prompt", default="", help="text to continue (default: empty, BOS only)")
   sa.add_argument("--max-tokens", type=int, default=200, help="new tokens at most, capped by the context (default: 200)")
@@ -420,13 +432,17 @@ def parser() -> argparse.ArgumentParser:
   sa.add_argument("--num-samples", type=int, default=1, help="independent samples (default: 1)")
   sa.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
   sa.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
+  return sa
+
+
+def table2_parser() -> argparse.ArgumentParser:
   proto = Table2Config()
-  t2 = sub.add_parser("table2", help="the seed's Table 2 at this machine's scale", prog="attngeo lm table2",
-                      description=f"Default protocol: conditions {list(proto.conditions)} × seeds {list(proto.seeds)}; "
-                                  f"depth {proto.lm.depth}, width {proto.lm.width}, head_dim {proto.lm.head_dim}, "
-                                  f"context {proto.lm.seq_len}, {proto.lm.tokenizer} tokenizer, data {proto.lm.data}, "
-                                  f"{proto.lm.train.steps} steps × {proto.lm.train.batch_size} rows. The --lm.* "
-                                  f"defaults printed below are attngeo lm train's; the protocol's override them.")
+  t2 = _parser("table2", description=f"The seed's Table 2 at this machine's scale. Default protocol: conditions "
+                                     f"{list(proto.conditions)} × seeds {list(proto.seeds)}; "
+                                     f"depth {proto.lm.depth}, width {proto.lm.width}, head_dim {proto.lm.head_dim}, "
+                                     f"context {proto.lm.seq_len}, {proto.lm.tokenizer} tokenizer, data {proto.lm.data}, "
+                                     f"{proto.lm.train.steps} steps × {proto.lm.train.batch_size} rows. The --lm.* "
+                                     f"defaults printed below are attngeo lm train's; the protocol's override them.")
   t2.add_argument("--full", action="store_true",
                   help="the seed's d12 recipe (depth 12, 2048 context, 65,536-token BPE, FineWeb-edu shards; "
                        "print it with --dry-run); default off")
@@ -439,18 +455,37 @@ def parser() -> argparse.ArgumentParser:
                                                                  "(beta, alpha) from (0.5, 0.5))",
                                                    "seeds": "training seeds", "eval_rows": "validation rows for bpb (0: all)",
                                                    "out": "output folder", **{f"lm.{k}": v for k, v in HELP.items()}})
-  from attngeo.experiments import lm_adapt
-  lm_adapt.add_parser(sub)
-  return ap
+  return t2
+
+
+def train_main(argv=None):
+  """`attngeo lm train` on `argv` (the arguments after the command's name)."""
+  ap = train_parser()
+  return cmd_train(ap.parse_args(argv), ap)
+
+
+def eval_main(argv=None):
+  """`attngeo lm eval` on `argv` (the arguments after the command's name)."""
+  ap = eval_parser()
+  return cmd_eval(ap.parse_args(argv), ap)
+
+
+def sample_main(argv=None):
+  """`attngeo lm sample` on `argv` (the arguments after the command's name)."""
+  ap = sample_parser()
+  return cmd_sample(ap.parse_args(argv), ap)
+
+
+def table2_main(argv=None):
+  """`attngeo lm table2` on `argv` (the arguments after the command's name)."""
+  ap = table2_parser()
+  return cmd_table2(ap.parse_args(argv), ap)
 
 
 def main(argv=None):
-  ap = parser()
-  args = ap.parse_args(argv)
-  sub = {a.dest: a for a in ap._actions if isinstance(a, argparse._SubParsersAction)}["command"].choices[args.command]
-  from attngeo.experiments import lm_adapt
-  return {"train": cmd_train, "eval": cmd_eval, "sample": cmd_sample, "table2": cmd_table2,
-          "adapt": lm_adapt.cmd_adapt}[args.command](args, sub)
+  """`attngeo lm SUB …` from Python: the sub-command's return value (see `attngeo.cli.call_group`)."""
+  from attngeo import cli
+  return cli.call_group("lm", sys.argv[1:] if argv is None else list(argv))
 
 
 if __name__ == "__main__":

@@ -231,13 +231,13 @@ def print_plan(plan: dict) -> None:
 
 # ----------------------------------------------------------------------------- command
 
-def add_parser(sub) -> argparse.ArgumentParser:
+def parser() -> argparse.ArgumentParser:
   proto = AdaptConfig()
-  ap = sub.add_parser("adapt", help="the seed's Table 3: sequential adaptation along a chain of operators",
-                      prog="attngeo lm adapt", formatter_class=argparse.RawDescriptionHelpFormatter,
-                      description=__doc__ + f"\nDefault protocol: chain {proto.chain}, {proto.adapt.steps} steps × "
-                      f"{proto.adapt.batch_size} rows per state, seeds {list(proto.seeds)}; source: Table 2's default "
-                      f"model (the --lm.* defaults printed below are attngeo lm train's; the protocol's are Table 2's).")
+  ap = config_lib.Parser(prog="attngeo lm adapt", formatter_class=argparse.RawDescriptionHelpFormatter,
+                         description=__doc__ + f"\nDefault protocol: chain {proto.chain}, {proto.adapt.steps} steps × "
+                         f"{proto.adapt.batch_size} rows per state, seeds {list(proto.seeds)}; source: Table 2's "
+                         f"default model (the --lm.* defaults printed below are attngeo lm train's; the protocol's "
+                         f"are Table 2's).")
   ap.add_argument("--table2-out", default="runs/table2",
                   help="where the Table 2 runs live, for the default source (default: runs/table2)")
   ap.add_argument("--full", action="store_true", help="the seed's d32 protocol (print it with --dry-run); default off")
@@ -312,3 +312,9 @@ def finish(cfg: AdaptConfig, ops, source, t0: float) -> dict:
   figure(result, summary, os.path.join(cfg.out, "chain.png"), seed, control_summary)
   print(f"\nwrote {cfg.out}/table3.md, table3.csv, results.json, chain.png; wall time {wall:.0f} s")
   return {"markdown": md, **payload}
+
+
+def main(argv=None):
+  """`attngeo lm adapt` on `argv` (the arguments after the command's name)."""
+  ap = parser()
+  return cmd_adapt(ap.parse_args(argv), ap)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 
 from attngeo import config
 from attngeo.experiments import report
@@ -30,10 +31,8 @@ MOSES_DEFAULT_N = 2000
 DATA_SOURCES = ("moses", "moses-train", "reactions")
 
 
-def parser() -> argparse.ArgumentParser:
-  ap = config.Parser(prog="attngeo mlm", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  sub = ap.add_subparsers(dest="command", required=True)
-  ev = sub.add_parser("eval", help="masked-token loss and accuracy of encoder runs on SMILES", prog="attngeo mlm eval")
+def eval_parser() -> argparse.ArgumentParser:
+  ev = config.Parser(prog="attngeo mlm eval", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ev.add_argument("runs", nargs="+", metavar="RUN", help="run folders of encoders (imports or twins)")
   ev.add_argument("--data", default="moses", help="moses (test split), moses-train, reactions, or a SMILES file "
                   "(default: moses)")
@@ -50,7 +49,7 @@ def parser() -> argparse.ArgumentParser:
   ev.add_argument("--twin-seed", type=int, default=0, help="seed of the random-init twins (default: 0)")
   ev.add_argument("--vocab", default=None, help="vocab.txt of every run (default: each RUN's vocab.txt)")
   ev.add_argument("--out", default="runs/mlm", help="output folder (default: runs/mlm)")
-  return ap
+  return ev
 
 
 def _model_class(run: str) -> str:
@@ -128,11 +127,16 @@ def cmd_eval(a, ap):
   report.wrote(a.out, "mlm.md", "mlm.csv", "mlm.json")
 
 
+def eval_main(argv=None):
+  """`attngeo mlm eval` on `argv` (the arguments after the command's name)."""
+  ap = eval_parser()
+  return cmd_eval(ap.parse_args(argv), ap)
+
+
 def main(argv=None):
-  ap = parser()
-  a = ap.parse_args(argv)
-  sub = {x.dest: x for x in ap._actions if isinstance(x, argparse._SubParsersAction)}["command"].choices[a.command]
-  return {"eval": cmd_eval}[a.command](a, sub)
+  """`attngeo mlm SUB …` from Python (see `attngeo.cli.call_group`)."""
+  from attngeo import cli
+  return cli.call_group("mlm", sys.argv[1:] if argv is None else list(argv))
 
 
 if __name__ == "__main__":

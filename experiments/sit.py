@@ -659,14 +659,20 @@ def _options(drop: tuple[str, ...]):
 TRAIN_BASE = SiTConfig(out="runs/sit_train")
 
 
-def parser() -> argparse.ArgumentParser:
-  ap = config_lib.Parser(prog="attngeo sit", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                         epilog="options of a sub-command: attngeo sit {train,sample,transfer,import} --help")
-  sub = ap.add_subparsers(dest="command", required=True, metavar="{train,sample,transfer,import}",
-                          title="sub-commands (attngeo sit SUBCOMMAND --help lists its options)")
-  tr = sub.add_parser("train", help="train a class-conditional SiT", prog="attngeo sit train")
+def _parser(name: str) -> argparse.ArgumentParser:
+  from attngeo import cli
+  return config_lib.Parser(prog=f"attngeo sit {name}", description=cli.COMMANDS[f"sit {name}"][1] + ".",
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def train_parser() -> argparse.ArgumentParser:
+  tr = _parser("train")
   config_lib.add_arguments(tr, _options(TRANSFER_ONLY), help=HELP, base=TRAIN_BASE)
-  sa = sub.add_parser("sample", help="sample a grid from a run folder", prog="attngeo sit sample")
+  return tr
+
+
+def sample_parser() -> argparse.ArgumentParser:
+  sa = _parser("sample")
   sa.add_argument("run", help="run folder written by sit train / transfer stage / import")
   sa.add_argument("--out", default=None, help="output folder (default: the run folder)")
   sa.add_argument("--per-class", type=config_lib.positive_int, default=8, help="samples per class row (default: 8)")
@@ -675,14 +681,22 @@ def parser() -> argparse.ArgumentParser:
     sa.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
                     type=(lambda s: tuple(int(x) for x in s.split(","))) if name == "seeds" else type(f.default),
                     help=f"{HELP.get(name, name)} (default: {f.default})")
-  tf = sub.add_parser("transfer", help="the ATTN -> DMTN -> DMAP transfer (Figures 3-5)", prog="attngeo sit transfer")
+  return sa
+
+
+def transfer_parser() -> argparse.ArgumentParser:
+  tf = _parser("transfer")
   tf.add_argument("--full", action="store_true", help="the seed's SiT-XL/2 protocol (print it with --dry-run); default off")
   tf.add_argument("--dry-run", action="store_true", help="print the configuration (with --full: its cost) and the "
                                                          "launch line; run nothing; default off")
   tf.add_argument("--mfu", type=config_lib.positive_float, default=0.4,
                   help="model FLOPs utilisation assumed by --full --dry-run's cost (default: 0.4)")
   config_lib.add_arguments(tf, _options(TRAIN_ONLY), help=HELP)
-  im = sub.add_parser("import", help="an official SiT/DiT checkpoint as a run folder", prog="attngeo sit import")
+  return tf
+
+
+def import_parser() -> argparse.ArgumentParser:
+  im = _parser("import")
   im.add_argument("checkpoint", help=".safetensors (or .pt with torch installed) in the SiT/DiT key layout")
   im.add_argument("--out", required=True, help="run folder to write (required; config.json + weights.npz; must be "
                                                "new or empty unless --overwrite)")
@@ -691,9 +705,7 @@ def parser() -> argparse.ArgumentParser:
   im.add_argument("--num-classes", type=config_lib.positive_int, default=None,
                   help="real classes (default: table rows - 1)")
   im.add_argument("--overwrite", action="store_true", help="replace the run in an --out that holds files; default off")
-  for command, sp in sub.choices.items():
-    sp.set_defaults(command_parser=sp)
-  return ap
+  return im
 
 
 def full_plan(cfg: SiTConfig, mfu: float) -> dict:
@@ -720,53 +732,76 @@ def print_plan(plan: dict) -> None:
           f"({plan['wall_hours'][chip]:.1f} h on {PLAN_CHIPS[chip]} chips; sampling and evaluation not counted)")
 
 
-def main(argv=None):
-  argv = sys.argv[1:] if argv is None else list(argv)
-  ap = parser()
-  args = ap.parse_args(argv)
-  sp = args.command_parser          # errors name the sub-command: `attngeo sit train: error: ...`
-  if args.command == "import":
-    try:
-      check_out_free(args.out, args.overwrite)
-      return import_run(args.checkpoint, args.out, args.num_heads, args.num_classes)
-    except (ValueError, FileNotFoundError, ImportError) as e:
-      sp.error(str(e))
-  if args.command == "sample":
-    cfg = config_lib.from_arguments(args, SiTConfig, SiTConfig())
-    try:
-      check_fields(cfg)
-      files.read_config(args.run)              # not a run folder: one line before JAX is imported
-      model = runs.load_run(args.run)[0]
-      from attngeo import flow
-      from attngeo.data import images
-      flow.check_guidance(cfg.guidance, model.cfg.null_label)
-      source = (files.read_config(args.run).get("sit") or {}).get("data") or ""
-      names = images.class_names(source, model.cfg.num_classes)
-    except (ValueError, FileNotFoundError) as e:
-      sp.error(str(e))
-    return sample_run(model, cfg, args.out or args.run, args.per_class, names)
-  base = TRAIN_BASE if args.command == "train" else dataclasses.replace(SiTConfig(), **FULL) if args.full else SiTConfig()
+def import_main(argv=None):
+  """`attngeo sit import` on `argv` (the arguments after the command's name)."""
+  sp = import_parser()
+  args = sp.parse_args(argv)
+  try:
+    check_out_free(args.out, args.overwrite)
+    return import_run(args.checkpoint, args.out, args.num_heads, args.num_classes)
+  except (ValueError, FileNotFoundError, ImportError) as e:
+    sp.error(str(e))
+
+
+def sample_main(argv=None):
+  """`attngeo sit sample` on `argv`."""
+  sp = sample_parser()
+  args = sp.parse_args(argv)
+  cfg = config_lib.from_arguments(args, SiTConfig, SiTConfig())
+  try:
+    check_fields(cfg)
+    files.read_config(args.run)              # not a run folder: one line before JAX is imported
+    model = runs.load_run(args.run)[0]
+    from attngeo import flow
+    from attngeo.data import images
+    flow.check_guidance(cfg.guidance, model.cfg.null_label)
+    source = (files.read_config(args.run).get("sit") or {}).get("data") or ""
+    names = images.class_names(source, model.cfg.num_classes)
+  except (ValueError, FileNotFoundError) as e:
+    sp.error(str(e))
+  return sample_run(model, cfg, args.out or args.run, args.per_class, names)
+
+
+def train_main(argv=None):
+  """`attngeo sit train` on `argv`."""
+  return _train_or_transfer("train", train_parser(), list(argv or []))
+
+
+def transfer_main(argv=None):
+  """`attngeo sit transfer` on `argv`."""
+  return _train_or_transfer("transfer", transfer_parser(), list(argv or []))
+
+
+def _train_or_transfer(command: str, sp: argparse.ArgumentParser, argv: list[str]):
+  args = sp.parse_args(argv)
+  base = TRAIN_BASE if command == "train" else dataclasses.replace(SiTConfig(), **FULL) if args.full else SiTConfig()
   try:
     cfg = config_lib.from_arguments(args, SiTConfig, base)    # a bad --reg.* value is its one-line ValueError
     check_fields(cfg)
-    if args.command == "train" and cfg.steps < 1:
+    if command == "train" and cfg.steps < 1:
       raise ValueError(f"steps must be >= 1 for sit train (0 steps is the random initialisation); got {cfg.steps}")
-    if args.command == "transfer" and args.dry_run:
+    if command == "transfer" and args.dry_run:
       print(json.dumps(dataclasses.asdict(cfg), indent=1))
       if args.full:
         print(FULL_NOTES)
         print_plan(full_plan(cfg, args.mfu))
         print("launch: " + LAUNCH)
       else:
-        print("local: attngeo sit " + " ".join(shlex.quote(a) for a in argv if a != "--dry-run"))
+        print("local: attngeo sit transfer " + " ".join(shlex.quote(a) for a in argv if a != "--dry-run"))
       return cfg
-    check_run_folder(cfg, args.command)
+    check_run_folder(cfg, command)
     check_data(cfg)
   except (ValueError, errors.InputTypeError, FileNotFoundError, ImportError) as e:
     sp.error(str(e))
   from attngeo import runlock
   with runlock.hold(cfg.out):        # one process per --out: data, training, samples and probe alike
-    return transfer(cfg) if args.command == "transfer" else train_one(cfg)
+    return transfer(cfg) if command == "transfer" else train_one(cfg)
+
+
+def main(argv=None):
+  """`attngeo sit SUB …` from Python (see `attngeo.cli.call_group`)."""
+  from attngeo import cli
+  return cli.call_group("sit", sys.argv[1:] if argv is None else list(argv))
 
 
 def check_data(cfg: SiTConfig):

@@ -23,11 +23,11 @@ if _cache:
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 
 # Worker processes (pytest-xdist) and the subprocesses tests start use glibc's transparent huge pages,
-# as the `attngeo` command does (attngeo.cli.HUGE_PAGES): XLA's fresh n × n buffers otherwise fault in
+# as the `attngeo` command does (attngeo.hugepages): XLA's fresh n × n buffers otherwise fault in
 # 4 KiB at a time. Read at process start, so it reaches the processes started from here on.
-from attngeo import cli as _cli  # noqa: E402
+from attngeo import hugepages as _hugepages  # noqa: E402
 
-os.environ.update(_cli.huge_pages_env(os.environ) or {})
+os.environ.update(_hugepages.huge_pages_env(os.environ) or {})
 
 
 # ----------------------------------------------------------------------------- tiny runs made once

@@ -1,5 +1,4 @@
 """The `attngeo` command line: fast help for every command, one-line errors with exit status 2."""
-import argparse
 import errno
 import json
 import os
@@ -12,7 +11,7 @@ import warnings
 
 import pytest
 
-from attngeo import cli
+from attngeo import cli, hugepages
 from helpers import assert_errors_before_jax
 
 HELP_SCRIPT = """
@@ -34,7 +33,6 @@ print("ACTIONS", json.dumps(printed[-1] if printed else []))
 print("JAX_IMPORTED" if "jax" in sys.modules else "NO_JAX", f"{time.perf_counter() - t0:.3f}")
 """
 
-SUBCOMMANDS = [f"{name} {sub}" for name, subs in cli.SUBCOMMANDS.items() for sub in subs]
 
 
 def description(text: str | None) -> str:
@@ -42,7 +40,7 @@ def description(text: str | None) -> str:
   return re.sub(r"[\s(;,]*\bdefault\b.*$", "", text or "", flags=re.I | re.S).strip()
 
 
-@pytest.mark.parametrize("command", sorted(cli.COMMANDS) + SUBCOMMANDS)
+@pytest.mark.parametrize("command", sorted(cli.COMMANDS) + sorted(cli.GROUPS))
 def test_help_documents_every_option_without_importing_jax(command):
   out = subprocess.run([sys.executable, "-c", HELP_SCRIPT, *command.split()], capture_output=True, text=True,
                        timeout=60, env=dict(os.environ, COLUMNS="200"))
@@ -52,7 +50,7 @@ def test_help_documents_every_option_without_importing_jax(command):
   actions = json.loads(out.stdout.split("ACTIONS ")[-1].splitlines()[0])
   undescribed = [opts[0] for opts, text in actions if not description(text)]
   assert not undescribed, f"`attngeo {command} --help`: options without a description: {undescribed}"
-  if command in ("study", "lm", "sit", "mlm"):           # dispatchers: their sub-commands are checked below
+  if command in cli.GROUPS:                             # a group lists its sub-commands (checked below)
     return
   for line in out.stdout.split("options:")[1].split("\n  -")[1:]:
     if not line.startswith("h, --help"):
@@ -64,24 +62,42 @@ def test_description_of_an_option_is_its_help_without_the_default():
   assert description("(default: 256)") == description("default off") == description(None) == ""
 
 
-def test_top_level_help_lists_the_sub_commands_of_each_dispatcher(capsys):
-  """cli.SUBCOMMANDS (shown as `lm train|eval|…`) are exactly what each dispatcher's parser accepts."""
-  from attngeo.experiments import lm, mlm, sit, study
-
-  def choices(ap):
-    return tuple(next(a for a in ap._actions if isinstance(a, argparse._SubParsersAction)).choices)
-  assert cli.SUBCOMMANDS == {"lm": choices(lm.parser()), "sit": choices(sit.parser()), "study": tuple(study.STUDIES),
-                            "mlm": choices(mlm.parser())}
+def test_one_table_names_every_command_and_each_builds_its_own_parser(capsys):
+  """cli.COMMANDS is the one table: every entry, sub-commands included, is a function of an experiments
+  module; its parser's prog is `attngeo NAME`; the top-level help lists each group as `lm train|eval|…`
+  and `attngeo GROUP` lists the group's sub-commands; no dispatcher builds argparse sub-parsers."""
+  import inspect
+  for name in cli.COMMANDS:
+    group = name.split()[0]
+    assert " " not in name or group in cli.GROUPS, name
+    assert callable(cli.entry(name)), name
+  for group in cli.GROUPS:
+    assert cli.subcommands(group)
+    assert cli.main([group]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: attngeo {group} {{{','.join(cli.subcommands(group))}}}")
+    assert all(f"  {group} {sub} " in out for sub in cli.subcommands(group))
   assert cli.main(["--help"]) == 0
   out = capsys.readouterr().out
-  for name, subs in cli.SUBCOMMANDS.items():
-    assert f"  {name} {'|'.join(subs)} " in out
+  for group in cli.GROUPS:
+    assert f"  {group} {'|'.join(cli.subcommands(group))} " in out
+  assert cli.main(["lm", "bogus"]) == 2
+  assert "attngeo lm: unknown sub-command 'bogus'" in capsys.readouterr().err
+  from attngeo.experiments import lm, lm_adapt, mlm, sit
+  for module in (lm, lm_adapt, mlm, sit):
+    assert "add_subparsers" not in inspect.getsource(module) and "_actions" not in inspect.getsource(module)
+  parsers = {"lm train": lm.train_parser, "lm eval": lm.eval_parser, "lm sample": lm.sample_parser,
+             "lm table2": lm.table2_parser, "lm adapt": lm_adapt.parser, "sit train": sit.train_parser,
+             "sit sample": sit.sample_parser, "sit transfer": sit.transfer_parser, "sit import": sit.import_parser,
+             "mlm eval": mlm.eval_parser}
+  for name, make in parsers.items():
+    assert make().prog == f"attngeo {name}"
 
 
 def test_unknown_command_and_top_level_help(capsys):
   assert cli.main(["--help"]) == 0
   out = capsys.readouterr().out
-  assert all(name in out for name in cli.COMMANDS)
+  assert all(name in out for name in cli.COMMANDS if " " not in name) and all(group in out for group in cli.GROUPS)
   assert cli.main(["nonsense"]) == 2
 
 
@@ -105,24 +121,24 @@ def test_a_command_from_the_shell_reexecutes_once_with_huge_pages(monkeypatch):
     calls.append((path, args, env))
     raise SystemExit(0)
 
-  monkeypatch.setattr(cli.os, "execve", execve)
+  monkeypatch.setattr(hugepages.os, "execve", execve)
   monkeypatch.setattr(cli.sys, "argv", ["attngeo", "bench", "--seqs", "0"])
   orig = [sys.executable, "-X", "utf8", "/venv/bin/attngeo", "bench", "--seqs", "0"]
   monkeypatch.setattr(cli.sys, "orig_argv", orig)
   for name in ("GLIBC_TUNABLES", "ATTNGEO_HUGEPAGES", "ATTNGEO_REEXEC"):
     monkeypatch.delenv(name, raising=False)
-  env = cli.huge_pages_env(os.environ)
+  env = hugepages.huge_pages_env(os.environ)
   if env is None:
     pytest.skip("not glibc >= 2.35")
   with pytest.raises(SystemExit):
     cli.main()
   (path, args, got), = calls
   assert path == sys.executable and args == orig                                # flags and script kept
-  assert got["GLIBC_TUNABLES"] == cli.HUGE_PAGES
-  assert cli.huge_pages_env(got) is None                                        # the new process goes on
-  assert cli.huge_pages_env(dict(got, GLIBC_TUNABLES="")) is None               # stripped tunables: no loop
+  assert got["GLIBC_TUNABLES"] == hugepages.HUGE_PAGES
+  assert hugepages.huge_pages_env(got) is None                                        # the new process goes on
+  assert hugepages.huge_pages_env(dict(got, GLIBC_TUNABLES="")) is None               # stripped tunables: no loop
   monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=2")
-  assert cli.huge_pages_env(os.environ)["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:" + cli.HUGE_PAGES
+  assert hugepages.huge_pages_env(os.environ)["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:" + hugepages.HUGE_PAGES
   monkeypatch.setattr(cli.sys, "argv", ["attngeo", "bench", "--help"])
   with pytest.raises(SystemExit):                                               # argparse's help exit, no exec
     cli.main()
@@ -130,12 +146,12 @@ def test_a_command_from_the_shell_reexecutes_once_with_huge_pages(monkeypatch):
     cli.main(["bench", "--seqs", "0"])
   assert exit_.value.code == 2 and len(calls) == 1
   monkeypatch.setenv("ATTNGEO_HUGEPAGES", "0")
-  assert cli.huge_pages_env(os.environ) is None
+  assert hugepages.huge_pages_env(os.environ) is None
   monkeypatch.delenv("ATTNGEO_HUGEPAGES")
 
   def failing(path, args, env):
     raise OSError("exec failed")
-  monkeypatch.setattr(cli.os, "execve", failing)                               # a failed exec: run here
+  monkeypatch.setattr(hugepages.os, "execve", failing)                               # a failed exec: run here
   monkeypatch.setattr(cli.sys, "argv", ["attngeo", "bench", "--seqs", "0"])
   with pytest.raises(SystemExit) as exit_:
     cli.main()

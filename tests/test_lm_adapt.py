@@ -306,6 +306,6 @@ def test_full_dry_run_plan_and_launch_lines(capsys):
 
 
 def test_help_imports_no_jax():
-  code = ("import sys; from attngeo.experiments import lm; ap = lm.parser(); "
+  code = ("import sys; from attngeo.experiments import lm, lm_adapt; lm.train_parser(); lm_adapt.parser(); "
           "assert 'jax' not in sys.modules, sorted(m for m in sys.modules if 'jax' in m)")
   assert subprocess.run([os.sys.executable, "-c", code], capture_output=True, timeout=60).returncode == 0

@@ -159,7 +159,7 @@ SIT = ["--data", "digits", "--width", "16", "--depth", "1", "--heads", "2", "--p
 
 def sit_config(flags, out):
   """`sit train`'s config from its flags, as `sit.main` parses them."""
-  return sit.config_lib.from_arguments(sit.parser().parse_args(["train", *SIT, *flags, "--out", out]), sit.SiTConfig,
+  return sit.config_lib.from_arguments(sit.train_parser().parse_args([*SIT, *flags, "--out", out]), sit.SiTConfig,
                                        sit.TRAIN_BASE)
 
 
@@ -205,7 +205,7 @@ def test_sit_reg_flags_are_train_only_and_bad_reg_is_one_line(tmp_path, capsys):
                         (["--reg.skew", "1", "--reg.heads", "3"], "reg.heads must be ≤ the 2 heads")):
     one_line_exit_2(capsys, lambda: sit.main(["train", *SIT, *flags, "--out", out]), needle, "attngeo sit train")
   one_line_exit_2(capsys, lambda: sit.main(["transfer", "--reg.skew", "1", "--out", out]), "unrecognized arguments",
-                  "attngeo sit")
+                  "attngeo sit transfer")
   assert not os.path.exists(out)
 
 

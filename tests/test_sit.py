@@ -302,13 +302,16 @@ def test_labels_outside_the_classes_are_refused():
 def test_dry_run_local_line_and_help(capsys):
   sit.main(["transfer", "--dry-run", "--steps", "3", "--seeds", "0"])
   assert capsys.readouterr().out.strip().splitlines()[-1] == "local: attngeo sit transfer --steps 3 --seeds 0"
-  helps = {c: sit.parser().parse_args([c]).command_parser.format_help() for c in ("train", "transfer")}
+  helps = {"train": sit.train_parser().format_help(), "transfer": sit.transfer_parser().format_help()}
   assert "(default: runs/sit_train)" in helps["train"] and "(default: runs/sit)" in helps["transfer"]
   for flag in ("--adapt-steps", "--fold-steps", "--adapt-lr", "--init", "--num-heads"):
     assert flag not in helps["train"] and flag in helps["transfer"]
   assert "--operator" in helps["train"] and "--operator" not in helps["transfer"]
-  top = sit.parser().format_help()
-  assert all(c in top for c in ("train", "sample", "transfer", "import")) and "attngeo sit SUBCOMMAND --help" in top
+  with pytest.raises(SystemExit) as exit_:
+    sit.main(["--help"])
+  top = capsys.readouterr().out
+  assert exit_.value.code == 0
+  assert "usage: attngeo sit {train,sample,transfer,import}" in top and "attngeo NAME --help lists its options" in top
 
 
 def test_argument_errors_and_the_dry_run_answer_without_importing_jax():
