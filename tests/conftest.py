@@ -12,15 +12,17 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # JAX's persistent compilation cache, shared by the xdist workers and every subprocess a test starts
 # (they read these variables at import): a program compiled once in a run — the same tiny model in
 # several tests, the same CLI command in a subprocess — is loaded, not compiled again (a blockwise
-# custom-VJP gradient: 1.7 s cold, 0.28 s cached). Entries are keyed by the program, the jax version and
-# the flags, so a changed kernel is compiled anew; a clean clone starts cold. ATTNGEO_TEST_JAX_CACHE
-# moves the folder ("" turns the cache off).
+# custom-VJP gradient: 1.7 s cold, 0.28 s cached). Every program is kept, however fast it compiled: the
+# suite is made of thousands of small compiles (tests/test_magnetic.py alone: 96 s cold, 28 s from the
+# cache with no threshold, ~90 s with JAX's 1 s threshold or 0.2 s; 1,013 entries, 7 MB). Entries are keyed
+# by the program, the jax version and the flags, so a changed kernel is compiled anew; a clean clone
+# starts cold. ATTNGEO_TEST_JAX_CACHE moves the folder ("" turns the cache off).
 _cache = os.environ.get("ATTNGEO_TEST_JAX_CACHE",
                         os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                      ".pytest_cache", "jax-compilation"))
 if _cache:
   os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _cache)
-  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 # Worker processes (pytest-xdist) and the subprocesses tests start use glibc's transparent huge pages,
 # as the `attngeo` command does (attngeo.hugepages): XLA's fresh n × n buffers otherwise fault in
