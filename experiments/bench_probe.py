@@ -1,7 +1,8 @@
 """Probe benchmark: wall time and peak memory of `probe.model_report` at real-model scale, and the
 training hook's overhead, against the targets of the probe issue.
 
-    attngeo bench-probe [--cases d12,swissroll,hook] [--seq 1024] [--vocab 50304] [--steps 300] [--every 50]
+    attngeo bench-probe [--cases d12,swissroll,hook,bert] [--seq 1024] [--vocab 50304] [--steps 300] [--every 50]
+                        [--bert-seqs 128,512]
 
 * `d12` — a GPT of nanochat's d12 shape (12 layers, 6 heads of 128, width 768), sequence `--seq`,
   batch 1, random init and random tokens: the whole report (every read-out of every layer, per-
@@ -12,6 +13,10 @@ training hook's overhead, against the targets of the probe issue.
 * `hook` — the same PointFlow trained `--steps` steps (batch 8) without a hook, with `probe.hook`
   every `--every` steps deferred (default) and synchronous; overhead = extra wall time per step
   (the hook's program compiled beforehand). Target: a few per cent at every = 50.
+* `bert` — the real rxnfp `bert_pretrained` checkpoint (12 layers, 4 heads of 64, width 256; read from
+  the installed `rxnfp` wheel, `pip install --no-deps rxnfp==0.1.0`), batch 1 at each of `--bert-seqs`
+  tokens ([CLS], random ordinary tokens of its vocabulary, [SEP]; ≤ its 512 positions), cold and warm
+  (median of 3), one process per length. Target: one checkpoint's probe ≤ 60 s.
 
 Each case runs in its own process (`--case` internally), so its peak resident memory is its own.
 Time it on an otherwise idle machine. Writes bench_probe.{md,csv,json}.
@@ -29,8 +34,9 @@ from attngeo import config
 from attngeo.experiments import report
 from attngeo.experiments.report import Col
 
-CASES = ("d12", "swissroll", "hook")
-TARGETS = {"d12": "≤ 120 s, ≤ 4 GiB", "swissroll": "≤ 5 s warm", "hook": "overhead ≤ 5 % at every = 50"}
+CASES = ("d12", "swissroll", "hook", "bert")
+TARGETS = {"d12": "≤ 120 s, ≤ 4 GiB", "swissroll": "≤ 5 s warm", "hook": "overhead ≤ 5 % at every = 50",
+           "bert": "≤ 60 s cold"}
 
 
 def _pointflow(seed=0):
@@ -128,6 +134,36 @@ def case_hook(a) -> dict:
               step_ms=1e3 * base, deferred_overhead=deferred / base - 1, sync_overhead=sync / base - 1)
 
 
+def case_bert(a) -> dict:
+  import statistics
+
+  import jax.numpy as jnp
+  import numpy as np
+
+  from attngeo import interop, probe
+  from attngeo.data import molecules
+  from attngeo.lm.smiles import SmilesTokenizer
+  path = os.path.dirname(molecules.wheel_file("rxnfp", "models", "transformers", "bert_pretrained", "config.json"))
+  model, _ = interop.load("bert", path)
+  if not 2 < a.seq <= model.cfg.seq_len:
+    raise ValueError(f"--bert-seqs must lie in (2, {model.cfg.seq_len}] (the checkpoint's positions); got {a.seq}")
+  tok = SmilesTokenizer.from_vocab(path)
+  ordinary = np.setdiff1d(np.arange(model.cfg.vocab_size), tok.special_ids)
+  body = np.random.default_rng(0).choice(ordinary, a.seq - 2)
+  ids = jnp.asarray(np.concatenate([[tok.cls_id], body, [tok.sep_id]])[None], jnp.int32)
+  run = lambda: model(ids)
+  t0 = time.perf_counter()
+  rows = probe.model_report(model, run, desc=f"bert probe n={a.seq}")
+  cold = time.perf_counter() - t0
+  warm = []
+  for _ in range(3):
+    t0 = time.perf_counter()
+    probe.model_report(model, run, progress=False)
+    warm.append(time.perf_counter() - t0)
+  return dict(case="bert", shape=f"rxnfp bert_pretrained, 12 layers × 4 heads, width 256, n = {a.seq}, batch 1",
+              cold_s=cold, warm_s=statistics.median(warm), layers=len(rows))
+
+
 def run_case(name: str, argv: list[str]) -> dict:
   """Run one case in a child process; its peak resident memory from the kernel's accounting."""
   with subprocess.Popen([sys.executable, "-m", "attngeo.experiments.bench_probe", "--case", name] + argv,
@@ -147,6 +183,8 @@ def verdict(row: dict) -> str:
     return "met" if row["cold_s"] <= 120 and row["peak_gib"] <= 4 else "missed"
   if row["case"] == "swissroll":
     return "met" if row["warm_s"] <= 5 else "missed"
+  if row["case"] == "bert":
+    return "met" if row["cold_s"] <= 60 else "missed"
   return "met" if row["deferred_overhead"] <= 0.05 else "missed"
 
 
@@ -169,6 +207,8 @@ def parser() -> argparse.ArgumentParser:
   ap.add_argument("--vocab", type=int, default=50304, help="d12 vocabulary size, ≥ 2 (default: 50304)")
   ap.add_argument("--steps", type=int, default=300, help="hook case: training steps, ≥ 10 (default: 300)")
   ap.add_argument("--every", type=int, default=50, help="hook case: probe interval in steps, ≥ 10 (default: 50)")
+  ap.add_argument("--bert-seqs", default="128,512", help="bert case: comma-separated token counts, each in "
+                  "(2, 512] (default: 128,512)")
   ap.add_argument("--dense", action="store_true",
                   help="swissroll case: also time the dense per-edge effective defect (minutes; default: off)")
   ap.add_argument("--out", default="runs/bench_probe", help="output folder (default: runs/bench_probe)")
@@ -184,8 +224,14 @@ def main(argv=None):
                            ("--every", a.every, 10)):
     if value < low:
       ap.error(f"{name} must be at least {low}; got {value}")
+  try:
+    bert_seqs = [int(x) for x in a.bert_seqs.split(",") if x]
+  except ValueError:
+    bert_seqs = []
+  if not bert_seqs or any(not 2 < n <= 512 for n in bert_seqs):
+    ap.error(f"--bert-seqs must be comma-separated integers in (2, 512]; got {a.bert_seqs!r}")
   if a.case:                                             # child process: one case, one JSON line
-    row = {"d12": case_d12, "swissroll": case_swissroll, "hook": case_hook}[a.case](a)
+    row = {"d12": case_d12, "swissroll": case_swissroll, "hook": case_hook, "bert": case_bert}[a.case](a)
     print(json.dumps(row), flush=True)
     return row
   cases = [c for c in a.cases.split(",") if c]
@@ -193,9 +239,17 @@ def main(argv=None):
     ap.error(f"--cases must be a comma-separated subset of {CASES}; got {a.cases!r}")
   passthrough = ["--seq", str(a.seq), "--vocab", str(a.vocab), "--steps", str(a.steps), "--every", str(a.every)]
   passthrough += ["--dense"] if a.dense else []
+  if "bert" in cases:                                    # before any case runs: the checkpoint is there
+    from attngeo.data import molecules
+    try:
+      molecules.wheel_file("rxnfp", "models", "transformers", "bert_pretrained", "config.json")
+    except (FileNotFoundError, ImportError, ValueError) as e:
+      ap.error(f"the bert case needs the rxnfp wheel (pip install --no-deps rxnfp==0.1.0): {e}")
   rows = []
-  for name in cases:
-    row = run_case(name, passthrough)
+  runs = [(name, []) for name in cases if name != "bert"] + [("bert", ["--seq", str(n)]) for n in bert_seqs
+                                                              if "bert" in cases]
+  for name, extra in runs:
+    row = run_case(name, passthrough + extra)
     row.update(target=TARGETS[name], verdict=None)
     row["verdict"] = verdict(row)
     rows.append(row)
