@@ -59,11 +59,13 @@ COMMANDS = {
     "study connection": ("attngeo.experiments.study_connection",
                          "connection-walk stability and isometry defects across sizes, trained vs random init"),
     "mlm eval": ("attngeo.experiments.mlm:eval_main", "masked-LM loss and accuracy of BERT/ALBERT runs on SMILES"),
+    "mlm transfer": ("attngeo.experiments.mlm_transfer", "the seed's transfer protocol on a pretrained BERT: graft, "
+                     "adapt on MOSES, fold, adapt"),
 }
 GROUPS = {"sit": "SiT on images, the ATTN->DMTN->DMAP transfer (Figures 3-5), SiT/DiT import",
           "lm": "language models: bpb, induction, DAC, CORE; Table 2; adaptation (Table 3)",
           "study": "studies that train, probe and compare models across sizes",
-          "mlm": "masked-LM evaluation of BERT/ALBERT runs"}
+          "mlm": "masked-LM evaluation of BERT/ALBERT runs and the transfer protocol on them"}
 
 
 def subcommands(group: str) -> tuple[str, ...]:

@@ -13,13 +13,20 @@ MOLECULES = ["CCO", "CC(=O)O", "c1ccccc1", "CCN", "CC(C)O", "OCCN"]
 
 
 @pytest.mark.slow          # ~1 min on a quiet 2-core CPU (every stage compiles its own train step and scorer)
-def test_the_chain_runs_and_leaves_the_source_alone():
+def test_the_chain_runs_and_leaves_the_source_alone(tmp_path):
   model = Encoder(EncoderConfig.create(depth=2, vocab_size=len(VOCAB), seq_len=32, width=16, num_heads=2,
                                        head_dim=8), rngs=nnx.Rngs(0))
-  cfg = mlm_transfer.TransferConfig(operators=("DMTN", "CMAP"), steps=2, seeds=(0,), batch=2, train=6, eval=6)
-  out = mlm_transfer.run(model, SmilesTokenizer(VOCAB), MOLECULES, MOLECULES, cfg)
-  assert list(out) == ["ATTN (pretrained)", "ATTN adapted (control)", "DMTN at graft", "DMTN adapted",
-                       "DMTN→DMAP folded", "DMTN→DMAP adapted", "CMAP at graft", "CMAP adapted"]
+  cfg = mlm_transfer.TransferConfig(operators=("DMTN", "CMAP"), steps=2, seeds=(0,), batch=2, train=6, eval=6,
+                                    probe=2)
+  out = mlm_transfer.run(model, SmilesTokenizer(VOCAB), MOLECULES, MOLECULES, cfg, progress=False)
+  assert list(out) == mlm_transfer.stages(cfg) == ["ATTN (pretrained)", "ATTN adapted (control)", "DMTN at graft",
+                                                  "DMTN adapted", "DMTN→DMAP folded", "DMTN→DMAP adapted",
+                                                  "CMAP at graft", "CMAP adapted"]
+  eps = {stage: runs[0]["eps_rev"] for stage, runs in out.items()}
+  assert eps["DMTN→DMAP folded"] < 1e-5 < eps["DMTN at graft"]        # exact A: the folded walk is reversible
+  assert out["DMTN→DMAP folded"][0]["loss"] == pytest.approx(out["DMTN adapted"][0]["loss"], abs=1e-4)  # DMTN = DMAP
+  mlm_transfer.figure(out, str(tmp_path / "transfer.png"))
+  assert (tmp_path / "transfer.png").stat().st_size > 0
   assert all(math.isfinite(r["loss"]) for runs in out.values() for r in runs)
   assert out["DMTN at graft"][0]["loss"] != out["ATTN (pretrained)"][0]["loss"]
   assert "| DMTN→DMAP adapted |" in mlm_transfer.table(out)
@@ -27,7 +34,8 @@ def test_the_chain_runs_and_leaves_the_source_alone():
 
 
 @pytest.mark.parametrize("fields, match", [(dict(steps=0), "--steps"), (dict(seeds=()), "--seeds"),
-                                           (dict(operators=("XMAP",)), "operator must be one of")])
+                                           (dict(operators=("XMAP",)), "operator must be one of"),
+                                           (dict(probe=0), "--probe")])
 def test_bad_settings_are_one_line(fields, match):
   with pytest.raises(ValueError, match=match):
     mlm_transfer.TransferConfig(**fields).validate()
