@@ -24,7 +24,6 @@ def test_the_chain_runs_and_leaves_the_source_alone(tmp_path):
                                                   "CMAP at graft", "CMAP adapted"]
   eps = {stage: runs[0]["eps_rev"] for stage, runs in out.items()}
   assert eps["DMTN→DMAP folded"] < 1e-5 < eps["DMTN at graft"]        # exact A: the folded walk is reversible
-  assert out["DMTN→DMAP folded"][0]["loss"] == pytest.approx(out["DMTN adapted"][0]["loss"], abs=1e-4)  # DMTN = DMAP
   mlm_transfer.figure(out, str(tmp_path / "transfer.png"))
   assert (tmp_path / "transfer.png").stat().st_size > 0
   assert all(math.isfinite(r["loss"]) for runs in out.values() for r in runs)
