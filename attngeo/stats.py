@@ -1,4 +1,4 @@
-"""Statistics for comparing conditions over seeds: Welch's unequal-variance t-test.
+"""Statistics for comparing conditions over seeds: Welch's unequal-variance t-test and Holm's correction.
 
 For samples a (n_a values) and b (n_b values), variances with ddof 1:
 
@@ -9,6 +9,9 @@ For samples a (n_a values) and b (n_b values), variances with ddof 1:
 the t, ν and p of `scipy.stats.ttest_ind(a, b, equal_var=False)`. Two constant samples (s_a + s_b = 0,
 where scipy gives NaN) are decided by their means: t = ±∞ and p = 0 if they differ, t = 0 and p = 1
 if not; ν is NaN.
+
+Holm's step-down correction of m p-values sorted p_(1) ≤ … ≤ p_(m) (`holm`): the adjusted
+p̃_(i) = max_{j ≤ i} min(1, (m − j + 1)·p_(j)); rejecting p̃ < α controls the family-wise error at α.
 """
 from __future__ import annotations
 
@@ -48,3 +51,15 @@ def welch_if_testable(a, b) -> Welch | None:
   if min(len(a), len(b)) < 2 or not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
     return None
   return welch(a, b)
+
+
+def holm(pvalues) -> np.ndarray:
+  """Holm-adjusted p-values (the module docstring), in the input's order; one line for a value outside [0, 1]."""
+  p = np.asarray(pvalues, np.float64).ravel()
+  if not np.all((p >= 0) & (p <= 1)):
+    raise ValueError(f"p-values must lie in [0, 1]; got {p.tolist()}")
+  order = np.argsort(p, kind="stable")
+  scaled = np.minimum(1.0, (len(p) - np.arange(len(p))) * p[order])
+  out = np.empty_like(p)
+  out[order] = np.maximum.accumulate(scaled)
+  return out

@@ -36,3 +36,13 @@ def test_untestable_pairs_are_none_not_an_error():
   assert stats.welch_if_testable([1.0, np.nan, 2.0], [1.0, 2.0]) is None
   assert stats.welch_if_testable([1.0], [1.0, 2.0]) is None
   assert stats.welch_if_testable([1.0, 2.0, 4.0], [3.0, 5.0]) == stats.welch([1.0, 2.0, 4.0], [3.0, 5.0])
+
+
+def test_holm_is_the_step_down_maximum():
+  """p = (0.01, 0.04, 0.03, 0.005): sorted 0.005, 0.01, 0.03, 0.04 scaled by 4, 3, 2, 1 = 0.02, 0.03, 0.06, 0.04,
+  running maximum 0.02, 0.03, 0.06, 0.06, back in the input's order."""
+  np.testing.assert_allclose(stats.holm([0.01, 0.04, 0.03, 0.005]), [0.03, 0.06, 0.06, 0.02])
+  np.testing.assert_allclose(stats.holm([0.5, 0.9]), [1.0, 1.0])          # capped at 1
+  assert stats.holm([]).shape == (0,)
+  with pytest.raises(ValueError, match=r"p-values must lie in \[0, 1\]"):
+    stats.holm([0.2, float("nan")])
