@@ -58,6 +58,8 @@ COMMANDS = {
     "bench-probe": ("attngeo.experiments.bench_probe", "probe time and memory at the d12 shape; training-hook overhead"),
     "study connection": ("attngeo.experiments.study_connection",
                          "connection-walk stability and isometry defects across sizes, trained vs random init"),
+    "study curvature": ("attngeo.experiments.study_curvature",
+                        "Swiss-roll models trained with a curvature or reversibility term vs without"),
     "mlm eval": ("attngeo.experiments.mlm:eval_main", "masked-LM loss and accuracy of BERT/ALBERT runs on SMILES"),
     "mlm transfer": ("attngeo.experiments.mlm_transfer", "the seed's transfer protocol on a pretrained BERT: graft, "
                      "adapt on MOSES, fold, adapt"),
