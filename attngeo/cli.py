@@ -56,6 +56,8 @@ COMMANDS = {
     "lm table2": ("attngeo.experiments.lm:table2_main", "the seed's Table 2 at this machine's scale"),
     "lm adapt": ("attngeo.experiments.lm_adapt:main", "the seed's Table 3: sequential adaptation along a chain"),
     "bench-probe": ("attngeo.experiments.bench_probe", "probe time and memory at the d12 shape; training-hook overhead"),
+    "bench-regularisers": ("attngeo.experiments.bench_regularisers",
+                           "train-step cost of each geometry regulariser as a ratio to the plain step"),
     "study connection": ("attngeo.experiments.study_connection",
                          "connection-walk stability and isometry defects across sizes, trained vs random init"),
     "study curvature": ("attngeo.experiments.study_curvature",

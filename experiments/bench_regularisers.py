@@ -1,8 +1,7 @@
 """Train-step cost of each geometry regulariser (`attngeo.regularisers`) as a ratio to the plain step.
 
-    python -m attngeo.experiments.bench_regularisers [--preset lm|tiny] [--terms curvature,reversibility,...]
-                                                     [--heads 0] [--sequences 0] [--test-functions 4]
-                                                     [--repeats 3] [--out runs/bench]
+    attngeo bench-regularisers [--preset lm|tiny] [--terms curvature,reversibility,...]
+                               [--heads 0] [--sequences 0] [--test-functions 4] [--repeats 3] [--out runs/bench]
 
 Times the jitted, donated train step of `attngeo.train` (forward, backward, nanochat's Muon/AdamW update)
 of the GPT at the preset shape on random tokens: once with the plain next-token loss and once per term
@@ -53,7 +52,7 @@ def step_call(loss_fn, shape: dict):
 
 
 def main(argv=None):
-  ap = config.Parser(prog="python -m attngeo.experiments.bench_regularisers", description=__doc__,
+  ap = config.Parser(prog="attngeo bench-regularisers", description=__doc__,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--preset", default="lm", choices=list(PRESETS), help="model shape (default: lm)")
   ap.add_argument("--terms", default=",".join(TERMS), help=f"comma-separated terms, each timed alone (default: all of {TERMS})")
