@@ -9,20 +9,23 @@ import pytest
 # sharding tests spawn their own 8-device processes.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-# JAX's persistent compilation cache, shared by the xdist workers and every subprocess a test starts
-# (they read these variables at import): a program compiled once in a run — the same tiny model in
-# several tests, the same CLI command in a subprocess — is loaded, not compiled again (a blockwise
-# custom-VJP gradient: 1.7 s cold, 0.28 s cached). Every program is kept, however fast it compiled: the
-# suite is made of thousands of small compiles (tests/test_magnetic.py alone: 96 s cold, 28 s from the
-# cache with no threshold, ~90 s with JAX's 1 s threshold or 0.2 s; 1,013 entries, 7 MB). Entries are keyed
-# by the program, the jax version and the flags, so a changed kernel is compiled anew; a clean clone
-# starts cold. ATTNGEO_TEST_JAX_CACHE moves the folder ("" turns the cache off).
+# JAX's persistent compilation cache, shared by the xdist workers, every subprocess a test starts (they
+# read these variables at import) and every later run on this machine, clean clones included: a program
+# compiled once — the same tiny model in several tests, the same CLI command in a subprocess, the same
+# test in yesterday's clone — is loaded, not compiled again. Every program is kept, however fast it
+# compiled: the suite is thousands of small compiles (tests/test_magnetic.py alone: 96 s cold, 28 s from
+# the cache with no threshold, ~90 s with JAX's 1 s threshold or 0.2 s; 1,013 entries, 7 MB). Entries are
+# keyed by the program's HLO, the jax/jaxlib version, the backend and the flags, so a changed kernel is
+# compiled anew and nothing stale can be served; the folder is bounded (2 GiB, least recently used out).
+# It lives in the user's cache ($XDG_CACHE_HOME or ~/.cache, attngeo/jax-tests); ATTNGEO_TEST_JAX_CACHE
+# moves it ("" turns the cache off: every run cold).
 _cache = os.environ.get("ATTNGEO_TEST_JAX_CACHE",
-                        os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                     ".pytest_cache", "jax-compilation"))
+                        os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
+                                     "attngeo", "jax-tests"))
 if _cache:
   os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _cache)
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+  os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(2 * 2**30))
 
 # Worker processes (pytest-xdist) and the subprocesses tests start use glibc's transparent huge pages,
 # as the `attngeo` command does (attngeo.hugepages): XLA's fresh n × n buffers otherwise fault in
