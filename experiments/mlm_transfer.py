@@ -165,17 +165,29 @@ def run(model, tokenizer, train_smiles, eval_smiles, cfg: TransferConfig, log=pr
   return out
 
 
+def readout_cell(values: list) -> str:
+  """The mean over seeds of one read-out; "—" where it does not apply (None); seeds whose value is not finite
+  (a walk so close to reducible that its stationary law is not determined in float32: `markov.stationary`)
+  are left out of the mean and counted after it, "1.1e-07 (2 of 3 NaN)"."""
+  import numpy as np
+  if any(v is None for v in values):
+    return "—"
+  finite = [v for v in values if np.isfinite(v)]
+  bad = len(values) - len(finite)
+  head = f"{np.mean(finite):.3g}" if finite else "nan"
+  return head + (f" ({bad} of {len(values)} NaN)" if bad else "")
+
+
 def table(results: dict) -> str:
   """Markdown: one row per stage, mean ± sd over seeds of the held-out loss and accuracy, and the probe's
-  layer-mean read-outs (mean over seeds)."""
+  layer-mean read-outs (mean over seeds, `readout_cell`)."""
   import numpy as np
   rows = ["| stage | loss (nats) | accuracy | ε_rev | ρ_skew | eff. neighbours | δ heads | δ effective | seeds |",
           "|---|---|---|---:|---:|---:|---:|---:|---|"]
   for stage, runs in results.items():
     loss, acc = np.array([r["loss"] for r in runs]), np.array([r["accuracy"] for r in runs])
     sd = lambda a: f" ± {a.std(ddof=1):.4f}" if len(a) > 1 else ""                     # noqa: E731
-    mean = lambda k: ("—" if any(r.get(k) is None for r in runs)                        # noqa: E731
-                      else f"{np.mean([r[k] for r in runs]):.3g}")
+    mean = lambda k: readout_cell([r.get(k) for r in runs])                             # noqa: E731
     rows.append(f"| {stage} | {loss.mean():.4f}{sd(loss)} | {acc.mean():.4f}{sd(acc)} | "
                 + " | ".join(mean(k) for k in READOUTS) + f" | {len(runs)} |")
   return "\n".join(rows)

@@ -38,3 +38,10 @@ def test_the_chain_runs_and_leaves_the_source_alone(tmp_path):
 def test_bad_settings_are_one_line(fields, match):
   with pytest.raises(ValueError, match=match):
     mlm_transfer.TransferConfig(**fields).validate()
+
+
+def test_a_readout_that_is_nan_for_some_seeds_is_counted_not_averaged():
+  assert mlm_transfer.readout_cell([1e-7, float("nan"), 3e-7]) == "2e-07 (1 of 3 NaN)"
+  assert mlm_transfer.readout_cell([float("nan")] * 2) == "nan (2 of 2 NaN)"
+  assert mlm_transfer.readout_cell([0.5, None]) == "—"
+  assert mlm_transfer.readout_cell([0.25, 0.75]) == "0.5"
