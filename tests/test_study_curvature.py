@@ -46,6 +46,7 @@ def test_bad_settings_are_one_line_before_any_work(argv, needle, tmp_path, capsy
 
 
 def test_settings_skip_a_zero_weight():
-  cfg = sc.CurvatureStudyConfig(reversibility=0.0)
+  cfg = sc.CurvatureStudyConfig()
   assert list(sc.settings(cfg)) == ["none", "curvature"]
+  assert list(sc.settings(sc.CurvatureStudyConfig(curvature=0.0, reversibility=0.1))) == ["none", "reversibility"]
   assert sc.settings(cfg)["curvature"].curvature == 0.1
