@@ -56,6 +56,22 @@ def _sets(batch, size=256, seed=0):
   return np.stack([cloud[rng.choice(len(cloud), size, replace=False)] for _ in range(batch)])
 
 
+def _cold_and_warm(model, run, desc: str | None = None, repeats: int = 3):
+  """(`probe.model_report` rows, seconds of the first call (compilation included), median of `repeats` more)."""
+  import statistics
+
+  from attngeo import probe
+  t0 = time.perf_counter()
+  rows = probe.model_report(model, run, progress=desc is not None, **({"desc": desc} if desc else {}))
+  cold = time.perf_counter() - t0
+  warm = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    probe.model_report(model, run, progress=False)
+    warm.append(time.perf_counter() - t0)
+  return rows, cold, statistics.median(warm)
+
+
 def case_d12(a) -> dict:
   import jax.numpy as jnp
   import numpy as np
@@ -73,25 +89,17 @@ def case_d12(a) -> dict:
 
 
 def case_swissroll(a) -> dict:
-  import statistics
 
   import jax.numpy as jnp
   import numpy as np
 
-  from attngeo import connection, nn, operators, probe
+  from attngeo import connection, nn, operators
   model = _pointflow()
   x = jnp.asarray(_sets(4))
   run = lambda: model(x, jnp.ones((4,)))
-  t0 = time.perf_counter()
-  rows = probe.model_report(model, run, progress=False)
-  cold = time.perf_counter() - t0
-  warm = []
-  for _ in range(3):
-    t0 = time.perf_counter()
-    probe.model_report(model, run, progress=False)
-    warm.append(time.perf_counter() - t0)
+  rows, cold, warm = _cold_and_warm(model, run)
   row = dict(case="swissroll", shape="PointFlow width 64, depth 2, 2 heads, 4 sets × 256", cold_s=cold,
-             warm_s=statistics.median(warm), layers=len(rows))
+             warm_s=warm, layers=len(rows))
   if not a.dense:
     return row
   # the dense per-edge reference on batch element 0 (what `attngeo probe` computed before the trace tables)
@@ -135,12 +143,11 @@ def case_hook(a) -> dict:
 
 
 def case_bert(a) -> dict:
-  import statistics
 
   import jax.numpy as jnp
   import numpy as np
 
-  from attngeo import interop, probe
+  from attngeo import interop
   from attngeo.data import molecules
   from attngeo.lm.smiles import SmilesTokenizer
   path = os.path.dirname(molecules.wheel_file("rxnfp", "models", "transformers", "bert_pretrained", "config.json"))
@@ -151,17 +158,9 @@ def case_bert(a) -> dict:
   ordinary = np.setdiff1d(np.arange(model.cfg.vocab_size), tok.special_ids)
   body = np.random.default_rng(0).choice(ordinary, a.seq - 2)
   ids = jnp.asarray(np.concatenate([[tok.cls_id], body, [tok.sep_id]])[None], jnp.int32)
-  run = lambda: model(ids)
-  t0 = time.perf_counter()
-  rows = probe.model_report(model, run, desc=f"bert probe n={a.seq}")
-  cold = time.perf_counter() - t0
-  warm = []
-  for _ in range(3):
-    t0 = time.perf_counter()
-    probe.model_report(model, run, progress=False)
-    warm.append(time.perf_counter() - t0)
+  rows, cold, warm = _cold_and_warm(model, lambda: model(ids), desc=f"bert probe n={a.seq}")
   return dict(case="bert", shape=f"rxnfp bert_pretrained, 12 layers × 4 heads, width 256, n = {a.seq}, batch 1",
-              cold_s=cold, warm_s=statistics.median(warm), layers=len(rows))
+              cold_s=cold, warm_s=warm, layers=len(rows))
 
 
 def run_case(name: str, argv: list[str]) -> dict:
