@@ -31,6 +31,8 @@ checked the same way (`check_law`: a probability vector, used as π/Σπ).
   resolve it. For float32 P the float64 steps are `jax.pure_callback`s to the host (jit- and
   vmap-compatible); float64 P keeps them on the device. π's gradient is the LU solve's, with the
   refinement's residuals held constant.
+* damped law `π_τ` (`damped_law`): the stationary law of P with restarts to uniform at rate τ, unique
+  and well conditioned for every stochastic P (the read-outs' π where a walk is nearly reducible).
 * mean row entropy `H̄ = mean_i Σ_j entr(P_ij)`, `entr(x) = −x log x`; `e^{H̄}` is the effective
   number of neighbours.
 * reversibility `ε_rev = ½ Σ_ij |π_i P_ij − π_j P_ji|` ∈ [0, 1]: total-variation distance between
@@ -273,6 +275,37 @@ def check_law(p, pi, atol: float = 1e-4) -> jax.Array:
   ok = jnp.all(jnp.isfinite(pi) & (pi >= 0), -1, keepdims=True) & (jnp.abs(total - 1) <= atol)
   checkify.debug_check(jnp.all(ok), "pi must be a probability vector (finite, >= 0, summing to 1)")
   return jnp.where(ok, pi / total, jnp.nan)
+
+
+def damped_law(p, damping: float) -> jax.Array:
+  """The damped (PageRank) law π_τ [..., n] of P [..., n, n], τ = `damping` ∈ (0, 1]: the stationary law
+  of the walk that restarts from the uniform law u = 1/n with probability τ at each step,
+
+      π_τ (I − (1 − τ) P) = τ u,        π_τ = τ Σ_{t≥0} (1 − τ)^t u P^t.
+
+  `I − (1 − τ)P` is row diagonally dominant by τ (‖(I − (1 − τ)P)⁻¹‖_∞ ≤ 1/τ), so π_τ is unique, ≥ 0 and
+  well conditioned for every stochastic P — reducible or nearly reducible walks included, where π is
+  undetermined (`stationary` reports `converged = False`) — and so is its gradient (one linear solve).
+  Its distance to π, for a P with one closed class: π_τ − π = τ Σ_t (1 − τ)^t (u − π) P^t, so
+
+      ‖π_τ − π‖₁ ≤ τ ‖u − π‖₁ / (1 − (1 − τ) δ(P)),     δ(P) = ½ max_ij ‖P_i· − P_j·‖₁ ∈ [0, 1]
+
+  (Dobrushin's contraction coefficient), and any read-out linear in π with rows of P summing to 1 —
+  ε_rev among them — moves by at most ‖π_τ − π‖₁ (`reversibility`). Computed in P's working dtype.
+  """
+  check_chain(p)
+  if isinstance(damping, bool) or not isinstance(damping, numbers.Real) or not 0 < damping <= 1:
+    raise ValueError(f"damping must be a number in (0, 1] (the restart probability τ); got {damping!r}")
+  return _damped_law(_working(p), float(damping))
+
+
+def _damped_law(p, damping: float):
+  n = p.shape[-1]
+  a = jnp.eye(n, dtype=p.dtype) - (1.0 - damping) * p
+  rhs = jnp.full(p.shape[:-1], damping / n, p.dtype)
+  pi = jnp.linalg.solve(jnp.swapaxes(a, -1, -2), rhs[..., None])[..., 0]
+  pi = jnp.maximum(pi, 0.0)
+  return pi / pi.sum(-1, keepdims=True)
 
 
 def _pi(p, pi):

@@ -19,7 +19,12 @@ batch, heads, tokens and test functions.
   fixed (`stop_gradient`): the term moves the walk, not the family.
 * **reversibility** — `ε_rev = ½ Σ_ij |π_i P_ij − π_j P_ji|` (`markov.reversibility`) or the entropy
   production `σ = ½ Σ_ij (F_ij − F_ji) log(F_ij/F_ji)`, `F_ij = π_i P_ij` (`markov.entropy_production`).
-  Dense: P `[b, h, n, n]` and one LU solve for π per (b, h), O(n²) memory and O(n³) time each.
+  The law is the damped one, `π_τ (I − (1 − τ)P) = τ/n · 1ᵀ` (`markov.damped_law`, τ = `damping`, default
+  0.01): the exact π is undetermined once a learned walk is nearly reducible (spectral gap ≲ 1e-6 in
+  float32), and training through its LU solve diverged (loss NaN at step 150 on the Swiss roll); π_τ
+  is unique and well conditioned for every walk, and |ε_rev(π_τ) − ε_rev(π)| ≤ ‖π_τ − π‖₁ ≤
+  τ‖u − π‖₁/(1 − (1 − τ)δ(P)) (δ Dobrushin's coefficient) where π is unique. `damping = 0`: the exact π.
+  Dense: P `[b, h, n, n]` and one linear solve per (b, h), O(n²) memory and O(n³) time each.
 * **skew** — `ρ_skew² = ‖antisym(H L H)‖_F² / ‖H L H‖_F²` of the parametric logits (`markov.skew_share`,
   squared so that it is smooth at the exact-A corners, where ρ_skew = 0), without forming L: with
   `z_i = [q_i, k_i]` centred over the tokens (`Z̃ = HZ`) the double-centred logit is `s Z̃ C Z̃ᵀ`,
@@ -63,7 +68,7 @@ import jax
 import jax.numpy as jnp
 
 from attngeo import geometry, markov, nn, operators, walks
-from attngeo.regularisers_config import REVERSIBILITY_KINDS, TERMS, Regularisers
+from attngeo.regularisers_config import DAMPING, REVERSIBILITY_KINDS, TERMS, Regularisers
 
 _HI = jax.lax.Precision.HIGHEST
 
@@ -136,12 +141,17 @@ def _walk(q, k, beta, alpha, scale):
   return operators.markov_matrix(q, k, beta=beta, alpha=alpha, scale=scale)
 
 
-def reversibility(q, k, *, beta=1.0, alpha=1.0, kind: str = "eps_rev", scale=None) -> jax.Array:
-  """Mean over (b, h) of ε_rev (`kind="eps_rev"`) or the entropy production σ (`"entropy"`) of the walk."""
+def reversibility(q, k, *, beta=1.0, alpha=1.0, kind: str = "eps_rev", damping: float = DAMPING,
+                  scale=None) -> jax.Array:
+  """Mean over (b, h) of ε_rev (`kind="eps_rev"`) or the entropy production σ (`"entropy"`) of the walk,
+  its flows `π_i P_ij` under the damped law π_τ (`markov.damped_law`, τ = `damping`; 0: the exact π)."""
   if kind not in REVERSIBILITY_KINDS:
     raise ValueError(f"kind must be one of {REVERSIBILITY_KINDS}; got {kind!r}")
+  if isinstance(damping, bool) or not isinstance(damping, (int, float)) or not 0 <= damping <= 1:
+    raise ValueError(f"damping must be a number in [0, 1] (0: the exact stationary law); got {damping!r}")
   p = _walk(q, k, beta, alpha, scale)
-  return jnp.mean(markov.reversibility(p) if kind == "eps_rev" else markov.entropy_production(p))
+  pi = markov.damped_law(p, damping) if damping else None
+  return jnp.mean(markov.reversibility(p, pi) if kind == "eps_rev" else markov.entropy_production(p, pi))
 
 
 def _skew_norm(c0, t):
@@ -225,7 +235,8 @@ def _layer_terms(cfg: Regularisers, m, q, k, key) -> dict:
   fns = {"curvature": lambda: curvature(q, k, coordinate_family(q, k, cfg.test_functions, kf),
                                         target=cfg.curvature_target, beta=beta, alpha=alpha, causal=m.causal,
                                         tau=cfg.tau, implementation=m.implementation),
-         "reversibility": lambda: reversibility(q, k, beta=beta, alpha=alpha, kind=cfg.reversibility_kind),
+         "reversibility": lambda: reversibility(q, k, beta=beta, alpha=alpha, kind=cfg.reversibility_kind,
+                                                damping=cfg.damping),
          "skew": lambda: skew(q, k, beta=beta, alpha=alpha),
          "mixing": lambda: mixing(q, k, target=cfg.gap_target, beta=beta, alpha=alpha),
          "isometry": lambda: isometry(*_transports(m))}

@@ -14,6 +14,8 @@ import numbers
 
 TERMS = ("curvature", "reversibility", "skew", "mixing", "isometry")
 REVERSIBILITY_KINDS = ("eps_rev", "entropy")
+# The reversibility term's restart probability τ of the damped law π_τ (`attngeo.markov.damped_law`).
+DAMPING = 0.01
 
 # `--reg.<field>` help of a command whose config nests `Regularisers` as `reg` (`attngeo.config.add_arguments`).
 HELP = {"reg.curvature": "weight λ ≥ 0 of the curvature term E relu(K·Γ(f) − Γ₂(f)) (0: off)",
@@ -25,6 +27,8 @@ HELP = {"reg.curvature": "weight λ ≥ 0 of the curvature term E relu(K·Γ(f) 
         "reg.gap_target": "spectral-gap bound g* in (0, 1] of the mixing term",
         "reg.test_functions": "test functions m of the curvature term (≥ 1 when it is on)",
         "reg.tau": "time scale τ of L = (P − I)/τ (curvature term)",
+        "reg.damping": "restart probability τ in [0, 1] of the reversibility term's damped law π_τ (0: exact π, "
+                       "undetermined on nearly reducible walks)",
         "reg.reversibility_kind": f"reversibility read-out, one of {', '.join(REVERSIBILITY_KINDS)}",
         "reg.heads": "heads sampled per layer for the terms (0: every head)",
         "reg.sequences": "sequences of a batch sampled for the terms (0: all)"}
@@ -39,7 +43,7 @@ class Regularisers:
   """Weights λ ≥ 0 of each term (0: off), the curvature and gap targets, and the sample sizes.
 
   `curvature_target` K, `gap_target` g*, `test_functions` m (curvature), `tau` τ of `L = (P − I)/τ`,
-  `reversibility_kind` `"eps_rev"` | `"entropy"`, `heads` / `sequences` sampled per layer (0: all).
+  `reversibility_kind` `"eps_rev"` | `"entropy"`, `damping` τ of its law π_τ, `heads` / `sequences` sampled per layer (0: all).
   """
   curvature: float = 0.0
   reversibility: float = 0.0
@@ -51,6 +55,7 @@ class Regularisers:
   test_functions: int = 4
   tau: float = 1.0
   reversibility_kind: str = "eps_rev"
+  damping: float = DAMPING
   heads: int = 0
   sequences: int = 0
 
@@ -69,6 +74,7 @@ class Regularisers:
              ("test_functions", _is_count(self.test_functions) and (self.test_functions >= 1 or not self.curvature),
               f"an integer ≥ 1 when {prefix}curvature > 0 (the curvature term needs test functions)"),
              ("tau", real(self.tau) and self.tau > 0, "a positive time scale"),
+             ("damping", real(self.damping) and 0 <= self.damping <= 1, "a number in [0, 1] (0: the exact π)"),
              ("reversibility_kind", self.reversibility_kind in REVERSIBILITY_KINDS, f"one of {REVERSIBILITY_KINDS}"),
              ("heads", _is_count(self.heads), "an integer ≥ 0 (0: every head)"),
              ("sequences", _is_count(self.sequences), "an integer ≥ 0 (0: every sequence)"))

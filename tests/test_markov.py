@@ -466,3 +466,61 @@ def test_stationary_refuses_a_refine_that_is_not_a_count(refine):
   """refine=-1 came back as iterations=-1; 2.5 was truncated to 2."""
   with pytest.raises(ValueError, match="refine must be an integer ≥ 0"):
     markov.stationary(jnp.full((3, 3), 1 / 3), refine=refine)
+
+
+# ----------------------------------------------------------------------------- damped law
+
+def _gaussian_walk64(n=9, batch=2, seed=0, scale=1.0):
+  x = np.random.default_rng(seed).standard_normal((batch, n, 2))
+  d2 = ((x[:, :, None] - x[:, None]) ** 2).sum(-1)
+  a = np.exp(-d2 / scale + np.random.default_rng(seed + 1).standard_normal((batch, n, n)))   # not reversible
+  return a / a.sum(-1, keepdims=True)
+
+
+@pytest.mark.parametrize("damping", [0.01, 0.3, 1.0])
+def test_damped_law_is_the_restart_series_and_its_fixed_point(damping):
+  """π_τ = τ Σ (1 − τ)^t u P^t (float64 series) and π_τ = (1 − τ) π_τ P + τ u; τ = 1 gives u."""
+  p = _gaussian_walk64()
+  x, acc, w = np.full((2, 9), 1 / 9), np.zeros((2, 9)), damping
+  while w > 1e-18:
+    acc, x, w = acc + w * x, np.einsum("bi,bij->bj", x, p), w * (1 - damping)
+  got = np.asarray(markov.damped_law(jnp.asarray(p, jnp.float32), damping), np.float64)
+  np.testing.assert_allclose(got, acc, rtol=2e-5, atol=1e-7)
+  np.testing.assert_allclose((1 - damping) * np.einsum("bi,bij->bj", got, p) + damping / 9, got, atol=2e-6)
+
+
+def test_damped_law_tends_to_pi_within_its_dobrushin_bound():
+  """‖π_τ − π‖₁ ≤ τ‖u − π‖₁/(1 − (1 − τ)δ(P)), and the error shrinks linearly in τ."""
+  p = _gaussian_walk64(scale=4.0)
+  pi = chain_pi(p)
+  dob = 0.5 * np.abs(p[:, :, None, :] - p[:, None, :, :]).sum(-1).max((-2, -1))
+  errs = []
+  for tau in (1e-1, 1e-2, 1e-3):
+    with jax.enable_x64(True):
+      got = np.asarray(markov.damped_law(jnp.asarray(p), tau))
+    err = np.abs(got - pi).sum(-1)
+    assert np.all(err <= tau * np.abs(1 / 9 - pi).sum(-1) / (1 - (1 - tau) * dob) * (1 + 1e-9)), tau
+    errs.append(err)
+  assert np.all(errs[2] < 0.02 * errs[0]) and np.all(errs[2] > 0)
+
+
+def test_damped_law_is_unique_on_a_reducible_walk():
+  """Two closed classes: π is not unique (stationary does not converge); π_τ is the restart mixture —
+  each class's own damped law weighted by its share of u — with a finite gradient."""
+  block = _gaussian_walk64(n=4, batch=1)[0]
+  p = np.zeros((1, 8, 8))
+  p[0, :4, :4], p[0, 4:, 4:] = block, _gaussian_walk64(n=4, batch=1, seed=5)[0]
+  p32 = jnp.asarray(p, jnp.float32)
+  assert not bool(markov.stationary(p32).converged.any())
+  got = np.asarray(markov.damped_law(p32, 0.05))[0]
+  for part in (slice(0, 4), slice(4, 8)):
+    want = np.asarray(markov.damped_law(jnp.asarray(p[:, part, part], jnp.float32), 0.05))[0] / 2
+    np.testing.assert_allclose(got[part], want, rtol=1e-5)
+  grad = jax.grad(lambda q: markov.damped_law(q / q.sum(-1, keepdims=True), 0.05)[0, 0])(p32 + 1e-3)
+  assert bool(jnp.all(jnp.isfinite(grad)))
+
+
+@pytest.mark.parametrize("damping", [0.0, -0.1, 1.5, True, "0.1"])
+def test_damped_law_refuses_a_bad_damping(damping):
+  with pytest.raises(ValueError, match="damping must be a number in"):
+    markov.damped_law(jnp.eye(3), damping)
