@@ -204,7 +204,7 @@ def test_adaptation_reads_the_sources_copy_mix_rows_and_keys_the_share(chain, tm
   plain = float(loss(source, next(text.loader(corpus, "train", 64, 4, 0))["tokens"]))
   history = adapt.adapt(model, mixed, corpus, train, 0, str(tmp_path / "state"))
   assert history[0]["loss"] == pytest.approx(want, rel=1e-5) and abs(want - plain) > 1e-3
-  assert adapt.data_mix(lm) == () and adapt.data_mix(mixed) == ({"copy_mix": 0.5},)
+  assert adapt.data_mix(lm) == () and adapt.data_mix(mixed) == ({"copy_mix": 0.5, "stream": 2},)
 
 
 def test_finished_states_are_reused_only_on_an_exact_match(chain, capsys):
@@ -274,20 +274,20 @@ def test_summary_mean_and_sd_by_hand():
   assert table[2]["seed_bpb"] == 0.6657 and table[1]["seed_bpb"] is None and table[4]["seed_induction"] == 0.8334
 
 
-def test_copy_mix_rows_are_repeated_random_sequences_fixed_by_index():
-  rows = [{"tokens": np.full(65, 7, np.int32)} for _ in range(2000)]
-  mix = copying.CopyMix(rows, 0.25, 265, min_len=8)
-  synthetic = [r for r in range(2000) if mix.synthetic(r) is not None]
-  assert abs(len(synthetic) / 2000 - 0.25) < 0.03                      # binomial sd 0.0097
-  for r in synthetic[:50]:
-    t = mix[r]["tokens"]
+def test_copy_mix_rows_are_repeated_random_sequences_fixed_by_stream_index():
+  row = {"tokens": np.full(65, 7, np.int32)}
+  mix = copying.CopyMix(0.25, 265, 65, min_len=8)
+  synthetic = [k for k in range(2000) if mix.synthetic(k) is not None]
+  assert len(synthetic) == 500                                          # exactly ⌊2000·0.25⌋
+  for k in synthetic[:50]:
+    t = mix(k, row)["tokens"]
     period = next(p for p in range(8, 33) if np.array_equal(t[p:], t[:-p]))   # s repeated with its length
     assert t.shape == (65,) and t.dtype == np.int32 and t.max() < 265 and period <= 32
-  assert all(mix[r] is rows[r] for r in range(50) if r not in synthetic)
-  again = copying.CopyMix(rows, 0.25, 265, min_len=8)
-  assert all(np.array_equal(again[r]["tokens"], mix[r]["tokens"]) for r in synthetic[:20])
+  assert all(mix(k, row) is row for k in range(50) if k not in synthetic)
+  again = copying.CopyMix(0.25, 265, 65, min_len=8)
+  assert all(np.array_equal(again(k, row)["tokens"], mix(k, row)["tokens"]) for k in synthetic[:20])
   with pytest.raises(ValueError, match="copy fraction must lie in"):
-    copying.CopyMix(rows, 1.5, 265)
+    copying.CopyMix(1.5, 265, 65)
 
 
 def test_full_dry_run_plan_and_launch_lines(capsys):

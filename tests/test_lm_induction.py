@@ -88,12 +88,29 @@ def small_text(root) -> str:
 
 
 def test_copy_mix_share_is_exact():
-  rows = [{"tokens": np.full(65, 7, np.int32)} for _ in range(997)]
   for f in (0.1, 0.25, 1 / 3, 0.5, 0.9):
-    mix = copying.CopyMix(rows, f, 265)
-    assert sum(mix.synthetic(r) is not None for r in range(997)) == np.floor(997 * f)
-    assert all(sum(mix.synthetic(r) is not None for r in range(a, a + 40)) in (np.floor(40 * f), np.ceil(40 * f))
+    mix = copying.CopyMix(f, 265, 65)
+    assert sum(mix.synthetic(k) is not None for k in range(997)) == np.floor(997 * f)
+    assert all(sum(mix.synthetic(k) is not None for k in range(a, a + 40)) in (np.floor(40 * f), np.ceil(40 * f))
                for a in (0, 13, 500))                                  # evenly spread, not clustered
+
+
+def test_copy_mix_draws_fresh_spans_every_epoch_and_the_same_on_resumption(tmp_path):
+  """The loader's stream row k = epoch·N + position gets its own span: a second epoch repeats no synthetic
+  row of the first (the rows were fixed by the row index before), and a resumed iterator serves the same."""
+  corpus = text.open_corpus(LMConfig(data=small_text(tmp_path / "c"), data_dir=str(tmp_path / "d")).text_spec(),
+                            tok_lib.ByteTokenizer(), str(tmp_path / "d"))
+  n = len(corpus.rows("train", 32))
+  it = text.loader(corpus, "train", 32, 2, seed=0, copy_mix=0.5)
+  rows = [r for _ in range(n) for r in next(it)["tokens"]]            # n steps of 2: two epochs
+  text_rows = {bytes(np.asarray(r["tokens"])) for r in corpus.rows("train", 32)}
+  synthetic = [bytes(r) for r in rows if bytes(r) not in text_rows]
+  assert len(synthetic) == n and len(set(synthetic)) == n              # half the stream, none repeated
+  state = it.get_state()
+  ahead = [next(it)["tokens"] for _ in range(3)]
+  again = text.loader(corpus, "train", 32, 2, seed=0, copy_mix=0.5)
+  again.set_state(state)
+  assert all(np.array_equal(next(again)["tokens"], a) for a in ahead)
 
 
 def test_run_keys_of_earlier_runs_are_unchanged_and_a_share_keys_a_new_run(tmp_path):

@@ -14,7 +14,7 @@ import grain
 
 
 def loader(source, batch_size: int, seed: int = 0, *, shuffle: bool = True, num_processes: int | None = None,
-           process_index: int | None = None, prefetch: int = 16, threads: int = 4):
+           process_index: int | None = None, prefetch: int = 16, threads: int = 4, mix=None):
   """Infinite grain iterator of this process's rows of each global batch (dicts of stacked arrays).
 
   Args:
@@ -24,6 +24,8 @@ def loader(source, batch_size: int, seed: int = 0, *, shuffle: bool = True, num_
     shuffle: shuffle the records (else read them in order).
     num_processes, process_index: default `jax.process_count()`, `jax.process_index()`.
     prefetch, threads: batches read ahead by `threads` reader threads (0, 0: read on demand).
+    mix: optional `mix(k, record) -> record` applied to the k-th record of the shuffled, repeated
+      stream (k = epoch·N + position, the same on every process; e.g. `attngeo.data.copying.CopyMix`).
   Returns:
     A grain `DatasetIterator` yielding batches of B/P records, with `get_state/set_state`.
   """
@@ -40,6 +42,9 @@ def loader(source, batch_size: int, seed: int = 0, *, shuffle: bool = True, num_
   ds = grain.MapDataset.source(source)
   if shuffle:
     ds = ds.seed(seed).shuffle()
-  local = ds.repeat(None).batch(batch_size // num_processes, drop_remainder=True)
+  ds = ds.repeat(None)
+  if mix is not None:
+    ds = ds.map_with_index(mix)
+  local = ds.batch(batch_size // num_processes, drop_remainder=True)
   options = grain.ReadOptions(num_threads=threads, prefetch_buffer_size=prefetch)
   return iter(local[process_index::num_processes].to_iter_dataset(options))

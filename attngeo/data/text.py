@@ -24,7 +24,7 @@
   stream's tokens `[r·T, r·T + T + 1)` (inputs and next-token targets of one training row; every
   token is a target exactly once). `loader` serves shuffled rows through `attngeo.data.loader`
   (grain, checkpointable iterator state); with `copy_mix = f > 0` a share f of them are repeated
-  random spans (`attngeo.data.copying.CopyMix`, keyed by row index and seed); f = 0 serves the rows
+  random spans (`attngeo.data.copying.CopyMix`, keyed by stream index — epoch·N + position — and seed, so every epoch draws fresh spans); f = 0 serves the rows
   themselves, bit for bit.
 * **Token set**: `Corpus.token_ids(split)` — the sorted distinct ids of a split's documents (BOS, the
   separator the stream adds, left out): the tokens the induction probe draws from in its corpus mode.
@@ -426,6 +426,5 @@ def loader(corpus: Corpus, split: str, seq_len: int, batch_size: int, seed: int 
   from attngeo.data.copying import CopyMix
   from attngeo.data.pipeline import loader as grain_loader
   rows = corpus.rows(split, seq_len)
-  if copy_mix:
-    rows = CopyMix(rows, copy_mix, corpus.tokenizer.vocab_size, seed=seed)
-  return grain_loader(rows, batch_size, seed, shuffle=shuffle)
+  mix = CopyMix(copy_mix, corpus.tokenizer.vocab_size, seq_len + 1, seed=seed) if copy_mix else None
+  return grain_loader(rows, batch_size, seed, shuffle=shuffle, mix=mix)

@@ -253,10 +253,11 @@ def train_key(cfg: AdaptConfig, seed: int) -> dict:
 
 
 def data_mix(text: LMConfig) -> tuple:
-  """The adaptation data's mixture beyond the corpus, for the state key: `({"copy_mix": share},)` when the
-  source's rows mix in repeated spans (`LMConfig.copy_mix` > 0), else `()` — so the keys of states adapted on
-  plain text, made before the share was honoured, are kept."""
-  return ({"copy_mix": float(text.copy_mix)},) if text.copy_mix else ()
+  """The adaptation data's mixture beyond the corpus, for the state key: `({"copy_mix": share, "stream":
+  copying.STREAM_VERSION},)` when the source's rows mix in repeated spans (`LMConfig.copy_mix` > 0), else
+  `()` — so the keys of states adapted on plain text, made before the share was honoured, are kept."""
+  from attngeo.data import copying
+  return ({"copy_mix": float(text.copy_mix), "stream": copying.STREAM_VERSION},) if text.copy_mix else ()
 
 
 def adapt(model, text: LMConfig, corpus, train: LMTrain, seed: int, workdir: str, desc: str = "adapt") -> list[dict]:

@@ -55,12 +55,14 @@ def run_key(lm: LMConfig) -> str:
   """What a run computes: every LMConfig field but where the text lives (`data`, `data_dir`) and the
   progress bar (and `ADDED_FIELDS` at their earlier value), and the text's content (`text.content_key`):
   new text at the same path is another run, the same text moved is the same run. Names the run's folder."""
-  from attngeo.data import text
+  from attngeo.data import copying, text
   same = dataclasses.asdict(dataclasses.replace(lm, data="", data_dir="",
                                                 train=dataclasses.replace(lm.train, progress=True)))
   for name, before in ADDED_FIELDS.items():
     if same[name] == before:
       del same[name]
+  if lm.copy_mix:
+    same["copy_mix_stream"] = copying.STREAM_VERSION
   return files.fingerprint(same, text.content_key(lm.text_spec()))
 
 
