@@ -134,7 +134,7 @@ def _share(value) -> bool:
 
 # `attngeo lm train --preset induction`: a protocol under which ATTN passes the induction-head phase
 # change on 2 CPU cores (docs/lm.md; measured: induction 0.995 uniform / 0.955 corpus tokens at
-# L = 32, 64, 128 after 1500 steps, the jump between steps 1000 and 1100, val bpb 2.54, 9 min) —
+# L = 32, 64, 128 after 1500 steps, the jump between steps 900 and 1000, val bpb 2.54, 9 min) —
 # a 512-token BPE (random probe tokens are tokens the model has trained on, each id seen often),
 # two layers (an induction head needs a previous-token head below it), a 256-token context (L = 128
 # fits), 90 % of the rows repeated random spans of varying period (a fixed period is solved by a
