@@ -1,12 +1,12 @@
 """Language models: train a GPT on text, evaluate it, sample from it, and the seed's Table 2 at this scale.
 
     attngeo lm train [--data shakespeare] [--tokenizer byte|bpe] [--depth 4] [--operator DMTN] [--train.steps N] --out DIR
-    attngeo lm train --preset induction --out DIR    BPE, depth 2, CopyMix 0.25, induction logged every 50 steps
+    attngeo lm train --preset induction --out DIR    BPE 512, depth 2, context 256, CopyMix 0.9, induction logged every 100 steps
     attngeo lm eval RUN_DIR [--core-bundle DIR] [--max-rows N]
     attngeo lm sample RUN_DIR [--prompt TEXT] [--max-tokens 200] [--temperature 0.8] [--top-k 50]
     attngeo lm table2 [--seeds 0,1,2] [--conditions ATTN,DMTN,DMAP,ATAP,learnable] [--lm.X ...] [--out DIR]
     attngeo lm table2 --full --dry-run         the seed's d12 recipe: FLOPs/token, step-time estimates, launch line
-    attngeo lm adapt [--source RUN_DIR] [--chain ATTN,DMTN,ATTN,DMTN] [--adapt.steps N]   the seed's Table 3
+    attngeo lm adapt [--source RUN_DIR | --preset induction] [--chain ATTN,DMTN,ATTN,DMTN] [--adapt.steps N]   the seed's Table 3
 
 `train` writes a run folder (lm.json, tokenizer/, config.json, metrics.jsonl, ckpt/) and resumes a
 killed run from its last checkpoint. `eval` prints and writes RUN_DIR/eval.json: validation bits per

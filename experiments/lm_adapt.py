@@ -1,6 +1,7 @@
 """`attngeo lm adapt`: the seed's Table 3 — one pretrained GPT adapted along a chain of operators.
 
     attngeo lm adapt [--source RUN_DIR] [--chain ATTN,DMTN,ATTN,DMTN] [--adapt.steps N] [--seeds 0,1,2] [--out DIR]
+    attngeo lm adapt --preset induction [--out DIR]   from the induction preset's Table 2 ATTN model
     attngeo lm adapt --full [--dry-run]        the seed's d32 protocol: plan, cost estimate, launch lines
 
 State 0 is the source under the chain's first operator; every later state grafts its operator onto
@@ -10,7 +11,9 @@ DAC probe, and CORE with `--core-bundle` (`attngeo.lm.adapt` holds the protocol 
 
 Without `--source`, the source is the Table 2 default ATTN model (seed 0), the very run `attngeo lm
 table2` trains: read from `--table2-out` (default runs/table2) when it is there, trained there
-otherwise. An imported checkpoint (`attngeo import`) needs `--tokenizer DIR` and `--data`. Writes
+otherwise; `--preset induction` makes it the Table 2 ATTN model of that preset (`attngeo lm table2
+--preset induction`, docs/lm.md), the one model here that has passed the induction phase change, and
+adapts on its own rows (the preset's CopyMix share). An imported checkpoint (`attngeo import`) needs `--tokenizer DIR` and `--data`. Writes
 OUT/table3.md, table3.csv, results.json and chain.png; finished states are reused only when their
 key — the source's weights, the chain so far, the adaptation config, the corpus and the seed — matches.
 """
@@ -29,7 +32,7 @@ from attngeo.experiments import report
 from attngeo.experiments.report import Col
 from attngeo.lm import table2
 from attngeo.lm.adapt import AdaptConfig, pm
-from attngeo.lm.config import HELP as LM_HELP
+from attngeo.lm.config import HELP as LM_HELP, PRESETS, preset
 
 # The seed's Table 3 (depth-32 nanochat, sequentially adapted): bpb, induction, CORE per state.
 SEED_TABLE3 = {"A0": (0.7650, 0.8081, 0.2853), "M1": (0.6657, 0.5735, 0.3083), "A1": (0.6619, 0.8334, 0.3275),
@@ -62,10 +65,11 @@ HELP["adapt.steps"] = "N: adaptation steps after each graft (0: graft only)"
 HELP["adapt.seed"] = "unused: --seeds sets each chain's data order"
 
 
-def protocol() -> AdaptConfig:
+def protocol(name: str | None = None) -> AdaptConfig:
   """The default protocol: the Table 2 default model as the source (depth 2, width 128, context 128,
-  byte tokenizer, Shakespeare), 200 adaptation steps of 16 rows per state, 3 seeds."""
-  return AdaptConfig(lm=table2.Table2Config().lm)
+  byte tokenizer, Shakespeare), 200 adaptation steps of 16 rows per state, 3 seeds. With a preset
+  `name` (`attngeo.lm.config.PRESETS`) the source is that preset's Table 2 ATTN model instead."""
+  return AdaptConfig(lm=preset(name) if name else table2.Table2Config().lm)
 
 
 def full_config(base: AdaptConfig) -> AdaptConfig:
@@ -242,6 +246,9 @@ def parser() -> argparse.ArgumentParser:
                   help="where the Table 2 runs live, for the default source (default: runs/table2)")
   ap.add_argument("--full", action="store_true", help="the seed's d32 protocol (print it with --dry-run); default off")
   ap.add_argument("--dry-run", action="store_true", help="print the plan (cost, launch lines) and train nothing; default off")
+  ap.add_argument("--preset", default=None,
+                  help=f"the source from a protocol preset ({', '.join(sorted(PRESETS))}; docs/lm.md): its Table 2 "
+                       "ATTN model, --lm.* flags override it (default: none)")
   ap.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilisation assumed by --full's estimate "
                                                          "(default: 0.4)")
   config_lib.add_arguments(ap, AdaptConfig, help=HELP)
@@ -250,7 +257,12 @@ def parser() -> argparse.ArgumentParser:
 
 def cmd_adapt(args, ap) -> dict:
   from attngeo.lm import adapt
-  base = protocol()
+  if args.preset and args.full:
+    ap.error("--preset and --full are two protocols; give one")
+  try:
+    base = protocol(args.preset)
+  except ValueError as e:
+    ap.error(str(e))
   if args.full:
     base = full_config(base)
   cfg = config_lib.from_arguments(args, AdaptConfig, base)

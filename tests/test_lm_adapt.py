@@ -14,7 +14,7 @@ from attngeo import files, nn, runs
 from attngeo.data import copying, text
 from attngeo.experiments import lm as lm_cmd, lm_adapt
 from attngeo.lm import adapt, recipe
-from attngeo.lm.config import LMConfig, LMTrain
+from attngeo.lm.config import LMConfig, LMTrain, preset
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = LMConfig(data="pydoc", depth=1, width=32, head_dim=16, seq_len=64,
@@ -56,6 +56,9 @@ def test_parse_chain_labels_and_one_line_errors():
     (["--core-max-per-task", "0"], "max_per_task must be -1 (every example) or an integer ≥ 1; got 0"),
     (["--lm.seq-len", "32"], "lm.seq_len must be an integer ≥ 63"),
     (["--lm.width", "0"], "lm.width must be an integer ≥ 1 or none"),
+    (["--preset", "inductin"], "--preset must be one of ['induction']; got 'inductin'"),
+    (["--preset", "induction", "--full"], "--preset and --full are two protocols; give one"),
+    (["--preset", "induction", "--lm.seq-len", "100"], "2L − 1 ≤ seq_len = 100"),
 ])
 def test_bad_input_is_one_line_before_any_work(tmp_path, capsys, argv, message):
   out = tmp_path / "out"
@@ -96,6 +99,25 @@ def test_a_second_adapt_on_one_out_is_refused_before_any_work(tmp_path, monkeypa
     proc.wait()
     proc.stdin.close()
     proc.stdout.close()
+
+
+def test_preset_makes_the_source_that_presets_table2_attn_model(tmp_path, monkeypatch):
+  """`--preset induction`: the source is the induction preset's Table 2 ATTN run (its lm config, --lm.*
+  flags on top), found under --table2-out by its content key like the default source."""
+  seen = []
+
+  def source(cfg, table2_out):
+    seen.append((cfg.lm, table2_out))
+    raise ValueError("stop here")
+
+  monkeypatch.setattr(lm_adapt, "default_source", source)
+  with pytest.raises(SystemExit):
+    lm_cmd.main(["adapt", "--preset", "induction", "--lm.train.steps", "7", *ADAPT, "--out", str(tmp_path / "o"),
+                 "--table2-out", str(tmp_path / "t2")])
+  want = preset("induction")
+  want = dataclasses.replace(want, train=dataclasses.replace(want.train, steps=7))
+  assert seen == [(want, str(tmp_path / "t2"))]
+  assert want.tokenizer == "bpe" and want.copy_mix == 0.9 and want != lm_adapt.protocol().lm
 
 
 def test_an_imported_source_needs_data_and_a_tokenizer(tmp_path):
