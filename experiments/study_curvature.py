@@ -1,12 +1,12 @@
 """`attngeo study curvature`: does a geometry term in the loss change the walk a Swiss-roll model learns?
 
     attngeo study curvature [--operator ATTN] [--seeds 3] [--steps 600] [--curvature 0.1]
-                            [--reversibility 0] [--out runs/study_curvature]
+                            [--curvature-target 0] [--reversibility 0] [--out runs/study_curvature]
 
 A thin driver over `attngeo swissroll` (`experiments/swissroll.py`, every condition cached under its
 content key): the same operator, order, data and seeds trained three ways — the flow-matching loss
-alone (`none`), plus `--curvature` λ·E relu(K·Γ(f) − Γ₂(f)) (`attngeo.regularisers.curvature`, K = 0,
-coordinate test functions), plus `--reversibility` λ·ε_rev (`regularisers.reversibility`). For each
+alone (`none`), plus `--curvature` λ·E relu(K·Γ(f) − Γ₂(f)) (`attngeo.regularisers.curvature`, K =
+`--curvature-target`, default 0; coordinate test functions), plus `--reversibility` λ·ε_rev (`regularisers.reversibility`). For each
 setting it reads the per-seed Table 1 row (sample quality against the oracle floor: d_NN ÷ floor,
 coverage ÷ floor; the learned walk: e^H̄, ε_rev, ρ_skew, the Bakry–Émery curvature read-out; the
 held-out loss) and tests each regularised setting against `none` column by column (Welch's t over
@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import sys
 import time
@@ -43,6 +44,7 @@ class CurvatureStudyConfig:
   seeds: int = 3
   steps: int = 600
   curvature: float = 0.1          # λ of the curvature term (0: setting skipped)
+  curvature_target: float = 0.0   # its bound K: relu(K·Γ(f) − Γ₂(f)) is inactive where the walk already holds K
   reversibility: float = 0.0      # λ of the reversibility term (0: setting skipped; see the module docstring)
   out: str = "runs/study_curvature"
   progress: bool = True
@@ -51,6 +53,8 @@ class CurvatureStudyConfig:
 HELP = {"operator": "operator of every condition (one of DMAP, DMTN, ATAP, ATTN)",
         "order": "sub-layer order, ffn_first or attn_first", "seeds": "training seeds per setting (≥ 2)",
         "steps": "training steps of each condition", "curvature": "weight λ ≥ 0 of the curvature term (0: skip)",
+        "curvature_target": "bound K of the curvature term, a finite number (above the trained walk's read-out to "
+                            "ask for more curvature than training finds)",
         "reversibility": "weight λ ≥ 0 of the reversibility term (0: skip)", "out": "output folder",
         "progress": "progress bars (true/false)"}
 
@@ -60,7 +64,7 @@ def settings(cfg: CurvatureStudyConfig) -> dict:
   from attngeo.regularisers_config import Regularisers
   out = {"none": Regularisers()}
   if cfg.curvature > 0:
-    out["curvature"] = Regularisers(curvature=cfg.curvature)
+    out["curvature"] = Regularisers(curvature=cfg.curvature, curvature_target=cfg.curvature_target)
   if cfg.reversibility > 0:
     out["reversibility"] = Regularisers(reversibility=cfg.reversibility)
   return out
@@ -81,6 +85,8 @@ def validate(cfg: CurvatureStudyConfig) -> None:
   for name in ("curvature", "reversibility"):
     if not getattr(cfg, name) >= 0:
       raise ValueError(f"--{name} must be a weight ≥ 0; got {getattr(cfg, name)!r}")
+  if not math.isfinite(cfg.curvature_target):
+    raise ValueError(f"--curvature-target must be a finite number (the bound K); got {cfg.curvature_target!r}")
   if cfg.curvature == cfg.reversibility == 0:
     raise ValueError("--curvature and --reversibility are both 0: nothing to compare with the unregularised runs")
   for name, reg in settings(cfg).items():
@@ -134,6 +140,8 @@ def markdown(cfg: CurvatureStudyConfig, result: dict) -> str:
       cells.append(f"{c['mean']:.4g} ± {c['sd']:.2g}{mark}")
     rows.append(f"| {name} | " + " | ".join(cells) + " |")
   lam = ", ".join(f"{n} λ = {getattr(cfg, n)}" for n in ("curvature", "reversibility") if getattr(cfg, n) > 0)
+  if cfg.curvature > 0:
+    lam += f", K = {cfg.curvature_target:g}"
   note = (f"{cfg.operator} {cfg.order}, {cfg.steps} steps, {cfg.seeds} seeds per setting ({lam}); mean ± sd over "
           "seeds; p: Welch's t against `none`, Holm over the columns of the setting.")
   return "\n".join(rows) + "\n\n" + note + "\n\n" + "\n".join(f"* {line}" for line in reading(result)) + "\n"

@@ -35,6 +35,7 @@ def test_compare_tests_each_setting_against_none_with_welch_and_holm():
     (["--curvature", "0", "--reversibility", "0"], "both 0"),
     (["--curvature", "-1"], "--curvature must be a weight ≥ 0"),
     (["--operator", "XMAP"], "--operator must be one of"),
+    (["--curvature-target", "nan"], "--curvature-target must be a finite number"),
 ])
 def test_bad_settings_are_one_line_before_any_work(argv, needle, tmp_path, capsys):
   out = tmp_path / "study"
@@ -49,4 +50,5 @@ def test_settings_skip_a_zero_weight():
   cfg = sc.CurvatureStudyConfig()
   assert list(sc.settings(cfg)) == ["none", "curvature"]
   assert list(sc.settings(sc.CurvatureStudyConfig(curvature=0.0, reversibility=0.1))) == ["none", "reversibility"]
-  assert sc.settings(cfg)["curvature"].curvature == 0.1
+  assert sc.settings(cfg)["curvature"].curvature == 0.1 and sc.settings(cfg)["curvature"].curvature_target == 0
+  assert sc.settings(sc.CurvatureStudyConfig(curvature_target=2.0))["curvature"].curvature_target == 2.0
