@@ -106,6 +106,7 @@ def table_rows(summary: list[dict], seed: dict, control: list[dict] | None = Non
     c = ctrl.get(r["state"]) if r["phase"] != "graft" else None
     rows.append(dict(state=r["label"], operator=r["operator"], phase=r["phase"], steps=r["steps"], seeds=r["seeds"],
                      bpb=pm(r["bpb_mean"], r["bpb_sd"]), induction=pm(r["induction_mean"], r["induction_sd"]),
+                     induction_corpus=pm(r["induction_corpus_mean"], r["induction_corpus_sd"]),
                      dac=pm(r["dac_max_contrast_mean"], r["dac_max_contrast_sd"], 3),
                      core=pm(r["core_mean"], r["core_sd"]),
                      control_bpb=c and pm(c["bpb_mean"], c["bpb_sd"]),
@@ -116,6 +117,7 @@ def table_rows(summary: list[dict], seed: dict, control: list[dict] | None = Non
 
 COLS = [Col("state", "State"), Col("operator", "Operator"), Col("phase", "phase"), Col("steps", "steps"),
         Col("bpb", "val bpb ↓", align="right"), Col("induction", "induction ↑", align="right"),
+        Col("induction_corpus", "induction, corpus tokens ↑", align="right"),
         Col("dac", "DAC contrast (max)", align="right"), Col("core", "CORE ↑", align="right"),
         Col("control_bpb", "control bpb", align="right"), Col("control_induction", "control induction", align="right"),
         Col("seed_bpb", "seed bpb", ".4f"), Col("seed_induction", "seed induction", ".4f"),

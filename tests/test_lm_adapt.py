@@ -181,8 +181,23 @@ def test_chain_runs_end_to_end_and_writes_table3(chain):
     md = f.read()
   assert "| M1 | DMTN | graft |" in md and "| A1 | ATTN | adapted | 2 |" in md and "CORE" in md
   assert all(math.isfinite(r[p]["bpb"]) and 0 <= r[p]["induction"] <= 1 for r in recs for p in ("graft", "adapted"))
+  assert all(0 <= r[p]["induction_corpus"] <= 1 for r in recs for p in ("graft", "adapted"))
+  assert "induction, corpus tokens" in md
   assert recs[1]["graft"] == recs[4]["graft"]                       # the first graft is the same model for every seed
   assert recs[1]["adapted"]["bpb"] != recs[4]["adapted"]["bpb"]     # the seeds' data orders differ
+
+
+def test_both_induction_token_sets_are_scored_on_every_state(chain):
+  """Table 3 reports induction under the seed's uniform tokens and under the corpus's own tokens: the
+  source state's values are `attngeo.lm.induction` recomputed in each mode on the source model."""
+  from attngeo.lm import induction
+  source, tok, lm = recipe.load(chain["src"])
+  corpus = text.open_corpus(lm.text_spec(), tok, chain["data_dir"])
+  state0 = chain["result"]["records"][0]["adapted"]
+  uniform = induction.induction(source, tok.vocab_size, lm.seq_len)["induction"]
+  pooled = induction.induction(source, tok.vocab_size, lm.seq_len, pool=corpus.token_ids())["induction"]
+  assert state0["induction"] == pytest.approx(uniform, abs=1e-6)
+  assert state0["induction_corpus"] == pytest.approx(pooled, abs=1e-6)
 
 
 def test_each_state_starts_from_the_graft_of_the_previous_and_changes_only_its_weights(chain):
@@ -275,8 +290,8 @@ def test_load_run_reads_every_lm_run_folder(chain, tmp_path):
 # ----------------------------------------------------------------------------- summary, data, plan
 
 def test_summary_mean_and_sd_by_hand():
-  ev = lambda b, i: {"bpb": b, "val_loss": 0.0, "induction": i, "dac_max_contrast": 0.1, "dac_mean_contrast": 0.0,
-                     "core": None}
+  ev = lambda b, i: {"bpb": b, "val_loss": 0.0, "induction": i, "induction_corpus": i / 2, "dac_max_contrast": 0.1,
+                     "dac_mean_contrast": 0.0, "core": None}
   records = []
   for seed, (b1, b2) in enumerate([(2.0, 1.5), (2.2, 1.1), (2.4, 1.3)]):
     records += [dict(seed=seed, state=0, steps=0, graft=ev(3.0, 0.5), adapted=ev(3.0, 0.5), key="k0", graft_key="k0"),
@@ -291,6 +306,7 @@ def test_summary_mean_and_sd_by_hand():
   assert rows[2]["bpb_mean"] == pytest.approx(2.2) and rows[2]["bpb_sd"] == pytest.approx(0.2)    # 2.0, 2.2, 2.4
   assert rows[4]["bpb_mean"] == pytest.approx(1.3) and rows[4]["bpb_sd"] == pytest.approx(0.2)    # 1.5, 1.1, 1.3
   assert rows[3]["bpb_mean"] == pytest.approx(2.3) and rows[4]["core_mean"] is None
+  assert rows[4]["induction_corpus_mean"] == pytest.approx(0.2) and rows[1]["induction_corpus_sd"] is None
   assert adapt.pm(1.3, 0.2) == "1.3000 ± 0.2000" and adapt.pm(3.0, None) == "3.0000" and adapt.pm(None, None) == "—"
   table = lm_adapt.table_rows(rows, lm_adapt.SEED_TABLE3)
   assert table[2]["seed_bpb"] == 0.6657 and table[1]["seed_bpb"] is None and table[4]["seed_induction"] == 0.8334

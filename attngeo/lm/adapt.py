@@ -18,8 +18,9 @@ symmetric logit and keeps its free antisymmetric part; DMTN → ATTN puts the bl
 default chain ATTN → DMTN → ATTN → DMTN gives the states A0, M1, A1, M2 (`state_labels`: A for ATTN,
 M for DMTN, D for DMAP, P for ATAP, S for any other (β, α); the index counts the excursions away
 from ATTN). Every state is evaluated right after its graft and after its adaptation with
-`attngeo.lm.evaluate` (bits per byte on the validation rows, the induction score, the DAC probe,
-and CORE when an eval bundle is given).
+`attngeo.lm.evaluate` (bits per byte on the validation rows, the induction score under both token
+sets — `induction`, uniform over the vocabulary as in the seed, and `induction_corpus`, the corpus's
+own tokens —, the DAC probe, and CORE when an eval bundle is given).
 
 Seeds. A seed s changes only the adaptation data order (the loader's shuffle; the trainer's step
 keys are unused by a language model's loss); every seed starts from the same θ₀.
@@ -290,8 +291,9 @@ class Evaluator:
     from attngeo.lm import core, evals
     self.cfg, self.tokenizer, self.out = cfg, tokenizer, out
     self.val_rows = corpus.rows("val", seq_len).array(cfg.eval_rows or None)
+    self.pool = corpus.token_ids()          # induction under the corpus's tokens too (`induction_corpus`)
     self.settings = files.fingerprint(evals.VERSION, corpus.key, seq_len, cfg.eval_rows, cfg.core_max_per_task,
-                                     cfg.core_bundle and core.bundle_key(cfg.core_bundle))
+                                     cfg.core_bundle and core.bundle_key(cfg.core_bundle), "induction_corpus")
     self.computed = 0
 
   def __call__(self, model, key: str) -> dict:
@@ -302,7 +304,7 @@ class Evaluator:
       return stored
     t0 = time.perf_counter()
     ev = evals.evaluate(model, self.tokenizer, self.val_rows, core_bundle=self.cfg.core_bundle,
-                        max_per_task=self.cfg.core_max_per_task)
+                        max_per_task=self.cfg.core_max_per_task, corpus_tokens=self.pool)
     ev["seconds"] = time.perf_counter() - t0
     self.computed += 1
     files.atomic_json(path, ev)
@@ -313,6 +315,7 @@ def metrics(ev: dict) -> dict:
   """The headline numbers of one evaluation."""
   core = ev.get("core")
   return {"bpb": ev["bpb"], "val_loss": ev["val_loss"], "induction": ev.get("induction"),
+          "induction_corpus": ev.get("induction_corpus"),
           "dac_max_contrast": (ev.get("dac") or {}).get("max_contrast"),
           "dac_mean_contrast": (ev.get("dac") or {}).get("mean_contrast"),
           "core": core["core"] if core else None}
@@ -338,7 +341,8 @@ def run(cfg: AdaptConfig, source: Source, log=print) -> dict:
   base = graft(nnx.clone(source.model), ops[0])
   key0 = files.fingerprint(source.key, ops[0])
   ev0 = metrics(evaluate(base, key0))
-  log(f"{labels[0]} ({operator_label(ops[0])}, the source): bpb {ev0['bpb']:.4f}, induction {ev0['induction']:.4f}")
+  log(f"{labels[0]} ({operator_label(ops[0])}, the source): bpb {ev0['bpb']:.4f}, induction {ev0['induction']:.4f} (corpus tokens "
+      f"{ev0['induction_corpus']:.4f})")
   records, trained = [], 0
   for seed in cfg.seeds:
     records.append(dict(seed=seed, state=0, label=labels[0], operator=ops[0], steps=0, graft=ev0, adapted=ev0,
@@ -371,7 +375,8 @@ def run(cfg: AdaptConfig, source: Source, log=print) -> dict:
       seconds = time.perf_counter() - t0
       ev = metrics(evaluate(model, skey))
       log(f"seed {seed} {labels[k]} ({operator_label(ops[k])}): graft bpb {ev_graft['bpb']:.4f} → adapted "
-          f"{ev['bpb']:.4f}; induction {ev_graft['induction']:.4f} → {ev['induction']:.4f}"
+          f"{ev['bpb']:.4f}; induction {ev_graft['induction']:.4f} → {ev['induction']:.4f} (corpus tokens "
+          f"{ev_graft['induction_corpus']:.4f} → {ev['induction_corpus']:.4f})"
           f"{' (reused)' if reused else f' ({seconds:.0f} s)'}")
       records.append(dict(seed=seed, state=k, label=labels[k], operator=ops[k], steps=cfg.adapt.steps, graft=ev_graft,
                           adapted=ev, curve=[(h["step"], h["loss"]) for h in history], train_seconds=seconds,
@@ -388,7 +393,7 @@ def _mean_sd(values) -> tuple[float | None, float | None]:
   return float(vals.mean()), (float(vals.std(ddof=1)) if len(vals) > 1 else float("nan"))
 
 
-METRICS = ("bpb", "induction", "dac_max_contrast", "core")
+METRICS = ("bpb", "induction", "induction_corpus", "dac_max_contrast", "core")
 
 
 def summarise(result: dict) -> list[dict]:
