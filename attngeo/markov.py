@@ -303,7 +303,7 @@ def _damped_law(p, damping: float):
   n = p.shape[-1]
   a = jnp.eye(n, dtype=p.dtype) - (1.0 - damping) * p
   rhs = jnp.full(p.shape[:-1], damping / n, p.dtype)
-  pi = jnp.linalg.solve(jnp.swapaxes(a, -1, -2), rhs[..., None])[..., 0]
+  pi = linalg.lu_solve(linalg.lu_factor(a), rhs[..., None], trans=1)[..., 0]     # π_τ A = τu ⇔ Aᵀ π_τᵀ = τuᵀ
   pi = jnp.maximum(pi, 0.0)
   return pi / pi.sum(-1, keepdims=True)
 

@@ -59,3 +59,26 @@ def test_no_lapack_call_sees_more_than_one_matrix():
   layer = functools.partial(probe._layer_impl, causal=False, samples=8, num_moduli=4)
   shapes = lapack_operand_shapes(jax.make_jaxpr(layer)(*inputs, jax.random.PRNGKey(0)).jaxpr)
   assert {name for name, _ in shapes} >= {"lu", "eigh"} and all(len(s) == 2 for _, s in shapes), shapes
+
+
+def test_the_damped_law_and_every_walk_term_gradient_see_one_matrix_per_lapack_call():
+  """The reversibility term's damped law π_τ was a batched `jnp.linalg.solve` (1409e54): `attngeo study
+  curvature --reversibility 0.1` hung at its first steps on 2 cores (two layers' batched getrf/trsm at
+  once, both pool threads blocked in ParallelBatchMap). Its value and gradient now map one matrix at a
+  time, as do the other walk terms'."""
+  from attngeo import regularisers as reg
+  q, k = (jax.random.normal(jax.random.PRNGKey(i), (2, 6, 2, 4)) for i in (1, 2))
+  p = jax.nn.softmax(jax.random.normal(jax.random.PRNGKey(3), (2, 3, 6, 6)), -1)
+  shapes = lapack_operand_shapes(jax.make_jaxpr(lambda a: markov.damped_law(a, 0.01))(p).jaxpr)
+  assert shapes and all(len(s) == 2 for _, s in shapes), shapes
+  for term in (lambda a, b: reg.reversibility(a, b), lambda a, b: reg.reversibility(a, b, kind="entropy"),
+               lambda a, b: reg.mixing(a, b, target=2.0)):
+    shapes = lapack_operand_shapes(jax.make_jaxpr(jax.grad(term, argnums=(0, 1)))(q, k).jaxpr)
+    assert shapes and all(len(s) == 2 for _, s in shapes), shapes
+  single = jnp.stack([markov.damped_law(p[i, j], 0.01) for i in range(2) for j in range(3)]).reshape(2, 3, 6)
+  np.testing.assert_allclose(markov.damped_law(p, 0.01), single, rtol=1e-6, atol=1e-7)
+  # π_τ solves π_τ (I − (1 − τ)P) = τu, checked in float64 against numpy's dense solve
+  p64 = np.asarray(p, np.float64)
+  ref = np.stack([np.linalg.solve((np.eye(6) - 0.99 * m).T, np.full(6, 0.01 / 6)) for m in p64.reshape(-1, 6, 6)])
+  np.testing.assert_allclose(np.asarray(markov.damped_law(p, 0.01)).reshape(-1, 6), ref / ref.sum(-1, keepdims=True),
+                             rtol=1e-5, atol=1e-7)
