@@ -96,9 +96,21 @@ def seed_values(result: dict) -> dict:
   return SEED_TABLE3 if tuple(result["chain"]) == SEED_CHAIN else {}
 
 
+def vs_control(row: dict, control: dict | None, metric: str) -> str | None:
+  """'−0.0074 (p=0.002)': the adapted state's mean minus the control's at the same state, Welch's t over
+  the seeds (`attngeo.stats.welch`); None without a control, '—' when either side has < 2 seeds."""
+  from attngeo import stats
+  if control is None or row["phase"] != "adapted":
+    return None
+  test = stats.welch_if_testable([v for v in row[f"{metric}_per_seed"] if v is not None],
+                                 [v for v in control[f"{metric}_per_seed"] if v is not None])
+  return "—" if test is None else f"{test.difference:+.4f} (p={test.p:.2g})"
+
+
 def table_rows(summary: list[dict], seed: dict, control: list[dict] | None = None) -> list[dict]:
   """Table 3's rows: per state and phase, mean ± sd over seeds; the seed's values and the control's
-  (the same state of the first-operator-throughout chain) beside the adapted rows."""
+  (the same state of the first-operator-throughout chain) beside the adapted rows, with the adapted
+  state's difference from the control and its Welch p."""
   ctrl = {r["state"]: r for r in control or () if r["phase"] != "graft"}
   rows = []
   for r in summary:
@@ -111,6 +123,7 @@ def table_rows(summary: list[dict], seed: dict, control: list[dict] | None = Non
                      core=pm(r["core_mean"], r["core_sd"]),
                      control_bpb=c and pm(c["bpb_mean"], c["bpb_sd"]),
                      control_induction=c and pm(c["induction_mean"], c["induction_sd"]),
+                     d_bpb=vs_control(r, c, "bpb"), d_induction=vs_control(r, c, "induction"),
                      seed_bpb=ref and ref[0], seed_induction=ref and ref[1], seed_core=ref and ref[2]))
   return rows
 
@@ -120,6 +133,8 @@ COLS = [Col("state", "State"), Col("operator", "Operator"), Col("phase", "phase"
         Col("induction_corpus", "induction, corpus tokens ↑", align="right"),
         Col("dac", "DAC contrast (max)", align="right"), Col("core", "CORE ↑", align="right"),
         Col("control_bpb", "control bpb", align="right"), Col("control_induction", "control induction", align="right"),
+        Col("d_bpb", "bpb − control (Welch p)", align="right"),
+        Col("d_induction", "induction − control (Welch p)", align="right"),
         Col("seed_bpb", "seed bpb", ".4f"), Col("seed_induction", "seed induction", ".4f"),
         Col("seed_core", "seed CORE", ".4f")]
 

@@ -310,6 +310,15 @@ def test_summary_mean_and_sd_by_hand():
   assert adapt.pm(1.3, 0.2) == "1.3000 ± 0.2000" and adapt.pm(3.0, None) == "3.0000" and adapt.pm(None, None) == "—"
   table = lm_adapt.table_rows(rows, lm_adapt.SEED_TABLE3)
   assert table[2]["seed_bpb"] == 0.6657 and table[1]["seed_bpb"] is None and table[4]["seed_induction"] == 0.8334
+  control = [dict(r, bpb_per_seed=[2.0, 2.1, 2.3]) for r in rows]           # the control's bpb per seed, by hand
+  table = lm_adapt.table_rows(rows, {}, control)
+  a, b = np.array([2.0, 2.2, 2.4]), np.array([2.0, 2.1, 2.3])                # M1 adapted vs the control's M1
+  t = (a.mean() - b.mean()) / math.sqrt(a.var(ddof=1) / 3 + b.var(ddof=1) / 3)
+  df = (a.var(ddof=1) / 3 + b.var(ddof=1) / 3) ** 2 / ((a.var(ddof=1) / 3) ** 2 / 2 + (b.var(ddof=1) / 3) ** 2 / 2)
+  from scipy import stats as sps
+  assert table[2]["d_bpb"] == f"{a.mean() - b.mean():+.4f} (p={2 * sps.t.sf(abs(t), df):.2g})"
+  assert table[1]["d_bpb"] is None and table[0]["d_bpb"] is None            # graft and source rows: no test
+  assert table[2]["d_induction"] == "+0.0000 (p=1)"                          # the same values on both sides
 
 
 def test_copy_mix_rows_are_repeated_random_sequences_fixed_by_stream_index():
