@@ -13,9 +13,10 @@ held-out loss) and tests each regularised setting against `none` column by colum
 seeds, `attngeo.stats.welch`; Holm over the columns of each setting). A term "changes the walk at
 equal sample quality" when a walk read-out moves beyond the seed spread while d_NN and coverage do not.
 
-The reversibility setting is off by default: on ATTN ffn_first (lr 6e-3) its training loss turns NaN at
-step 150 for λ = 0.1 and λ = 0.01 alike — the term's dense π (one LU solve per walk, `attngeo.markov`) is
-not determined once a learned walk is nearly reducible (docs/results/curvature.md).
+The reversibility setting is off by default (`--reversibility 0.1` adds it). Under the exact π its loss
+turned NaN at step 150, because π is not determined once a learned walk is nearly reducible. The term
+now reads its flows under the damped law π_τ (`--reg.damping`, `markov.damped_law`) and trains finite.
+docs/results/curvature.md has both runs.
 
 Writes study.md, study.json and study.png (one panel per column, seeds as dots) to --out; each
 setting's scan lives in --out/SETTING (its table1.md, samples.png, conditions/).
