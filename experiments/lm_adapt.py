@@ -98,10 +98,13 @@ def seed_values(result: dict) -> dict:
 
 def vs_control(row: dict, control: dict | None, metric: str) -> str | None:
   """'−0.0074 (p=0.002)': the adapted state's mean minus the control's at the same state, Welch's t over
-  the seeds (`attngeo.stats.welch`); None without a control, '—' when either side has < 2 seeds."""
+  the seeds (`attngeo.stats.welch`, unpaired although chain and control share each seed's data order);
+None without a control, '—' when either side has < 2 seeds or both sides are one model."""
   from attngeo import stats
   if control is None or row["phase"] != "adapted":
     return None
+  if row.get("shared") and control.get("shared"):      # one model on each side (--adapt.steps 0): no spread to test
+    return "—"
   test = stats.welch_if_testable([v for v in row[f"{metric}_per_seed"] if v is not None],
                                  [v for v in control[f"{metric}_per_seed"] if v is not None])
   return "—" if test is None else f"{test.difference:+.4f} (p={test.p:.2g})"
@@ -276,6 +279,8 @@ def cmd_adapt(args, ap) -> dict:
   from attngeo.lm import adapt
   if args.preset and args.full:
     ap.error("--preset and --full are two protocols; give one")
+  if args.preset and getattr(args, "source", None) is not None:
+    ap.error("--preset picks the source (its Table 2 ATTN model); give --preset or --source, not both")
   try:
     base = protocol(args.preset)
   except ValueError as e:

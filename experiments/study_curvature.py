@@ -15,7 +15,8 @@ equal sample quality" when a walk read-out moves beyond the seed spread while d_
 
 The reversibility setting is off by default (`--reversibility 0.1` adds it). Under the exact π its loss
 turned NaN at step 150, because π is not determined once a learned walk is nearly reducible. The term
-now reads its flows under the damped law π_τ (`--reg.damping`, `markov.damped_law`) and trains finite.
+now reads its flows under the damped law π_τ (`markov.damped_law`, τ = 0.01, the default of
+`attngeo swissroll --reg.damping`) and trains finite.
 docs/results/curvature.md has both runs.
 
 Writes study.md, study.json and study.png (one panel per column, seeds as dots) to --out; each
@@ -142,7 +143,7 @@ def markdown(cfg: CurvatureStudyConfig, result: dict) -> str:
     rows.append(f"| {name} | " + " | ".join(cells) + " |")
   lam = ", ".join(f"{n} λ = {getattr(cfg, n)}" for n in ("curvature", "reversibility") if getattr(cfg, n) > 0)
   if cfg.curvature > 0:
-    lam += f", K = {cfg.curvature_target:g}"
+    lam = lam.replace(f"curvature λ = {cfg.curvature}", f"curvature λ = {cfg.curvature} with K = {cfg.curvature_target:g}")
   note = (f"{cfg.operator} {cfg.order}, {cfg.steps} steps, {cfg.seeds} seeds per setting ({lam}); mean ± sd over "
           "seeds; p: Welch's t against `none`, Holm over the columns of the setting.")
   return "\n".join(rows) + "\n\n" + note + "\n\n" + "\n".join(f"* {line}" for line in reading(result)) + "\n"

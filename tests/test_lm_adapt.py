@@ -59,6 +59,7 @@ def test_parse_chain_labels_and_one_line_errors():
     (["--preset", "inductin"], "--preset must be one of ['induction']; got 'inductin'"),
     (["--preset", "induction", "--full"], "--preset and --full are two protocols; give one"),
     (["--preset", "induction", "--lm.seq-len", "100"], "2L − 1 ≤ seq_len = 100"),
+    (["--preset", "induction", "--source", "/nonexistent/run"], "give --preset or --source, not both"),
 ])
 def test_bad_input_is_one_line_before_any_work(tmp_path, capsys, argv, message):
   out = tmp_path / "out"
@@ -194,10 +195,16 @@ def test_both_induction_token_sets_are_scored_on_every_state(chain):
   source, tok, lm = recipe.load(chain["src"])
   corpus = text.open_corpus(lm.text_spec(), tok, chain["data_dir"])
   state0 = chain["result"]["records"][0]["adapted"]
-  uniform = induction.induction(source, tok.vocab_size, lm.seq_len)["induction"]
-  pooled = induction.induction(source, tok.vocab_size, lm.seq_len, pool=corpus.token_ids())["induction"]
-  assert state0["induction"] == pytest.approx(uniform, abs=1e-6)
-  assert state0["induction_corpus"] == pytest.approx(pooled, abs=1e-6)
+  uniform = induction.induction(source, tok.vocab_size, lm.seq_len)
+  pooled = induction.induction(source, tok.vocab_size, lm.seq_len, pool=corpus.token_ids())
+  assert state0["induction"] == pytest.approx(uniform["induction"], abs=1e-6)
+  assert state0["induction_corpus"] == pytest.approx(pooled["induction"], abs=1e-6)
+  # a near-chance model may score both modes alike: the stored losses per length tell the pools apart
+  loss = lambda per: [round(v["induction_loss"], 5) for _, v in sorted(per.items(), key=lambda kv: int(kv[0]))]
+  assert loss(uniform["per_length"]) != loss(pooled["per_length"])
+  stored = [files.read_json(os.path.join(chain["out"], "evals", f)) for f in os.listdir(os.path.join(chain["out"], "evals"))]
+  assert any(loss(ev["induction_per_length"]) == loss(uniform["per_length"])
+             and loss(ev["induction_corpus_per_length"]) == loss(pooled["per_length"]) for ev in stored)
 
 
 def test_each_state_starts_from_the_graft_of_the_previous_and_changes_only_its_weights(chain):
@@ -319,6 +326,11 @@ def test_summary_mean_and_sd_by_hand():
   assert table[2]["d_bpb"] == f"{a.mean() - b.mean():+.4f} (p={2 * sps.t.sf(abs(t), df):.2g})"
   assert table[1]["d_bpb"] is None and table[0]["d_bpb"] is None            # graft and source rows: no test
   assert table[2]["d_induction"] == "+0.0000 (p=1)"                          # the same values on both sides
+  above = [dict(r, induction_per_seed=[0.25, 0.3, 0.35]) for r in rows]      # the control above: a negative difference
+  assert lm_adapt.table_rows(rows, {}, above)[2]["d_induction"].startswith("-0.1000 (p=")
+  shared = [dict(r, shared=True, bpb_per_seed=[2.5] * 3) for r in rows]      # --adapt.steps 0: one model per side
+  control = [dict(r, shared=True, bpb_per_seed=[2.4] * 3) for r in rows]
+  assert lm_adapt.table_rows(shared, {}, control)[2]["d_bpb"] == "—"          # not "p=0"
 
 
 def test_copy_mix_rows_are_repeated_random_sequences_fixed_by_stream_index():
