@@ -5,7 +5,8 @@
                         [--implementation auto] [--dtype float32]
 
 Times the jitted, donated train step of `attngeo.train` (forward, backward, optimizer update) on
-random tokens, median of --repeats after one warm-up, and prints tokens/s, the ratio to ATTN (targets:
+random tokens, the four operators' steps interleaved (run r of each before run r + 1 of any), median of
+--repeats after one warm-up, and prints tokens/s, the ratio to ATTN (targets:
 DMAP ≤ 1.05×, DMTN and ATAP ≤ 1.25×) and, on devices with a known peak, model FLOPs utilisation with
 nanochat's count (`attngeo.nn.gpt.flops_per_token`: 6 × matmul parameters + 12·L·h·d_h·T per token;
 the augmented heads of DMTN/ATAP are not credited, so MFU compares equal useful work).
@@ -31,13 +32,14 @@ def loss_fn(m, batch, rng):
   return optax.softmax_cross_entropy_with_integer_labels(m(tok[:, :-1]), tok[:, 1:]).mean(), {}
 
 
-def step_time(op, a):
+def make_step(op, a):
+  """`(one_step, flops per step)`: a zero-argument call running one jitted, donated train step of the GPT
+  under `op` on fixed random tokens (its state carried between calls)."""
   import jax
   import numpy as np
   from flax import nnx
 
   from attngeo import nn, sharding, train
-  from attngeo.experiments import timing
   from attngeo.lm import recipe
   from attngeo.nn import gpt
   cfg = nn.GPTConfig.from_depth(a.depth, vocab_size=a.vocab, seq_len=a.seq, head_dim=a.head_dim, width=a.width,
@@ -57,8 +59,18 @@ def step_time(op, a):
     holder["state"], m = step(holder["state"], batch)
     return m["loss"]
 
-  seconds = timing.median_seconds(one_step, a.repeats)
-  return seconds, gpt.flops_per_token(cfg) * a.batch * a.seq
+  return one_step, gpt.flops_per_token(cfg) * a.batch * a.seq
+
+
+def step_times(ops, a) -> dict:
+  """{op: (median seconds, flops per step)}: every operator's step built first, then timed in
+  alternation (`timing.interleaved_seconds`), so a slow spell of the machine falls on all alike."""
+  import statistics
+
+  from attngeo.experiments import timing
+  steps = {op: make_step(op, a) for op in ops}
+  times = timing.interleaved_seconds({op: call for op, (call, _) in steps.items()}, a.repeats)
+  return {op: (statistics.median(times[op]), steps[op][1]) for op in ops}
 
 
 def main(argv=None):
@@ -94,8 +106,7 @@ def main(argv=None):
         f"(depth {a.depth}, width {a.width}, head_dim {a.head_dim}, seq {a.seq}, vocab {a.vocab}, batch {a.batch}) "
         f"implementation={kernels.default_implementation(a.seq) if a.implementation == 'auto' else a.implementation}")
   rows = []
-  for op in ("ATTN", "DMAP", "DMTN", "ATAP"):
-    t, flops = step_time(op, a)
+  for op, (t, flops) in step_times(("ATTN", "DMAP", "DMTN", "ATAP"), a).items():
     rows.append(dict(operator=op, seconds=t, tokens_per_s=a.batch * a.seq / t,
                      mfu=flops / t / (peak * jax.device_count()) if peak else None))
   for r in rows:

@@ -53,11 +53,22 @@ def test_bench_geometry_smoke(tmp_path):
   assert next(r for r in rows if r["method"] == "dense")["time_vs_dense"] == 1.0
 
 
-def test_bench_train_smoke(tmp_path):
-  bench_train.main(["--seq", "32", "--batch", "2", "--depth", "1", "--width", "32", "--head-dim", "16", "--repeats", "1",
+def test_bench_train_smoke(tmp_path, monkeypatch):
+  """The four operators' steps are timed in one interleaved call (a slow spell lands on all of them), and
+  each row's time is the median of its own runs."""
+  from attngeo.experiments import timing
+  seen, real = [], timing.interleaved_seconds
+
+  def spy(calls, repeats, warmup=1):
+    seen.append((list(calls), repeats))
+    return real(calls, repeats, warmup)
+
+  monkeypatch.setattr(timing, "interleaved_seconds", spy)
+  bench_train.main(["--seq", "32", "--batch", "2", "--depth", "1", "--width", "32", "--head-dim", "16", "--repeats", "3",
                     "--out", str(tmp_path)])
   rows = json.loads((tmp_path / "bench_train.json").read_text())["rows"]
   assert [r["operator"] for r in rows] == ["ATTN", "DMAP", "DMTN", "ATAP"] and rows[0]["ratio_to_attn"] == 1.0
+  assert seen == [(["ATTN", "DMAP", "DMTN", "ATAP"], 3)]
 
 
 @pytest.mark.slow
