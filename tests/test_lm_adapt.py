@@ -251,9 +251,12 @@ def test_adaptation_reads_the_sources_copy_mix_rows_and_keys_the_share(chain, tm
   assert adapt.data_mix(lm) == () and adapt.data_mix(mixed) == ({"copy_mix": 0.5, "stream": 2},)
 
 
-def test_finished_states_are_reused_only_on_an_exact_match(chain, capsys):
+def test_finished_states_are_reused_only_on_an_exact_match(chain, capsys, monkeypatch):
+  reads, token_ids = [], text.Corpus.token_ids
+  monkeypatch.setattr(text.Corpus, "token_ids", lambda self, *a: reads.append(1) or token_ids(self, *a))
   again = lm_cmd.main(chain["argv"])
   assert again["trained"] == 0 and again["evaluated"] == 0
+  assert reads == []                    # every evaluation stored: the corpus's ids are not read
   assert [r["adapted"] for r in again["records"]] == [r["adapted"] for r in chain["result"]["records"]]
   other = lm_cmd.main([*chain["argv"], "--eval-rows", "2"])        # another evaluation: re-evaluated, not retrained
   assert other["trained"] == 0 and other["evaluated"] == 1 + 1 + 2 * 3

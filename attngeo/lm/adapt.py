@@ -291,7 +291,7 @@ class Evaluator:
     from attngeo.lm import core, evals
     self.cfg, self.tokenizer, self.out = cfg, tokenizer, out
     self.val_rows = corpus.rows("val", seq_len).array(cfg.eval_rows or None)
-    self.pool = corpus.token_ids()          # induction under the corpus's tokens too (`induction_corpus`)
+    self.corpus, self._pool = corpus, None  # the corpus's ids, for `induction_corpus`: read on the first new evaluation
     self.settings = files.fingerprint(evals.VERSION, corpus.key, seq_len, cfg.eval_rows, cfg.core_max_per_task,
                                      cfg.core_bundle and core.bundle_key(cfg.core_bundle), "induction_corpus")
     self.computed = 0
@@ -303,8 +303,10 @@ class Evaluator:
     if stored is not None:
       return stored
     t0 = time.perf_counter()
+    if self._pool is None:
+      self._pool = self.corpus.token_ids()
     ev = evals.evaluate(model, self.tokenizer, self.val_rows, core_bundle=self.cfg.core_bundle,
-                        max_per_task=self.cfg.core_max_per_task, corpus_tokens=self.pool)
+                        max_per_task=self.cfg.core_max_per_task, corpus_tokens=self._pool)
     ev["seconds"] = time.perf_counter() - t0
     self.computed += 1
     files.atomic_json(path, ev)
