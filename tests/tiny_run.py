@@ -26,6 +26,7 @@ def parser() -> argparse.ArgumentParser:
   ap.add_argument("--num-processes", type=int, default=1)
   ap.add_argument("--process-id", type=int, default=0)
   ap.add_argument("--sharded-init", action="store_true", help="pass a constructor: parameters born sharded")
+  ap.add_argument("--reg", default="", help="geometry terms added to the loss, e.g. skew=0.1,curvature=0.1")
   return ap
 
 
@@ -68,6 +69,13 @@ def loss_fn(m, batch, rng_):
   return optax.softmax_cross_entropy_with_integer_labels(logits, tok[:, 1:]).mean(), {}
 
 
+def regularised(spec: str, fn):
+  """`fn` plus the geometry terms `spec` names (`attngeo.regularisers`; "" leaves it as it is)."""
+  from attngeo import regularisers
+  weights = {t: float(w) for t, w in (item.split("=") for item in spec.split(",") if item)}
+  return regularisers.regularised(regularisers.Regularisers(**weights), fn)
+
+
 def run(argv=()) -> tuple[list[dict], dict]:
   """The run `argv` asks for: ([{"step", "loss"}] per step, the metadata of the last line)."""
   a = parser().parse_args(list(argv))
@@ -91,7 +99,7 @@ def run(argv=()) -> tuple[list[dict], dict]:
   slow = lambda step, _: time.sleep(a.sleep)
   cfg = train.TrainConfig(steps=a.steps, batch_size=8, lr=1e-2, warmup=2, mesh=tuple(int(x) for x in a.mesh.split(",")),
                           workdir=a.workdir, ckpt_every=a.ckpt_every, log_every=1, progress=False)
-  res = train.train(model, loss_fn, it, cfg, hooks=(slow,) if a.sleep else ())
+  res = train.train(model, regularised(a.reg, loss_fn), it, cfg, hooks=(slow,) if a.sleep else ())
   wq = nn.attention_modules(res.model)[0].wq[...]
   params = [v.get_value() for _, v in nnx.to_flat_state(nnx.state(res.model, nnx.Param))]
   sharded = [x for x in params if any(s is not None for s in x.sharding.spec)]
