@@ -198,7 +198,7 @@ def table_rows(rows: list[dict]) -> list[dict]:
     se = r.get("effective_isometry_defect_se") or 0.0
     row["effective"] = (None if row["effective_isometry_defect"] is None else
                         f"{row['effective_isometry_defect']:.4g}" + (f" ± {se:.2g}" if se > 0 else ""))
-    for key, _ in CMAP_QUANTITIES:
+    for key, _ in CAUSAL_QUANTITIES + CMAP_QUANTITIES:
       row[key] = None if r.get(key) is None else float(np.mean(r[key]))
     if r.get("cmap_frustration_lower") is not None:
       row["cmap_nu"] = f"[{np.mean(r['cmap_frustration_lower']):.3g}, {np.mean(r['cmap_frustration_upper']):.3g}]"
@@ -206,6 +206,8 @@ def table_rows(rows: list[dict]) -> list[dict]:
   return out
 
 
+# Causal layers' reversibility without the mask (their masked ε_rev is 0 by construction: attngeo.probe)
+CAUSAL_QUANTITIES = [("eps_rev_unmasked", "ε_rev unmasked (π_τ)")]
 # CMAP (magnetic) layers' phase read-outs (head means), as extra columns when the model has such layers
 CMAP_QUANTITIES = [("cmap_mean_abs_phase", "CMAP mean |θ|"), ("cmap_lambda_max", "CMAP λ_max(H)"),
                    ("cmap_wilson", "CMAP Wilson loop"), ("cmap_mean_abs_circulation", "CMAP mean |F|")]
@@ -217,8 +219,11 @@ CMAP_COLUMNS = [Col(key, label, ".4g") for key, label in CMAP_QUANTITIES] + [Col
 
 
 def columns(rows: list[dict]) -> list[Col]:
-  """The table's columns: CMAP's only when some probed layer is magnetic."""
-  return COLUMNS + (CMAP_COLUMNS if any(r.get("cmap_mean_abs_phase") is not None for r in rows) else [])
+  """The table's columns: the unmasked ε_rev only when some probed layer is causal, CMAP's only when some
+  is magnetic."""
+  causal = [Col(key, label, ".4g") for key, label in CAUSAL_QUANTITIES
+            if any(r.get(key) is not None for r in rows)]
+  return COLUMNS + causal + (CMAP_COLUMNS if any(r.get("cmap_mean_abs_phase") is not None for r in rows) else [])
 
 
 def plot(rows: list[dict], path: str, title: str):

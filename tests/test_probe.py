@@ -241,6 +241,50 @@ def test_layer_stats_of_exact_operator_are_zero():
   assert np.all((st["eff_neighbours"] >= 1) & (st["eff_neighbours"] <= 20))
 
 
+def eps_rev_unmasked64(q, k, beta, alpha, damping=0.01):
+  """ε_rev [b, h] of the unmasked walk under π_τ (I − (1 − τ)P) = τ/n · 1ᵀ, all in float64."""
+  lg = np.float64(operators.logits(q, k, beta=beta, alpha=alpha).full)
+  p = np.exp(lg - lg.max(-1, keepdims=True))
+  p /= p.sum(-1, keepdims=True)
+  n = p.shape[-1]
+  a = np.eye(n) - (1 - damping) * p
+  pi = np.linalg.solve(np.swapaxes(a, -1, -2), np.full(p.shape[:-1], damping / n)[..., None])[..., 0]
+  f = pi[..., :, None] * p
+  return 0.5 * np.abs(f - np.swapaxes(f, -1, -2)).sum((-2, -1))
+
+
+def test_causal_layers_read_reversibility_without_the_mask():
+  """A causal layer's masked ε_rev is ~0 for any logits (π = δ₀); `eps_rev_unmasked` is the unmasked
+  walk's ε_rev under π_τ (a float64 solve), within the damped law's bound of 0 at the exact-A corner, and
+  absent on unmasked layers."""
+  ks = jax.random.split(jax.random.PRNGKey(3), 2)
+  q, k = jax.random.normal(ks[0], (2, 16, 2, 4)), jax.random.normal(ks[1], (2, 16, 2, 4))
+  attn = probe.layer_stats(q, k, 1.0, 1.0, causal=True)
+  assert np.all(attn["eps_rev"] < 1e-6)
+  np.testing.assert_allclose(attn["eps_rev_unmasked"], eps_rev_unmasked64(q, k, 1.0, 1.0).mean(0), rtol=1e-4)
+  assert np.all(attn["eps_rev_unmasked"] > 0.05)
+  # At the exact-A corner P is reversible under its π, so ε_rev(π_τ) ≤ ‖π_τ − π‖₁ ≤ τ‖u − π‖₁/(1 − (1 − τ)δ(P)).
+  corner = probe.layer_stats(q, k, 0.0, 0.0, causal=True)["eps_rev_unmasked"]
+  np.testing.assert_allclose(corner, eps_rev_unmasked64(q, k, 0.0, 0.0).mean(0), rtol=1e-3)
+  lg = np.float64(operators.logits(q, k, beta=0.0, alpha=0.0).full)
+  p = np.exp(lg - lg.max(-1, keepdims=True))
+  p /= p.sum(-1, keepdims=True)
+  w = np.exp(lg)
+  pi = w.sum(-1) / w.sum((-2, -1))[..., None]    # symmetric L: π_i ∝ Σ_j exp(L_ij)
+  dob = 0.5 * np.abs(p[..., :, None, :] - p[..., None, :, :]).sum(-1).max((-2, -1))
+  bound = 0.01 * np.abs(1 / 16 - pi).sum(-1) / (1 - 0.99 * dob)
+  assert np.all(corner <= bound.mean(0)) and np.all(corner < attn["eps_rev_unmasked"] / 10)
+  assert "eps_rev_unmasked" not in probe.layer_stats(q, k, 1.0, 1.0)
+  gpt = tiny_gpt()
+  x = jnp.asarray(TOKENS["tokens"][:1, :12])
+  rows = probe.model_report(gpt, lambda: gpt(x), progress=False)
+  _, qks = nn.capture_qk(gpt, lambda: gpt(x))
+  for row, (q, k), m in zip(rows, qks, nn.attention_modules(gpt)):
+    np.testing.assert_allclose(row["eps_rev_unmasked"], eps_rev_unmasked64(q, k, *m.coefficients())[0], rtol=1e-4)
+  from attngeo.experiments import probe as cli
+  assert "eps_rev_unmasked" in [c.key for c in cli.columns(cli.table_rows(rows))]
+
+
 @pytest.mark.parametrize("shape", [(30, 8), (6, 10)])
 def test_principal_coordinates_are_the_svd_ones_up_to_sign(shape):
   x = np.random.default_rng(1).standard_normal(shape) * np.array([5.0, 3.0, 2.0] + [0.5] * (shape[1] - 3))
