@@ -175,6 +175,37 @@ def evaluate(model: Classifier, images, labels, reference: np.ndarray, k: int = 
           "accuracy": label_accuracy(model, images, labels), "n": int(len(images))}
 
 
+def nearest_images(images, reference, chunk: int = 256) -> tuple[np.ndarray, np.ndarray]:
+  """Pixel-space nearest neighbours: for each of `images` [m, H, W, C], the ℓ² distance to its nearest
+  image of `reference` [n, H, W, C] and that image's index, ([m] float64, [m] int). Exact: all pairs,
+  `‖x − r‖² = ‖x‖² + ‖r‖² − 2⟨x, r⟩` in float64, `chunk` rows at a time (O(chunk·n) memory)."""
+  x = np.asarray(images, np.float64).reshape(len(images), -1)
+  r = np.asarray(reference, np.float64).reshape(len(reference), -1)
+  if x.shape[1] != r.shape[1] or not len(x) or not len(r):
+    raise ValueError(f"images and reference must be non-empty stacks of one image shape; got {np.shape(images)} "
+                     f"and {np.shape(reference)}")
+  r2 = np.einsum("ij,ij->i", r, r)
+  dist, idx = np.empty(len(x)), np.empty(len(x), np.int64)
+  for i in range(0, len(x), chunk):
+    xs = x[i:i + chunk]
+    d2 = np.einsum("ij,ij->i", xs, xs)[:, None] + r2[None] - 2 * xs @ r.T
+    idx[i:i + chunk] = np.argmin(d2, 1)
+    dist[i:i + chunk] = np.sqrt(np.maximum(d2[np.arange(len(xs)), idx[i:i + chunk]], 0.0))
+  return dist, idx
+
+
+def memorisation(samples, train, heldout) -> dict:
+  """Do samples sit closer to the training images than unseen real images do?
+
+  `nn_sample` = mean over samples of the pixel distance to the nearest training image, `nn_heldout` the
+  same for held-out real images, `nn_ratio` = nn_sample / nn_heldout: about 1 or above for a model that
+  draws new images of the distribution, well below 1 for one that copies training images (a copy is at
+  distance 0). Both sets are measured against the same training set, so their sizes need not match.
+  """
+  ds, dh = nearest_images(samples, train)[0], nearest_images(heldout, train)[0]
+  return {"nn_sample": float(ds.mean()), "nn_heldout": float(dh.mean()), "nn_ratio": float(ds.mean() / dh.mean())}
+
+
 def reference_check(model: Classifier, train_images, test_images, test_labels, seed: int = 0) -> dict:
   """The metric's scale: {"real": held-out split vs training features, "noise": uniform noise}."""
   ref = features(model, train_images)

@@ -315,6 +315,17 @@ def save_grids(panels: list[tuple[str, np.ndarray]], rows: int, path: str, title
   plt.close(fig)
 
 
+def save_neighbours(samples: np.ndarray, train: np.ndarray, rows: int, path: str, title: str, row_labels=None):
+  """Samples beside their nearest training images (pixel ℓ², `image_metrics.nearest_images`), tile for
+  tile, with the distances in the right panel's title: a model that copies its training set shows the
+  same digit twice."""
+  from attngeo import image_metrics
+  dist, idx = image_metrics.nearest_images(samples, train)
+  save_grids([("samples", samples), ("nearest training image", train[idx])], rows, path,
+             title=f"{title}\nnearest training images (pixel ℓ², mean distance {dist.mean():.2f})",
+             row_labels=row_labels)
+
+
 # ----------------------------------------------------------------------------- evaluation of a stage
 
 def probe_layers(model, images: np.ndarray, labels: np.ndarray, progress: bool = True) -> list[dict]:
@@ -341,6 +352,9 @@ def evaluate_stage(model, stage: str, title: str, seed: int, cfg: SiTConfig, ev:
   if ev.get("classifier") is not None:
     row.update(image_metrics.evaluate(ev["classifier"], samples, ev["sample_labels"], ev["reference"]))
   row["val_loss"] = validation_loss(model, ev["val_images"], ev["val_labels"])
+  pixels = model.cfg.channels in (1, 3)               # images, not latents: pixel distances mean something
+  if pixels:
+    row.update(image_metrics.memorisation(samples, ev["train_images"], ev["val_images"]))
   layers = probe_layers(model, ev["probe_images"], ev["probe_labels"], progress=cfg.progress)
   row.update(layer_summary(layers))
   row["eval_seconds"] = time.perf_counter() - t0
@@ -348,6 +362,9 @@ def evaluate_stage(model, stage: str, title: str, seed: int, cfg: SiTConfig, ev:
   grid = samples[ev["grid_idx"]]
   np.save(os.path.join(folder, "samples.npy"), grid)
   save_grids([(title, grid)], ev["grid_rows"], os.path.join(folder, "samples.png"), row_labels=ev["row_labels"])
+  if pixels:
+    save_neighbours(grid, ev["train_images"], ev["grid_rows"], os.path.join(folder, "neighbours.png"), title,
+                    ev["row_labels"])
   runs.save_weights(model, os.path.join(folder, "weights.npz"))
   files.atomic_write(os.path.join(folder, "stage.json"), json.dumps(dict(row, per_layer=layers), indent=1, default=float))
   return dict(row, per_layer=layers)
@@ -365,7 +382,8 @@ def prepare(cfg: SiTConfig):
   from attngeo.data import images
   train_src, _, b = data.image_sets(os.path.join(cfg.out, "data"), cfg.data, test_fraction=cfg.test_fraction)
   x, y, k = b.images, b.labels, b.num_classes
-  ev = {"num_classes": k, "image_shape": x.shape, "val_images": x[b.test_idx], "val_labels": y[b.test_idx]}
+  ev = {"num_classes": k, "image_shape": x.shape, "val_images": x[b.test_idx], "val_labels": y[b.test_idx],
+        "train_images": x[b.train_idx]}
   rng = np.random.default_rng(0)
   pick = rng.choice(len(b.test_idx), min(cfg.probe_images, len(b.test_idx)), replace=False)
   ev["probe_images"], ev["probe_labels"] = ev["val_images"][pick], ev["val_labels"][pick]
@@ -466,7 +484,8 @@ def run_seed(cfg: SiTConfig, seed: int, train_src, ev: dict) -> list[dict]:
 
 METRIC_COLS = [Col("stage", "Stage"), Col("seed", "Seed"), Col("operator", "Operator"), Col("steps", "Steps"),
                Col("fd", "FD (clf)", ".2f"), Col("precision", "Precision", ".2f"), Col("recall", "Recall", ".2f"),
-               Col("accuracy", "Label acc.", ".3f"), Col("val_loss", "Val. loss", ".4f"),
+               Col("accuracy", "Label acc.", ".3f"), Col("nn_ratio", "NN ratio", ".2f"),
+               Col("val_loss", "Val. loss", ".4f"),
                Col("eff_neighbours", "e^H̄", ".2f"), Col("eps_rev", "ε_rev", ".3g"),
                Col("rho_skew", "ρ_skew", ".3g"), Col("fold_max_abs_diff", "fold |Δ|", ".1e")]
 GEOMETRY_COLS = [Col("stage", "Stage"), Col("seed", "Seed"), Col("layer", "Layer"),

@@ -61,3 +61,26 @@ def test_metric_scale_on_held_out_digits_and_noise(digits_classifier, tmp_path):
   loaded, meta = im.load(str(tmp_path / "clf"))
   assert meta["data"] == "digits"
   np.testing.assert_allclose(im.features(loaded, test_x[:16]), im.features(model, test_x[:16]), rtol=1e-6, atol=1e-6)
+
+
+def test_nearest_images_are_the_brute_force_ones():
+  rng = np.random.default_rng(0)
+  ref = rng.uniform(-1, 1, (37, 4, 4, 1))
+  x = rng.uniform(-1, 1, (11, 4, 4, 1))
+  dist, idx = im.nearest_images(x, ref, chunk=4)                    # several chunks, one short
+  full = np.linalg.norm(x.reshape(11, 1, -1) - ref.reshape(1, 37, -1), axis=-1)
+  np.testing.assert_array_equal(idx, full.argmin(1))
+  np.testing.assert_allclose(dist, full.min(1), rtol=1e-12)
+  with pytest.raises(ValueError, match="one image shape"):
+    im.nearest_images(x, ref[:, :2])
+
+
+def test_memorisation_ratio_reads_copies_and_fresh_draws():
+  """Copies of training images sit at distance 0 (ratio 0); fresh draws of the same distribution as the
+  held-out set read about 1."""
+  rng = np.random.default_rng(1)
+  train, heldout, fresh = (rng.uniform(-1, 1, (n, 3, 3, 1)) for n in (400, 100, 100))
+  copies = train[rng.choice(400, 50)] + 1e-9
+  assert im.memorisation(copies, train, heldout)["nn_ratio"] < 1e-6
+  out = im.memorisation(fresh, train, heldout)
+  assert 0.9 < out["nn_ratio"] < 1.1 and out["nn_heldout"] > 0.5

@@ -118,6 +118,10 @@ def test_transfer_smoke_without_metric(tmp_path):
   assert rows[3]["fold_max_abs_diff"] <= 1e-5 * max(1.0, rows[3]["fold_scale"])
   assert os.path.getsize(os.path.join(out, "figures_seed0.png")) > 0
   assert len(read_json(os.path.join(out, "geometry.json"))) == 5      # one layer per stage
+  # Memorisation: the samples' mean distance to their nearest training image over the held-out digits'.
+  for r in rows:
+    assert r["nn_ratio"] == pytest.approx(r["nn_sample"] / r["nn_heldout"]) and r["nn_heldout"] > 0
+    assert os.path.getsize(os.path.join(out, "seed0", r["stage"], "neighbours.png")) > 0
 
 
 @pytest.fixture(scope="module")
