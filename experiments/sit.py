@@ -695,12 +695,68 @@ def sample_parser() -> argparse.ArgumentParser:
   sa.add_argument("run", help="run folder written by sit train / transfer stage / import")
   sa.add_argument("--out", default=None, help="output folder (default: the run folder)")
   sa.add_argument("--per-class", type=config_lib.positive_int, default=8, help="samples per class row (default: 8)")
+  sa.add_argument("--bench", type=parse_bench, default=None, metavar="SAMPLER:STEPS,...",
+                  help="time each sampler at its step count instead of drawing a grid (e.g. euler:32,heun:16,"
+                       "dopri5:16): samples/s after a warm-up call, and the classifier metric of the run's data on "
+                       "--eval-samples samples; writes sample_bench.{md,csv,json} to --out (default: off)")
+  sa.add_argument("--eval-samples", type=config_lib.positive_int, default=300,
+                  help="samples per --bench setting (default: 300)")
   for name in ("sampler", "sample_steps", "guidance", "seeds"):
     f = SiTConfig.__dataclass_fields__[name]
     sa.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
                     type=(lambda s: tuple(int(x) for x in s.split(","))) if name == "seeds" else type(f.default),
                     help=f"{HELP.get(name, name)} (default: {f.default})")
   return sa
+
+
+def parse_bench(text: str) -> tuple[tuple[str, int], ...]:
+  """'euler:32,heun:16' -> (("euler", 32), ("heun", 16)); argparse's one-line error otherwise."""
+  out = []
+  for item in text.split(","):
+    name, _, steps = item.strip().partition(":")
+    if name not in sampler_names.SAMPLERS or not steps.isdigit() or int(steps) < 1:
+      raise argparse.ArgumentTypeError(f"expected SAMPLER:STEPS items, SAMPLER one of {', '.join(sampler_names.SAMPLERS)}"
+                                       f" and STEPS a positive integer; got {item.strip()!r}")
+    out.append((name, int(steps)))
+  return tuple(out)
+
+
+BENCH_COLS = [Col("sampler", "Sampler"), Col("steps", "Steps"), Col("guidance", "Guidance", "g"),
+              Col("samples_per_s", "Samples/s", ".1f"), Col("fd", "FD (clf)", ".2f"), Col("precision", "Precision", ".2f"),
+              Col("recall", "Recall", ".2f"), Col("accuracy", "Label acc.", ".3f"), Col("nn_ratio", "NN ratio", ".2f")]
+
+
+def bench_samplers(model, run: str, cfg: SiTConfig, specs, out: str) -> list[dict]:
+  """`sit sample --bench`: per (sampler, steps), samples/s of `cfg.eval_samples` guided samples (timed after
+  one warm-up call that compiles) and, where the run records pixel data with the classifier metric, their
+  FD / precision / recall / label accuracy and memorisation ratio, from the same evaluation inputs as
+  `sit train` (`prepare`: the run's data and classifier, both cached by content)."""
+  from attngeo import image_metrics
+  recorded = files.read_config(run).get("sit") or {}
+  ev = None
+  if recorded.get("metric", True) and model.cfg.channels in (1, 3) and recorded.get("data"):
+    base = dataclasses.replace(SiTConfig(), **{k: v for k, v in recorded.items() if k in SiTConfig.__dataclass_fields__
+                                               and k not in ("reg", "mesh", "seeds", "out", "progress")}, out=run,
+                               progress=False)
+    ev = prepare(dataclasses.replace(base, eval_samples=cfg.eval_samples))[1]
+  labels = np.arange(cfg.eval_samples) % model.cfg.num_classes
+  rows = []
+  for sampler, steps in specs:
+    c = dataclasses.replace(cfg, sampler=sampler, sample_steps=steps)
+    generate(model, labels[:min(100, len(labels))], cfg.seeds[0], c)      # compiles the chunk's program
+    t0 = time.perf_counter()
+    x = generate(model, labels, cfg.seeds[0], c)
+    row = dict(sampler=sampler, steps=steps, guidance=cfg.guidance, samples_per_s=len(x) / (time.perf_counter() - t0))
+    if ev is not None:
+      row.update(image_metrics.evaluate(ev["classifier"], x, labels, ev["reference"]))
+      row.update(image_metrics.memorisation(x, ev["train_images"], ev["val_images"]))
+    rows.append(row)
+    print(f"{sampler} {steps} steps: {row['samples_per_s']:.1f} samples/s" +
+          (f", FD {row['fd']:.2f}, acc {row['accuracy']:.3f}" if "fd" in row else ""), flush=True)
+  os.makedirs(out, exist_ok=True)
+  report.write(out, "sample_bench", rows, BENCH_COLS, payload={"run": run, "eval_samples": cfg.eval_samples,
+                                                                "rows": rows})
+  return rows
 
 
 def transfer_parser() -> argparse.ArgumentParser:
@@ -778,6 +834,9 @@ def sample_main(argv=None):
     names = images.class_names(source, model.cfg.num_classes)
   except (ValueError, FileNotFoundError) as e:
     sp.error(str(e))
+  if args.bench:
+    return bench_samplers(model, args.run, dataclasses.replace(cfg, eval_samples=args.eval_samples), args.bench,
+                          args.out or args.run)
   return sample_run(model, cfg, args.out or args.run, args.per_class, names)
 
 

@@ -165,6 +165,8 @@ def test_train_command(tmp_path):
   row = sit.main(["train", *TRAIN_TINY, "--operator", "DMTN", "--out", out])
   assert row["operator"] == "DMTN" and np.isfinite(row["val_loss"])
   assert runs.load_run(out)[0].cfg.block.operator == "DMTN"
+  bench = sit.main(["sample", out, "--bench", "euler:2", "--eval-samples", "20"])    # the run's own metric
+  assert 0 <= bench[0]["accuracy"] <= 1 and bench[0]["fd"] > 0 and bench[0]["nn_ratio"] > 0
 
 
 def test_import_then_sample_then_transfer_refuses_mismatched_data(tmp_path, capsys):
@@ -285,13 +287,26 @@ def test_import_refuses_an_existing_run_unless_overwrite(imported_run, capsys):
 
 @pytest.mark.parametrize("args,message", [(["--per-class", "0"], "argument --per-class: expected a positive integer"),
                                           (["--guidance", "-1"], "guidance scale must be >= 1"),
-                                          (["--sample-steps", "0"], "sample_steps must be positive")])
+                                          (["--sample-steps", "0"], "sample_steps must be positive"),
+                                          (["--bench", "heun:16,rk4:8"], "got 'rk4:8'"),
+                                          (["--bench", "euler:0"], "STEPS a positive integer; got 'euler:0'"),
+                                          (["--bench", "euler:4", "--eval-samples", "0"], "--eval-samples")])
 def test_sample_bad_input_is_one_line(imported_run, capsys, args, message):
   _, run = imported_run
   before = snapshot(run)
   capsys.readouterr()
   assert message in one_error_line(capsys, ["sample", run, *args], "sample")
   assert snapshot(run) == before
+
+
+def test_sample_bench_times_each_sampler(imported_run, tmp_path):
+  """`sit sample --bench`: one row per sampler setting; an imported checkpoint records no data, so no metric."""
+  _, run = imported_run
+  out = str(tmp_path / "bench")
+  rows = sit.main(["sample", run, "--bench", "euler:2,heun:2", "--eval-samples", "6", "--out", out])
+  assert [(r["sampler"], r["steps"]) for r in rows] == [("euler", 2), ("heun", 2)]
+  assert all(r["samples_per_s"] > 0 and "fd" not in r for r in rows)
+  assert read_json(os.path.join(out, "sample_bench.json"))["rows"][1]["sampler"] == "heun"
 
 
 def test_labels_outside_the_classes_are_refused():
