@@ -381,8 +381,9 @@ def stage_title(stage: str, cfg: SiTConfig) -> str:
 
 # ----------------------------------------------------------------------------- the protocol
 
-def prepare(cfg: SiTConfig):
-  """Data, held-out split, classifier (trained once, kept in out/classifier/<data key>/) and evaluation inputs."""
+def prepare(cfg: SiTConfig, train_classifier: bool = True):
+  """Data, held-out split, classifier (trained once, kept in out/classifier/<data key>/) and evaluation inputs.
+  `train_classifier=False` only reuses a cached classifier (ev["classifier"] is None without one)."""
   from attngeo import data, image_metrics
   from attngeo.data import images
   train_src, _, b = data.image_sets(os.path.join(cfg.out, "data"), cfg.data, test_fraction=cfg.test_fraction)
@@ -405,6 +406,8 @@ def prepare(cfg: SiTConfig):
     meta = files.cached_result(os.path.join(folder, "config.json"), key)
     if meta is not None:                      # reused only for the same images, labels and classifier config
       clf, meta = image_metrics.load(folder)
+    elif not train_classifier:
+      return train_src, ev
     else:
       print(f"metric: training its classifier ({ccfg.steps} steps on {len(b.train_idx)} images) -> {folder}", flush=True)
       clf = image_metrics.train_classifier(x[b.train_idx], y[b.train_idx], ccfg, progress=cfg.progress)
@@ -706,16 +709,30 @@ def sample_parser() -> argparse.ArgumentParser:
   sa.add_argument("--per-class", type=config_lib.positive_int, default=8, help="samples per class row (default: 8)")
   sa.add_argument("--bench", type=parse_bench, default=None, metavar="SAMPLER:STEPS,...",
                   help="time each sampler at its step count instead of drawing a grid (e.g. euler:32,heun:16,"
-                       "dopri5:16): samples/s after a warm-up call, and the classifier metric of the run's data on "
-                       "--eval-samples samples; writes sample_bench.{md,csv,json} to --out (default: off)")
-  sa.add_argument("--eval-samples", type=config_lib.positive_int, default=300,
-                  help="samples per --bench setting (default: 300)")
+                       "dopri5:16; dopri5's steps only place output points): samples/s after a warm-up call, and the "
+                       "run's own classifier metric where it has one, at the run's guidance and seed unless given; "
+                       "--sampler, --sample-steps and --per-class are not used; writes sample_bench.{md,csv,json} to "
+                       "--out (default: off)")
+  sa.add_argument("--eval-samples", type=at_least_4, default=None,
+                  help="samples per --bench setting, >= 4 (default: the run's own evaluation count)")
   for name in ("sampler", "sample_steps", "guidance", "seeds"):
     f = SiTConfig.__dataclass_fields__[name]
     sa.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
                     type=(lambda s: tuple(int(x) for x in s.split(","))) if name == "seeds" else type(f.default),
                     help=f"{HELP.get(name, name)} (default: {f.default})")
   return sa
+
+
+def at_least_4(text: str) -> int:
+  """argparse type: an integer ≥ 4 (precision/recall of the metric need more than k = 3 samples)."""
+  try:
+    value = int(text)
+  except ValueError:
+    value = 0
+  if value < 4:
+    raise argparse.ArgumentTypeError(f"expected an integer >= 4 (the metric's precision/recall need more than 3 "
+                                     f"samples); got {text!r}")
+  return value
 
 
 def parse_bench(text: str) -> tuple[tuple[str, int], ...]:
@@ -735,22 +752,53 @@ BENCH_COLS = [Col("sampler", "Sampler"), Col("steps", "Steps"), Col("guidance", 
               Col("recall", "Recall", ".2f"), Col("accuracy", "Label acc.", ".3f"), Col("nn_ratio", "NN ratio", ".2f")]
 
 
-def bench_samplers(model, run: str, cfg: SiTConfig, specs, out: str) -> list[dict]:
-  """`sit sample --bench`: per (sampler, steps), samples/s of `cfg.eval_samples` guided samples (timed after
-  one warm-up call that compiles) and, where the run records pixel data with the classifier metric, their
-  FD / precision / recall / label accuracy and memorisation ratio, from the same evaluation inputs as
-  `sit train` (`prepare`: the run's data and classifier, both cached by content)."""
+def recorded_run(run: str) -> tuple[str, dict]:
+  """(folder, its recorded SiTConfig fields) of the sit command that made `run`: `run` itself for a `sit train`
+  folder, the transfer's folder for a transfer stage (`OUT/seed<s>/<stage>`); ("", {}) for an import."""
+  for root in (run, os.path.dirname(os.path.dirname(os.path.abspath(run)))):
+    if os.path.exists(os.path.join(root, "config.json")) and "sit" in files.read_config(root):
+      return root, files.read_config(root)["sit"]
+  return "", {}
+
+
+def bench_inputs(model, run: str, args) -> tuple[SiTConfig, dict | None, np.ndarray, str]:
+  """`sit sample --bench`'s settings: the recorded run's guidance, seed and evaluation sample count unless the
+  flags give them (so the default reproduces the run's own metric row), its evaluation inputs (`prepare` on the
+  run's data, with its CACHED classifier only: the bench never trains one) or None, the labels, and a note
+  saying why there is no metric when there is none."""
+  root, rec = recorded_run(run)
+  fields = {k: v for k, v in rec.items() if k in ("guidance", "eval_samples", "grid_per_class", "seeds")}
+  given = {k: getattr(args, k) for k in ("guidance", "seeds", "eval_samples") if getattr(args, k) is not None}
+  cfg = dataclasses.replace(SiTConfig(), **{**fields, **given, "seeds": tuple(given.get("seeds", fields.get("seeds",
+                                                                                                  (0,))))})
+  k = model.cfg.num_classes
+  labels = (np.arange(cfg.eval_samples) % k if "eval_samples" in given
+            else np.arange(max(cfg.eval_samples, cfg.grid_per_class * k)) % k)       # `prepare`'s sample labels
+  if not rec or not rec.get("metric", True) or model.cfg.channels not in (1, 3):
+    return cfg, None, labels, "no metric: the run records no sit data with a classifier metric (an import, latents)"
+  base = dataclasses.replace(SiTConfig(), **{f: v for f, v in rec.items() if f in SiTConfig.__dataclass_fields__
+                                             and f not in ("reg", "mesh", "seeds", "out", "progress")},
+                             out=root, progress=False)
+  try:
+    ev = prepare(base, train_classifier=False)[1]
+  except (ValueError, FileNotFoundError) as e:
+    return cfg, None, labels, f"no metric: the run's recorded data {rec.get('data')!r} does not load here ({e})"
+  if ev["classifier"] is None:
+    return cfg, None, labels, f"no metric: {root}/classifier holds no classifier for the run's data"
+  return cfg, ev, labels, ""
+
+
+def bench_samplers(model, run: str, args, out: str) -> list[dict]:
+  """`sit sample --bench`: per (sampler, steps) of `args.bench`, samples/s of the guided samples (timed after one
+  warm-up call that compiles) and, where the run records pixel data with its classifier metric, their FD /
+  precision / recall / label accuracy and memorisation ratio (`bench_inputs`). dopri5's steps only place its
+  output points: its cost is the adaptive solve's."""
   from attngeo import image_metrics
-  recorded = files.read_config(run).get("sit") or {}
-  ev = None
-  if recorded.get("metric", True) and model.cfg.channels in (1, 3) and recorded.get("data"):
-    base = dataclasses.replace(SiTConfig(), **{k: v for k, v in recorded.items() if k in SiTConfig.__dataclass_fields__
-                                               and k not in ("reg", "mesh", "seeds", "out", "progress")}, out=run,
-                               progress=False)
-    ev = prepare(dataclasses.replace(base, eval_samples=cfg.eval_samples))[1]
-  labels = np.arange(cfg.eval_samples) % model.cfg.num_classes
+  cfg, ev, labels, note = bench_inputs(model, run, args)
+  if note:
+    print(note, flush=True)
   rows = []
-  for sampler, steps in specs:
+  for sampler, steps in args.bench:
     c = dataclasses.replace(cfg, sampler=sampler, sample_steps=steps)
     generate(model, labels[:min(100, len(labels))], cfg.seeds[0], c)      # compiles the chunk's program
     t0 = time.perf_counter()
@@ -763,8 +811,9 @@ def bench_samplers(model, run: str, cfg: SiTConfig, specs, out: str) -> list[dic
     print(f"{sampler} {steps} steps: {row['samples_per_s']:.1f} samples/s" +
           (f", FD {row['fd']:.2f}, acc {row['accuracy']:.3f}" if "fd" in row else ""), flush=True)
   os.makedirs(out, exist_ok=True)
-  report.write(out, "sample_bench", rows, BENCH_COLS, payload={"run": run, "eval_samples": cfg.eval_samples,
-                                                                "rows": rows})
+  report.write(out, "sample_bench", rows, BENCH_COLS, note=note,
+               payload={"run": run, "samples": len(labels), "guidance": cfg.guidance, "seed": cfg.seeds[0],
+                        "rows": rows})
   return rows
 
 
@@ -844,8 +893,7 @@ def sample_main(argv=None):
   except (ValueError, FileNotFoundError) as e:
     sp.error(str(e))
   if args.bench:
-    return bench_samplers(model, args.run, dataclasses.replace(cfg, eval_samples=args.eval_samples), args.bench,
-                          args.out or args.run)
+    return bench_samplers(model, args.run, args, args.out or args.run)
   return sample_run(model, cfg, args.out or args.run, args.per_class, names)
 
 

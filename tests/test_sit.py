@@ -4,6 +4,7 @@ import glob
 import json
 import math
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -148,6 +149,8 @@ def test_transfer_with_metric(transfer_run):
   for stage in sit.STAGES:
     assert os.path.getsize(os.path.join(out, "seed0", stage, "samples.png")) > 0
   assert os.path.getsize(os.path.join(out, "figures_seed0.png")) > 0
+  bench = sit.main(["sample", os.path.join(out, "seed0", "dmap_adapted"), "--bench", "heun:2"])   # a stage folder
+  assert bench[0]["fd"] == pytest.approx(rows[4]["fd"], rel=1e-6)        # its own row, with the transfer's metric
   folded = runs.load_run(os.path.join(out, "seed0", "dmap_adapted"))[0]      # a training stage is a run folder
   assert folded.cfg.block.distance_form and not hasattr(folded.blocks[0].attn, "wq")
 
@@ -168,8 +171,11 @@ def test_train_command(tmp_path):
   row = sit.main(["train", *TRAIN_TINY, "--operator", "DMTN", "--out", out])
   assert row["operator"] == "DMTN" and np.isfinite(row["val_loss"])
   assert runs.load_run(out)[0].cfg.block.operator == "DMTN"
-  bench = sit.main(["sample", out, "--bench", "euler:2", "--eval-samples", "20"])    # the run's own metric
-  assert 0 <= bench[0]["accuracy"] <= 1 and bench[0]["fd"] > 0 and bench[0]["nn_ratio"] > 0
+  # --bench at the run's own sampler settings reproduces its metric row: the same labels, noise, guidance, classifier.
+  bench = sit.main(["sample", out, "--bench", "heun:2"])
+  own = read_json(os.path.join(out, "metric.json"))[0]
+  for key in ("fd", "precision", "recall", "accuracy", "nn_ratio"):
+    assert bench[0][key] == pytest.approx(own[key], rel=1e-6), key
 
 
 def test_import_then_sample_then_transfer_refuses_mismatched_data(tmp_path, capsys):
@@ -299,7 +305,7 @@ def test_import_refuses_an_existing_run_unless_overwrite(imported_run, capsys):
                                           (["--sample-steps", "0"], "sample_steps must be positive"),
                                           (["--bench", "heun:16,rk4:8"], "got 'rk4:8'"),
                                           (["--bench", "euler:0"], "STEPS a positive integer; got 'euler:0'"),
-                                          (["--bench", "euler:4", "--eval-samples", "0"], "--eval-samples")])
+                                          (["--bench", "euler:4", "--eval-samples", "3"], "expected an integer >= 4")])
 def test_sample_bad_input_is_one_line(imported_run, capsys, args, message):
   _, run = imported_run
   before = snapshot(run)
@@ -315,6 +321,7 @@ def test_sample_bench_times_each_sampler(imported_run, tmp_path):
   rows = sit.main(["sample", run, "--bench", "euler:2,heun:2", "--eval-samples", "6", "--out", out])
   assert [(r["sampler"], r["steps"]) for r in rows] == [("euler", 2), ("heun", 2)]
   assert all(r["samples_per_s"] > 0 and "fd" not in r for r in rows)
+  assert "no metric: the run records no sit data" in pathlib.Path(out, "sample_bench.md").read_text()
   assert read_json(os.path.join(out, "sample_bench.json"))["rows"][1]["sampler"] == "heun"
 
 
