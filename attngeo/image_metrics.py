@@ -181,7 +181,7 @@ def nearest_images(images, reference, chunk: int = 256) -> tuple[np.ndarray, np.
   `‖x − r‖² = ‖x‖² + ‖r‖² − 2⟨x, r⟩` in float64, `chunk` rows at a time (O(chunk·n) memory)."""
   x = np.asarray(images, np.float64).reshape(len(images), -1)
   r = np.asarray(reference, np.float64).reshape(len(reference), -1)
-  if x.shape[1] != r.shape[1] or not len(x) or not len(r):
+  if np.shape(images)[1:] != np.shape(reference)[1:] or not len(x) or not len(r):
     raise ValueError(f"images and reference must be non-empty stacks of one image shape; got {np.shape(images)} "
                      f"and {np.shape(reference)}")
   r2 = np.einsum("ij,ij->i", r, r)
@@ -200,7 +200,10 @@ def memorisation(samples, train, heldout) -> dict:
   `nn_sample` = mean over samples of the pixel distance to the nearest training image, `nn_heldout` the
   same for held-out real images, `nn_ratio` = nn_sample / nn_heldout: about 1 or above for a model that
   draws new images of the distribution, well below 1 for one that copies training images (a copy is at
-  distance 0). Both sets are measured against the same training set, so their sizes need not match.
+  distance 0). Both sets are measured against the same training set, so their sizes need not match. A low
+  ratio is necessary for copying, not sufficient: blurred or mode-collapsed samples near the data's mean can
+  also sit closer to the training set than real digits do, so read it beside the nearest neighbours
+  themselves (`sit`'s neighbours.png).
   """
   ds, dh = nearest_images(samples, train)[0], nearest_images(heldout, train)[0]
   return {"nn_sample": float(ds.mean()), "nn_heldout": float(dh.mean()), "nn_ratio": float(ds.mean() / dh.mean())}

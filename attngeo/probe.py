@@ -37,8 +37,9 @@ their contraction and one spectrum of W. `model_report` takes any module tree co
 during training. Causal note: under a causal mask the walk drains into token 0 (π = δ₀, ε_rev = 0
 by definition) and W is triangular (its spectrum is its diagonal); read ρ_skew and the transports
 there, not ε_rev. Causal layers add `eps_rev_unmasked` `[h]`: ε_rev of the same logits' walk without the
-mask under its damped law π_τ (τ = 0.01, `markov.damped_law`; one n × n solve per head and input) — the
-reversibility regulariser's own quantity. At the exact-A corners (DMAP, ATAP) the walk is reversible under
+mask under its damped law π_τ (τ = 0.01, `markov.damped_law`; one n × n solve per head and input, also at
+every `hook` step) — the reversibility regulariser's own quantity at its defaults (`--reg.damping 0.01`,
+kind `eps_rev`). At the exact-A corners (DMAP, ATAP) the walk is reversible under
 its π, so there it reads only the damping's offset, ε_rev(π_τ) ≤ ‖π_τ − π‖₁ (`markov.damped_law`'s bound).
 """
 from __future__ import annotations
@@ -53,8 +54,9 @@ import numpy as np
 from attngeo import connection, geometry, linalg, magnetic, markov, nn, operators
 from attngeo.regularisers_config import DAMPING as UNMASKED_DAMPING
 
-SUMMARY_KEYS = ("eff_neighbours", "eps_rev", "eps_rev_unmasked", "rho_skew", "curvature", "spectral_gap", "walk_eps_rev",
-                "head_isometry_defect", "effective_isometry_defect", "next_relative_change", "next_js_divergence",
+SUMMARY_KEYS = ("eff_neighbours", "eps_rev", "eps_rev_unmasked", "rho_skew", "curvature", "spectral_gap",
+                "walk_eps_rev", "head_isometry_defect", "effective_isometry_defect", "next_relative_change",
+                "next_js_divergence",
                 "next_spectral_distance")
 
 
@@ -101,7 +103,7 @@ def _stats_impl(q, k, beta, alpha, causal):
 
 def eps_rev_unmasked(lg, damping: float = UNMASKED_DAMPING) -> jax.Array:
   """ε_rev [...] of the walk of logits `lg` [..., n, n] WITHOUT the causal mask, under its damped law π_τ
-  (`markov.damped_law`, τ = `damping`): the quantity the reversibility regulariser trains
+  (`markov.damped_law`, τ = `damping`): the quantity the reversibility regulariser trains at its defaults
   (`attngeo.regularisers`), read where the masked walk's ε_rev is 0 by construction."""
   p = operators.rownorm(lg, causal=False)
   return markov.reversibility(p, markov.damped_law(p, damping))

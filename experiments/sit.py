@@ -322,8 +322,7 @@ def save_grids(panels: list[tuple[str, np.ndarray]], rows: int, path: str, title
 
 def save_neighbours(samples: np.ndarray, train: np.ndarray, rows: int, path: str, title: str, row_labels=None):
   """Samples beside their nearest training images (pixel ℓ², `image_metrics.nearest_images`), tile for
-  tile, with the distances in the right panel's title: a model that copies its training set shows the
-  same digit twice."""
+  tile, the mean distance in the title: a model that copies its training set shows the same digit twice."""
   from attngeo import image_metrics
   dist, idx = image_metrics.nearest_images(samples, train)
   save_grids([("samples", samples), ("nearest training image", train[idx])], rows, path,
@@ -741,14 +740,16 @@ def parse_bench(text: str) -> tuple[tuple[str, int], ...]:
   for item in text.split(","):
     name, _, steps = item.strip().partition(":")
     if name not in sampler_names.SAMPLERS or not steps.isdigit() or int(steps) < 1:
-      raise argparse.ArgumentTypeError(f"expected SAMPLER:STEPS items, SAMPLER one of {', '.join(sampler_names.SAMPLERS)}"
-                                       f" and STEPS a positive integer; got {item.strip()!r}")
+      names = ", ".join(sampler_names.SAMPLERS)
+      raise argparse.ArgumentTypeError(f"expected SAMPLER:STEPS items, SAMPLER one of {names} and STEPS a positive "
+                                       f"integer; got {item.strip()!r}")
     out.append((name, int(steps)))
   return tuple(out)
 
 
 BENCH_COLS = [Col("sampler", "Sampler"), Col("steps", "Steps"), Col("guidance", "Guidance", "g"),
-              Col("samples_per_s", "Samples/s", ".1f"), Col("fd", "FD (clf)", ".2f"), Col("precision", "Precision", ".2f"),
+              Col("samples_per_s", "Samples/s", ".1f"), Col("fd", "FD (clf)", ".2f"),
+              Col("precision", "Precision", ".2f"),
               Col("recall", "Recall", ".2f"), Col("accuracy", "Label acc.", ".3f"), Col("nn_ratio", "NN ratio", ".2f")]
 
 

@@ -269,8 +269,10 @@ def test_causal_layers_read_reversibility_without_the_mask():
   lg = np.float64(operators.logits(q, k, beta=0.0, alpha=0.0).full)
   p = np.exp(lg - lg.max(-1, keepdims=True))
   p /= p.sum(-1, keepdims=True)
-  w = np.exp(lg)
-  pi = w.sum(-1) / w.sum((-2, -1))[..., None]    # symmetric L: π_i ∝ Σ_j exp(L_ij)
+  ev, vec = np.linalg.eig(np.swapaxes(p, -1, -2))                 # π: P's left eigenvector for eigenvalue 1
+  pi = np.abs(np.take_along_axis(vec, np.abs(ev - 1).argmin(-1)[..., None, None], -1)[..., 0])
+  pi /= pi.sum(-1, keepdims=True)
+  np.testing.assert_allclose(np.einsum("...i,...ij->...j", pi, p), pi, atol=1e-10)
   dob = 0.5 * np.abs(p[..., :, None, :] - p[..., None, :, :]).sum(-1).max((-2, -1))
   bound = 0.01 * np.abs(1 / 16 - pi).sum(-1) / (1 - 0.99 * dob)
   assert np.all(corner <= bound.mean(0)) and np.all(corner < attn["eps_rev_unmasked"] / 10)
