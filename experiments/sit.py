@@ -1,7 +1,8 @@
 """SiT on real images, and the ATTN → DMTN → DMAP transfer (seed "Attention Geometry", Figures 3–5).
 
     attngeo sit train    [--data mnist] [--steps N] [--operator ATTN] [--out runs/sit_train] ...
-    attngeo sit sample   RUN [--sampler heun] [--sample-steps 16] [--guidance 2] [--out DIR]
+    attngeo sit sample   RUN [--sampler heun] [--sample-steps 16] [--guidance 1.5] [--out DIR]
+    attngeo sit sample   RUN --bench euler:32,heun:16,dopri5:16 [--eval-samples N]
     attngeo sit transfer [--full] [--seeds 0,1] [--init RUN_OR_CHECKPOINT] [--dry-run] ...
     attngeo sit import   CHECKPOINT --out RUN [--num-heads H] [--num-classes K] [--overwrite]
 
@@ -21,13 +22,18 @@ The transfer, per seed (the seed paper starts from the released SiT-XL/2; here `
 Every stage reports the metric of `attngeo.image_metrics` (a classifier trained here on the same
 images, kept in `out/classifier/`: Fréchet distance on its penultimate features — NOT Inception-FID —,
 precision/recall there, and the share of samples classified as their conditioning label), the
-held-out flow-matching loss, and the probe's per-layer geometry (`attngeo.probe.model_report`) on
+held-out flow-matching loss, the memorisation ratio (`image_metrics.memorisation`: the samples' mean
+pixel distance to their nearest training image over that of held-out real images; ≈ 1 or above without
+copying), and the probe's per-layer geometry (`attngeo.probe.model_report`) on
 held-out images at t = 1. Each stage starts from the previous stage's EMA weights with a fresh
 optimizer; the same noise and labels are sampled at every stage, so the grids are comparable slot
 by slot; every grid's rows are labelled with their class. Outputs in `--out`: transfer.{md,csv,json} (metric per stage and seed, the seed mean, and
 the held-out real / noise reference rows), geometry.{md,csv,json} (per layer per stage),
-figures_seed<S>.png (the five stages side by side), seed<S>/<stage>/samples.png (one per stage),
-weights.npz and stage.json per stage (a rerun skips finished stages).
+figures_seed<S>.png (the five stages side by side), seed<S>/<stage>/samples.png (one per stage) and
+neighbours.png (its samples beside their nearest training images), weights.npz and stage.json per stage
+(a rerun skips finished stages). The ATTN stage's EMA decay is `--ema`, the adaptation stages'
+`--adapt-ema` (the average starts at the grafted weights: 0.995^1000 keeps < 1 % of them).
+`sit sample --bench` times samplers (samples/s) and scores them with the run's own metric.
 
 `--full` is the seed's SiT-XL/2 protocol as a configuration (ImageNet-256 in the latent space of the
 Stable Diffusion VAE, 40k + 80k steps); it needs the pretrained checkpoint and precomputed latents
@@ -75,20 +81,20 @@ class SiTConfig:
   mlp_ratio: float = 4.0
   operator: str = "ATTN"               # `sit train` only; the transfer starts from ATTN
   class_dropout: float = 0.1           # label dropout (the null label is num_classes)
-  steps: int = 1600                    # ATTN training steps (transfer stage 1; 0 with --init)
-  adapt_steps: int = 400               # N: DMTN adaptation steps
-  fold_steps: int = 400                # M: DMAP adaptation steps after the fold
+  steps: int = 12_000                  # ATTN training steps (transfer stage 1; 0 with --init)
+  adapt_steps: int = 1000              # N: DMTN adaptation steps
+  fold_steps: int = 1000               # M: DMAP adaptation steps after the fold
   batch_size: int = 64
   lr: float = 1e-3
   adapt_lr: float = 3e-4               # learning rate of the adaptation stages
   warmup: int = 100
   schedule: str = "cosine"             # cosine | linear | constant (after warm-up)
-  ema: float = 0.995                   # EMA decay of the sampled weights (the ATTN / `sit train` stage)
+  ema: float = 0.999                   # EMA decay of the sampled weights (the ATTN / `sit train` stage)
   adapt_ema: float = 0.995             # EMA decay of the adaptation stages: 0.995^1000 < 1 % of the graft kept
   mesh: tuple[int, int, int] = (1, 1, 1)
   sampler: str = "heun"                # euler | heun | dopri5 | sde
   sample_steps: int = 16
-  guidance: float = 2.0                # classifier-free guidance scale (>= 1; 1 = none)
+  guidance: float = 1.5                # classifier-free guidance scale (>= 1; 1 = none)
   eval_samples: int = 300              # generated images per stage for the metric
   grid_per_class: int = 6              # samples per class in each figure
   probe_images: int = 4                # held-out images the probe runs on (t = 1)
