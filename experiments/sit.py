@@ -326,13 +326,16 @@ def save_grids(panels: list[tuple[str, np.ndarray]], rows: int, path: str, title
   plt.close(fig)
 
 
-def save_neighbours(samples: np.ndarray, train: np.ndarray, rows: int, path: str, title: str, row_labels=None):
+def save_neighbours(samples: np.ndarray, train: np.ndarray, rows: int, path: str, title: str, row_labels=None,
+                    heldout: float | None = None):
   """Samples beside their nearest training images (pixel ℓ², `image_metrics.nearest_images`), tile for
-  tile, the mean distance in the title: a model that copies its training set shows the same digit twice."""
+  tile, the mean distance in the title beside `heldout` (held-out real digits' mean distance to the training
+  set, the no-copying reference): a model that copies its training set shows the same digit twice."""
   from attngeo import image_metrics
   dist, idx = image_metrics.nearest_images(samples, train)
+  ref = f"; held-out real digits {heldout:.2f}" if heldout is not None else ""
   save_grids([("samples", samples), ("nearest training image", train[idx])], rows, path,
-             title=f"{title}\nnearest training images (pixel ℓ², mean distance {dist.mean():.2f})",
+             title=f"{' '.join(title.split())}: pixel ℓ² to the nearest\ntraining image, mean {dist.mean():.2f}{ref}",
              row_labels=row_labels)
 
 
@@ -374,7 +377,7 @@ def evaluate_stage(model, stage: str, title: str, seed: int, cfg: SiTConfig, ev:
   save_grids([(title, grid)], ev["grid_rows"], os.path.join(folder, "samples.png"), row_labels=ev["row_labels"])
   if pixels:
     save_neighbours(grid, ev["train_images"], ev["grid_rows"], os.path.join(folder, "neighbours.png"), title,
-                    ev["row_labels"])
+                    ev["row_labels"], heldout=row["nn_heldout"])
   runs.save_weights(model, os.path.join(folder, "weights.npz"))
   files.atomic_write(os.path.join(folder, "stage.json"), json.dumps(dict(row, per_layer=layers), indent=1, default=float))
   return dict(row, per_layer=layers)
