@@ -524,3 +524,22 @@ def test_damped_law_is_unique_on_a_reducible_walk():
 def test_damped_law_refuses_a_bad_damping(damping):
   with pytest.raises(ValueError, match="damping must be a number in"):
     markov.damped_law(jnp.eye(3), damping)
+
+
+def test_law_gradient_is_the_implicit_derivative():
+  """`law`'s custom VJP (P̄ = πᵀy, My = ḡᵀ − (ḡ·π)𝟙) against differentiating through the LU solves and
+  refinement (any direction), and against float64 central differences of the chain's law along
+  row-sum-preserving directions (the chain stays stochastic)."""
+  rng = np.random.default_rng(11)
+  p = jax.nn.softmax(jnp.asarray(2.0 * rng.standard_normal((2, 3, 9, 9)), jnp.float32), -1)
+  w = jnp.asarray(rng.standard_normal((2, 3, 9)), jnp.float32)
+  got = jax.jit(jax.grad(lambda p: jnp.sum(markov.law(p) * w)))(p)
+  through = jax.jit(jax.grad(lambda p: jnp.sum(markov._solve_pi(p)[0] * w)))(p)
+  np.testing.assert_allclose(got, through, rtol=1e-4, atol=1e-6)
+  p64, w64 = np.asarray(p, np.float64), np.asarray(w, np.float64)
+  for _ in range(3):
+    d = rng.standard_normal(p.shape)
+    d -= d.mean(-1, keepdims=True)
+    h = 1e-5
+    fd = (np.sum(chain_pi(p64 + h * d) * w64) - np.sum(chain_pi(p64 - h * d) * w64)) / (2 * h)
+    np.testing.assert_allclose(np.sum(np.asarray(got, np.float64) * d), fd, rtol=1e-4)
