@@ -34,6 +34,15 @@ span of the leading Ritz vectors and restarts. For a non-normal A the residual �
 the backward error; the eigenvalue error can exceed it by the eigenvalue's condition number. When
 `krylov` ≥ n the Krylov space is the whole space and the answer is exact after one cycle (the
 small n × n eigenproblem then runs in LAPACK: CPU and GPU backends).
+
+Fixed-size Krylov (`lanczos`, batched, no loop to converge): m Lanczos steps from one start vector
+build an orthonormal basis V of K_m(A, v₀) = span{v₀, Av₀, …, A^{m−1}v₀} (full reorthogonalisation,
+classical Gram–Schmidt twice), and Rayleigh–Ritz on it gives m Ritz pairs. The Ritz values of a
+projection interlace A's spectrum (Cauchy), so θ_min ≥ λ_min and θ_max ≤ λ_max — the extreme Ritz
+values never overshoot — and each pair's residual r bounds the distance to some eigenvalue (|λ − θ| ≤ r)
+at no extra matvec (A V is kept). With m ≥ n (or once K_m is invariant) the answer is exact. Its cost
+is m matvecs and O(m²n) of orthogonalisation, a fixed shape: for the extreme pairs of many small
+matrices (e.g. the spectral gap of every head's walk) it replaces a dense O(n³) `eigh` per matrix.
 """
 from __future__ import annotations
 
@@ -41,6 +50,8 @@ from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+
+from attngeo import linalg
 
 Matvec = Callable[[jax.Array], jax.Array]
 
@@ -73,6 +84,14 @@ class Eig(NamedTuple):
   iterations: jax.Array
   matvecs: jax.Array
 
+
+class Ritz(NamedTuple):
+  """Ritz pairs of a symmetric A on a Krylov space: `values` [..., m] ascending, `vectors` [..., m, n]
+  (unit rows, orthonormal; a zero row where the space was invariant before step m, its value 0),
+  `residuals` [..., m] ‖Ax − θx‖₂ (|λ − θ| ≤ residual for some eigenvalue λ of A)."""
+  values: jax.Array
+  vectors: jax.Array
+  residuals: jax.Array
 
 def _check_sizes(n: int, k: int, block: int):
   if not 1 <= k <= n:
@@ -318,3 +337,55 @@ def eig(matvec: Matvec, n: int, k: int, *, krylov: int | None = None, tol: float
   resid = jnp.linalg.norm(mv(x) - x * theta, axis=0)       # explicit residuals of what is returned
   matvecs = m + (it - 1) * (m - keep) + 1
   return Eig(theta, x, resid, conv(theta, resid), it, matvecs)
+
+
+# ----------------------------------------------------------------------------- fixed-size Krylov
+
+BatchedMatvec = Callable[[jax.Array], jax.Array]
+
+
+def lanczos(matvec: BatchedMatvec, v0, steps: int) -> Ritz:
+  """Rayleigh–Ritz of a symmetric A on `K_m(A, v₀)`, m = `steps` (module docstring), batched.
+
+  Args:
+    matvec: `v [..., n] -> A v [..., n]`, one symmetric A per leading index.
+    v0: start vectors [..., n] (any nonzero; normalised here). Components of v₀ in an A-invariant
+      subspace U stay in U: start orthogonal to a known eigenvector to deflate it.
+    steps: Krylov dimension m ≥ 1 (the basis is `[..., m, n]`; m ≥ n gives every eigenpair exactly).
+
+  Returns:
+    `Ritz`. The basis is built step by step, `v_{j+1} ∝ (I − V_jV_jᵀ)² A v_j` (V_j the first j + 1
+    rows), and `H = V (AV)ᵀ` symmetrised is diagonalised (m × m): θ its eigenvalues, x = yᵀV the Ritz
+    vectors, r = ‖yᵀ(AV) − θ x‖. A step whose new direction is ≤ 100·eps of ‖Av_j‖ (an invariant
+    subspace: the pairs found are exact) leaves the remaining rows zero. Not differentiated through:
+    for the gradient of an eigenvalue use the Rayleigh quotient `xᵀ A x` of a stopped Ritz vector
+    (Hellmann–Feynman; its error is O(r²)).
+  """
+  if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+    raise ValueError(f"steps must be an integer ≥ 1 (the Krylov dimension); got {steps!r}")
+  v0 = jnp.asarray(v0)
+  lead, n, dtype = v0.shape[:-1], v0.shape[-1], v0.dtype
+  tiny = 100 * jnp.finfo(dtype).eps
+  dot = lambda a, b, spec: jnp.einsum(spec, a, b, precision=jax.lax.Precision.HIGHEST)
+  v = v0 / jnp.maximum(jnp.linalg.norm(v0, axis=-1, keepdims=True), jnp.finfo(dtype).tiny)
+  basis = jnp.zeros(lead + (steps, n), dtype).at[..., 0, :].set(v)
+  images = jnp.zeros(lead + (steps, n), dtype)
+
+  def step(j, carry):
+    basis, images = carry
+    w = matvec(basis[..., j, :])
+    images = images.at[..., j, :].set(w)
+    scale = jnp.linalg.norm(w, axis=-1, keepdims=True)
+    for _ in range(2):                                             # unfilled rows are zero: they project nothing
+      w = w - dot(dot(basis, w, "...mn,...n->...m"), basis, "...m,...mn->...n")
+    norm = jnp.linalg.norm(w, axis=-1, keepdims=True)
+    nxt = jnp.where(norm > tiny * scale, w / jnp.maximum(norm, jnp.finfo(dtype).tiny), 0.0)
+    row = jnp.minimum(j + 1, steps - 1)
+    return jnp.where(j + 1 < steps, basis.at[..., row, :].set(nxt), basis), images
+
+  basis, images = jax.lax.fori_loop(0, steps, step, (basis, images))
+  h = dot(basis, images, "...an,...bn->...ab")
+  theta, y = linalg.eigh(0.5 * (h + jnp.swapaxes(h, -1, -2)))              # one matrix per LAPACK call
+  x = dot(y, basis, "...mk,...mn->...kn")
+  r = jnp.linalg.norm(dot(y, images, "...mk,...mn->...kn") - theta[..., :, None] * x, axis=-1)
+  return Ritz(theta, x, r)

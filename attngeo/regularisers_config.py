@@ -16,6 +16,8 @@ TERMS = ("curvature", "reversibility", "skew", "mixing", "isometry")
 REVERSIBILITY_KINDS = ("eps_rev", "entropy")
 # The reversibility term's restart probability τ of the damped law π_τ (`attngeo.markov.damped_law`).
 DAMPING = 0.01
+# The mixing term's Lanczos steps (`attngeo.regularisers.absolute_gap`; 0: a dense eigensolve).
+GAP_STEPS = 48
 
 # `--reg.<field>` help of a command whose config nests `Regularisers` as `reg` (`attngeo.config.add_arguments`).
 HELP = {"reg.curvature": "weight λ ≥ 0 of the curvature term E relu(K·Γ(f) − Γ₂(f)) (0: off)",
@@ -25,6 +27,7 @@ HELP = {"reg.curvature": "weight λ ≥ 0 of the curvature term E relu(K·Γ(f) 
         "reg.isometry": "weight λ ≥ 0 of the head-transport isometry-defect term δ² (0: off)",
         "reg.curvature_target": "curvature bound K of the curvature term",
         "reg.gap_target": "spectral-gap bound g* in (0, 1] of the mixing term",
+        "reg.gap_steps": "Lanczos steps of the mixing term's gap estimate (0: a dense eigensolve per walk)",
         "reg.test_functions": "test functions m of the curvature term (≥ 1 when it is on)",
         "reg.tau": "time scale τ of L = (P − I)/τ (curvature term)",
         "reg.damping": "restart probability τ in [0, 1] of the reversibility term's damped law π_τ (0: exact π, "
@@ -42,7 +45,7 @@ def _is_count(x) -> bool:
 class Regularisers:
   """Weights λ ≥ 0 of each term (0: off), the curvature and gap targets, and the sample sizes.
 
-  `curvature_target` K, `gap_target` g*, `test_functions` m (curvature), `tau` τ of `L = (P − I)/τ`,
+  `curvature_target` K, `gap_target` g*, `gap_steps` (mixing: Lanczos steps, 0: dense), `test_functions` m (curvature), `tau` τ of `L = (P − I)/τ`,
   `reversibility_kind` `"eps_rev"` | `"entropy"`, `damping` τ of its law π_τ, `heads` / `sequences` sampled per layer (0: all).
   """
   curvature: float = 0.0
@@ -52,6 +55,7 @@ class Regularisers:
   isometry: float = 0.0
   curvature_target: float = 0.0
   gap_target: float = 0.1
+  gap_steps: int = GAP_STEPS
   test_functions: int = 4
   tau: float = 1.0
   reversibility_kind: str = "eps_rev"
@@ -71,6 +75,7 @@ class Regularisers:
     real = lambda x: isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
     rules = (("curvature_target", real(self.curvature_target), "a finite number (the curvature bound K)"),
              ("gap_target", real(self.gap_target) and 0 < self.gap_target <= 1, "a number in (0, 1]"),
+             ("gap_steps", _is_count(self.gap_steps), "an integer ≥ 0 (Lanczos steps; 0: a dense eigensolve)"),
              ("test_functions", _is_count(self.test_functions) and (self.test_functions >= 1 or not self.curvature),
               f"an integer ≥ 1 when {prefix}curvature > 0 (the curvature term needs test functions)"),
              ("tau", real(self.tau) and self.tau > 0, "a positive time scale"),

@@ -147,3 +147,62 @@ def test_eigsh_value_bounds_in_float64_are_kato_temple_tight():
     bounds = np.asarray(res.value_bounds)
     assert np.all(err <= bounds) and np.all(bounds < np.asarray(res.residuals))      # Kato–Temple, not Weyl
     assert np.max(err / bounds) > 1e-2
+
+
+# ----------------------------------------------------------------------------- fixed-size Krylov (lanczos)
+
+def _lanczos(a, steps, seed=0):
+  a = jnp.asarray(a, jnp.float32)
+  v0 = jnp.asarray(np.random.default_rng(seed).standard_normal(a.shape[:-1]), jnp.float32)
+  return jax.jit(lambda a, v0: eigen.lanczos(lambda v: jnp.einsum("...ij,...j->...i", a, v), v0, steps))(a, v0)
+
+
+def test_lanczos_with_a_full_krylov_space_is_every_eigenpair():
+  values = np.linspace(-1.0, 2.0, 12) ** 3
+  a, _ = symmetric_with_spectrum(values, 0)
+  ritz = _lanczos(a, 12)
+  np.testing.assert_allclose(ritz.values, np.sort(values), atol=2e-5)
+  assert float(ritz.residuals.max()) < 1e-4
+  np.testing.assert_allclose(np.asarray(ritz.vectors) @ np.asarray(ritz.vectors).T, np.eye(12), atol=1e-5)
+
+
+def test_lanczos_extremes_never_overshoot_and_each_value_is_within_its_residual():
+  """A short Krylov space (12 of 200 dimensions): Cauchy interlacing keeps θ in [λ_min, λ_max]; each Ritz
+  value lies within its residual of some eigenvalue; well-separated extremes converge."""
+  values = np.concatenate([[-0.9, 0.95], np.linspace(-0.5, 0.5, 198)])
+  a, _ = symmetric_with_spectrum(values, 1)
+  ritz = _lanczos(a, 12)
+  theta, res = np.asarray(ritz.values, np.float64), np.asarray(ritz.residuals, np.float64)
+  assert theta.min() >= -0.9 - 1e-5 and theta.max() <= 0.95 + 1e-5
+  dist = np.abs(theta[:, None] - values[None, :]).min(1)
+  assert np.all(dist <= res + 1e-5), (dist, res)
+  np.testing.assert_allclose(theta[[0, -1]], [-0.9, 0.95], atol=1e-4)
+  # the Ritz vectors' residuals are what they say: ‖Ax − θx‖ recomputed in float64
+  x = np.asarray(ritz.vectors, np.float64)
+  np.testing.assert_allclose(np.linalg.norm(x @ a - theta[:, None] * x, axis=1), res, atol=2e-5)
+
+
+def test_lanczos_on_an_invariant_subspace_stops_cleanly_and_batches():
+  """A of rank 2 from a start inside its range: K_m is 2-dimensional, later rows are zero (their
+  values 0), the two nonzero eigenvalues are exact; a batch of two agrees with one call each."""
+  rng = np.random.default_rng(2)
+  u = np.linalg.qr(rng.standard_normal((9, 2)))[0]
+  a = (u * [1.5, -0.7]) @ u.T
+  v0 = u @ [1.0, 2.0]
+  ritz = jax.jit(lambda a, v0: eigen.lanczos(lambda v: a @ v, v0, 6))(jnp.asarray(a, jnp.float32),
+                                                                       jnp.asarray(v0, jnp.float32))
+  assert np.all(np.isfinite(ritz.values)) and np.all(np.isfinite(ritz.vectors))
+  np.testing.assert_allclose(np.sort(np.asarray(ritz.values))[[0, -1]], [-0.7, 1.5], atol=1e-5)
+  np.testing.assert_allclose(np.sort(np.abs(np.asarray(ritz.values)))[:4], 0.0, atol=1e-5)
+  both = np.stack([symmetric_with_spectrum(np.linspace(-1, 1, 7) * s, 3)[0] for s in (1.0, 2.0)])
+  batched = _lanczos(both, 4)
+  for i in range(2):
+    one = jax.jit(lambda a, v0: eigen.lanczos(lambda v: a @ v, v0, 4))(
+        jnp.asarray(both[i], jnp.float32), jnp.asarray(np.random.default_rng(0).standard_normal((2, 7))[i], jnp.float32))
+    np.testing.assert_allclose(batched.values[i], one.values, atol=1e-5)
+
+
+@pytest.mark.parametrize("steps", [0, -1, 2.0, True])
+def test_lanczos_refuses_a_bad_step_count(steps):
+  with pytest.raises(ValueError, match="steps must be an integer ≥ 1"):
+    eigen.lanczos(lambda v: v, jnp.ones(3), steps)

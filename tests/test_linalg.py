@@ -65,14 +65,15 @@ def test_the_damped_law_and_every_walk_term_gradient_see_one_matrix_per_lapack_c
   """The reversibility term's damped law π_τ was a batched `jnp.linalg.solve` (1409e54): `attngeo study
   curvature --reversibility 0.1` hung at its first steps on 2 cores (two layers' batched getrf/trsm at
   once, both pool threads blocked in ParallelBatchMap). Its value and gradient now map one matrix at a
-  time, as do the other walk terms'."""
+  time, as do the other walk terms' (the mixing term's Lanczos route hung the same way on a batched
+  solve and eigh before it was written with `attngeo.linalg`)."""
   from attngeo import regularisers as reg
   q, k = (jax.random.normal(jax.random.PRNGKey(i), (2, 6, 2, 4)) for i in (1, 2))
   p = jax.nn.softmax(jax.random.normal(jax.random.PRNGKey(3), (2, 3, 6, 6)), -1)
   shapes = lapack_operand_shapes(jax.make_jaxpr(lambda a: markov.damped_law(a, 0.01))(p).jaxpr)
   assert shapes and all(len(s) == 2 for _, s in shapes), shapes
   for term in (lambda a, b: reg.reversibility(a, b), lambda a, b: reg.reversibility(a, b, kind="entropy"),
-               lambda a, b: reg.mixing(a, b, target=2.0)):
+               lambda a, b: reg.mixing(a, b, target=2.0), lambda a, b: reg.mixing(a, b, target=2.0, steps=0)):
     shapes = lapack_operand_shapes(jax.make_jaxpr(jax.grad(term, argnums=(0, 1)))(q, k).jaxpr)
     assert shapes and all(len(s) == 2 for _, s in shapes), shapes
   single = jnp.stack([markov.damped_law(p[i, j], 0.01) for i in range(2) for j in range(3)]).reshape(2, 3, 6)

@@ -126,7 +126,9 @@ def walk_terms(name):
                       lambda q, k: entropy64(q, k, name)),
           "skew": (lambda q, k: reg.skew(q, k, beta=beta, alpha=alpha), lambda q, k: skew64(q, k, name)),
           "mixing": (lambda q, k: reg.mixing(q, k, target=0.9, beta=beta, alpha=alpha),
-                     lambda q, k: mixing64(q, k, name, 0.9))}
+                     lambda q, k: mixing64(q, k, name, 0.9)),
+          "mixing_dense": (lambda q, k: reg.mixing(q, k, target=0.9, beta=beta, alpha=alpha, steps=0),
+                           lambda q, k: mixing64(q, k, name, 0.9))}
 
 
 # ----------------------------------------------------------------------------- values
@@ -255,11 +257,37 @@ def test_curvature_gradient_matches_finite_differences(name):
 
 
 @pytest.mark.parametrize("name", ["ATTN", "DMTN"])
-@pytest.mark.parametrize("term", ["eps_rev", "eps_rev_exact", "entropy", "skew", "mixing"])
+@pytest.mark.parametrize("term", ["eps_rev", "eps_rev_exact", "entropy", "skew", "mixing", "mixing_dense"])
 def test_walk_term_gradients_match_finite_differences(name, term):
   q, k = qk(6)
   fn, ref = walk_terms(name)[term]
   check_gradient(fn, ref, (q, k))
+
+
+def gap64(q, k, name):
+  """The absolute gap `[b, h]` of the reversibilised walk, float64 dense (as `mixing64`)."""
+  p = walk64(corner_logits64(q, k, name))
+  sq = np.sqrt(chain_pi(p))
+  a = sq[..., :, None] * p / sq[..., None, :]
+  lam = np.linalg.eigvalsh(0.5 * (a + np.swapaxes(a, -1, -2)))
+  return 1 - np.maximum(np.abs(lam[..., -2]), np.abs(lam[..., 0]))
+
+
+@pytest.mark.parametrize("spread", [0.5, 2.0, 4.0])
+def test_lanczos_gap_of_a_long_walk_matches_the_float64_gap(spread):
+  """48 Lanczos steps on walks of 160 tokens (47 fewer dimensions than the deflated space), gaps from
+  mixing fast to slowly: the estimate is the float64 dense gap to 1e-5 and never above it by more."""
+  q, k = qk(12, (1, 160, 2, 4), spread)
+  want = gap64(q, k, "ATTN")
+  got = np.asarray(jax.jit(lambda p: reg.absolute_gap(p, 48))(reg._walk(q, k, 1.0, 1.0, None)), np.float64)
+  np.testing.assert_allclose(got, want, atol=1e-5)
+  assert want.min() < 0.5 if spread == 4.0 else True                    # a slowly mixing case is among them
+
+
+def test_lanczos_gap_gradient_on_a_long_walk_matches_finite_differences():
+  """The Hellmann–Feynman gradient (a stopped Ritz vector, 24 steps on a 63-dimensional deflated space)."""
+  q, k = qk(13, (1, 64, 1, 3), 2.0)
+  check_gradient(lambda q, k: reg.mixing(q, k, target=0.99, steps=24), lambda q, k: mixing64(q, k, "ATTN", 0.99), (q, k))
 
 
 def test_isometry_gradient_matches_finite_differences():
@@ -385,6 +413,7 @@ def test_train_step_with_the_hook():
   (dict(mixing=float("nan")), "reg.mixing must be a weight ≥ 0"),
   (dict(curvature=1.0, test_functions=0), "reg.test_functions must be an integer ≥ 1 when reg.curvature > 0"),
   (dict(gap_target=0.0), "reg.gap_target must be a number in (0, 1]"),
+  (dict(gap_steps=-1), "reg.gap_steps must be an integer ≥ 0"),
   (dict(tau=0.0), "reg.tau must be a positive time scale"),
   (dict(reversibility_kind="kl"), "reg.reversibility_kind must be one of"),
   (dict(damping=-0.1), "reg.damping must be a number in [0, 1]"),
