@@ -324,13 +324,34 @@ def damped_law(p, damping: float) -> jax.Array:
   return _damped_law(_working(p), float(damping))
 
 
-def _damped_law(p, damping: float):
+def _damped_solve(p, damping: float):
+  """(π_τ, lu_factor(A)), `A = I − (1 − τ)P`."""
   n = p.shape[-1]
-  a = jnp.eye(n, dtype=p.dtype) - (1.0 - damping) * p
+  lu = linalg.lu_factor(jnp.eye(n, dtype=p.dtype) - (1.0 - damping) * p)
   rhs = jnp.full(p.shape[:-1], damping / n, p.dtype)
-  pi = linalg.lu_solve(linalg.lu_factor(a), rhs[..., None], trans=1)[..., 0]     # π_τ A = τu ⇔ Aᵀ π_τᵀ = τuᵀ
-  pi = jnp.maximum(pi, 0.0)
-  return pi / pi.sum(-1, keepdims=True)
+  pi = jnp.maximum(linalg.lu_solve(lu, rhs[..., None], trans=1)[..., 0], 0.0)    # π_τ A = τu ⇔ Aᵀ π_τᵀ = τuᵀ
+  return pi / pi.sum(-1, keepdims=True), lu
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _damped_law(p, damping: float):
+  """π_τ; its gradient by the implicit function theorem (as `law`): dπ_τ = (1 − τ) π_τ dP A⁻¹, so
+  `P̄ = (1 − τ) π_τᵀ y`, `A y = ḡᵀ − (ḡ·π_τ) 𝟙` (Σπ_τ = 1 at a stochastic P) — one more solve."""
+  return _damped_solve(p, damping)[0]
+
+
+def _damped_fwd(p, damping):
+  pi, lu = _damped_solve(p, damping)
+  return pi, (pi, lu)
+
+
+def _damped_bwd(damping, res, g):
+  pi, lu = res
+  y = linalg.lu_solve(lu, (g - jnp.sum(g * pi, -1, keepdims=True))[..., None], trans=0)[..., 0]
+  return ((1.0 - damping) * pi[..., :, None] * y[..., None, :],)
+
+
+_damped_law.defvjp(_damped_fwd, _damped_bwd)
 
 
 def _pi(p, pi):
