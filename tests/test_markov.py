@@ -543,6 +543,8 @@ def test_law_gradient_is_the_implicit_derivative():
     h = 1e-5
     fd = (np.sum(chain_pi(p64 + h * d) * w64) - np.sum(chain_pi(p64 - h * d) * w64)) / (2 * h)
     np.testing.assert_allclose(np.sum(np.asarray(got, np.float64) * d), fd, rtol=1e-4)
+    tangent = jax.jvp(lambda p: jnp.sum(markov.law(p) * w), (p,), (jnp.asarray(d, jnp.float32),))[1]
+    np.testing.assert_allclose(float(tangent), fd, rtol=1e-4)                  # forward mode too
 
 
 def test_damped_law_gradient_is_the_implicit_derivative():
@@ -555,3 +557,6 @@ def test_damped_law_gradient_is_the_implicit_derivative():
     got = jax.jit(jax.grad(lambda p: jnp.sum(markov.damped_law(p, tau) * w)))(p)
     through = jax.jit(jax.grad(lambda p: jnp.sum(markov._damped_solve(p, tau)[0] * w)))(p)
     np.testing.assert_allclose(got, through, rtol=1e-4, atol=1e-6)
+    d = jnp.asarray(rng.standard_normal(p.shape), jnp.float32)
+    fwd = jax.jvp(lambda p: jnp.sum(markov.damped_law(p, tau) * w), (p,), (d,))[1]
+    np.testing.assert_allclose(fwd, jnp.sum(through * d), rtol=1e-4)
