@@ -40,13 +40,16 @@ build an orthonormal basis V of K_m(A, v₀) = span{v₀, Av₀, …, A^{m−1}v
 classical Gram–Schmidt twice), and Rayleigh–Ritz on it gives m Ritz pairs. The Ritz values of a
 projection interlace A's spectrum (Cauchy), so θ_min ≥ λ_min and θ_max ≤ λ_max — the extreme Ritz
 values never overshoot — and each pair's residual r bounds the distance to some eigenvalue (|λ − θ| ≤ r)
-at no extra matvec (A V is kept). With m ≥ n (or once K_m is invariant) the answer is exact. Its cost
+at no extra matvec (A V is kept). With m = n the answer is exact; where K_j turns invariant early
+(its pairs exact), the basis continues from a fresh direction. Its cost
 is m matvecs and O(m²n) of orthogonalisation, a fixed shape: for the extreme pairs of many small
 matrices (e.g. the spectral gap of every head's walk) it replaces a dense O(n³) `eigh` per matrix.
 """
 from __future__ import annotations
 
 from typing import Callable, NamedTuple
+
+import numbers
 
 import jax
 import jax.numpy as jnp
@@ -86,12 +89,13 @@ class Eig(NamedTuple):
 
 
 class Ritz(NamedTuple):
-  """Ritz pairs of a symmetric A on a Krylov space: `values` [..., m] ascending, `vectors` [..., m, n]
-  (unit rows, orthonormal; a zero row where the space was invariant before step m, its value 0),
-  `residuals` [..., m] ‖Ax − θx‖₂ (|λ − θ| ≤ residual for some eigenvalue λ of A)."""
+  """Ritz pairs of a symmetric A on an m-dimensional subspace: `values` [..., m] ascending, `vectors`
+  [..., m, n] (orthonormal rows), `residuals` [..., m] ‖Ax − θx‖₂ (|λ − θ| ≤ residual for some eigenvalue
+  λ of A)."""
   values: jax.Array
   vectors: jax.Array
   residuals: jax.Array
+
 
 def _check_sizes(n: int, k: int, block: int):
   if not 1 <= k <= n:
@@ -349,25 +353,32 @@ def lanczos(matvec: BatchedMatvec, v0, steps: int) -> Ritz:
 
   Args:
     matvec: `v [..., n] -> A v [..., n]`, one symmetric A per leading index.
-    v0: start vectors [..., n] (any nonzero; normalised here). Components of v₀ in an A-invariant
+    v0: start vectors [..., n] (normalised here; a zero one is replaced by a fixed pseudo-random one). Components of v₀ in an A-invariant
       subspace U stay in U: start orthogonal to a known eigenvector to deflate it.
-    steps: Krylov dimension m ≥ 1 (the basis is `[..., m, n]`; m ≥ n gives every eigenpair exactly).
+    steps: subspace dimension m in [1, n] (the basis is `[..., m, n]`; m = n gives every eigenpair exactly).
 
   Returns:
     `Ritz`. The basis is built step by step, `v_{j+1} ∝ (I − V_jV_jᵀ)² A v_j` (V_j the first j + 1
     rows), and `H = V (AV)ᵀ` symmetrised is diagonalised (m × m): θ its eigenvalues, x = yᵀV the Ritz
-    vectors, r = ‖yᵀ(AV) − θ x‖. A step whose new direction is ≤ 100·eps of ‖Av_j‖ (an invariant
-    subspace: the pairs found are exact) leaves the remaining rows zero. Not differentiated through:
-    for the gradient of an eigenvalue use the Rayleigh quotient `xᵀ A x` of a stopped Ritz vector
-    (Hellmann–Feynman; its error is O(r²)).
+    vectors, r = ‖yᵀ(AV) − θ x‖. A step whose new direction is ≤ 100·eps of ‖Av_j‖ (K_j is invariant:
+    its pairs are exact) restarts from a fixed pseudo-random vector orthogonalised against the basis, so
+    the subspace stays m-dimensional and interlacing holds. Stopped against differentiation: for the
+    gradient of an eigenvalue use the Rayleigh quotient `xᵀ A x` of a Ritz vector (Hellmann–Feynman:
+    the value's error is O(r²), the gradient's O(r/δ), δ the gap to the rest of the spectrum).
   """
-  if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-    raise ValueError(f"steps must be an integer ≥ 1 (the Krylov dimension); got {steps!r}")
-  v0 = jnp.asarray(v0)
+  v0 = jax.lax.stop_gradient(jnp.asarray(v0))
+  if not jnp.issubdtype(v0.dtype, jnp.floating) or v0.ndim < 1:
+    raise ValueError(f"v0 must be a floating array [..., n]; got {v0.dtype} of shape {v0.shape}")
   lead, n, dtype = v0.shape[:-1], v0.shape[-1], v0.dtype
+  if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or not 1 <= steps <= n:
+    raise ValueError(f"steps must be an integer in [1, n = {n}] (the subspace dimension); got {steps!r}")
+  steps = int(steps)
   tiny = 100 * jnp.finfo(dtype).eps
   dot = lambda a, b, spec: jnp.einsum(spec, a, b, precision=jax.lax.Precision.HIGHEST)
-  v = v0 / jnp.maximum(jnp.linalg.norm(v0, axis=-1, keepdims=True), jnp.finfo(dtype).tiny)
+  start = jnp.linalg.norm(v0, axis=-1, keepdims=True)
+  fallback = jax.random.normal(jax.random.PRNGKey(0x1A2B), lead + (n,), dtype)              # a zero start
+  v = jnp.where(start > 0, v0 / jnp.maximum(start, jnp.finfo(dtype).tiny),
+                fallback / jnp.linalg.norm(fallback, axis=-1, keepdims=True))
   basis = jnp.zeros(lead + (steps, n), dtype).at[..., 0, :].set(v)
   images = jnp.zeros(lead + (steps, n), dtype)
 
@@ -379,7 +390,11 @@ def lanczos(matvec: BatchedMatvec, v0, steps: int) -> Ritz:
     for _ in range(2):                                             # unfilled rows are zero: they project nothing
       w = w - dot(dot(basis, w, "...mn,...n->...m"), basis, "...m,...mn->...n")
     norm = jnp.linalg.norm(w, axis=-1, keepdims=True)
-    nxt = jnp.where(norm > tiny * scale, w / jnp.maximum(norm, jnp.finfo(dtype).tiny), 0.0)
+    fresh = jax.random.normal(jax.random.fold_in(jax.random.PRNGKey(0x1A2C), j), lead + (n,), dtype)
+    for _ in range(2):
+      fresh = fresh - dot(dot(basis, fresh, "...mn,...n->...m"), basis, "...m,...mn->...n")
+    fresh = fresh / jnp.maximum(jnp.linalg.norm(fresh, axis=-1, keepdims=True), jnp.finfo(dtype).tiny)
+    nxt = jnp.where(norm > tiny * jnp.maximum(scale, jnp.finfo(dtype).tiny), w / jnp.maximum(norm, jnp.finfo(dtype).tiny), fresh)
     row = jnp.minimum(j + 1, steps - 1)
     return jnp.where(j + 1 < steps, basis.at[..., row, :].set(nxt), basis), images
 

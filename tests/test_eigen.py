@@ -182,9 +182,22 @@ def test_lanczos_extremes_never_overshoot_and_each_value_is_within_its_residual(
   np.testing.assert_allclose(np.linalg.norm(x @ a - theta[:, None] * x, axis=1), res, atol=2e-5)
 
 
+def test_lanczos_past_an_invariant_subspace_keeps_interlacing():
+  """diag(1, 2, 3, 4) from e₁: K_1 is invariant at once. The basis goes on from fresh directions, so the
+  three Ritz values are eigenvalue-like (≥ λ_min = 1, each within its residual of an eigenvalue), not the
+  zeros a zero-padded basis would report; a zero start vector is replaced, not kept."""
+  a = jnp.diag(jnp.arange(1.0, 5.0))
+  for v0 in (jnp.eye(4)[0], jnp.zeros(4)):
+    ritz = jax.jit(lambda v0: eigen.lanczos(lambda v: a @ v, v0, 3))(v0)
+    theta, res = np.asarray(ritz.values), np.asarray(ritz.residuals)
+    assert theta.min() >= 1 - 1e-5 and theta.max() <= 4 + 1e-5, theta
+    assert np.all(np.abs(theta[:, None] - np.arange(1.0, 5.0)).min(1) <= res + 1e-5), (theta, res)
+    np.testing.assert_allclose(np.asarray(ritz.vectors) @ np.asarray(ritz.vectors).T, np.eye(3), atol=1e-5)
+
+
 def test_lanczos_on_an_invariant_subspace_stops_cleanly_and_batches():
-  """A of rank 2 from a start inside its range: K_m is 2-dimensional, later rows are zero (their
-  values 0), the two nonzero eigenvalues are exact; a batch of two agrees with one call each."""
+  """A of rank 2 from a start inside its range: K_2 is invariant, the two nonzero eigenvalues are exact
+  and the other Ritz values are A's zero eigenvalue; a batch of two agrees with one call each."""
   rng = np.random.default_rng(2)
   u = np.linalg.qr(rng.standard_normal((9, 2)))[0]
   a = (u * [1.5, -0.7]) @ u.T
@@ -202,7 +215,9 @@ def test_lanczos_on_an_invariant_subspace_stops_cleanly_and_batches():
     np.testing.assert_allclose(batched.values[i], one.values, atol=1e-5)
 
 
-@pytest.mark.parametrize("steps", [0, -1, 2.0, True])
+@pytest.mark.parametrize("steps", [0, -1, 4, 2.0, True])
 def test_lanczos_refuses_a_bad_step_count(steps):
-  with pytest.raises(ValueError, match="steps must be an integer ≥ 1"):
+  with pytest.raises(ValueError, match=r"steps must be an integer in \[1, n = 3\]"):
     eigen.lanczos(lambda v: v, jnp.ones(3), steps)
+  with pytest.raises(ValueError, match="v0 must be a floating array"):
+    eigen.lanczos(lambda v: v, jnp.ones(3, jnp.int32), 2)
