@@ -42,9 +42,10 @@ batch, heads, tokens and test functions.
   Ritz values never overshoot (|θ| ≤ max|λ|), so the estimated gap is ≥ the true gap up to rounding
   (r bounds θ's distance to some eigenvalue, not necessarily the extreme one); tests/test_regularisers
   holds 48 steps to 1e-5 of the float64 dense gap on 160-token walks with gaps from fast to slow. π is
-  `markov.law` (an LU solve, refined; its gradient one more solve). Cost: m
-  matvecs, O(m·n² + m²·n) per (b, h). `steps = 0`: one dense symmetric eigensolve per (b, h), O(n³)
-  (the definition; about 3× the time of 48 steps at n = 256, value and gradient).
+  `markov.law` (an LU solve, refined; its gradient one more solve). Cost per (b, h): the LU, O(n³)
+  with a small constant, m matvecs and the orthogonalisation, O(m·n² + m²·n). `steps = 0`: one dense
+  symmetric eigensolve per (b, h) as well, O(n³) with a constant about ten times an LU's (the
+  definition).
 * **isometry** — the squared scaled-isometry defect of each head transport `T^h = W_O^h W_V^h`
   (`attngeo.connection`): `δ² = 1 − (tr M)²/(r ‖M‖_F²)`, `M = T^hᵀT^h`, r = min(k, d) its generic rank,
   with `tr M = tr(AB)`, `‖M‖_F² = tr(ABAB)`, `A = O_hᵀO_h`, `B = V_h V_hᵀ` (k × k: O(h·k²·d), no
@@ -71,6 +72,7 @@ the regularised one (the terms logged as metrics).
 from __future__ import annotations
 
 import math
+import numbers
 from typing import NamedTuple
 
 import jax
@@ -204,10 +206,10 @@ def _krylov_gap(p, steps: int):
 def absolute_gap(p, steps: int = 0) -> jax.Array:
   """`1 − max(|λ₁|, |λ_{n−1}|)` `[...]` of the additive reversibilisation of P `[..., n, n]`: dense
   (`markov.eigenbasis`) at `steps = 0`, else `steps` Lanczos steps (module docstring, mixing)."""
-  if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+  if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 0:
     raise ValueError(f"steps must be an integer ≥ 0 (Lanczos steps; 0: a dense eigensolve); got {steps!r}")
   if steps:
-    return _krylov_gap(p, steps)
+    return _krylov_gap(p, int(steps))
   lam = markov.eigenbasis(p)[0]
   return 1.0 - jnp.maximum(jnp.abs(lam[..., 1]), jnp.abs(lam[..., -1]))
 
