@@ -173,13 +173,21 @@ def augment(q, k, *, beta, alpha, scale: float) -> Augmented:
     qa, ka = jnp.concatenate([qa, qa], -1), jnp.concatenate([hi, (ka - hi.astype(jnp.float32)).astype(dt)], -1)
   else:
     ka = ka.astype(dt)
+  return Augmented(qa, ka, key_bias(q, k, beta=beta, alpha=alpha, scale=scale))
+
+
+def key_bias(q, k, *, beta, alpha, scale: float):
+  """The per-key bias `−s·(1 − α)/2·g_j` [b, n, h] float32 of member (β, α), or None at α = 1 (a float).
+
+  g = ¼‖q + k‖² − ¼β‖q − k‖² = ¼(1 − β)‖q + k‖² + β q·k: the second form has no difference of squares
+  (at |q| ≈ 1e20 the first was inf − inf: NaN keys for ATAP, whose logits are only ~|q|·|k|).
+  """
   if isinstance(alpha, float) and alpha == 1.0:
-    return Augmented(qa, ka, None)
-  # g = ¼‖q + k‖² − ¼β‖q − k‖² = ¼(1 − β)‖q + k‖² + β q·k: the second form has no difference of squares
-  # (at |q| ≈ 1e20 the first was inf − inf: NaN keys for ATAP, whose logits are only ~|q|·|k|).
+    return None
+  b_, a_ = jnp.asarray(beta, jnp.float32)[..., None], jnp.asarray(alpha, jnp.float32)
+  qf, kf = q.astype(jnp.float32), k.astype(jnp.float32)
   g = 0.25 * jnp.sum(jnp.square(jnp.sqrt(1 - b_) * (qf + kf)), -1) + b_[..., 0] * jnp.sum(qf * kf, -1)
-  bias = -scale * 0.5 * (1 - a_[..., 0]) * g
-  return Augmented(qa, ka, bias)
+  return -scale * 0.5 * (1 - a_) * g
 
 
 # Far tokens of the distance form (DMAP, and CMAP's magnitude at β = 0). `L_ij = −¼ s‖m_i − m_j‖²` is formed
@@ -254,6 +262,14 @@ def _mend_overflow(y, rerun):
   return jnp.where(bad, fixed, y)
 
 
+def _runs_split(q, beta, alpha, implementation) -> bool:
+  """Whether this member runs on `kernels.split_attention` (one d-wide product and its transpose instead of
+  the 2·d-wide augmented heads): the β = 1 edge but ATTN (β a Python float 1.0; ATAP at α = 0), inputs of
+  ≥ 32 bits, where the dispatcher says so (`kernels.runs_split`: einsum, below `BLOCKWISE_FROM` keys)."""
+  edge = isinstance(beta, float) and beta == 1.0 and not (isinstance(alpha, float) and alpha == 1.0)
+  return edge and jnp.finfo(q.dtype).bits >= 32 and kernels.runs_split(implementation, q.shape[1])
+
+
 # ----------------------------------------------------------------------------- public API
 
 def transport(q, k, v, *, beta=1.0, alpha=1.0, causal: bool = False, mask=None, scale=None,
@@ -268,7 +284,8 @@ def transport(q, k, v, *, beta=1.0, alpha=1.0, causal: bool = False, mask=None, 
     mask: optional bool, broadcastable to [b, h, n, n]; True = attend.
     scale: logit scale s; default 1/√d.
     implementation: "einsum" | "xla" | "cudnn" | "blockwise" | None (the dispatcher's choice for the
-      backend and length, `kernels.choose`); passed through to the kernel.
+      backend and length, `kernels.choose`); passed through to the kernel. Where "einsum" runs below
+      `kernels.BLOCKWISE_FROM` keys, the β = 1 edge (ATAP) runs on `kernels.split_attention` instead.
   Returns:
     [b, n, h, e], `P` never materialised on the fused/blockwise paths. At β = α = 0 (DMAP, Python
     floats) a token with ¼ s‖m‖² ≥ 2^110, whose logits float32 cannot form, is isolated: its row is
@@ -279,7 +296,12 @@ def transport(q, k, v, *, beta=1.0, alpha=1.0, causal: bool = False, mask=None, 
   mask, beta, scale = _arguments(q, k, v, beta=beta, mask=mask, scale=scale)
   alpha = _coefficient("alpha", alpha, q.shape[2])
 
+  split = _runs_split(q, beta, alpha, implementation)
+
   def run(q, k, v, beta=beta, alpha=alpha):
+    if split:
+      return kernels.split_attention(q, k, v, weights=kernels.split_weights(alpha), mask=mask, causal=causal,
+                                     bias=key_bias(q, k, beta=beta, alpha=alpha, scale=scale), scale=scale), None
     aug = augment(q, k, beta=beta, alpha=alpha, scale=scale)
     return kernels.attention(aug.q, aug.k, v, bias=aug.bias, mask=mask, causal=causal, scale=scale,
                              implementation=implementation, block_size=block_size), aug
@@ -290,7 +312,7 @@ def transport(q, k, v, *, beta=1.0, alpha=1.0, causal: bool = False, mask=None, 
                           implementation=implementation, block_size=block_size)
     return _own_values(y, v, far, mask)
   y, aug = run(q, k, v)
-  if aug.k is k:                                                  # plain ATTN: its logits are q·k as given
+  if aug is not None and aug.k is k:                              # plain ATTN: its logits are q·k as given
     return y
   const = lambda x: x if isinstance(x, float) else jax.lax.stop_gradient(x)   # floats stay static
   return _mend_overflow(y, lambda: run(*_rescaled(const(q), const(k), scale), const(v), const(beta),

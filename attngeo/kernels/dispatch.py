@@ -15,6 +15,9 @@ GPU and XLA's fused SDPA on TPU; on CPU, and for the phase kernels on every back
 below `BLOCKWISE_FROM` keys (or an unknown length) and the blockwise path from there on — O(n) memory
 (361 MiB against einsum's 1,153 at 1024 keys, batch 8 × 8 heads), within 7 % of einsum's time at
 1024 keys and 4–17 % slower at 2048 (with the CLI's huge pages; without them 1.6× faster at 1024).
+On the einsum kernel below `BLOCKWISE_FROM` keys the family's β = 1 edge (ATAP; `runs_split`) runs
+`attngeo.kernels.split` instead of the augmented heads: one d-wide product and its transpose instead of
+one 2·d wide (ATAP ÷ ATTN 1.56 → 1.20 at 256 keys; from 1024 keys the transposes cost more than they save).
 `"pallas"` runs only when named: never a default on CPU (interpret mode is a test harness, not a kernel),
 and not yet on GPU/TPU either — it has passed its interpret-mode tests but has not been compiled by
 Triton or Mosaic on a device; the GPU/TPU default moves to it (from `BLOCKWISE_FROM` keys) once
@@ -58,3 +61,10 @@ def choose(kind: str, implementation: str | None = None, n_keys: int | None = No
 def default_implementation(seq_len: int | None = None) -> str:
   """The default softmax kernel on this backend for `seq_len` keys: `choose("softmax", None, seq_len)`."""
   return choose("softmax", None, seq_len)
+
+
+def runs_split(implementation: str | None, n_keys: int) -> bool:
+  """Whether a β = 1 member of the family (not ATTN) runs on `attngeo.kernels.split` over `n_keys` keys:
+  where the softmax kernel is einsum and `n_keys < BLOCKWISE_FROM` (module docstring). The caller checks
+  the member and the dtype (`operators.transport`: a static β = 1.0, inputs of ≥ 32 bits)."""
+  return n_keys < BLOCKWISE_FROM and choose("softmax", implementation, n_keys) == "einsum"

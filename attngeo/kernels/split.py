@@ -1,0 +1,72 @@
+"""The β = 1 edge of the family (ATTN–ATAP) as self-attention on one product and its transpose.
+
+For self-attention (queries and keys of the same n tokens) member (β, α) has, up to a row constant,
+the logits (`attngeo.operators`; m = (q + k)/√2, n = (q − k)/√2)
+
+    L_ij = s·[ (1 − β)·½ m_i·m_j + β·½ (q_i·k_j + k_i·q_j) + α·½ (q_i·k_j − k_i·q_j) ] + bias_j,
+
+since ½ m_i·m_j − β·½ n_i·n_j = (1 − β)·½ m_i·m_j + β·½ (q_i·k_j + k_i·q_j). On the edge β = 1 (ATAP at
+α = 0) the Gram term vanishes and, with A = q·kᵀ,
+
+    L = s·(w·A + w_t·Aᵀ) + bias_j,        w = (1 + α)/2,  w_t = (1 − α)/2,
+    Ā = s·(w·L̄ + w_t·L̄ᵀ)   ⇒   q̄ = Ā·k,  k̄ = Āᵀ·q,
+
+one n × n × d product where the augmented heads (`operators.augment`) run one 2·d wide. Counted in
+n × n × d products, forward + backward with P·v and its two cotangents: ATTN 6, the augmented edge 9,
+this kernel 6 plus two n × n transposes (one per pass).
+
+Measured (`attngeo bench --operators ATTN,DMTN,ATAP --seqs 128,256 --long 0 --repeats 25
+--implementations einsum`, batch 8, 8 heads of 64, float32, two runs on this 2-core CPU, against DMTN,
+which this kernel does not touch): ATAP ÷ DMTN 1.07, 0.97 → 0.92, 0.88 at 128 keys and 1.08, 1.10 →
+0.99, 0.95 at 256. An n × n transpose-add costs about a quarter of a product here, and from 1024 keys
+(256 MiB logit arrays) the transposes cost more than the products they save (ATAP ÷ ATTN on einsum
+1.26 → 1.96 in one run), so `operators.transport` runs this kernel only below `dispatch.BLOCKWISE_FROM`
+keys (`dispatch.runs_split`). Off the edge the logits keep a Gram term (1 − β)·½ m·mᵀ of rank d beside
+the antisymmetric one; splitting it too (m·mᵀ with the one-product VJP (Ḡ + Ḡᵀ)·m, plus A) saves one
+product of 9 and adds three transposes, and measured no gain for DMTN, so DMTN and the mixed members keep
+the augmented form. The kernel needs every pair (i, j) and (j, i), so it is dense: a causal or masked
+call computes all of A and masks after, as the einsum kernel does.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from attngeo.kernels._blocks import apply_masks, check_mask, zero_empty_rows
+
+
+def split_weights(alpha):
+  """(w, w_t) = ((1 + α)/2, (1 − α)/2) on the β = 1 edge: floats for a static α, else arrays ([] or [h])."""
+  if isinstance(alpha, float):
+    return (1.0 + alpha) / 2, (1.0 - alpha) / 2
+  a_ = jnp.asarray(alpha, jnp.float32)
+  return (1 + a_) / 2, (1 - a_) / 2
+
+
+def _per_head(w):
+  """A weight as a static float or a [] / [h] array broadcast over [b, h, n, n]."""
+  return w if isinstance(w, float) else jnp.asarray(w, jnp.float32).reshape(-1, 1, 1)
+
+
+def split_logits(q, k, w, w_t, scale):
+  """s·(w·q·kᵀ + w_t·k·qᵀ): [b, h, n, n] float32 from q, k [b, n, h, d]."""
+  a = jnp.einsum("bihd,bjhd->bhij", q, k, preferred_element_type=jnp.float32)
+  return scale * (_per_head(w) * a + _per_head(w_t) * jnp.swapaxes(a, -1, -2))
+
+
+def split_attention(q, k, v, *, weights, bias=None, mask=None, causal=False, scale):
+  """`softmax(split_logits + bias_j, masked)·v` for self-attention: [b, n, h, e] in v's dtype.
+
+  q, k: [b, n, h, d] (the same n tokens); v: [b, n, h, e]; weights: (w, w_t) of `split_weights`;
+  bias: [b, n, h] per-key logit bias or None; mask: bool broadcastable to [b, h, n, n] (True = attend).
+  A query row with no key returns 0, as on every kernel.
+  """
+  if q.shape != k.shape:
+    raise ValueError(f"split attention is self-attention: q and k must have the same shape; got {q.shape}, {k.shape}")
+  check_mask(mask)
+  s = split_logits(q, k, *weights, scale)
+  if bias is not None:
+    s = s + jnp.transpose(bias, (0, 2, 1))[:, :, None, :]
+  p = jax.nn.softmax(apply_masks(s, mask, causal), axis=-1)
+  out = jnp.einsum("bhts,bshe->bthe", p.astype(v.dtype), v, preferred_element_type=jnp.float32).astype(v.dtype)
+  return zero_empty_rows(out, mask, causal, k.shape[1])
