@@ -238,9 +238,11 @@ def _is_distance_form(beta, alpha) -> bool:
 # q, k scaled by an exact power of two 2^−p (`_rescaled`): every term of the augmented logit is bilinear
 # in (q, k), so the logits become 2^−2p·L — the same argmax — bounded by `_LOGIT_BOUND`, where the gaps of
 # such a row (~the bound) still make the softmax the same point mass. (Scaled only to |q| ≲ 2^24, the
-# logits ~1e15 came back NaN from the jitted einsum kernel on XLA:CPU; to ~2^20 they are exact.) The other
-# rows keep the unscaled result; a call without such rows costs one check (`lax.cond`), and its values
-# and gradients are unchanged (at the overflow itself only the values are mended).
+# logits ~1e15 came back NaN from the jitted einsum kernel on XLA:CPU; to ~2^20 they are exact.) Only the
+# rows that could overflow (`_hot_rows`: a bound from the inputs' norms reaches 2^126, ‖q‖ ≳ 1e18 at d = 64)
+# are checked, and they are a constant of the forward pass (their cotangent is dropped: the gradient through
+# them is 0 where the kernel's residuals are finite, NaN where their logits overflowed, as before); the other
+# rows keep the unscaled result and its gradient. A call without hot rows costs O(n·d) on the inputs and one `lax.cond`.
 _LOGIT_BOUND = 2.0 ** 20
 
 
@@ -253,13 +255,28 @@ def _rescaled(q, k, scale: float):
   return jax.lax.optimization_barrier((q * f.astype(q.dtype), k * f.astype(k.dtype)))
 
 
-def _mend_overflow(y, rerun):
-  """y [b, n, h, e] with its non-finite rows replaced by `rerun()`'s (run only when there are any).
-  `rerun` reads no differentiable input, so the `lax.cond` is a constant of the forward pass: a
-  gradient program holds one extra forward kernel, not a second backward (nor its residuals)."""
-  bad = ~jnp.all(jnp.isfinite(y), -1, keepdims=True)
-  fixed = jax.lax.cond(jnp.any(bad), rerun, lambda: jax.lax.stop_gradient(y))
-  return jnp.where(bad, fixed, y)
+def _hot_rows(q, k, scale: float):
+  """[b, n, h, 1] bool: the rows whose logits could pass float32's range. Every augmented logit and key
+  bias (and every partial sum of their products, by Cauchy–Schwarz) is bounded by s·(‖z_i‖·Z + Z²),
+  z = [q, k], Z = max_j ‖z_j‖ over the row's keys (|L_ij| ≤ s‖z_i‖‖z_j‖: the augmentation's coefficients
+  have operator norm ≤ 1; |bias_j| ≤ ½ s‖z_j‖²), and the norms themselves by (‖z_i‖·Z + Z²): a row with
+  max(s, 1)·(‖z_i‖·Z + Z²) < 2^126 cannot overflow. O(n·d) work on the inputs."""
+  z = jnp.sqrt(jnp.sum(jnp.square(q.astype(jnp.float32)), -1) + jnp.sum(jnp.square(k.astype(jnp.float32)), -1))
+  top = jnp.max(z, 1, keepdims=True)
+  return (max(scale, 1.0) * (z * top + top * top) >= 2.0 ** 126)[..., None]
+
+
+def _mend_overflow(y, rerun, hot):
+  """y [b, n, h, e] with its non-finite rows among the `hot` ones (`_hot_rows`) replaced by `rerun()`'s;
+  run only when a row is hot. The check reads the inputs, not y: a reduction over y beside its use cost
+  a quarter of the einsum kernel's forward + backward at 256 keys. `rerun` reads no differentiable input,
+  so the `lax.cond` is a constant of the forward pass: a gradient program holds one extra forward kernel,
+  not a second backward (nor its residuals)."""
+  def mend():
+    ys = jax.lax.stop_gradient(y)
+    return jnp.where(jnp.all(jnp.isfinite(ys), -1, keepdims=True), ys, rerun())
+  fixed = jax.lax.cond(jnp.any(hot), mend, lambda: jax.lax.stop_gradient(y))
+  return jnp.where(hot, fixed, y)
 
 
 def _runs_split(q, beta, alpha, implementation) -> bool:
@@ -291,7 +308,8 @@ def transport(q, k, v, *, beta=1.0, alpha=1.0, causal: bool = False, mask=None, 
     floats) a token with ¼ s‖m‖² ≥ 2^110, whose logits float32 cannot form, is isolated: its row is
     its own value, its key weighs 0 in the other rows (`_FAR`; NaN if the mask hides its own key).
     The other augmented members recompute a row whose logits overflow float32 on 2^−p-scaled q, k
-    (`_mend_overflow`): the float64 point mass it is.
+    (`_mend_overflow`): the float64 point mass it is. Rows that could overflow (‖[q, k]‖ ≳ 1e18 at
+    d = 64, `_hot_rows`) are a constant of the forward pass: no gradient flows through them.
   """
   mask, beta, scale = _arguments(q, k, v, beta=beta, mask=mask, scale=scale)
   alpha = _coefficient("alpha", alpha, q.shape[2])
@@ -316,7 +334,7 @@ def transport(q, k, v, *, beta=1.0, alpha=1.0, causal: bool = False, mask=None, 
     return y
   const = lambda x: x if isinstance(x, float) else jax.lax.stop_gradient(x)   # floats stay static
   return _mend_overflow(y, lambda: run(*_rescaled(const(q), const(k), scale), const(v), const(beta),
-                                       const(alpha))[0])
+                                       const(alpha))[0], _hot_rows(q, k, scale))
 
 
 def _is_number(x) -> bool:

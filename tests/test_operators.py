@@ -262,6 +262,43 @@ def test_the_overflow_mend_is_a_forward_constant_of_the_gradient_program():
     np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-5)
 
 
+def primitives_outside_conds(jaxpr) -> list[tuple]:
+  """(name, first operand's shape) of the equations of a jaxpr and its sub-jaxprs (jit, loops), but not
+  inside `cond` branches."""
+  out = []
+  for eqn in jaxpr.eqns:
+    out.append((eqn.primitive.name, getattr(eqn.invars[0].aval, "shape", None) if eqn.invars else None))
+    if eqn.primitive.name == "cond":
+      continue
+    for value in eqn.params.values():
+      for sub in value if isinstance(value, (tuple, list)) else (value,):
+        sub = getattr(sub, "jaxpr", sub)
+        if hasattr(sub, "eqns"):
+          out.extend(primitives_outside_conds(sub))
+  return out
+
+
+def test_the_overflow_check_reads_the_inputs_and_keeps_plain_rows_gradients():
+  """The mend decides from the inputs' norms (`_hot_rows`), not from a reduction over y: an is_finite pass
+  over y beside its use cost a quarter of the einsum kernel's forward + backward at 256 keys. Rows of a
+  batch element without huge tokens keep their values and gradients; the hot rows keep their float64 values."""
+  q, k, _ = qkv(11, n=12)
+  v = jax.random.normal(jax.random.PRNGKey(13), (B, 12, H, 6))     # y [b, n, h, 6]: not the inputs' shape
+  def passes_over_y(beta, alpha):                          # outside conds; ATTN has no mend: its count is v's check
+    f = lambda q, k, v: op.transport(q, k, v, beta=beta, alpha=alpha)
+    return primitives_outside_conds(jax.make_jaxpr(f)(q, k, v).jaxpr).count(("is_finite", v.shape))
+  for beta, alpha in [op.DMTN, op.ATAP, (0.3, 0.7)]:
+    assert passes_over_y(beta, alpha) == passes_over_y(*op.ATTN), (beta, alpha)
+  q_hot = q.at[1, 3].multiply(1e19)                        # batch element 1: a token with |q| ≈ 1e19
+  w = jax.random.normal(jax.random.PRNGKey(12), v.shape)
+  loss = lambda q: jnp.sum(w * op.transport(q, k, v, beta=0.0, alpha=1.0))
+  g_hot, g_plain = jax.grad(loss)(q_hot), jax.grad(loss)(q)
+  np.testing.assert_allclose(g_hot[0], g_plain[0], rtol=1e-6, atol=1e-7)
+  assert float(jnp.abs(g_plain[0]).max()) > 1e-3
+  y = op.transport(q_hot, k, v, beta=0.0, alpha=1.0)
+  np.testing.assert_allclose(y, family_reference64(q_hot, k, v, 0.0, 1.0), rtol=1e-5, atol=1e-5)
+
+
 def test_a_far_token_whose_own_key_is_masked_is_nan():
   q, k, v = (jnp.asarray(x) for x in huge_and_plain_tokens())
   mask = ~jnp.eye(16, dtype=bool)[None, None]
