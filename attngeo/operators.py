@@ -259,11 +259,12 @@ def _hot_rows(q, k, scale: float):
   """[b, n, h, 1] bool: the rows whose logits could pass float32's range. Every augmented logit and key
   bias (and every partial sum of their products, by Cauchy–Schwarz) is bounded by s·(‖z_i‖·Z + Z²),
   z = [q, k], Z = max_j ‖z_j‖ over the row's keys (|L_ij| ≤ s‖z_i‖‖z_j‖: the augmentation's coefficients
-  have operator norm ≤ 1; |bias_j| ≤ ½ s‖z_j‖²), and the norms themselves by (‖z_i‖·Z + Z²): a row with
-  max(s, 1)·(‖z_i‖·Z + Z²) < 2^126 cannot overflow. O(n·d) work on the inputs."""
+  have operator norm ≤ 1; |bias_j| ≤ ¼ s‖z_j‖²), and the norms themselves by (‖z_i‖·Z + Z²): a row with
+  max(s, 1)·(‖z_i‖·Z + Z²) < 2^126 cannot overflow. Written as "not below" so that a NaN bound (0·inf: a
+  zero token beside an infinite norm) reads hot. O(n·d) work on the inputs."""
   z = jnp.sqrt(jnp.sum(jnp.square(q.astype(jnp.float32)), -1) + jnp.sum(jnp.square(k.astype(jnp.float32)), -1))
   top = jnp.max(z, 1, keepdims=True)
-  return (max(scale, 1.0) * (z * top + top * top) >= 2.0 ** 126)[..., None]
+  return ~(max(scale, 1.0) * (z * top + top * top) < 2.0 ** 126)[..., None]
 
 
 def _mend_overflow(y, rerun, hot):
@@ -271,7 +272,11 @@ def _mend_overflow(y, rerun, hot):
   run only when a row is hot. The check reads the inputs, not y: a reduction over y beside its use cost
   a quarter of the einsum kernel's forward + backward at 256 keys. `rerun` reads no differentiable input,
   so the `lax.cond` is a constant of the forward pass: a gradient program holds one extra forward kernel,
-  not a second backward (nor its residuals)."""
+  not a second backward (nor its residuals). Every hot row is that constant, finite or not: its gradient
+  is 0, not the dense formula's. One token of norm ≳ 1e19 makes its whole head hot (the bound holds Z²),
+  so a head holding one loses its gradient. Letting the finite hot rows keep theirs (a mask returned by
+  the cond, or a cond over y) measured ATAP ÷ ATTN 1.40–1.67 against 1.26–1.35 at 256 keys on einsum
+  (docs/benchmarks.md), for inputs no float32 model reaches short of divergence; not kept."""
   def mend():
     ys = jax.lax.stop_gradient(y)
     return jnp.where(jnp.all(jnp.isfinite(ys), -1, keepdims=True), ys, rerun())
@@ -308,8 +313,8 @@ def transport(q, k, v, *, beta=1.0, alpha=1.0, causal: bool = False, mask=None, 
     floats) a token with ¼ s‖m‖² ≥ 2^110, whose logits float32 cannot form, is isolated: its row is
     its own value, its key weighs 0 in the other rows (`_FAR`; NaN if the mask hides its own key).
     The other augmented members recompute a row whose logits overflow float32 on 2^−p-scaled q, k
-    (`_mend_overflow`): the float64 point mass it is. Rows that could overflow (‖[q, k]‖ ≳ 1e18 at
-    d = 64, `_hot_rows`) are a constant of the forward pass: no gradient flows through them.
+    (`_mend_overflow`): the float64 point mass it is. Rows that could overflow (a head holding a token
+    of ‖[q, k]‖ ≳ 1e19 at d = 64, `_hot_rows`) are a constant of the forward pass: their gradient is 0.
   """
   mask, beta, scale = _arguments(q, k, v, beta=beta, mask=mask, scale=scale)
   alpha = _coefficient("alpha", alpha, q.shape[2])

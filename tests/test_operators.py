@@ -278,10 +278,13 @@ def primitives_outside_conds(jaxpr) -> list[tuple]:
   return out
 
 
-def test_the_overflow_check_reads_the_inputs_and_keeps_plain_rows_gradients():
+def test_the_overflow_check_reads_the_inputs_and_a_hot_head_is_a_constant():
   """The mend decides from the inputs' norms (`_hot_rows`), not from a reduction over y: an is_finite pass
-  over y beside its use cost a quarter of the einsum kernel's forward + backward at 256 keys. Rows of a
-  batch element without huge tokens keep their values and gradients; the hot rows keep their float64 values."""
+  over y beside its use cost a quarter of the einsum kernel's forward + backward at 256 keys. One token of
+  norm 1.2e19 makes its whole head hot (the bound holds Z², Z the largest norm) though nothing overflows
+  here (ATAP with that token's key 0: its logits are ~1e18, its bias 0). Its values are the float64 ones;
+  every other head keeps the dense formula's gradient; the hot head is a constant of the forward pass —
+  gradient 0 where the dense formula's is not, the documented price of a mend that costs nothing."""
   q, k, _ = qkv(11, n=12)
   v = jax.random.normal(jax.random.PRNGKey(13), (B, 12, H, 6))     # y [b, n, h, 6]: not the inputs' shape
   def passes_over_y(beta, alpha):                          # outside conds; ATTN has no mend: its count is v's check
@@ -289,14 +292,35 @@ def test_the_overflow_check_reads_the_inputs_and_keeps_plain_rows_gradients():
     return primitives_outside_conds(jax.make_jaxpr(f)(q, k, v).jaxpr).count(("is_finite", v.shape))
   for beta, alpha in [op.DMTN, op.ATAP, (0.3, 0.7)]:
     assert passes_over_y(beta, alpha) == passes_over_y(*op.ATTN), (beta, alpha)
-  q_hot = q.at[1, 3].multiply(1e19)                        # batch element 1: a token with |q| ≈ 1e19
+  u = jnp.zeros((D,)).at[0].set(1.2e19)                    # ‖u‖² = 1.4e38: its bound passes 2^126, not its square
+  q_hot, k_hot = q.at[1, 3, 0].set(u), k.at[1, 3, 0].set(0.0)              # batch 1, head 0: |q_3| = 1.2e19
+  hot = op._hot_rows(q_hot, k_hot, D ** -0.5)[..., 0]
+  assert bool(hot[1, :, 0].all()) and int(hot.sum()) == hot.shape[1]
   w = jax.random.normal(jax.random.PRNGKey(12), v.shape)
-  loss = lambda q: jnp.sum(w * op.transport(q, k, v, beta=0.0, alpha=1.0))
-  g_hot, g_plain = jax.grad(loss)(q_hot), jax.grad(loss)(q)
-  np.testing.assert_allclose(g_hot[0], g_plain[0], rtol=1e-6, atol=1e-7)
-  assert float(jnp.abs(g_plain[0]).max()) > 1e-3
-  y = op.transport(q_hot, k, v, beta=0.0, alpha=1.0)
-  np.testing.assert_allclose(y, family_reference64(q_hot, k, v, 0.0, 1.0), rtol=1e-5, atol=1e-5)
+  dense = lambda q, k: jnp.sum(w * jnp.einsum("bhij,bjhe->bihe", op.markov_matrix(q, k, beta=1.0, alpha=0.0), v))
+  fused = lambda q, k: jnp.sum(w * op.transport(q, k, v, beta=1.0, alpha=0.0, implementation="einsum"))
+  cold = np.ones(q.shape, bool)
+  cold[1, :, 0] = False
+  for got, want in zip(jax.grad(fused, (0, 1))(q_hot, k_hot), jax.grad(dense, (0, 1))(q_hot, k_hot)):
+    assert np.all(np.isfinite(want)) and float(jnp.abs(want[1, :, 0]).max()) > 1e-3
+    np.testing.assert_allclose(np.asarray(got)[cold], np.asarray(want)[cold], rtol=2e-4, atol=2e-5)
+    assert float(jnp.abs(got[1, :, 0]).max()) == 0.0
+  np.testing.assert_allclose(op.transport(q_hot, k_hot, v, beta=1.0, alpha=0.0),
+                             family_reference64(q_hot, k_hot, v, 1.0, 0.0), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("impl", ["einsum", "xla", "blockwise"])
+def test_a_zero_token_beside_an_infinite_norm_is_mended(impl):
+  """A token of norm 2e19 makes the largest norm Z = inf (its square overflows); a zero token's bound
+  ‖z_i‖·Z = 0·inf is NaN, which once read "not hot": its row came back NaN. ATAP with k_3 = −q_3 gives
+  key 3 the bias +s/2·‖q_3‖² = inf, so every row — the zero token's too — is the point mass on key 3."""
+  q, k, v = qkv(5, n=12)
+  u = jnp.zeros((D,)).at[0].set(2e19)
+  q, k = q.at[0, 0, 1].set(0.0).at[0, 3, 1].set(u), k.at[0, 0, 1].set(0.0).at[0, 3, 1].set(-u)
+  for beta, alpha in [op.ATAP, (0.3, 0.7)]:
+    y = op.transport(q, k, v, beta=beta, alpha=alpha, implementation=impl, block_size=8)
+    np.testing.assert_allclose(y, family_reference64(q, k, v, beta, alpha), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(y[0, 0, 1], v[0, 3, 1], rtol=1e-6)
 
 
 def test_a_far_token_whose_own_key_is_masked_is_nan():

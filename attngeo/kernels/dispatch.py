@@ -17,7 +17,8 @@ below `BLOCKWISE_FROM` keys (or an unknown length) and the blockwise path from t
 1024 keys and 4–17 % slower at 2048 (with the CLI's huge pages; without them 1.6× faster at 1024).
 On the einsum kernel below `BLOCKWISE_FROM` keys the family's β = 1 edge (ATAP; `runs_split`) runs
 `attngeo.kernels.split` instead of the augmented heads: one d-wide product and its transpose instead of
-one 2·d wide (ATAP ÷ ATTN 1.56 → 1.20 at 256 keys; from 1024 keys the transposes cost more than they save).
+one 2·d wide (ATAP ÷ ATTN at 256 keys, two runs each: 1.66, 1.67 before it; 1.41, 1.55 with it; 1.23,
+1.28 with the input-side overflow check too — docs/benchmarks.md; from 1024 keys the transposes cost more).
 `"pallas"` runs only when named: never a default on CPU (interpret mode is a test harness, not a kernel),
 and not yet on GPU/TPU either — it has passed its interpret-mode tests but has not been compiled by
 Triton or Mosaic on a device; the GPU/TPU default moves to it (from `BLOCKWISE_FROM` keys) once
