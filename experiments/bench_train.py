@@ -1,6 +1,6 @@
 """Language-model training-step time of the same GPT under each operator, as a ratio to ATTN.
 
-    attngeo bench-train [--preset lm|d12|custom] [--seq 1024] [--batch 4] [--depth 2] [--width 128]
+    attngeo bench-train [--preset lm|induction|d12|custom] [--seq 1024] [--batch 4] [--depth 2] [--width 128]
                         [--head-dim 64] [--vocab 256] [--optimizer muon_adamw] [--repeats 5]
                         [--implementation auto] [--dtype float32]
 
@@ -12,7 +12,9 @@ nanochat's count (`attngeo.nn.gpt.flops_per_token`: 6 × matmul parameters + 12�
 the augmented heads of DMTN/ATAP are not credited, so MFU compares equal useful work).
 
 Presets: `lm` — the default `attngeo lm train` model (depth 4, width 256, 4 heads of 64, context 256,
-byte vocabulary 265, batch 16); `d12` — the seed's depth-12 shape (width 768, 6 heads of 128,
+byte vocabulary 265, batch 16); `induction` — `attngeo lm train --preset induction`'s (depth 2, width
+128, 2 heads of 64, context 256, BPE vocabulary 512, batch 16); both read from `attngeo.lm.config`, so
+they follow the recipe; `d12` — the seed's depth-12 shape (width 768, 6 heads of 128,
 context 2048, vocabulary 65,536, batch 1 here); `custom` — the size flags.
 """
 from __future__ import annotations
@@ -20,8 +22,18 @@ from __future__ import annotations
 import argparse
 
 from attngeo import config
+from attngeo.lm import config as lm_config
 
-PRESETS = {"lm": dict(depth=4, width=256, head_dim=64, seq=256, vocab=265, batch=16),
+
+def lm_shape(cfg: lm_config.LMConfig) -> dict:
+  """The timed shape of an `attngeo lm train` config: its depth, width (aspect · depth when unset), head
+  dimension, context, vocabulary (256 bytes + specials for the byte tokenizer) and global batch."""
+  vocab = lm_config.MIN_VOCAB if cfg.tokenizer == "byte" else cfg.vocab_size
+  return dict(depth=cfg.depth, width=cfg.width or cfg.aspect * cfg.depth, head_dim=cfg.head_dim, seq=cfg.seq_len,
+              vocab=vocab, batch=cfg.train.batch_size)
+
+
+PRESETS = {"lm": lm_shape(lm_config.LMConfig()), "induction": lm_shape(lm_config.preset("induction")),
            "d12": dict(depth=12, width=768, head_dim=128, seq=2048, vocab=65_536, batch=1)}
 TARGETS = {"DMAP": 1.05, "DMTN": 1.25, "ATAP": 1.25}
 
@@ -76,7 +88,7 @@ def step_times(ops, a) -> dict:
 def main(argv=None):
   ap = config.Parser(prog="attngeo bench-train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--preset", default="custom", choices=["custom", *PRESETS],
-                  help="model shape: lm (attngeo lm train's default), d12 (the seed's), custom (the flags below); default: custom")
+                  help="model shape: lm (attngeo lm train's default), induction (its --preset induction), d12 (the seed's), custom (the flags below); default: custom")
   ap.add_argument("--seq", type=int, default=1024, help="context length (default: 1024)")
   ap.add_argument("--batch", type=int, default=4, help="sequences per step (default: 4)")
   ap.add_argument("--depth", type=int, default=2, help="blocks (default: 2)")

@@ -53,6 +53,15 @@ def test_bench_geometry_smoke(tmp_path):
   assert next(r for r in rows if r["method"] == "dense")["time_vs_dense"] == 1.0
 
 
+def test_bench_train_presets_are_the_recipes_shapes():
+  """`--preset lm` and `--preset induction` time the models `attngeo lm train` builds (its default and its
+  induction preset): the byte vocabulary is the byte tokenizer's, the BPE one the preset's."""
+  from attngeo.lm import tokenizer
+  assert bench_train.PRESETS["lm"] == dict(depth=4, width=256, head_dim=64, seq=256,
+                                           vocab=tokenizer.ByteTokenizer().vocab_size, batch=16)
+  assert bench_train.PRESETS["induction"] == dict(depth=2, width=128, head_dim=64, seq=256, vocab=512, batch=16)
+
+
 def test_bench_train_smoke(tmp_path, monkeypatch):
   """The four operators' steps are timed in one interleaved call (a slow spell lands on all of them), and
   each row's time is the median of its own runs."""
