@@ -54,7 +54,6 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental import checkify
 from jax.scipy.special import entr, rel_entr
 
 from attngeo import _checks, eigen, linalg
@@ -294,7 +293,7 @@ def check_law(p, pi, atol: float = 1e-4) -> jax.Array:
                        f"min {np.min(a, initial=0.0):.3g}, sums in [{sums.min():.6g}, {sums.max():.6g}]")
     return pi / total
   ok = jnp.all(jnp.isfinite(pi) & (pi >= 0), -1, keepdims=True) & (jnp.abs(total - 1) <= atol)
-  checkify.debug_check(jnp.all(ok), "pi must be a probability vector (finite, >= 0, summing to 1)")
+  _checks.staged_check(jnp.all(ok), "pi must be a probability vector (finite, >= 0, summing to 1)")
   return jnp.where(ok, pi / total, jnp.nan)
 
 
