@@ -18,14 +18,15 @@ import types
 import typing
 
 
-def _parse(tp):
+def value_parser(tp):
+  """The function that reads a command-line string as a value of field type `tp` (the rules above)."""
   origin, args = typing.get_origin(tp), typing.get_args(tp)
   if origin in (typing.Union, types.UnionType):
     inner = [a for a in args if a is not type(None)]
-    parse = _parse(inner[0]) if len(inner) == 1 else str
+    parse = value_parser(inner[0]) if len(inner) == 1 else str
     return lambda s: None if s.lower() == "none" else parse(s)
   if origin in (tuple, list):
-    elem = _parse(args[0]) if args else str
+    elem = value_parser(args[0]) if args else str
     return lambda s: origin(elem(x) for x in s.split(",") if x)
   if tp is bool:
     def to_bool(s):
@@ -66,7 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls, prefix: str = "", help: 
       continue
     flag = "--" + (prefix + f.name).replace("_", "-")
     text = (help or {}).get(prefix + f.name, "")
-    parser.add_argument(flag, dest=prefix + f.name, type=_parse(tp), default=None, metavar=_type_name(tp).upper(),
+    parser.add_argument(flag, dest=prefix + f.name, type=value_parser(tp), default=None, metavar=_type_name(tp).upper(),
                         help=f"{text + ' ' if text else ''}(default: {value})")
 
 

@@ -76,6 +76,85 @@ def test_the_library_and_the_experiments_have_no_import_cycle():
 
 
 
+# docs/architecture.md's layers, lowest first: a module imports from its own layer or a lower one, never upward.
+LAYERS = (
+  ("foundations", {"attngeo", "attngeo._checks", "attngeo._lazy", "attngeo.config", "attngeo.errors", "attngeo.files",
+                   "attngeo.interrupts", "attngeo.hugepages", "attngeo.operator_names", "attngeo.sampler_names",
+                   "attngeo.linalg", "attngeo.stats", "attngeo.plotting", "attngeo.runlock", "attngeo.sharding",
+                   "attngeo.surfaces", "attngeo.train_config", "attngeo.regularisers_config", "attngeo.nn.config",
+                   "attngeo.nn.presets"}),
+  ("kernels", {"attngeo.kernels"}),
+  ("operators", {"attngeo.operators"}),
+  ("read-outs", {"attngeo.markov", "attngeo.eigen", "attngeo.walks", "attngeo.geometry", "attngeo.bandwidth",
+                 "attngeo.ricci_estimate", "attngeo.diffmap", "attngeo.connection", "attngeo.magnetic",
+                 "attngeo.sample_metrics", "attngeo.image_metrics"}),
+  ("nn", {"attngeo.nn"}),
+  ("model read-outs", {"attngeo.regularisers", "attngeo.probe"}),
+  ("trainer", {"attngeo.train", "attngeo.optim", "attngeo.checkpoint", "attngeo.runs"}),
+  ("recipes and data", {"attngeo.lm", "attngeo.flow", "attngeo.data", "attngeo.interop"}),
+  ("commands", {"attngeo.experiments", "attngeo.cli"}),
+)
+
+
+def layer_of(module: str) -> int:
+  """The index in LAYERS of `module`'s layer: a listed module, or one inside a listed package."""
+  for i, (_, members) in enumerate(LAYERS):
+    if module in members:
+      return i
+  for i, (_, members) in enumerate(LAYERS):
+    if any(module.startswith(m + ".") for m in members if m != "attngeo"):
+      return i
+  raise KeyError(module)
+
+
+def test_no_module_imports_from_a_higher_layer():
+  """The layers of docs/architecture.md, read from the import graph: every module has a layer (a new one is
+  placed in LAYERS) and imports nothing above it. (regularisers imports nn for its loss hook, so it sits below
+  nn beside the probe.)"""
+  graph = import_graph((os.path.join(ROOT, "attngeo"), "attngeo"), (os.path.join(ROOT, "experiments"),
+                                                                     "attngeo.experiments"))
+  unplaced = sorted(m for m in graph if not any(m in members for _, members in LAYERS)
+                    and not any(m.startswith(p + ".") for _, members in LAYERS for p in members if p != "attngeo"))
+  assert not unplaced, f"modules with no layer in LAYERS: {unplaced}"
+  upward = [f"{m} ({LAYERS[layer_of(m)][0]}) imports {n} ({LAYERS[layer_of(n)][0]})"
+            for m, targets in graph.items() for n in targets if layer_of(n) > layer_of(m)]
+  assert not upward, upward
+
+
+def test_no_module_reads_another_modules_private_names():
+  """A name with a leading underscore is its module's own: no other module imports it or reads it as an
+  attribute. Private modules (`_checks`, `_lazy`, `kernels._blocks`) are their package's shared helpers."""
+  import ast
+  graph = import_graph((os.path.join(ROOT, "attngeo"), "attngeo"), (os.path.join(ROOT, "experiments"),
+                                                                     "attngeo.experiments"))
+  modules = set(graph)
+  found = []
+  for folder, package in ((os.path.join(ROOT, "attngeo"), "attngeo"), (os.path.join(ROOT, "experiments"),
+                                                                       "attngeo.experiments")):
+    for d, _, names in os.walk(folder):
+      for name in (n for n in names if n.endswith(".py")):
+        path = os.path.join(d, name)
+        mod = (package + "." + os.path.relpath(path, folder)[:-3].replace(os.sep, ".")).removesuffix(".__init__")
+        with open(path, encoding="utf-8") as f:
+          tree = ast.parse(f.read())
+        bound = {}                                      # local name -> the attngeo module it is bound to
+        for node in ast.walk(tree):
+          if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for a in node.names:
+              full = f"{node.module}.{a.name}"
+              if full in modules:
+                bound[a.asname or a.name] = full
+              elif node.module in modules and a.name.startswith("_") and node.module != mod:
+                found.append(f"{os.path.relpath(path, ROOT)}:{node.lineno} imports {node.module}.{a.name}")
+          elif isinstance(node, ast.Import):
+            bound.update({a.asname: a.name for a in node.names if a.asname and a.name in modules})
+        for node in ast.walk(tree):
+          if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+              and isinstance(node.value, ast.Name) and bound.get(node.value.id, mod) != mod):
+            found.append(f"{os.path.relpath(path, ROOT)}:{node.lineno} reads {bound[node.value.id]}.{node.attr}")
+  assert not found, found
+
+
 JAX_FREE_CONFIGS = r"""
 import dataclasses, json, sys
 from attngeo.nn import config as C

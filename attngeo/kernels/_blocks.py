@@ -81,7 +81,7 @@ def join_blocks(x):
   return jnp.moveaxis(x, 0, 2).reshape((b, h, nb * size) + x.shape[4:])
 
 
-def _pad_mask(mask, pad_t, pad_s):
+def pad_mask(mask, pad_t, pad_s):
   """A [b|1, h|1, t|1, s|1] mask padded (with False) to the padded lengths on its non-broadcast axes only:
   a key mask [b, 1, 1, s] stays O(s) (`mask_block` slices size-1 axes as they are); padded keys are
   also excluded by their `NEG` bias, padded queries dropped."""
@@ -91,7 +91,7 @@ def _pad_mask(mask, pad_t, pad_s):
 
 class Tiled(NamedTuple):
   """Head-major arrays padded to whole blocks: `queries` [b, h, T, ·] and `keys` [b, h, S, ·] (as given),
-  `bias` [b, h, S] float32 (padded keys `NEG`), `mask` padded (`_pad_mask`) or None; blocks of bq × bk."""
+  `bias` [b, h, S] float32 (padded keys `NEG`), `mask` padded (`pad_mask`) or None; blocks of bq × bk."""
   queries: tuple
   keys: tuple
   bias: jax.Array
@@ -114,7 +114,7 @@ def tile(queries, keys, bias, mask, block_size: int) -> Tiled:
   if npad != n:
     bias_t = jnp.pad(bias_t, ((0, 0), (0, 0), (0, npad - n)), constant_values=NEG)
   if mask is not None:
-    mask = _pad_mask(mask, tp - t, npad - n)
+    mask = pad_mask(mask, tp - t, npad - n)
   return Tiled(tuple(pad(tr(x), tp - t) for x in queries), tuple(pad(tr(x), npad - n) for x in keys),
                bias_t, mask, bq, bk)
 

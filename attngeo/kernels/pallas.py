@@ -73,7 +73,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
-from attngeo.kernels._blocks import NEG, _pad_mask
+from attngeo.kernels._blocks import NEG, pad_mask
 
 _NT = (((1,), (1,)), ((), ()))   # a·bᵀ
 _TN = (((0,), (0,)), ((), ()))   # aᵀ·b
@@ -324,6 +324,6 @@ def pallas_sdpa(q, k, v, bias, mask, causal, scale, block_size, *, interpret=Non
     mask = None
   bias_t = jnp.pad(bias_t, ((0, 0), (0, 0), (0, sp - s)), constant_values=NEG)[:, :, None, :]
   if mask is not None:
-    mask = _pad_mask(jnp.asarray(mask), tp - t, sp - s).astype(jnp.int8)
+    mask = pad_mask(jnp.asarray(mask), tp - t, sp - s).astype(jnp.int8)
   out = _flash(qt, kt, vt, bias_t, mask, bool(causal), float(scale), bq, bk, target)
   return jnp.transpose(out[:, :, :t, :e], (0, 2, 1, 3))

@@ -48,7 +48,7 @@ def _overrides(items) -> dict:
     if not sep or name not in hints or name == "block":
       raise ValueError(f"model override {item!r} must be name=value with a GPTConfig/BlockConfig field "
                        f"({sorted(k for k in hints if k != 'block')})")
-    out[name] = config_lib._parse(hints[name])(value)
+    out[name] = config_lib.value_parser(hints[name])(value)
   return out
 
 
