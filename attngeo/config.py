@@ -129,9 +129,15 @@ class Parser(argparse.ArgumentParser):
     self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
-  """An `attngeo <command>` parser whose description is the command module's docstring."""
-  return Parser(prog=prog, description=doc, formatter_class=HelpFormatter)
+def parser(prog: str, description: str | None = None, *, show_defaults: bool = False) -> Parser:
+  """The parser of the command `prog` ("attngeo lm train"): every command's one factory.
+
+  Errors are one line (`Parser`); the description (the command module's docstring) keeps its layout;
+  `show_defaults` appends each option's default to its help (`HelpFormatter`), for options whose help
+  does not state it.
+  """
+  return Parser(prog=prog, description=description,
+                formatter_class=HelpFormatter if show_defaults else argparse.RawDescriptionHelpFormatter)
 
 
 def _int_at_least(minimum: int, what: str):

@@ -123,7 +123,7 @@ def _angles(u, ref):
 
 
 def main(argv=None):
-  ap = config.Parser(prog="attngeo bench-diffmap", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = config.parser("attngeo bench-diffmap", __doc__)
   ap.add_argument("--sizes", default="10000,20000,50000", help="comma-separated N ≥ k + 2 (default 10000,20000,50000)")
   ap.add_argument("--eps", type=float, default=0.05, help="kernel bandwidth ε > 0 (default 0.05)")
   ap.add_argument("--k", type=int, default=10, help="nontrivial eigenpairs, ≥ 1 (default 10; k + 1 pairs are compared)")

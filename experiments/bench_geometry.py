@@ -22,7 +22,6 @@ float64 reference on the same points, with what it reports about itself and its 
 """
 from __future__ import annotations
 
-import argparse
 import time
 
 import numpy as np
@@ -99,7 +98,7 @@ def estimator_rows(n: int, eps: float = 0.05) -> list[dict]:
 
 
 def main(argv=None):
-  ap = config.Parser(prog="attngeo bench-geometry", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = config.parser("attngeo bench-geometry", __doc__)
   ap.add_argument("--sizes", default="1024,4096,16384,65536", help="comma-separated N for the Γ₂ table (default 1024,4096,16384,65536)")
   ap.add_argument("--eps", type=float, default=0.05, help="kernel bandwidth ε > 0 (default 0.05)")
   ap.add_argument("--functions", type=int, default=8, help="test functions in the Γ₂ table, 1–10 (default 8)")

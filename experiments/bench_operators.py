@@ -250,7 +250,7 @@ COLUMNS = [Col("seq"), Col("batch"), Col("operator"), Col("implementation"),
 
 
 def parser():
-  ap = config.parser("attngeo bench", __doc__)
+  ap = config.parser("attngeo bench", __doc__, show_defaults=True)
   ap.add_argument("--seqs", type=config.int_list, default="256,1024,4096", help="sequence lengths, comma-separated")
   ap.add_argument("--batch", type=config.positive_int, default=8, help="batch size")
   ap.add_argument("--heads", type=config.positive_int, default=8, help="attention heads")

@@ -199,8 +199,7 @@ COLUMNS = [Col("case"), Col("shape"), Col("cold_s", "cold s (incl. compile)", ".
 
 
 def parser() -> argparse.ArgumentParser:
-  ap = config.Parser(prog="attngeo bench-probe", description=__doc__,
-                     formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = config.parser("attngeo bench-probe", __doc__)
   ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated subset of {CASES} (default: all)")
   ap.add_argument("--seq", type=int, default=1024, help="d12 sequence length, ≥ 2 (default: 1024)")
   ap.add_argument("--vocab", type=int, default=50304, help="d12 vocabulary size, ≥ 2 (default: 50304)")

@@ -15,7 +15,6 @@ batch 16); `tiny` — a smoke shape.
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 
 from attngeo import config
@@ -52,8 +51,7 @@ def step_call(loss_fn, shape: dict):
 
 
 def main(argv=None):
-  ap = config.Parser(prog="attngeo bench-regularisers", description=__doc__,
-                     formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = config.parser("attngeo bench-regularisers", __doc__)
   ap.add_argument("--preset", default="lm", choices=list(PRESETS), help="model shape (default: lm)")
   ap.add_argument("--terms", default=",".join(TERMS), help=f"comma-separated terms, each timed alone (default: all of {TERMS})")
   ap.add_argument("--heads", type=int, default=0, help="heads sampled per layer (default: 0, every head)")

@@ -19,7 +19,6 @@ context 2048, vocabulary 65,536, batch 1 here); `custom` — the size flags.
 """
 from __future__ import annotations
 
-import argparse
 
 from attngeo import config
 from attngeo.lm import config as lm_config
@@ -86,7 +85,7 @@ def step_times(ops, a) -> dict:
 
 
 def main(argv=None):
-  ap = config.Parser(prog="attngeo bench-train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = config.parser("attngeo bench-train", __doc__)
   ap.add_argument("--preset", default="custom", choices=["custom", *PRESETS],
                   help="model shape: lm (attngeo lm train's default), induction (its --preset induction), d12 (the seed's), custom (the flags below); default: custom")
   ap.add_argument("--seq", type=int, default=1024, help="context length (default: 1024)")

@@ -20,7 +20,6 @@ the read-out (ε rule, eigenbasis, Γ-calculus).
 """
 from __future__ import annotations
 
-import argparse
 import time
 
 import numpy as np
@@ -123,7 +122,7 @@ LARGE_COLUMNS = [Col("n", "N"), Col("eps", "ε"), Col("k"), Col("gamma2_spectral
 
 
 def main(argv=None):
-  ap = config.Parser(prog="attngeo curvature", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = config.parser("attngeo curvature", __doc__)
   ap.add_argument("--sizes", default="1000,2000,4000", help="comma-separated sample sizes N ≥ 200 (default 1000,2000,4000)")
   names = ["sphere r=1", "sphere r=2", "S^3", "flat torus", "torus R=2 r=1"]
   ap.add_argument("--manifolds", default=",".join(names), help=f"comma-separated subset of: {', '.join(names)} (default all)")

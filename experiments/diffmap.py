@@ -12,7 +12,6 @@ by Ψ₁, Ψ₁ against Ψ₂, and the spectrum with its residuals).
 """
 from __future__ import annotations
 
-import argparse
 import os
 import time
 
@@ -26,7 +25,7 @@ CLOUDS = ("swiss_roll", "sphere", "torus")
 
 
 def _parser():
-  ap = config.Parser(prog="attngeo diffmap", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = config.parser("attngeo diffmap", __doc__)
   ap.add_argument("file", help=f"a .npy or .csv file of points [n, D], or a built-in cloud: {', '.join(CLOUDS)}")
   ap.add_argument("--k", type=int, default=10, help="number of diffusion coordinates (nontrivial eigenpairs), ≥ 1 (default 10)")
   ap.add_argument("--eps", default="auto", help="kernel bandwidth ε > 0 in exp(−‖x − y‖²/ε), or 'auto' for "

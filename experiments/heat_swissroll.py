@@ -13,7 +13,6 @@ Prints ε, the equilibrium's convergence and error bound; writes heat_swissroll.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 
@@ -24,7 +23,7 @@ from attngeo.experiments import report
 
 
 def main(argv=None):
-  ap = config.Parser(prog="attngeo heat", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = config.parser("attngeo heat", __doc__)
   ap.add_argument("--n", type=int, default=2000, help="points on the roll, ≥ 10 (default 2000)")
   ap.add_argument("--seed", type=int, default=123, help="seed of the roll (default 123)")
   ap.add_argument("--eps", default="0.05", help="bandwidth ε > 0, or 'auto' for bandwidth.bandwidth's sheet rule "

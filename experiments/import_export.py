@@ -22,7 +22,6 @@ settings the layout cannot carry (`attngeo.interop.layout.unexpressed`).
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
 import json
@@ -76,8 +75,7 @@ def write_run(model, out: str, imported: dict):
 
 
 def import_main(argv=None):
-  ap = config.Parser(prog="attngeo import", description=__doc__,
-                     formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = config.parser("attngeo import", __doc__)
   ap.add_argument("kind", choices=("nanochat", "gpt2", "bert", "albert"),
                   help="checkpoint family: nanochat | gpt2 | bert | albert")
   ap.add_argument("path", help="nanochat: model_NNNNNN.pt, a .safetensors of its state dict, or its checkpoint folder "
@@ -166,8 +164,7 @@ def _param_values(model):
 
 
 def export_main(argv=None):
-  ap = config.Parser(prog="attngeo export", description=__doc__,
-                     formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = config.parser("attngeo export", __doc__)
   ap.add_argument("run_dir", help="an attngeo run folder holding a nanochat- or GPT-2-family GPT or a BERT/ALBERT")
   ap.add_argument("--format", required=True, choices=("gpt2", "nanochat", "bert", "albert"),
                   help="layout to write: gpt2 | nanochat | bert | albert (required)")

@@ -389,10 +389,9 @@ def cmd_table2(args, ap) -> dict:
 
 # ----------------------------------------------------------------------------- parser
 
-def _parser(name: str, **kw) -> argparse.ArgumentParser:
+def _parser(name: str, description: str | None = None) -> argparse.ArgumentParser:
   from attngeo import cli
-  return config_lib.Parser(prog=f"attngeo lm {name}", description=kw.pop("description", cli.COMMANDS[f"lm {name}"][1] + "."),
-                           formatter_class=argparse.RawDescriptionHelpFormatter, **kw)
+  return config_lib.parser(f"attngeo lm {name}", description or cli.COMMANDS[f"lm {name}"][1] + ".")
 
 
 def train_parser() -> argparse.ArgumentParser:

@@ -257,8 +257,7 @@ def print_plan(plan: dict) -> None:
 
 def parser() -> argparse.ArgumentParser:
   proto = AdaptConfig()
-  ap = config_lib.Parser(prog="attngeo lm adapt", formatter_class=argparse.RawDescriptionHelpFormatter,
-                         description=__doc__ + f"\nDefault protocol: chain {proto.chain}, {proto.adapt.steps} steps × "
+  ap = config_lib.parser("attngeo lm adapt", __doc__ + f"\nDefault protocol: chain {proto.chain}, {proto.adapt.steps} steps × "
                          f"{proto.adapt.batch_size} rows per state, seeds {list(proto.seeds)}; source: Table 2's "
                          f"default model (the --lm.* defaults printed below are attngeo lm train's; the protocol's "
                          f"are Table 2's).")

@@ -32,7 +32,7 @@ DATA_SOURCES = ("moses", "moses-train", "reactions")
 
 
 def eval_parser() -> argparse.ArgumentParser:
-  ev = config.Parser(prog="attngeo mlm eval", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ev = config.parser("attngeo mlm eval", __doc__)
   ev.add_argument("runs", nargs="+", metavar="RUN", help="run folders of encoders (imports or twins)")
   ev.add_argument("--data", default="moses", help="moses (test split), moses-train, reactions, or a SMILES file "
                   "(default: moses)")

@@ -215,8 +215,7 @@ def figure(results: dict, path: str) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-  ap = config.Parser(prog="attngeo mlm transfer", description=__doc__,
-                     formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = config.parser("attngeo mlm transfer", __doc__)
   d = TransferConfig()
   ap.add_argument("run", help="an imported encoder run folder with an MLM head and its vocab.txt")
   ap.add_argument("--operators", default=",".join(d.operators), help=f"operators to graft (default {d.operators})")

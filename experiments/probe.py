@@ -263,8 +263,7 @@ def plot(rows: list[dict], path: str, title: str):
 
 
 def parser() -> argparse.ArgumentParser:
-  ap = config.Parser(prog="attngeo probe", description=__doc__,
-                     formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = config.parser("attngeo probe", __doc__)
   ap.add_argument("run_dir", help="run folder with config.json and ckpt/ (written by attngeo.train or an import)")
   ap.add_argument("--data", default=None,
                   help="PointFlow: swiss_roll | sphere | torus | FILE.npy/.csv [n, dim]; GPT: FILE.txt (bytes) | "

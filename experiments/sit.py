@@ -700,8 +700,7 @@ TRAIN_BASE = SiTConfig(out="runs/sit_train")
 
 def _parser(name: str) -> argparse.ArgumentParser:
   from attngeo import cli
-  return config_lib.Parser(prog=f"attngeo sit {name}", description=cli.COMMANDS[f"sit {name}"][1] + ".",
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+  return config_lib.parser(f"attngeo sit {name}", cli.COMMANDS[f"sit {name}"][1] + ".")
 
 
 def train_parser() -> argparse.ArgumentParser:

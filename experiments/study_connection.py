@@ -559,8 +559,7 @@ def run(cfg: StudyConfig) -> dict:
 
 
 def parser() -> argparse.ArgumentParser:
-  ap = config_lib.Parser(prog="attngeo study connection", description=__doc__,
-                         formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = config_lib.parser("attngeo study connection", __doc__)
   config_lib.add_arguments(ap, StudyConfig, help=HELP)
   return ap
 

@@ -191,8 +191,7 @@ def run(cfg: CurvatureStudyConfig) -> dict:
 
 
 def parser() -> argparse.ArgumentParser:
-  ap = config_lib.Parser(prog="attngeo study curvature", description=__doc__,
-                         formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = config_lib.parser("attngeo study curvature", __doc__)
   config_lib.add_arguments(ap, CurvatureStudyConfig, help=HELP)
   return ap
 

@@ -706,8 +706,7 @@ def _run(cfg: SwissRollConfig) -> dict:
 
 
 def parser() -> argparse.ArgumentParser:
-  ap = config_lib.Parser(prog="attngeo swissroll", description=__doc__,
-                         formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = config_lib.parser("attngeo swissroll", __doc__)
   ap.add_argument("--full", action="store_true",
                   help=f"the longer budget, {FULL}, into runs/swissroll_full unless --out is given (default: off)")
   config_lib.add_arguments(ap, SwissRollConfig, help=HELP)

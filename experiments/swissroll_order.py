@@ -146,8 +146,7 @@ def figure(rows: list[dict], path: str) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-  ap = config.Parser(prog="attngeo swissroll-order", description=__doc__,
-                     formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = config.parser("attngeo swissroll-order", __doc__)
   ap.add_argument("--protocols", default="base,depth4,set1024,full",
                   help=f"comma-separated protocols, each one of {','.join(PROTOCOLS)} "
                        "(default: base,depth4,set1024,full)")
