@@ -46,6 +46,16 @@ def read_config(workdir: str) -> dict:
   return read_json(path)
 
 
+def file_sha256(path: str) -> str:
+  """Hex SHA-256 of the bytes of the file at `path` (read in 16 MiB pieces)."""
+  import hashlib
+  h = hashlib.sha256()
+  with open(path, "rb") as f:
+    for chunk in iter(lambda: f.read(1 << 24), b""):
+      h.update(chunk)
+  return h.hexdigest()
+
+
 def fingerprint(*objects) -> str:
   """A short content key (sha256 hex, 16 chars) of JSON-able objects and dataclasses (configs).
 

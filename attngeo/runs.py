@@ -3,7 +3,8 @@
 A training run holds `config.json` (`attngeo.files.write_config`: every config of the run, and under
 `"classes"` the class of each dataclass one, e.g. `"train": "attngeo.lm.recipe.LMTrainConfig"`),
 `ckpt/` (orbax steps, `attngeo.checkpoint`) and `metrics.jsonl`; a weights-only run `config.json` +
-`weights.npz` (`write_weights_run`). `load_run` reads both kinds: the model (`attngeo.nn.registry`),
+`weights.npz` (`write_weights_run`); an imported model is written as either (`write_checkpoint_run`: step 0
+of a training run). `load_run` reads both kinds: the model (`attngeo.nn.registry`),
 its training config as the class that wrote it, its weights.
 """
 from __future__ import annotations
@@ -109,6 +110,29 @@ def write_weights_run(workdir: str, model, **configs) -> None:
   from attngeo.nn import registry
   files.write_config(workdir, model=registry.config_dict(model), **configs)
   save_weights(model, os.path.join(workdir, WEIGHTS))
+
+
+def write_checkpoint_run(workdir: str, model, **configs):
+  """A training run folder at step 0 holding `model`: config.json (the model's config, a default TrainConfig
+  and `configs`) and an orbax train state `ckpt/0` with a fresh optimizer state, which `load_run`, the probe
+  and a resumed training read as any run's. `workdir` must hold no checkpoint yet (one ValueError line).
+  Returns the TrainConfig."""
+  from attngeo import checkpoint, sharding, train
+  from attngeo.nn import registry
+  tcfg = train.TrainConfig(workdir=workdir, progress=False)
+  if os.path.isdir(os.path.join(workdir, "ckpt")) and os.listdir(os.path.join(workdir, "ckpt")):
+    raise ValueError(f"{workdir} already holds checkpoints ({os.path.join(workdir, 'ckpt')}); choose an empty folder")
+  _, state, _ = train.init_state(model, tcfg, sharding.make_mesh(tcfg.mesh))
+  files.write_config(workdir, train=tcfg, model=registry.config_dict(model), **configs)
+  mngr = checkpoint.manager(workdir, tcfg.keep)
+  try:
+    if mngr.latest_step() is not None:
+      raise ValueError(f"{workdir} already holds a checkpoint (step {mngr.latest_step()}); choose an empty folder")
+    checkpoint.save(mngr, 0, state, {})
+    mngr.wait_until_finished()
+  finally:
+    mngr.close()
+  return tcfg
 
 
 def load_run(workdir: str, step: int | None = None):

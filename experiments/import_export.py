@@ -12,7 +12,7 @@ The run folder is the one `attngeo.train` writes: `config.json` (`model`: the GP
 architecture and commit matched, the source's own config) and `ckpt/0` (an orbax train state at
 step 0 with a fresh optimizer state), so `attngeo.runs.load_run`, `attngeo probe` and anything that
 resumes from a run read it unchanged. A BERT/ALBERT import is a weights-only run folder instead
-(`attngeo.interop.bert.write_run`: config.json, weights.npz, the vocab.txt, and `hf/` holding the
+(`attngeo.interop.bert.write_imported_run`: config.json, weights.npz, the vocab.txt, and `hf/` holding the
 checkpoint as safetensors, converted once from a pytorch_model.bin; `--out` held by `attngeo.runlock` from
 before the load). A BERT/ALBERT export copies the run's vocab.txt beside the safetensors. Export overwrites
 no file that holds something else than what it writes (`safetensors_io.refuse_overwrite`). Nothing is downloaded: the files must be local. The import
@@ -23,20 +23,10 @@ settings the layout cannot carry (`attngeo.interop.layout.unexpressed`).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 
-from attngeo import config, errors
-
-
-def sha256(path: str) -> str:
-  """Hex SHA-256 of a file (or of a folder's weights file)."""
-  h = hashlib.sha256()
-  with open(path, "rb") as f:
-    for chunk in iter(lambda: f.read(1 << 24), b""):
-      h.update(chunk)
-  return h.hexdigest()
+from attngeo import config, errors, files
 
 
 def parse_set(items) -> dict:
@@ -51,27 +41,6 @@ def parse_set(items) -> dict:
     except json.JSONDecodeError:
       out[key.strip()] = value
   return out
-
-
-def write_run(model, out: str, imported: dict):
-  """Write `model` as an attngeo run folder at step 0 (config.json + orbax ckpt/0). Returns the TrainConfig."""
-  from attngeo import checkpoint, files, sharding, train
-  from attngeo.nn import registry
-  tcfg = train.TrainConfig(workdir=out, progress=False)
-  if os.path.isdir(os.path.join(out, "ckpt")) and os.listdir(os.path.join(out, "ckpt")):
-    raise ValueError(f"{out} already holds checkpoints ({os.path.join(out, 'ckpt')}); choose an empty folder")
-  mesh = sharding.make_mesh(tcfg.mesh)
-  _, state, _ = train.init_state(model, tcfg, mesh)
-  files.write_config(out, train=tcfg, model=registry.config_dict(model), imported=imported)
-  mngr = checkpoint.manager(out, tcfg.keep)
-  try:
-    if mngr.latest_step() is not None:
-      raise ValueError(f"{out} already holds a checkpoint (step {mngr.latest_step()}); choose an empty folder")
-    checkpoint.save(mngr, 0, state, {})
-    mngr.wait_until_finished()
-  finally:
-    mngr.close()
-  return tcfg
 
 
 def import_main(argv=None):
@@ -109,7 +78,7 @@ def import_main(argv=None):
   if a.kind in ("bert", "albert"):
     return _import_encoder(ap, a, overrides)
 
-  from attngeo import interop
+  from attngeo import interop, nn, runs
   try:
     if a.kind == "nanochat":
       model, info = interop.load("nanochat", a.path, meta=a.meta, arch=a.arch, fill_missing=a.fill_missing, **overrides)
@@ -121,11 +90,11 @@ def import_main(argv=None):
   except (ValueError, errors.InputTypeError, FileNotFoundError, ImportError) as e:
     ap.error(str(e))
   weights = info["file"]
-  imported = {"kind": a.kind, "file": os.path.abspath(weights), "sha256": sha256(weights), "overrides": overrides,
+  imported = {"kind": a.kind, "file": os.path.abspath(weights), "sha256": files.file_sha256(weights), "overrides": overrides,
               **source}
-  write_run(model, a.out, imported)
+  runs.write_checkpoint_run(a.out, model, imported=imported)
   cfg = model.cfg
-  n_params = sum(int(v.size) for v in _param_values(model))
+  n_params = nn.param_count(model)
   print(f"imported {a.kind} {weights}: depth {cfg.depth}, width {cfg.width}, heads {cfg.block.num_heads} "
         f"(kv {cfg.block.num_kv_heads or cfg.block.num_heads}), vocab {cfg.vocab_size}, context {cfg.seq_len}, "
         f"{n_params / 1e6:.2f}M parameters" + (f", nanochat {source['arch']} ({source['commit'][:7]}), "
@@ -135,32 +104,27 @@ def import_main(argv=None):
 
 
 def _import_encoder(ap, a, overrides):
-  """`attngeo import bert|albert`: the checkpoint as a weights-only run folder (`attngeo.interop.bert.write_run`)."""
-  from attngeo import interop, runlock
+  """`attngeo import bert|albert`: the checkpoint as a weights-only run folder (`attngeo.interop.bert.write_imported_run`)."""
+  from attngeo import interop, nn, runlock
   from attngeo.interop import bert
   try:
     bert.check_out(a.out)
     with runlock.hold(a.out):             # before the load: a busy or unwritable --out is refused at once
       model, info = interop.load(a.kind, a.path, hf_config_path=a.config, **overrides)
       weights = info["file"]
-      imported = {"kind": a.kind, "file": os.path.abspath(weights), "sha256": sha256(weights), "overrides": overrides,
+      imported = {"kind": a.kind, "file": os.path.abspath(weights), "sha256": files.file_sha256(weights), "overrides": overrides,
                   "matched": info["source"], "config": info["config"]}
-      bert.write_run(a.out, model, info, imported)
+      bert.write_imported_run(a.out, model, info, imported)
   except (ValueError, errors.InputTypeError, FileNotFoundError, ImportError) as e:
     ap.error(str(e))
   cfg = model.cfg
   heads = [name for name, on in (("MLM", cfg.mlm_head), ("pooler", cfg.pooler), (cfg.classifier, cfg.classifier)) if on]
   print(f"imported {a.kind} {weights}: depth {cfg.depth}{' (one shared layer)' if cfg.shared_layers else ''}, "
         f"width {cfg.width}, heads {cfg.block.num_heads}, vocab {cfg.vocab_size}, positions {cfg.seq_len}, "
-        f"{sum(int(v.size) for v in _param_values(model)) / 1e6:.2f}M parameters, heads on top: {heads or 'none'}")
+        f"{nn.param_count(model) / 1e6:.2f}M parameters, heads on top: {heads or 'none'}")
   print(f"wrote run folder {a.out} (config.json, weights.npz, {bert.HF_DIR}/model.safetensors): "
         f"attngeo.runs.load_run reads it")
   return model
-
-
-def _param_values(model):
-  from flax import nnx
-  return [v.get_value() for _, v in nnx.to_flat_state(nnx.state(model, nnx.Param))]
 
 
 def export_main(argv=None):

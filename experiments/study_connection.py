@@ -190,14 +190,6 @@ def sizes(cfg: StudyConfig) -> list[Size]:
   return out
 
 
-def non_embedding_params(model) -> int:
-  """Parameters of the transformer blocks (embeddings, read-in/out and time embedding excluded)."""
-  import jax
-  from flax import nnx
-  blocks = model.layers if hasattr(model, "layers") else model.blocks          # nn.Encoder: its (shared) layers
-  return int(sum(np.size(x) for x in jax.tree.leaves(nnx.state(blocks, nnx.Param))))
-
-
 def build(size: Size, seed: int):
   """The model of `size` initialised from `seed`, built as one compiled program, on the default device."""
   from flax import nnx
@@ -319,7 +311,7 @@ def model_key(cfg: StudyConfig, fam: Family, size: Size, seed: int) -> str:
 def model_result(cfg: StudyConfig, fam: Family, size: Size, seed: int) -> dict:
   """Train (or reuse) one model, probe it and its initialisation; cached in models/<name>-<key>/result.json
   under the content key of everything that produced it (`model_key`), never by its name alone."""
-  from attngeo import data, files, probe, runs, train
+  from attngeo import data, files, nn, probe, runs, train
   name = f"{size.family}_{size.label}_s{seed}"
   key = model_key(cfg, fam, size, seed)
   folder = f"{name}-{key}"
@@ -351,7 +343,7 @@ def model_result(cfg: StudyConfig, fam: Family, size: Size, seed: int) -> dict:
   to_default_device(res.model)
   rows = probe.model_report(res.model, fam.probe_run(res.model), samples=cfg.probe_samples, seed=seed, progress=False)
   out = dict(name=name, key=key, folder=folder, family=size.family, size=size.label, seed=seed,
-             params=non_embedding_params(model),
+             params=nn.param_count(model, blocks_only=True),
              depth=len(rows), train_loss=res.history[-1]["loss"], held_out=fam.held_out(res.model),
              held_out_init=init_loss, train_seconds=t_train, seconds=time.perf_counter() - t0,
              trained=rows, init=init_rows)
@@ -381,7 +373,7 @@ def run_folder_result(cfg: StudyConfig, fams: dict, path: str) -> dict:
   init = nnx.jit(registry.build, static_argnums=(0, 1))(mcfg, cfg.seeds[0])
   init_rows = probe.model_report(init, fam.probe_run(init), samples=cfg.probe_samples, progress=False)
   name = os.path.basename(os.path.normpath(path))
-  return dict(name=name, family=family, size=name, seed=cfg.seeds[0], params=non_embedding_params(model),
+  return dict(name=name, family=family, size=name, seed=cfg.seeds[0], params=nn.param_count(model, blocks_only=True),
               depth=len(rows), train_loss=None, held_out=None, held_out_init=None, train_seconds=0.0,
               seconds=time.perf_counter() - t0, trained=rows, init=init_rows)
 

@@ -224,3 +224,14 @@ def test_impossible_config_json_is_one_line(tmp_path, field, value):
   with pytest.raises(ValueError, match=rf"{field}(={value!r}| must be a finite number >= 0)") as e:
     gpt2.load(write_model(tmp_path, random_state(), dict(HF, **{field: value})))
   assert "\n" not in str(e.value)
+
+
+def test_param_count_is_gpt2s_closed_form(hub):
+  """`nn.param_count` of an imported GPT-2 is the public layout's count, V·d + P·d + L·(12d² + 13d) + 2d (the
+  tensors of `random_state` minus the attention-mask buffers); its blocks alone are the L·(12d² + 13d)."""
+  sd, _, model = hub
+  d, v, p, n_layer = HF["n_embd"], HF["vocab_size"], HF["n_positions"], HF["n_layer"]
+  blocks = n_layer * (12 * d * d + 13 * d)
+  assert nn.param_count(model) == v * d + p * d + blocks + 2 * d
+  assert nn.param_count(model, blocks_only=True) == blocks
+  assert nn.param_count(model) == sum(np.size(a) for k, a in sd.items() if not k.endswith((".attn.bias", ".attn.masked_bias")))

@@ -79,6 +79,32 @@ def test_write_config_records_each_dataclass_config_class_and_train_config_rebui
     runs.train_config(wd)
 
 
+def test_file_sha256_is_hashlibs_digest_of_the_bytes(tmp_path):
+  import hashlib
+  data = np.random.default_rng(0).bytes(3 * (1 << 20) + 17)
+  (tmp_path / "f.bin").write_bytes(data)
+  assert files.file_sha256(str(tmp_path / "f.bin")) == hashlib.sha256(data).hexdigest()
+
+
+def test_checkpoint_run_folders_round_trip_and_refuse_a_second_write(tmp_path):
+  """`write_checkpoint_run` (imports: step 0 of a training run) → `load_run` gives the same weights and a
+  TrainConfig; a folder that already holds a checkpoint is refused in one line and left as it was."""
+  from flax import nnx
+
+  from attngeo import nn
+  model = nn.GPT(nn.GPTConfig.from_depth(1, head_dim=8, width=16, vocab_size=11, seq_len=8), rngs=nnx.Rngs(2))
+  wd = str(tmp_path / "run")
+  tcfg = runs.write_checkpoint_run(wd, model, imported={"kind": "test"})
+  back, saved_tcfg, mcfg = runs.load_run(wd)
+  assert mcfg == model.cfg and saved_tcfg == tcfg and files.read_config(wd)["imported"] == {"kind": "test"}
+  for (k, a), (_, b) in zip(nnx.to_flat_state(nnx.state(model, nnx.Param)), nnx.to_flat_state(nnx.state(back, nnx.Param))):
+    np.testing.assert_array_equal(np.asarray(a.get_value()), np.asarray(b.get_value()), err_msg=str(k))
+  listing = sorted(os.listdir(wd))
+  with pytest.raises(ValueError, match="already holds checkpoints"):
+    runs.write_checkpoint_run(wd, model)
+  assert sorted(os.listdir(wd)) == listing
+
+
 def test_weights_run_folders_round_trip_and_damage_is_one_line(tmp_path):
   """`write_weights_run` → `load_run` gives the same weights (SiT stages, imports: config.json + weights.npz);
   a truncated or byte-flipped weights.npz is refused in one line, never loaded; --step has no meaning there."""

@@ -350,7 +350,7 @@ def check_out(out: str) -> None:
     raise ValueError(f"--out {out} exists and is not an empty folder; choose a new run folder")
 
 
-def write_run(out: str, model, info: dict, imported: dict) -> None:
+def write_imported_run(out: str, model, info: dict, imported: dict) -> None:
   """An imported run folder at `out`: `runs.write_weights_run` (config.json + weights.npz, what `runs.load_run`
   reads), the checkpoint's `vocab.txt` (where one lies beside its weights: the tokenizer of `attngeo.lm.smiles`)
   and `hf/` (the checkpoint's tensors as read, now model.safetensors, and its config.json).

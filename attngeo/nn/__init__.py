@@ -24,7 +24,7 @@ _HOMES = {
   "embeddings": ("FinalLayer", "TimestepEmbedder", "sincos_2d", "timestep_embedding"),
   "gpt": ("GPT",),
   "layers": ("Attention", "Block", "Mlp", "attention_modules", "capture_qk", "fold_distance", "graft",
-             "resolve_operator", "rope"),
+             "param_count", "resolve_operator", "rope"),
   "pointflow": ("PointFlow",),
   "presets": ("PRESETS",),
   "registry": ("build",),

@@ -416,6 +416,14 @@ def fold_distance(model):
   return model
 
 
+def param_count(model, *, blocks_only: bool = False) -> int:
+  """The number of parameters (`nnx.Param` entries) of `model`; `blocks_only`: of its transformer blocks only
+  (`model.layers`, or `model.blocks`: embeddings, read-in/out and time embedding excluded; an ALBERT's one
+  shared layer counted once)."""
+  part = (model.layers if hasattr(model, "layers") else model.blocks) if blocks_only else model
+  return int(sum(x.size for x in jax.tree.leaves(nnx.state(part, nnx.Param))))
+
+
 def capture_qk(model, fn, *, every_call: bool = False):
   """Run `fn()` with every Attention sowing its q, k; returns (fn's result, [(q, k)] per layer).
 
