@@ -167,3 +167,37 @@ def heat_panels(points: np.ndarray, rows: list[tuple[str, list[tuple[str, np.nda
     fig.suptitle("\n".join(textwrap.wrap(title, 110)), fontsize=9)
   fig.savefig(path, dpi=DPI)
   plt.close(fig)
+
+
+def image_grid(images: np.ndarray, rows: int) -> np.ndarray:
+  """[n, H, W, C] in [−1, 1] -> one [rows·H, cols·W(, C)] array in [0, 1] (row-major tiles, 1-px gaps)."""
+  n, h, w, c = images.shape
+  cols = int(np.ceil(n / rows))
+  canvas = np.ones((rows * (h + 1) - 1, cols * (w + 1) - 1, c), np.float32)
+  for i, im in enumerate(images):
+    r, q = divmod(i, cols)
+    canvas[r * (h + 1):r * (h + 1) + h, q * (w + 1):q * (w + 1) + w] = (np.clip(im, -1, 1) + 1) / 2
+  return canvas[..., 0] if c == 1 else canvas[..., :3]
+
+
+def image_panels(panels: list[tuple[str, np.ndarray]], rows: int, path: str, title: str = "", row_labels=None):
+  """One PNG of image grids (`image_grid`) side by side, each titled; `row_labels` (one per row) name the rows
+  of the first."""
+  cols = int(np.ceil(len(panels[0][1]) / rows))
+  side = 3.0
+  width = max(side * cols / rows, 2.0)
+  fig, axes = plt.subplots(1, len(panels), figsize=(width * len(panels) + 0.2, side + 0.9), squeeze=False)
+  for i, (ax, (name, imgs)) in enumerate(zip(axes[0], panels)):
+    ax.imshow(image_grid(imgs, rows), cmap="gray", vmin=0, vmax=1, interpolation="nearest")
+    ax.set_title(name, fontsize=8)
+    ax.set_xticks([])
+    ax.set_yticks([r * (imgs.shape[1] + 1) + (imgs.shape[1] - 1) / 2 for r in range(rows)],
+                  row_labels if row_labels is not None and i == 0 else [])
+    ax.tick_params(length=0, labelsize=7)
+    for spine in ax.spines.values():
+      spine.set_visible(False)
+  fig.tight_layout(rect=(0, 0, 1, 1 - 0.11 * title.count("\n") - (0.1 if title else 0)))   # room for the title
+  if title:
+    fig.suptitle(title, fontsize=9)
+  fig.savefig(path, dpi=130)
+  plt.close(fig)

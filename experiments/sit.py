@@ -286,44 +286,9 @@ def validation_loss(model, images: np.ndarray, labels: np.ndarray, seed: int = 0
   return float(np.sum(vals) / len(images))
 
 
-def image_grid(images: np.ndarray, rows: int) -> np.ndarray:
-  """[n, H, W, C] in [−1, 1] -> one [rows·H, cols·W(, C)] array in [0, 1] (row-major tiles, 1-px gaps)."""
-  n, h, w, c = images.shape
-  cols = int(np.ceil(n / rows))
-  canvas = np.ones((rows * (h + 1) - 1, cols * (w + 1) - 1, c), np.float32)
-  for i, im in enumerate(images):
-    r, q = divmod(i, cols)
-    canvas[r * (h + 1):r * (h + 1) + h, q * (w + 1):q * (w + 1) + w] = (np.clip(im, -1, 1) + 1) / 2
-  return canvas[..., 0] if c == 1 else canvas[..., :3]
-
-
 def row_labels(class_names, rows: int) -> list[str]:
   """The label of each grid row: row r holds class r (`grid_order`)."""
   return [f"class {name}" for name in list(class_names)[:rows]]
-
-
-def save_grids(panels: list[tuple[str, np.ndarray]], rows: int, path: str, title: str = "", row_labels=None):
-  """One PNG of image grids side by side, each titled; `row_labels` (one per row) name the rows of the first."""
-  from attngeo import plotting  # noqa: F401  (selects the Agg backend)
-  import matplotlib.pyplot as plt
-  cols = int(np.ceil(len(panels[0][1]) / rows))
-  side = 3.0
-  width = max(side * cols / rows, 2.0)
-  fig, axes = plt.subplots(1, len(panels), figsize=(width * len(panels) + 0.2, side + 0.9), squeeze=False)
-  for i, (ax, (name, imgs)) in enumerate(zip(axes[0], panels)):
-    ax.imshow(image_grid(imgs, rows), cmap="gray", vmin=0, vmax=1, interpolation="nearest")
-    ax.set_title(name, fontsize=8)
-    ax.set_xticks([])
-    ax.set_yticks([r * (imgs.shape[1] + 1) + (imgs.shape[1] - 1) / 2 for r in range(rows)],
-                  row_labels if row_labels is not None and i == 0 else [])
-    ax.tick_params(length=0, labelsize=7)
-    for spine in ax.spines.values():
-      spine.set_visible(False)
-  fig.tight_layout(rect=(0, 0, 1, 1 - 0.11 * title.count("\n") - (0.1 if title else 0)))   # room for the title
-  if title:
-    fig.suptitle(title, fontsize=9)
-  fig.savefig(path, dpi=130)
-  plt.close(fig)
 
 
 def save_neighbours(samples: np.ndarray, train: np.ndarray, rows: int, path: str, title: str, row_labels=None,
@@ -331,12 +296,12 @@ def save_neighbours(samples: np.ndarray, train: np.ndarray, rows: int, path: str
   """Samples beside their nearest training images (pixel ℓ², `image_metrics.nearest_images`), tile for
   tile, the mean distance in the title beside `heldout` (held-out real digits' mean distance to the training
   set, the no-copying reference): a model that copies its training set shows the same digit twice."""
-  from attngeo import image_metrics
+  from attngeo import image_metrics, plotting
   dist, idx = image_metrics.nearest_images(samples, train)
   ref = f"; held-out real digits {heldout:.2f}" if heldout is not None else ""
-  save_grids([("samples", samples), ("nearest training image", train[idx])], rows, path,
-             title=f"{' '.join(title.split())}: pixel ℓ² to the nearest\ntraining image, mean {dist.mean():.2f}{ref}",
-             row_labels=row_labels)
+  plotting.image_panels([("samples", samples), ("nearest training image", train[idx])], rows, path,
+                        title=f"{' '.join(title.split())}: pixel ℓ² to the nearest\ntraining image, mean "
+                              f"{dist.mean():.2f}{ref}", row_labels=row_labels)
 
 
 # ----------------------------------------------------------------------------- evaluation of a stage
@@ -358,7 +323,7 @@ def layer_summary(layers: list[dict]) -> dict:
 def evaluate_stage(model, stage: str, title: str, seed: int, cfg: SiTConfig, ev: dict, folder: str,
                    extra: dict) -> dict:
   """Samples, metric, validation loss and probe of one stage; writes stage.json, samples.png, weights.npz."""
-  from attngeo import image_metrics
+  from attngeo import image_metrics, plotting
   t0 = time.perf_counter()
   samples = generate(model, ev["sample_labels"], seed, cfg)
   row = dict(stage=stage, seed=seed, operator=STAGE_OPERATOR.get(stage, str(cfg.operator)), **extra)
@@ -374,7 +339,7 @@ def evaluate_stage(model, stage: str, title: str, seed: int, cfg: SiTConfig, ev:
   os.makedirs(folder, exist_ok=True)
   grid = samples[ev["grid_idx"]]
   np.save(os.path.join(folder, "samples.npy"), grid)
-  save_grids([(title, grid)], ev["grid_rows"], os.path.join(folder, "samples.png"), row_labels=ev["row_labels"])
+  plotting.image_panels([(title, grid)], ev["grid_rows"], os.path.join(folder, "samples.png"), row_labels=ev["row_labels"])
   if pixels:
     save_neighbours(grid, ev["train_images"], ev["grid_rows"], os.path.join(folder, "neighbours.png"), title,
                     ev["row_labels"], heldout=row["nn_heldout"])
@@ -438,7 +403,7 @@ def run_seed(cfg: SiTConfig, seed: int, train_src, ev: dict) -> list[dict]:
   """The five stages for one seed (finished stages are read back, not recomputed)."""
   from flax import nnx
 
-  from attngeo import nn
+  from attngeo import nn, plotting
   base = os.path.join(cfg.out, f"seed{seed}")
   rows, model = [], None
   for stage in STAGES:
@@ -494,9 +459,9 @@ def run_seed(cfg: SiTConfig, seed: int, train_src, ev: dict) -> list[dict]:
             f"{row['eval_seconds']:.0f} s eval)", flush=True)
     rows.append(row)
   panels = [(stage_title(r["stage"], cfg), np.load(os.path.join(base, r["stage"], "samples.npy"))) for r in rows]
-  save_grids(panels, ev["grid_rows"], os.path.join(cfg.out, f"figures_seed{seed}.png"),
-             title=f"ATTN → DMTN → DMAP transfer, seed {seed}\n({cfg.sampler}, {cfg.sample_steps} steps, "
-                   f"guidance {cfg.guidance:g}, EMA weights)", row_labels=ev["row_labels"])
+  plotting.image_panels(panels, ev["grid_rows"], os.path.join(cfg.out, f"figures_seed{seed}.png"),
+                        title=f"ATTN → DMTN → DMAP transfer, seed {seed}\n({cfg.sampler}, {cfg.sample_steps} steps, "
+                              f"guidance {cfg.guidance:g}, EMA weights)", row_labels=ev["row_labels"])
   return rows
 
 
@@ -621,6 +586,7 @@ def train_one(cfg: SiTConfig) -> dict:
 
 def sample_run(model, cfg: SiTConfig, out: str, n_per_class: int, class_names=None) -> str:
   """`sit sample`: a grid of guided samples (rows of one class, labelled) from a run's model, saved to `out`."""
+  from attngeo import plotting
   k = model.cfg.num_classes
   rows = min(k, 10)
   labels = np.arange(rows * n_per_class) % rows
@@ -629,8 +595,8 @@ def sample_run(model, cfg: SiTConfig, out: str, n_per_class: int, class_names=No
   path = os.path.join(out, f"samples_{cfg.sampler}_{cfg.sample_steps}_g{cfg.guidance:g}.png")
   order = grid_order(rows, n_per_class, rows)
   np.save(path[:-4] + ".npy", samples)
-  save_grids([(f"{cfg.sampler}, {cfg.sample_steps} steps, guidance {cfg.guidance:g}", samples[order])], rows, path,
-             row_labels=row_labels(class_names or [str(c) for c in range(k)], rows))
+  plotting.image_panels([(f"{cfg.sampler}, {cfg.sample_steps} steps, guidance {cfg.guidance:g}", samples[order])], rows,
+                        path, row_labels=row_labels(class_names or [str(c) for c in range(k)], rows))
   print(f"wrote {path}")
   return path
 

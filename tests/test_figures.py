@@ -120,3 +120,23 @@ def test_adapt_chain_legends_lie_off_the_panels(saved, tmp_path):
   assert len(legends) >= 2
   for legend in legends:
     assert_legend_over_no_axes(legend, fig)
+
+
+def test_image_grid_tiles_row_major_with_one_pixel_gaps():
+  tiles = np.stack([np.full((2, 2, 1), v) for v in np.linspace(-1, 1, 6)])
+  grid = plotting.image_grid(tiles, rows=2)
+  assert grid.shape == (2 * 3 - 1, 3 * 3 - 1)
+  np.testing.assert_allclose(grid[0, 0], 0.0)            # the first tile, −1 → 0
+  np.testing.assert_allclose(grid[0, 3], 0.2)            # the second, beside it: −0.6 → 0.2
+  np.testing.assert_allclose(grid[3, 6], 1.0)            # the last tile, bottom right
+  assert grid[2, 0] == 1.0 and grid[0, 2] == 1.0          # the gaps are white
+
+
+def test_image_panels_label_the_rows_of_the_first_panel_only(saved, tmp_path):
+  imgs = np.random.default_rng(0).uniform(-1, 1, (6, 4, 4, 1))
+  plotting.image_panels([("a", imgs), ("b", imgs)], 2, str(tmp_path / "g.png"), title="t", row_labels=["r0", "r1"])
+  (fig,) = saved
+  first, second = fig.axes
+  assert [t.get_text() for t in first.get_yticklabels()] == ["r0", "r1"]
+  assert all(not t.get_text() for t in second.get_yticklabels())
+  assert (tmp_path / "g.png").stat().st_size > 0

@@ -94,11 +94,6 @@ def test_grid_rows_hold_one_class():
   labels = np.arange(40) % 10
   idx = sit.grid_order(10, 3, 10)
   assert (labels[idx].reshape(10, 3) == np.arange(10)[:, None]).all()
-  tiles = np.stack([np.full((2, 2, 1), v) for v in np.linspace(-1, 1, 6)])
-  grid = sit.image_grid(tiles, rows=2)
-  assert grid.shape == (2 * 3 - 1, 3 * 3 - 1)
-  np.testing.assert_allclose(grid[0, 0], 0.0)
-  np.testing.assert_allclose(grid[3, 6], 1.0)            # last tile, bottom right
 
 
 TINY = ["--data", "digits", "--width", "16", "--depth", "1", "--heads", "2", "--patch", "2", "--steps", "4",
