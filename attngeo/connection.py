@@ -283,7 +283,7 @@ class EffectiveDefect(NamedTuple):
   participation: jax.Array
 
 
-def phase_heads(wv, wo):
+def rotation_heads(wv, wo):
   """Virtual heads of a magnetic (CMAP) layer: `([wv, wv·J], [wo, wo])` `[d, 2h, k]`, `[2h, k, d]`.
 
   Its transport on edge ij is `T^h(θ) = W_V^h R(θ^h_ij) W_O^h` with the rotation `R(θ) = cos θ I + sin θ J`
@@ -296,7 +296,7 @@ def phase_heads(wv, wo):
 
 
 def phase_gates(g, theta):
-  """Gates `[..., 2h]` of the virtual heads (`phase_heads`) from true gates g and phases θ `[..., h]`."""
+  """Gates `[..., 2h]` of the virtual heads (`rotation_heads`) from true gates g and phases θ `[..., h]`."""
   return jnp.concatenate([g * jnp.cos(theta), g * jnp.sin(theta)], -1)
 
 
@@ -306,7 +306,7 @@ def effective_isometry_defect(p, wv, wo, *, key=None, samples: int = 32, rtol: f
   """W-weighted mean `Σ_ij W_ij δ(T_ij) / n` of the effective transport's defect, from trace tables.
 
   p: per-head attention `[h, n, n]`; wv `[d, h, k]`, wo `[h, k, d]`. `phases` θ `[h, n, n]` (a CMAP
-  layer): the head transports are `W_V^h R(θ^h_ij) W_O^h` (`phase_heads`; `tables`, if given, must be
+  layer): the head transports are `W_V^h R(θ^h_ij) W_O^h` (`rotation_heads`; `tables`, if given, must be
   those of the virtual heads); the supports and ranks are the true heads', the rank that of a
   generic mixture of rotation-scaled heads. Edges whose gates are all
   positive (every unmasked softmax edge) get δ exactly from `(G, K, r)`, `chunk` query rows at a
@@ -328,20 +328,20 @@ def effective_isometry_defect(p, wv, wo, *, key=None, samples: int = 32, rtol: f
     if wv.shape[2] % 2:
       raise ValueError(f"a magnetic layer's value heads pair channels: k must be even; got {wv.shape[2]}")
     true_factors = (wv.astype(jnp.float32), wo.astype(jnp.float32))
-    wv, wo = phase_heads(*true_factors)
+    wv, wo = rotation_heads(*true_factors)
   else:
     true_factors = None
   tables = transport_tables(wv, wo, key=jax.random.fold_in(key, 1), rtol=rtol) if tables is None else tables
   if tables.gram.shape[0] != wv.shape[1]:
     raise ValueError(f"tables hold {tables.gram.shape[0]} heads where {wv.shape[1]} are needed"
-                     + (" (a magnetic layer's: transport_tables(*phase_heads(wv, wo)))" if phases is not None else ""))
+                     + (" (a magnetic layer's: transport_tables(*rotation_heads(wv, wo)))" if phases is not None else ""))
   return _effective(p, wv, wo, key, tables, phases, true_factors, samples=samples, rtol=rtol, chunk=chunk)
 
 
 def _phase_rank(true_factors, wv, wo, support, expo, rtol):
   """Rank of `Σ_{h∈S} g^h W_V^h R(θ^h) W_O^h` (g > 0): `V D O` with D = blockdiag(g R(θ)) invertible, so
   pinned by the TRUE heads' factor ranks as in `mixture_rank`; otherwise the generic rank of the
-  virtual heads (`phase_heads`) at random positive gates. support: true heads [h] (bool)."""
+  virtual heads (`rotation_heads`) at random positive gates. support: true heads [h] (bool)."""
   both = jnp.concatenate([support, support])
   generic = lambda _: _pinned_or_generic(wv, wo, both, expo, *_factor_ranks(wv, wo, both, rtol), rtol)
   rank = _pinned_rank(*_factor_ranks(*true_factors, support, rtol), support.sum() * wv.shape[2], generic)

@@ -32,10 +32,11 @@ from j to i multiplies by e^{+iθ_ij}. π is K's stationary law (`Σπ = 1`), `�
 * Connection walk (`attngeo.connection`): the edge transport of each channel pair is the rotation
   `R(θ_ij)` (`phase_rotations`) — an exact isometry (`phase_isometry_defect` 0); `I − [K_ij R(θ_ij)]`
   (`rotation_laplacian_matrix`) is the real form of `I − K_θ`. Names are this module's own where their
-  signature or result differs from `connection`'s and `markov`'s (`symmetrised_flows` is not `markov.flows`).
+  signature or result differs from `connection`'s and `markov`'s (`symmetrised_flows` is not `markov.flows`,
+  `hermitian_spectrum` not `markov.spectrum`, `magnitude_stationary(q, k)` not `markov.stationary(p)`).
 
 Dense functions take `(p, theta)` arrays (small n); `sampled_curvature` reads the circulation law
-from random triangles when n³ is too many. Matrix-free: `stationary` (π from the
+from random triangles when n³ is too many. Matrix-free: `magnitude_stationary` (π from the
 kernel's log-normaliser), `hermitian_operator` (H applied through the fused phase kernel, O(n)
 memory), `hermitian_eigenvalues` (a thin solver over any Hermitian matvec; `real_embedding` turns
 it into a real symmetric one for a real symmetric eigensolver) and `triangle_circulation` (F from
@@ -140,7 +141,7 @@ def _spectrum(p, theta, pi):
   return linalg.eigvalsh(_hermitian(p, theta, pi)[0])[..., ::-1]
 
 
-def spectrum(p, theta, k: int | None = None, pi=None) -> jax.Array:
+def hermitian_spectrum(p, theta, k: int | None = None, pi=None) -> jax.Array:
   """Real eigenvalues of H [..., k], descending (dense `eigh`); those of `Δ_θ` are `1 − λ`."""
   _check_pair(p, theta)
   if k is not None and not 1 <= int(k) <= p.shape[-1]:
@@ -435,7 +436,7 @@ def _check_symmetric_mask(mask, n):
                      "a key-padding mask is not: drop the padded tokens instead")
 
 
-def stationary(q, k, *, beta=0.0, scale=None, mask=None, block_size: int = 512) -> jax.Array:
+def magnitude_stationary(q, k, *, beta=0.0, scale=None, mask=None, block_size: int = 512) -> jax.Array:
   """π [b, n, h] of the magnitude `K = P(β, α = 0)`, matrix-free: `π_i ∝ exp(lse_i + bias_i)`.
 
   With the augmented logit `scale·qa_i·ka_j + bias_j` (`operators.augment`, α = 0) equal to
@@ -470,7 +471,7 @@ def hermitian_operator(q, k, *, beta=0.0, coupling=1.0, scale=None, mask=None, b
   pick = lambda x: x if isinstance(x, float) else jnp.broadcast_to(jnp.asarray(x), (h,))[head:head + 1]
   beta, coupling = pick(beta), pick(coupling)
   ms = None if mask is None else jnp.broadcast_to(mask, (b, h, n, n))[batch:batch + 1, head:head + 1]
-  root = jnp.sqrt(stationary(qs, ks, beta=beta, scale=scale, mask=ms, block_size=block_size)[0, :, 0])   # [n]
+  root = jnp.sqrt(magnitude_stationary(qs, ks, beta=beta, scale=scale, mask=ms, block_size=block_size)[0, :, 0])   # [n]
 
   @jax.jit
   def apply(re, im):                                                         # [n, m] each
@@ -527,7 +528,7 @@ def hermitian_eigenvalues(matvec, n: int, num: int = 6, *, which: str = "LA", to
 
 # ----------------------------------------------------------------------------- one layer's summary
 
-def summary(q, k, *, beta=0.0, coupling=1.0, scale=None, mask=None) -> dict[str, np.ndarray]:
+def readouts(q, k, *, beta=0.0, coupling=1.0, scale=None, mask=None) -> dict[str, np.ndarray]:
   """Per-head [h] read-outs of CMAP on (q, k) [b, n, h, d] (dense: small n), averaged over the batch.
 
   `lambda_max` λ_max(H) (1 iff unfrustrated), `frustration_lower` / `frustration_upper` (bounds on ν),

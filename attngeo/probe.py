@@ -22,7 +22,7 @@ For each attention layer (q, k captured during one forward pass; dense P per hea
   edge transports `W_V^h R(θ^h_ij) W_O^h` depend on the edge through the phase, and the `effective_*`
   keys are those of `T_ij = Σ_h g^h_ij W_V^h R(θ^h_ij) W_O^h` — exact from the trace tables of 2h
   edge-independent virtual heads `W_V^h W_O^h`, `W_V^h J W_O^h` with gates `g cos θ`, `g sin θ`
-  (`connection.phase_heads`); `head_isometry_defect` (one head's transport is no longer one matrix)
+  (`connection.rotation_heads`); `head_isometry_defect` (one head's transport is no longer one matrix)
   is None there. Also per head `[h]`: `cmap_mean_abs_phase` (Σ_ij K_ij |θ_ij| / n) and, without a causal mask (`attngeo.magnetic`),
   `cmap_lambda_max` λ_max(H), `cmap_frustration_lower/upper` (the bracket on ν) with
   `cmap_frustration_stalled` (the fraction of inputs whose power method had not settled: the upper
@@ -142,7 +142,7 @@ def _layer_impl(q, k, wv, wo, beta, alpha, key, coupling=None, *, causal, sample
   """All read-outs of one layer: (dict of arrays, walks [b, n, n], moduli [b, num_moduli]).
 
   `coupling` [h] marks a CMAP layer: its phase read-outs come from the same dense magnitude P, and its
-  effective transport is `Σ_h g^h W_V^h R(θ^h_ij) W_O^h` (`connection.phase_heads`); a head's own
+  effective transport is `Σ_h g^h W_V^h R(θ^h_ij) W_O^h` (`connection.rotation_heads`); a head's own
   transport then depends on the edge, so the per-head defect is not read (absent from the dict).
   `phase_readouts=False` skips the CMAP-only read-outs (the training hook's `summary` does not use them).
   """
@@ -160,7 +160,7 @@ def _layer_impl(q, k, wv, wo, beta, alpha, key, coupling=None, *, causal, sample
     theta = operators.phases(q.astype(jnp.float32), k.astype(jnp.float32), coupling=coupling)
     if phase_readouts:
       out.update(_phase_readouts(p, theta, jax.random.fold_in(key, 2), causal=causal, triangles=triangles))
-    tables = connection.transport_tables(*connection.phase_heads(wv, wo), key=jax.random.fold_in(key, 1))
+    tables = connection.transport_tables(*connection.rotation_heads(wv, wo), key=jax.random.fold_in(key, 1))
 
   def per_sample(args):                     # the per-edge tables are large: one batch element at a time
     ph, th, kk = args

@@ -136,13 +136,13 @@ EVALUATION = ("solver", "sample_steps", "sample_sets", "figure_times", "probe_se
 
 
 def magnetic_summary(qks, mods) -> dict[str, float]:
-  """CMAP's phase read-outs (`attngeo.magnetic.summary`) on the first probe set, mean over layers and
+  """CMAP's phase read-outs (`attngeo.magnetic.readouts`) on the first probe set, mean over layers and
   heads, as `cmap_*` keys: λ_max(H), frustration bounds, 3-cycle Wilson loop, mean |circulation|."""
   from attngeo import magnetic
   stats = []
   for (q, k), m in zip(qks, mods):
     coupling = m.coupling[...] if m.learnable_operator else m.coupling
-    stats.append(magnetic.summary(q[:1], k[:1], beta=m.coefficients()[0], coupling=coupling))
+    stats.append(magnetic.readouts(q[:1], k[:1], beta=m.coefficients()[0], coupling=coupling))
   return {f"cmap_{key}": float(np.mean([st[key] for st in stats])) for key in stats[0]}
 
 

@@ -264,20 +264,20 @@ def test_the_magnetic_walk_has_a_real_spectrum_equal_to_the_hermitian_forms():
     herm = np.sqrt(pi)[:, None] * kt[0, h] / np.sqrt(pi)[None, :]
     np.testing.assert_allclose(herm, herm.conj().T, atol=1e-7)
     ref = np.linalg.eigvalsh(herm)[::-1]
-    np.testing.assert_allclose(mg.spectrum(p, theta)[0, h], ref, atol=3e-6)
+    np.testing.assert_allclose(mg.hermitian_spectrum(p, theta)[0, h], ref, atol=3e-6)
     np.testing.assert_allclose(np.sort(ev.real)[::-1], ref, atol=3e-6)
-  lam = mg.spectrum(p, theta)
+  lam = mg.hermitian_spectrum(p, theta)
   assert float(lam.max()) < 1 - 1e-3 and float(lam.min()) > -1      # frustrated: λ_max < 1
-  np.testing.assert_allclose(mg.spectrum(p, jnp.zeros_like(theta))[..., 0], 1.0, atol=1e-5)   # γ = 0: λ₀ = 1
+  np.testing.assert_allclose(mg.hermitian_spectrum(p, jnp.zeros_like(theta))[..., 0], 1.0, atol=1e-5)   # γ = 0: λ₀ = 1
 
 
 def test_spectrum_is_gauge_invariant_and_not_invariant_otherwise():
   _, _, p, theta = _walk(7)
   phi = jax.random.uniform(jax.random.PRNGKey(1), theta.shape[:-1], minval=-4, maxval=4)
-  np.testing.assert_allclose(mg.spectrum(p, mg.gauge(theta, phi)), mg.spectrum(p, theta), atol=3e-6)
+  np.testing.assert_allclose(mg.hermitian_spectrum(p, mg.gauge(theta, phi)), mg.hermitian_spectrum(p, theta), atol=3e-6)
   other = jax.random.normal(jax.random.PRNGKey(2), theta.shape)
   other = theta + 0.5 * (other - jnp.swapaxes(other, -1, -2))        # an antisymmetric change that is not gauge
-  assert float(jnp.abs(mg.spectrum(p, other) - mg.spectrum(p, theta)).max()) > 1e-2
+  assert float(jnp.abs(mg.hermitian_spectrum(p, other) - mg.hermitian_spectrum(p, theta)).max()) > 1e-2
   tri = np.array([[0, 3, 7], [2, 9, 4], [5, 1, 11]])
   np.testing.assert_allclose(mg.circulation(mg.gauge(theta, phi), *tri.T), mg.circulation(theta, *tri.T), atol=2e-5)
 
@@ -286,7 +286,7 @@ def test_laplacian_is_one_minus_the_hermitian_form():
   _, _, p, theta = _walk(8)
   lap = mg.laplacian(p, theta)
   np.testing.assert_allclose(lap, jnp.conj(jnp.swapaxes(lap, -1, -2)), atol=1e-6)
-  np.testing.assert_allclose(jnp.linalg.eigvalsh(lap), 1 - mg.spectrum(p, theta), atol=3e-6)   # ascending
+  np.testing.assert_allclose(jnp.linalg.eigvalsh(lap), 1 - mg.hermitian_spectrum(p, theta), atol=3e-6)   # ascending
 
 
 # ----------------------------------------------------------------------------- frustration and curvature
@@ -414,7 +414,7 @@ def test_frustration_bracket_holds_when_pi_is_only_known_to_the_solvers_error():
   nu = min(scipy.optimize.minimize(energy, s0, method="BFGS", options={"gtol": 1e-12}).fun for s0 in starts)
   pi_err = np.abs(np.asarray(markov.stationary(p).pi, np.float64) - chain_pi(p)).sum()
   assert pi_err <= float(fr.pi_error) <= 1e-6 and float(fr.lower) <= nu <= float(fr.upper)
-  np.testing.assert_allclose(float(fr.lambda_max), float(mg.spectrum(p, theta, k=1)[0]), atol=1e-6)
+  np.testing.assert_allclose(float(fr.lambda_max), float(mg.hermitian_spectrum(p, theta, k=1)[0]), atol=1e-6)
   given = mg.frustration(p, theta, pi=jnp.asarray(pi64, jnp.float32))
   assert float(given.pi_error) > 0 and float(given.lower) <= nu <= float(given.upper)
   for walk in (_two_clusters(1e-7)[::2], (np.eye(3), np.zeros((3, 3)))):     # π ill-determined / not unique
@@ -425,7 +425,7 @@ def test_frustration_bracket_holds_when_pi_is_only_known_to_the_solvers_error():
 def test_a_supplied_pi_must_be_the_stationary_law():
   p, theta = _triangle(1.0, weights=(1.0, 2.0, 3.0))
   pi = markov.stationary(p).pi
-  np.testing.assert_allclose(mg.spectrum(p, theta, pi=pi), mg.spectrum(p, theta), atol=1e-6)
+  np.testing.assert_allclose(mg.hermitian_spectrum(p, theta, pi=pi), mg.hermitian_spectrum(p, theta), atol=1e-6)
   for bad, match in [(pi[:2], r"pi must be \[\.\.\., n\]"), (pi.at[0].set(-0.1), "probability vector"),
                      (jnp.full(3, 1 / 3), "stationary law")]:
     with pytest.raises(ValueError, match=match):
@@ -557,9 +557,9 @@ def test_real_connection_laplacian_is_the_complex_one():
 
 def test_matrix_free_spectrum_matches_dense():
   q, k, p, theta = _walk(13, coupling=1.2, beta=0.3)
-  np.testing.assert_allclose(mg.stationary(q, k, beta=0.3, block_size=8)[0].T, markov.stationary(p).pi[0], atol=1e-6)
+  np.testing.assert_allclose(mg.magnitude_stationary(q, k, beta=0.3, block_size=8)[0].T, markov.stationary(p).pi[0], atol=1e-6)
   matvec = mg.hermitian_operator(q, k, beta=0.3, coupling=1.2, head=2, implementation="blockwise", block_size=8)
-  dense = mg.spectrum(p, theta)[0, 2]
+  dense = mg.hermitian_spectrum(p, theta)[0, 2]
   np.testing.assert_allclose(mg.hermitian_eigenvalues(matvec, 16, 4), dense[:4], atol=2e-5)
   np.testing.assert_allclose(mg.hermitian_eigenvalues(matvec, 16, 3, which="SA"), dense[::-1][:3], atol=2e-5)
   emb = mg.real_embedding(matvec)
@@ -570,14 +570,14 @@ def test_matrix_free_spectrum_matches_dense():
 
 def test_summary_reports_the_read_outs():
   q, k, _ = qkv(14, n=16, b=1)
-  s = mg.summary(q, k, coupling=1.0)
+  s = mg.readouts(q, k, coupling=1.0)
   assert set(s) == {"lambda_max", "frustration_lower", "frustration_upper", "wilson", "mean_abs_circulation",
                     "isometry_defect"}
   assert all(v.shape == (H,) for v in s.values())
   assert np.all(s["frustration_lower"] <= s["frustration_upper"] + 1e-6) and np.all(s["isometry_defect"] < 1e-6)
-  zero = mg.summary(q, k, coupling=0.0)
+  zero = mg.readouts(q, k, coupling=0.0)
   np.testing.assert_allclose(zero["frustration_upper"], 0.0, atol=1e-5)       # 0 + π's error bound
-  np.testing.assert_allclose(s["lambda_max"], mg.spectrum(op.markov_matrix(q, k, beta=0.0, alpha=0.0),
+  np.testing.assert_allclose(s["lambda_max"], mg.hermitian_spectrum(op.markov_matrix(q, k, beta=0.0, alpha=0.0),
                                                           op.phases(q, k), k=1)[..., 0].mean(0), atol=1e-6)
   np.testing.assert_allclose(zero["wilson"], 1.0, atol=1e-6)
 
@@ -633,7 +633,7 @@ def test_bad_shapes_and_diagnostic_inputs():
     op.magnetic_transport(q, k, v.at[0, 0, 0, 0].set(jnp.nan))
   _, _, p, theta = _walk()
   with pytest.raises(ValueError, match="theta must be antisymmetric"):
-    mg.spectrum(p, jnp.abs(theta))
+    mg.hermitian_spectrum(p, jnp.abs(theta))
   with pytest.raises(ValueError, match="theta must have P's shape"):
     mg.frustration(p, theta[..., :4, :4])
   with pytest.raises(ValueError, match="row-stochastic"):
@@ -651,16 +651,16 @@ def test_bad_shapes_and_diagnostic_inputs():
   with pytest.raises(ValueError, match=r"triangles must index the n = 29 tokens"):
     mg.triangle_circulation(q, k, np.array([[0, 1, 29]]))
   with pytest.raises(ValueError, match=r"k must lie in \[1, n\]"):
-    mg.spectrum(p, theta, k=-1)
+    mg.hermitian_spectrum(p, theta, k=-1)
   with pytest.raises(ValueError, match="chunk must be a positive integer"):
     mg.phase_isometry_defect(p, theta, chunk=0)
   pad = jnp.arange(N) < N - 4
   with pytest.raises(ValueError, match="mask must be symmetric"):
-    mg.stationary(q, k, mask=jnp.broadcast_to(pad, (1, 1, 1, N)))
+    mg.magnitude_stationary(q, k, mask=jnp.broadcast_to(pad, (1, 1, 1, N)))
   with pytest.raises(ValueError, match="mask must be symmetric"):
     mg.hermitian_operator(q, k, mask=jnp.broadcast_to(pad, (1, 1, 1, N)))
   with pytest.raises(ValueError, match="mask leaves some tokens with no keys"):
-    mg.summary(q, k, mask=(pad[:, None] & pad[None, :])[None, None])
+    mg.readouts(q, k, mask=(pad[:, None] & pad[None, :])[None, None])
   with pytest.raises(ValueError, match="even head_dim"):
     nn.Attention(nn.BlockConfig(width=16, num_heads=2, head_dim=7, operator="CMAP"), rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match="coupling must be a finite number"):
