@@ -35,6 +35,16 @@ from attngeo import hugepages as _hugepages  # noqa: E402
 
 os.environ.update(_hugepages.huge_pages_env(os.environ) or {})
 
+# One BLAS thread per test process (numpy/scipy's OpenBLAS; the float64 references): two xdist workers on two
+# cores each starting a pool of two spinning threads ran the suite 100 s of CPU slower (575 against 673
+# worker-seconds of tests, warm cache). Subprocesses read the variable; this process, whose numpy may be
+# loaded already, is limited through threadpoolctl.
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+  os.environ.setdefault(_var, "1")
+import threadpoolctl  # noqa: E402
+
+threadpoolctl.threadpool_limits(1)
+
 
 # ----------------------------------------------------------------------------- tiny runs made once
 
