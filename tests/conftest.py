@@ -1,4 +1,5 @@
 import fcntl
+import importlib.util
 import json
 import os
 import shutil
@@ -27,6 +28,13 @@ _cache = os.environ.get("ATTNGEO_TEST_JAX_CACHE",
 if _cache:
   os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _cache)
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+# Every process that shares that cache writes its entries atomically (tests/process_setup/sitecustomize.py says
+# why): this one by importing the hook, the subprocesses tests start through PYTHONPATH.
+_setup = os.path.join(os.path.dirname(os.path.abspath(__file__)), "process_setup")
+os.environ["PYTHONPATH"] = os.pathsep.join([_setup] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                                                       if p and p != _setup])
+_spec = importlib.util.spec_from_file_location("attngeo_tests_process_setup", os.path.join(_setup, "sitecustomize.py"))
+_spec.loader.exec_module(importlib.util.module_from_spec(_spec))
 
 # Worker processes (pytest-xdist) and the subprocesses tests start use glibc's transparent huge pages,
 # as the `attngeo` command does (attngeo.hugepages): XLA's fresh n × n buffers otherwise fault in

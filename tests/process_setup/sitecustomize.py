@@ -1,0 +1,76 @@
+"""Loaded by every Python process of the test suite (conftest.py puts this folder first on PYTHONPATH and
+imports it): JAX's persistent compilation cache, which the suite shares between its xdist workers and the
+subprocesses tests start, written atomically.
+
+JAX 0.10's file cache without a size bound (`jax._src.lru_cache.LRUCache`, eviction off) writes an entry
+with `Path.write_bytes` — truncate, then write — and reads entries without a lock. A process that reads an
+entry while another writes it, or two processes writing one entry at once (two workers compiling the same
+program: most of a cold run), get a torn file; deserialising one killed an xdist worker with SIGSEGV in
+`compilation_cache.get_executable_and_time`. Here `put` writes a temporary file beside the entry and
+renames it over the entry (atomic on POSIX), so a reader finds no entry or a whole one.
+
+The patch is applied when JAX imports `jax._src.lru_cache` (an import hook), so a process that never imports
+JAX (`attngeo --help`, whose tests check exactly that) still does not. Without these internals (another
+JAX) nothing is changed.
+"""
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+import tempfile
+
+MODULE = "jax._src.lru_cache"
+
+
+def _atomic_put(put, suffix):
+  def atomic_put(self, key: str, value: bytes) -> None:
+    if self.eviction_enabled:                  # JAX's own locked path (a size-bounded cache; not the suite's)
+      return put(self, key, value)
+    if not key:
+      raise ValueError("key cannot be empty")
+    path = os.path.join(str(self.path), f"{key}{suffix}")
+    if os.path.exists(path):
+      return None
+    fd, tmp = tempfile.mkstemp(dir=str(self.path), prefix=f".{key}.", suffix=".tmp")
+    try:
+      with os.fdopen(fd, "wb") as f:
+        f.write(value)
+      os.replace(tmp, path)
+    except BaseException:
+      if os.path.exists(tmp):
+        os.unlink(tmp)
+      raise
+    return None
+  return atomic_put
+
+
+def patch(module) -> bool:
+  """Replace `LRUCache.put` of the loaded `jax._src.lru_cache` (once); False if its internals differ."""
+  cache = getattr(module, "LRUCache", None)
+  if cache is None or not hasattr(module, "_CACHE_SUFFIX") or getattr(cache.put, "atomic", False):
+    return False
+  cache.put = _atomic_put(cache.put, module._CACHE_SUFFIX)
+  cache.put.atomic = True
+  return True
+
+
+class _Hook(importlib.abc.MetaPathFinder):
+  def find_spec(self, name, path, target=None):
+    if name != MODULE:
+      return None
+    spec = importlib.machinery.PathFinder.find_spec(name, path)
+    if spec is None or spec.loader is None:
+      return spec
+    run = spec.loader.exec_module
+
+    def exec_module(module):
+      run(module)
+      patch(module)
+    spec.loader.exec_module = exec_module
+    return spec
+
+
+if MODULE in sys.modules:
+  patch(sys.modules[MODULE])
+elif not any(isinstance(f, _Hook) for f in sys.meta_path):
+  sys.meta_path.insert(0, _Hook())
