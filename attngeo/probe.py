@@ -139,7 +139,8 @@ def summarise(per_layer: list[dict]) -> dict[str, float]:
 
 def _layer_impl(q, k, wv, wo, beta, alpha, key, coupling=None, *, causal, samples, num_moduli, triangles=4096,
                 phase_readouts=True):
-  """All read-outs of one layer: (dict of arrays, walks [b, n, n], moduli [b, num_moduli]).
+  """The read-outs of one layer: (dict of arrays, walks [b, n, n], moduli [b, num_moduli], the magnitude and
+  phases (P, θ) [b, h, n, n] of a bidirectional CMAP layer, for `_frustration_readouts`, else None).
 
   `coupling` [h] marks a CMAP layer: its phase read-outs come from the same dense magnitude P, and its
   effective transport is `Σ_h g^h W_V^h R(θ^h_ij) W_O^h` (`connection.rotation_heads`); a head's own
@@ -161,6 +162,7 @@ def _layer_impl(q, k, wv, wo, beta, alpha, key, coupling=None, *, causal, sample
     if phase_readouts:
       out.update(_phase_readouts(p, theta, jax.random.fold_in(key, 2), causal=causal, triangles=triangles))
     tables = connection.transport_tables(*connection.rotation_heads(wv, wo), key=jax.random.fold_in(key, 1))
+  frustration_inputs = (p, theta) if theta is not None and phase_readouts and not causal else None
 
   def per_sample(args):                     # the per-edge tables are large: one batch element at a time
     ph, th, kk = args
@@ -174,7 +176,7 @@ def _layer_impl(q, k, wv, wo, beta, alpha, key, coupling=None, *, causal, sample
              effective_scale=eff.scale.mean(), effective_rank=eff.rank[0],
              effective_participation=eff.participation.mean(),
              partial_support_mass=eff.sampled_mass.mean())
-  return out, w, moduli
+  return out, w, moduli, frustration_inputs
 
 
 _layer = functools.partial(jax.jit, static_argnames=("causal", "samples", "num_moduli", "triangles",
@@ -183,19 +185,27 @@ _layer = functools.partial(jax.jit, static_argnames=("causal", "samples", "num_m
 
 def _phase_readouts(p, theta, key, *, causal, triangles):
   """CMAP read-outs of one layer (module docstring) from its magnitude p and phases θ [b, h, n, n], per head
-  [h] averaged over the batch."""
+  [h] averaged over the batch; the frustration bracket is `_frustration_readouts`'."""
   out = {"cmap_mean_abs_phase": (jnp.sum(p * jnp.abs(theta), (-2, -1)) / p.shape[-1]).mean(0)}
   if causal:
     return out
-  fr = magnetic.frustration(p, theta)
   cv = magnetic.sampled_curvature(p, theta, key, samples=triangles)
   b = p.shape[0]
-  return dict(out, cmap_lambda_max=fr.lambda_max.mean(0), cmap_frustration_lower=fr.lower.mean(0),
-              cmap_frustration_upper=fr.upper.mean(0), cmap_wilson=jnp.real(cv.wilson).mean(0),
-              cmap_frustration_stalled=fr.stalled.astype(jnp.float32).mean(0),
+  return dict(out, cmap_wilson=jnp.real(cv.wilson).mean(0),
               cmap_wilson_se=jnp.sqrt(jnp.sum(cv.wilson_se ** 2, 0)) / b,
               cmap_mean_abs_circulation=cv.mean_abs.mean(0),
               cmap_mean_abs_circulation_se=jnp.sqrt(jnp.sum(cv.mean_abs_se ** 2, 0)) / b)
+
+
+@jax.jit
+def _frustration_readouts(p, theta):
+  """The frustration bracket of a bidirectional CMAP layer (`magnetic.frustration`), per head [h] averaged over
+  the batch. A program of its own: the stationary law's float64 refinement runs on the host (a callback), and
+  JAX's persistent cache keeps no program that holds one — inside `_layer` it made the whole layer's program
+  (8 s to compile) compile again in every process."""
+  fr = magnetic.frustration(p, theta)
+  return dict(cmap_lambda_max=fr.lambda_max.mean(0), cmap_frustration_lower=fr.lower.mean(0),
+              cmap_frustration_upper=fr.upper.mean(0), cmap_frustration_stalled=fr.stalled.astype(jnp.float32).mean(0))
 
 
 def _coupling(m, heads):
@@ -298,8 +308,11 @@ def model_report(model, run, *, layers=None, heads=None, samples: int = 32, seed
   rows, prev = [], None
   for idx in tqdm(layers, desc=desc, disable=not progress, leave=False, dynamic_ncols=True):
     q, k, wv, wo, beta, alpha = _layer_inputs(*qks[idx], mods[idx], heads)
-    out, w, moduli = _layer(q, k, wv, wo, beta, alpha, jax.random.fold_in(key, idx), _coupling(mods[idx], heads),
-                            causal=mods[idx].causal, samples=samples, num_moduli=num_moduli, triangles=triangles)
+    out, w, moduli, frustration_inputs = _layer(q, k, wv, wo, beta, alpha, jax.random.fold_in(key, idx),
+                                                _coupling(mods[idx], heads), causal=mods[idx].causal,
+                                                samples=samples, num_moduli=num_moduli, triangles=triangles)
+    if frustration_inputs is not None:
+      out = dict(out, **_frustration_readouts(*frustration_inputs))
     if prev is not None:
       pair = _pair(prev[0], w, prev[1], moduli, causal=mods[idx].causal)
       rows[-1].update({kk: float(v) for kk, v in jax.device_get(pair).items()}, next_layer=idx)
@@ -339,9 +352,9 @@ def summary(model, run, *, samples: int = 32, seed: int = 0, num_moduli: int = 1
   key = jax.random.PRNGKey(seed)
   per_layer, prev = [], None
   for idx, ((q, k), m) in enumerate(zip(qks, mods)):
-    out, w, moduli = _layer(*_layer_inputs(q, k, m, None), jax.random.fold_in(key, idx), _coupling(m, None),
-                            causal=m.causal, samples=samples, num_moduli=num_moduli,
-                            phase_readouts=not m.magnetic)    # the family's programs are the report's
+    out, w, moduli, _ = _layer(*_layer_inputs(q, k, m, None), jax.random.fold_in(key, idx), _coupling(m, None),
+                               causal=m.causal, samples=samples, num_moduli=num_moduli,
+                               phase_readouts=not m.magnetic)    # the family's programs are the report's
     if prev is not None:
       per_layer[-1].update(_pair(prev[0], w, prev[1], moduli, causal=m.causal))
     per_layer.append(out)
