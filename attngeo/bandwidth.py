@@ -65,25 +65,26 @@ def bandwidth(x, eps_grid=None, *, rule: str = "sheet", leak: float = 1e-3, samp
     eps_grid = med * np.logspace(-5, 1, 61)
   eps_grid = np.asarray(eps_grid, np.float64)
   off = d2 + np.diag(np.full(len(x), np.inf))
-  log_s = np.array([np.log(np.exp(-d2 / e).sum()) for e in eps_grid])
-  log_off = np.array([np.log(max(np.exp(-off / e).sum(), 1e-300)) for e in eps_grid])
+  s_off = np.array([np.exp(-off / e).sum() for e in eps_grid])          # S' (the diagonal's exp(0) = 1 apart)
+  log_s, log_off = np.log(s_off + len(x)), np.log(np.maximum(s_off, 1e-300))          # S = S' + n
   slope, slope_off = np.gradient(log_s, np.log(eps_grid)), np.gradient(log_off, np.log(eps_grid))
   i_max = int(np.argmax(slope))
-  leaks = np.full(len(eps_grid), np.nan)
-  i, chosen = i_max, "max_slope"
+  i, chosen, leak_i = i_max, "max_slope", float("nan")
   if rule == "sheet":
     bad = _short_circuits(x, knn, ratio)
-    for j in range(i_max + 1):
+    for j in range(i_max, -1, -1):            # the largest grid ε ≤ the max-slope ε within `leak`: from the top down
       lk = -d2 / eps_grid[j]
       p = np.exp(lk - lk.max(1, keepdims=True))
       p /= p.sum(1, keepdims=True)
-      leaks[j] = float((p * bad).sum(1).mean())
-    ok = np.flatnonzero(leaks[: i_max + 1] <= leak)
-    if len(ok) == 0:
+      leak_j = float((p * bad).sum(1).mean())
+      if leak_j <= leak:
+        break
+    else:
       raise ValueError(f"no ε on the grid keeps the walk's short-circuit mass ≤ leak = {leak}; pass a finer eps_grid")
-    if ok[-1] < i_max:
-      i, chosen = int(ok[-1]), "sheet"
-  return Bandwidth(float(eps_grid[i]), float(2 * slope_off[i]), chosen, float(leaks[i]), float(eps_grid[i_max]))
+    leak_i = leak_j
+    if j < i_max:
+      i, chosen = j, "sheet"
+  return Bandwidth(float(eps_grid[i]), float(2 * slope_off[i]), chosen, leak_i, float(eps_grid[i_max]))
 
 
 def neighbour_bandwidth(x, neighbours: float = 64.0, *, rows: int = 500, seed: int = 0) -> float:
