@@ -23,7 +23,7 @@ from test_interop_nanochat import VINTAGE, random_state as nanochat_state, write
 from test_lm_adapt import ADAPT, TINY as LM_TINY
 from test_sit import TINY as SIT_TINY, TRAIN_TINY as SIT_TRAIN_TINY
 from test_study_connection import smoke_argv
-from test_swissroll import TINY as ROLL_TINY
+from test_swissroll import made_scan, scan_config
 
 from attngeo import cli, nn, runs
 
@@ -161,11 +161,9 @@ def test_imported_nanochat(capsys, tmp_path):
 
 # ----------------------------------------------------------------------------- point sets and images
 
-def test_swissroll_condition(capsys, tmp_path):
+def test_swissroll_condition(capsys, tmp_path, made_once):
   from attngeo.experiments import swissroll
-  cfg = swissroll.SwissRollConfig(operators=("DMTN",), orders=("ffn_first",), out=str(tmp_path / "roll"),
-                                  **dict(ROLL_TINY, steps=2))
-  swissroll.run(cfg)
+  cfg = scan_config(made_scan(made_once))                # the session's scan (tests/test_swissroll.py), read only
   run = swissroll.condition_dir(cfg, "DMTN", "ffn_first", cfg.seed)
   probe(capsys, run, str(tmp_path), "--data", "swiss_roll", "--set-size", "48")
   study(capsys, run, str(tmp_path), "encoder")

@@ -3,6 +3,7 @@ reuse keyed by config, finishing a condition killed before its result, seeds and
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,10 +17,23 @@ TINY = dict(steps=40, num_sets=32, set_size=48, sample_sets=2, sample_steps=8, f
             probe_sizes=(48, 96), heat_points=120, ckpt_every=0, progress=False)
 
 
+def scan_config(out: str) -> swissroll.SwissRollConfig:
+  return swissroll.SwissRollConfig(operators=("DMAP", "ATAP", "DMTN"), orders=("ffn_first",), out=out, **TINY)
+
+
+def made_scan(made_once) -> str:
+  """The folder of the three-condition scan, trained once for the test session and all its xdist workers
+  (`made_once`; tests/test_loop.py probes its DMTN condition). Read it; copy it to change it."""
+  return made_once("swissroll_scan", lambda folder: swissroll.run(scan_config(folder)) and None)[0]
+
+
 @pytest.fixture(scope="module")
-def scan(tmp_path_factory):
-  out = str(tmp_path_factory.mktemp("swissroll"))
-  cfg = swissroll.SwissRollConfig(operators=("DMAP", "ATAP", "DMTN"), orders=("ffn_first",), out=out, **TINY)
+def scan(made_once, tmp_path_factory):
+  """The session's scan copied into a folder of this worker's own (the tests here rerun, extend and damage it)
+  and run again there: a rerun that reuses every condition, as a user's second `attngeo swissroll` does."""
+  out = str(tmp_path_factory.mktemp("swissroll") / "scan")
+  shutil.copytree(made_scan(made_once), out)
+  cfg = scan_config(out)
   return cfg, swissroll.run(cfg)
 
 
