@@ -6,6 +6,7 @@ rxnmapper==0.4.3`, the `chem` extra for torch + transformers; .ci/run installs b
 random models saved by `save_pretrained`. Hidden states of every layer, every layer's attention
 probabilities and the MLM / classifier logits must agree to 1e-4 (absolute, float32).
 """
+import importlib
 import importlib.util
 import json
 import os
@@ -14,8 +15,21 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+# torch and transformers (the chem extra) load at the first test that uses them, not while every xdist worker
+# collects the suite (2.3 s each); without them the module is skipped.
+pytestmark = pytest.mark.skipif(not all(importlib.util.find_spec(m) for m in ("torch", "transformers")),
+                                reason="needs the chem extra (torch, transformers)")
+
+
+class _OnFirstUse:
+  def __init__(self, name):
+    self._name = name
+
+  def __getattr__(self, attr):
+    return getattr(importlib.import_module(self._name), attr)
+
+
+torch, transformers = _OnFirstUse("torch"), _OnFirstUse("transformers")
 
 from attngeo import cli, interop, operators, runs  # noqa: E402
 from attngeo.interop import layout, safetensors_io  # noqa: E402
