@@ -1,5 +1,5 @@
 """The suite's own process setup (conftest.py, tests/process_setup/): JAX's shared compilation cache is written
-atomically in every process, one BLAS thread per process."""
+atomically in every process, one BLAS thread per process, bytecode kept."""
 import os
 import subprocess
 import sys
@@ -33,3 +33,12 @@ def test_an_entry_appears_whole_by_a_rename_and_is_written_once(tmp_path, monkey
   (src, dst), = renames
   assert os.path.dirname(src) == str(tmp_path) and dst == os.path.join(str(tmp_path), "k-cache")
   assert cache.get("k") == data and os.listdir(tmp_path) == ["k-cache"]
+
+
+def test_every_process_keeps_its_bytecode():
+  assert not sys.dont_write_bytecode
+  env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+  out = subprocess.run([sys.executable, "-c", "import sys; print(sys.dont_write_bytecode)"], env=env,
+                       capture_output=True, text=True, timeout=60, check=True)
+  assert out.stdout.split() == ["False"], out.stderr
+

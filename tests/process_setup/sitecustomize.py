@@ -9,6 +9,8 @@ program: most of a cold run), get a torn file; deserialising one killed an xdist
 `compilation_cache.get_executable_and_time`. Here `put` writes a temporary file beside the entry and
 renames it over the entry (atomic on POSIX), so a reader finds no entry or a whole one.
 
+It also keeps the suite's Python bytecode (`bytecode_cache` below).
+
 The patch is applied when JAX imports `jax._src.lru_cache` (an import hook), so a process that never imports
 JAX (`attngeo --help`, whose tests check exactly that) still does not. Without these internals (another
 JAX) nothing is changed.
@@ -70,6 +72,17 @@ class _Hook(importlib.abc.MetaPathFinder):
     return spec
 
 
+def bytecode_cache() -> None:
+  """Python's bytecode of the package and of the tests (pytest's assertion-rewritten modules) written to
+  `__pycache__` (git ignores it) even where PYTHONDONTWRITEBYTECODE is set, as on this project's machines:
+  there every xdist worker re-parsed and re-rewrote 190 test modules at collection (4.6 of its 9.8 s) and
+  every subprocess recompiled the package. The import system checks each file against its source's mtime
+  and size, so an edited module is compiled anew. ATTNGEO_TEST_BYTECODE=0 leaves the setting alone."""
+  if os.environ.get("ATTNGEO_TEST_BYTECODE", "1") != "0":
+    sys.dont_write_bytecode = False
+
+
+bytecode_cache()
 if MODULE in sys.modules:
   patch(sys.modules[MODULE])
 elif not any(isinstance(f, _Hook) for f in sys.meta_path):
