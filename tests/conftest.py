@@ -1,8 +1,10 @@
 import fcntl
+import gc
 import importlib.util
 import json
 import os
 import shutil
+import sys
 
 import pytest
 
@@ -64,6 +66,41 @@ FIRST = ("test_train.py",)
 
 def pytest_collection_modifyitems(items):
   items.sort(key=lambda item: os.path.basename(str(item.path)) not in FIRST)       # stable: the rest keep their order
+
+
+# ----------------------------------------------------------------------------- memory maps
+
+# Every program a worker compiles or loads from the cache stays mapped while JAX's in-memory caches hold it.
+# A whole warm suite left one xdist worker with 63,000 memory maps against Linux's default vm.max_map_count
+# of 65,530: past it `mmap` fails, so XLA aborts while loading a cached program ("Failed to materialize
+# symbols"), or a thread cannot start (orbax's "can't start new thread"), and the worker dies. Between test
+# files, a worker holding more than half the limit drops JAX's caches (`jax.clear_caches`); later tests
+# load their programs again from the persistent cache.
+def map_count() -> int:
+  try:
+    with open("/proc/self/maps", "rb") as f:
+      return sum(1 for _ in f)
+  except OSError:                                      # not Linux: no limit read, nothing dropped
+    return 0
+
+
+def map_limit() -> int:
+  try:
+    with open("/proc/sys/vm/max_map_count") as f:
+      return int(f.read())
+  except (OSError, ValueError):
+    return 0
+
+
+MAP_BUDGET = map_limit() // 2
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _bounded_memory_maps():
+  yield
+  if MAP_BUDGET and "jax" in sys.modules and map_count() > MAP_BUDGET:
+    sys.modules["jax"].clear_caches()
+    gc.collect()
 
 
 # ----------------------------------------------------------------------------- tiny runs made once

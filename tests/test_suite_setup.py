@@ -1,10 +1,13 @@
 """The suite's own process setup (conftest.py, tests/process_setup/): JAX's shared compilation cache is written
-atomically in every process, one BLAS thread per process, bytecode kept."""
+atomically in every process, one BLAS thread per process, bytecode kept, memory maps bounded."""
 import os
 import subprocess
 import sys
 
 import numpy as np
+import pytest
+
+from conftest import MAP_BUDGET, map_count
 
 PROBE = ("import jax\nfrom jax._src import lru_cache\nimport threadpoolctl\n"
          "print(getattr(lru_cache.LRUCache.put, 'atomic', False), "
@@ -42,3 +45,30 @@ def test_every_process_keeps_its_bytecode():
                        capture_output=True, text=True, timeout=60, check=True)
   assert out.stdout.split() == ["False"], out.stderr
 
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="memory maps are read from Linux's /proc")
+def test_dropping_jax_caches_unmaps_the_programs_it_held():
+  """The map bound (conftest.py) relies on JAX's caches holding each compiled program's code mapped, and on
+  `jax.clear_caches` releasing them."""
+  import gc
+
+  import jax
+  import jax.numpy as jnp
+
+  def loss(y, i):
+    for j in range(12):
+      y = jnp.tanh(y @ y.T * (i + j)) + jax.nn.softmax(y, axis=j % 2)
+    return y.sum()
+
+  x = jnp.ones((64, 64))
+  jax.jit(jax.grad(lambda y: loss(y, -1.0)))(x).block_until_ready()    # the runtime's own first maps
+  jax.clear_caches()
+  gc.collect()
+  before = map_count()
+  for i in range(10):
+    jax.jit(jax.grad(lambda y, i=i: loss(y, i)))(x).block_until_ready()
+  grown = map_count() - before
+  jax.clear_caches()
+  gc.collect()
+  assert grown >= 30 and map_count() - before <= grown // 4, (before, grown, map_count())
+  assert 0 < MAP_BUDGET <= 1 << 30
