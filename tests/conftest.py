@@ -1,3 +1,4 @@
+import atexit
 import fcntl
 import gc
 import importlib.util
@@ -101,6 +102,25 @@ def _bounded_memory_maps():
   if MAP_BUDGET and "jax" in sys.modules and map_count() > MAP_BUDGET:
     sys.modules["jax"].clear_caches()
     gc.collect()
+
+
+# ----------------------------------------------------------------------------- exit
+
+# An xdist worker's last act is the interpreter's teardown: freeing the thousands of compiled programs and
+# traced functions its tests made, then JAX's and orbax's exit handlers. That took the last 10 s of a
+# 290 s warm suite, after every test had reported (3.5 → 1.6 s on four files). The worker has sent its
+# reports and results by its unconfigure hook, so it leaves there: a handler registered last runs first and
+# ends the process. ATTNGEO_TEST_FAST_EXIT=0 keeps the full teardown (to debug an exit handler).
+def _exit_now():
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(0)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+  if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get("ATTNGEO_TEST_FAST_EXIT", "1") != "0":
+    atexit.register(_exit_now)
 
 
 # ----------------------------------------------------------------------------- tiny runs made once
