@@ -7,6 +7,15 @@ import pytest
 from attngeo import interrupts
 
 
+@pytest.fixture(autouse=True)
+def interactive_ctrl_c():
+  """These tests are about Ctrl-C in an interactive process. One started in the background (`cmd &` in a
+  script, `setsid`, nohup) inherits SIGINT ignored and Python leaves it so; here it is Python's default."""
+  previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+  yield
+  signal.signal(signal.SIGINT, previous)
+
+
 def test_a_signal_inside_the_section_lands_when_it_ends():
   seen = []
   previous = signal.signal(signal.SIGTERM, lambda s, f: seen.append(s))
