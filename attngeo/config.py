@@ -52,18 +52,21 @@ def _default(f):
 
 
 def add_arguments(parser: argparse.ArgumentParser, cls, prefix: str = "", help: dict | None = None,
-                  base=None) -> None:
+                  base=None, skip: tuple[str, ...] = ()) -> None:
   """One `--{prefix}{field}` flag per dataclass field (nested dataclasses: `--{field}.{sub}`).
 
   `help` maps field names to a description shown before the type and default. The default shown
   is `base`'s value (default: the field's default, a nested config's default factory included).
+  `skip` names dotted fields the command sets itself (no flag; `from_arguments` keeps `base`'s value).
   """
   hints = typing.get_type_hints(cls)
   for f in dataclasses.fields(cls):
     tp = hints[f.name]
     value = getattr(base, f.name) if base is not None else _default(f)
+    if prefix + f.name in skip:
+      continue
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-      add_arguments(parser, tp, prefix=f"{prefix}{f.name}.", help=help, base=value)
+      add_arguments(parser, tp, prefix=f"{prefix}{f.name}.", help=help, base=value, skip=skip)
       continue
     flag = "--" + (prefix + f.name).replace("_", "-")
     text = (help or {}).get(prefix + f.name, "")
