@@ -54,6 +54,7 @@ COMMANDS = {
     "lm eval": ("attngeo.experiments.lm:eval_main", "bpb, induction, DAC probe and CORE of a run"),
     "lm sample": ("attngeo.experiments.lm:sample_main", "sample text from a run (KV-cached)"),
     "lm table2": ("attngeo.experiments.lm:table2_main", "the seed's Table 2 at this machine's scale"),
+    "lm ladder": ("attngeo.experiments.lm:ladder_main", "Table 2's protocol at several depths (the scale ladder)"),
     "lm adapt": ("attngeo.experiments.lm_adapt:main", "the seed's Table 3: sequential adaptation along a chain"),
     "bench-probe": ("attngeo.experiments.bench_probe", "probe time and memory at the d12 shape; training-hook overhead"),
     "bench-regularisers": ("attngeo.experiments.bench_regularisers",

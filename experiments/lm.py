@@ -31,7 +31,7 @@ from attngeo.experiments import report
 from attngeo.experiments.report import Col
 from attngeo.lm.config import HELP, PRESETS, LMConfig, preset
 from attngeo.lm import table2
-from attngeo.lm.table2 import CONDITIONS, Table2Config, run_condition  # the protocol (the library's, with lm adapt)
+from attngeo.lm.table2 import CONDITIONS, LadderConfig, Table2Config, run_condition  # the protocol (the library's)
 
 SEED_TABLE2 = {"ATTN": 0.8471, "DMTN": 0.8492, "DMAP": 0.8621}
 
@@ -387,6 +387,113 @@ def cmd_table2(args, ap) -> dict:
   return {"markdown": md, **payload}
 
 
+# ----------------------------------------------------------------------------- the scale ladder
+
+def summarise_ladder(rows: list[dict], cfg: LadderConfig) -> list[dict]:
+  """Per (depth, condition): matmul parameters, and the mean (sd with ddof 1 over seeds) of bpb, induction under
+  both token sets and the DAC probe's max contrast."""
+  out = []
+  for depth in cfg.depths:
+    for name in cfg.conditions:
+      rs = [r for r in rows if r["depth"] == depth and r["condition"] == name]
+      if not rs:
+        continue
+      row = dict(depth=depth, condition=name, seeds=len(rs), params_m=rs[0]["matmul_params"] / 1e6)
+      for key in ("bpb", "induction", "induction_corpus", "dac_max_contrast"):
+        x = np.array([r[key] for r in rs], dtype=float)
+        row[f"{key}_mean"], row[f"{key}_sd"] = float(x.mean()), float(x.std(ddof=1)) if len(x) > 1 else float("nan")
+      out.append(row)
+  return out
+
+
+LADDER_COLS = [Col("depth", "depth"), Col("params_m", "matmul params (M)", ".3f"), Col("condition", "Operator"),
+               Col("seeds", "seeds"), Col("bpb", "val bpb ↓", align="right"),
+               Col("induction_corpus", "induction, corpus tokens ↑", align="right"),
+               Col("induction", "induction, uniform (seed's) ↑", align="right"),
+               Col("dac_max_contrast", "DAC contrast (max)", align="right")]
+
+
+def ladder_figure(table: list[dict], path: str) -> None:
+  """Two panels against depth, one line per operator: induction (uniform solid, corpus dashed) and val bpb."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, (left, right) = plt.subplots(1, 2, figsize=(9.0, 3.6))
+  colours = dict(zip(CONDITIONS, ("black", "tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:red")))
+  for name in dict.fromkeys(r["condition"] for r in table):
+    rs = [r for r in table if r["condition"] == name]
+    depths = [r["depth"] for r in rs]
+    left.plot(depths, [r["induction_mean"] for r in rs], "o-", color=colours.get(name), label=f"{name} (uniform)")
+    left.plot(depths, [r["induction_corpus_mean"] for r in rs], "s--", color=colours.get(name), alpha=0.6,
+              label=f"{name} (corpus tokens)")
+    right.plot(depths, [r["bpb_mean"] for r in rs], "o-", color=colours.get(name), label=name)
+  depths = sorted({r["depth"] for r in table})
+  for ax, label in ((left, "induction accuracy"), (right, "val bpb")):
+    ax.set_xticks(depths)
+    ax.set_xlabel("depth (blocks)")
+    ax.set_ylabel(label)
+  left.set_ylim(-0.02, 1.02)
+  left.set_title("Induction vs depth")
+  right.set_title("Validation bpb vs depth")
+  left.legend(loc="upper left", bbox_to_anchor=(0.0, -0.2), ncol=2, fontsize=8, frameon=False)
+  right.legend(loc="upper left", bbox_to_anchor=(0.0, -0.2), ncol=3, fontsize=8, frameon=False)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120, bbox_inches="tight")
+  plt.close(fig)
+
+
+def check_ladder(cfg: LadderConfig) -> None:
+  """One-line ValueError naming the first field of `cfg` no ladder can use, before any work."""
+  if not cfg.depths or len(set(cfg.depths)) != len(cfg.depths) or min(cfg.depths) < 1:
+    raise ValueError(f"--depths must name distinct depths ≥ 1; got {list(cfg.depths)}")
+  for depth in cfg.depths:
+    check_table2(table2.rung(cfg, depth), mfu=0.4)
+
+
+def cmd_ladder(args, ap) -> dict:
+  base = LadderConfig()
+  try:
+    if args.preset:
+      base = dataclasses.replace(base, lm=preset(args.preset))
+    cfg = config_lib.from_arguments(args, LadderConfig, base)
+    check_ladder(cfg)
+  except ValueError as e:
+    ap.error(str(e))
+  from attngeo.lm import recipe
+  from attngeo.nn import gpt
+  t0 = time.perf_counter()
+  os.makedirs(cfg.out, exist_ok=True)
+  todo = [(d, c, s) for d in cfg.depths for c in cfg.conditions for s in cfg.seeds]
+  rows = []
+  for i, (depth, name, seed) in enumerate(todo):
+    print(f"[{i + 1}/{len(todo)}] depth {depth} {name} seed {seed}", flush=True)
+    rung = table2.rung(cfg, depth)
+    try:
+      row = run_condition(rung, name, seed)
+    except (ValueError, FileNotFoundError) as e:
+      ap.error(str(e))
+    mcfg = recipe.model_config(table2.condition_config(rung.lm, name), vocab_size(rung.lm))
+    rows.append(dict(row, depth=depth, matmul_params=gpt.matmul_params(mcfg)))
+  table = summarise_ladder(rows, cfg)
+  shown = [dict(r, **{key: pm(f"{key}_mean", f"{key}_sd", digits)(r)
+                      for key, digits in (("bpb", 4), ("induction", 3), ("induction_corpus", 3),
+                                          ("dac_max_contrast", 2))}) for r in table]
+  wall = time.perf_counter() - t0
+  lm = cfg.lm
+  note = (f"Table 2's protocol at depths {list(cfg.depths)} (width {lm.width or 'aspect × depth'}, {lm.head_dim}-wide "
+          f"heads, context {lm.seq_len}, {lm.tokenizer} tokenizer, '{lm.data}', {lm.train.steps} steps × "
+          f"{lm.train.batch_size} rows, CopyMix share {lm.copy_mix}); mean ± sd over seeds {list(cfg.seeds)} "
+          f"(ddof 1). Runs are Table 2's (same folder, same run keys). Induction: accuracy on the second copy "
+          f"of [s; s], s from the corpus's tokens or uniform over the vocabulary (the seed's), mean over L. DAC "
+          f"contrast: the antisymmetric logit on induction edges against offsets −2…2, max over layers and heads. "
+          f"Wall time {wall:.0f} s.")
+  payload = dict(config=dataclasses.asdict(cfg), table=table, runs=rows, wall_seconds=wall)
+  md = report.write(cfg.out, "ladder", shown, LADDER_COLS, payload=payload, note=note)
+  ladder_figure(table, os.path.join(cfg.out, "ladder.png"))
+  print(f"\nwrote {cfg.out}/ladder.md, ladder.csv, ladder.json, ladder.png; wall time {wall:.0f} s")
+  return {"markdown": md, **payload}
+
+
 # ----------------------------------------------------------------------------- parser
 
 def _parser(name: str, description: str | None = None) -> argparse.ArgumentParser:
@@ -457,6 +564,25 @@ def table2_parser() -> argparse.ArgumentParser:
   return t2
 
 
+def ladder_parser() -> argparse.ArgumentParser:
+  proto = LadderConfig()
+  la = _parser("ladder", description=f"Table 2's protocol at several depths, width held (default: depths "
+                                     f"{list(proto.depths)}, conditions {list(proto.conditions)}, seeds "
+                                     f"{list(proto.seeds)}); its runs live beside Table 2's in --out and are reused "
+                                     f"by run key. The --lm.* defaults printed below are attngeo lm train's; the "
+                                     f"protocol's override them.")
+  la.add_argument("--preset", default=None,
+                  help=f"the --lm.* protocol from a preset ({', '.join(sorted(PRESETS))}; docs/lm.md), flags override it "
+                       "(default: none)")
+  config_lib.add_arguments(la, LadderConfig, help={
+      "depths": "transformer blocks of each rung (width held at --lm.width)",
+      "conditions": f"from {list(CONDITIONS)}", "seeds": "training seeds",
+      "eval_rows": "validation rows for bpb (0: all)",
+      "out": "output folder (Table 2's: runs at a depth Table 2 trained are reused)",
+      **{f"lm.{k}": v for k, v in HELP.items()}}, skip=("lm.depth",))
+  return la
+
+
 def train_main(argv=None):
   """`attngeo lm train` on `argv` (the arguments after the command's name)."""
   ap = train_parser()
@@ -479,6 +605,12 @@ def table2_main(argv=None):
   """`attngeo lm table2` on `argv` (the arguments after the command's name)."""
   ap = table2_parser()
   return cmd_table2(ap.parse_args(argv), ap)
+
+
+def ladder_main(argv=None):
+  """`attngeo lm ladder` on `argv` (the arguments after the command's name)."""
+  ap = ladder_parser()
+  return cmd_ladder(ap.parse_args(argv), ap)
 
 
 def main(argv=None):

@@ -87,7 +87,7 @@ def test_one_table_names_every_command_and_each_builds_its_own_parser(capsys):
   for module in (lm, lm_adapt, mlm, sit):
     assert "add_subparsers" not in inspect.getsource(module) and "_actions" not in inspect.getsource(module)
   parsers = {"lm train": lm.train_parser, "lm eval": lm.eval_parser, "lm sample": lm.sample_parser,
-             "lm table2": lm.table2_parser, "lm adapt": lm_adapt.parser, "sit train": sit.train_parser,
+             "lm table2": lm.table2_parser, "lm ladder": lm.ladder_parser, "lm adapt": lm_adapt.parser, "sit train": sit.train_parser,
              "sit sample": sit.sample_parser, "sit transfer": sit.transfer_parser, "sit import": sit.import_parser,
              "mlm eval": mlm.eval_parser}
   for name, make in parsers.items():

@@ -133,6 +133,39 @@ def test_lm_table2_condition(capsys, tmp_path, lm_run):
   assert all(outcome.values()) and "operator" in outcome["nanochat"], outcome   # public layouts are ATTN only
 
 
+def test_lm_ladder_reuses_table2_runs_and_writes_its_table(capsys, tmp_path, lm_run):
+  from attngeo.experiments import lm as lm_cmd
+  from attngeo.lm import table2
+  flags = ["--lm.data", LM_ONE_STEP.data, "--lm.data-dir", lm_run[1], "--lm.width", "32", "--lm.head-dim", "16",
+           "--lm.seq-len", "64", "--lm.train.steps", "1", "--lm.train.batch-size", "4", "--lm.train.warmup", "1",
+           "--lm.train.ckpt-every", "0", "--lm.train.progress", "false", "--eval-rows", "2", "--conditions", "ATTN",
+           "--seeds", "0", "--out", str(tmp_path / "t2")]
+  t2 = lm_cmd.table2_main(flags)
+  (first,) = t2["runs"]
+  out = lm_cmd.ladder_main([*flags, "--depths", "1,2"])
+  assert [(r["depth"], r["condition"]) for r in out["table"]] == [(1, "ATTN"), (2, "ATTN")]
+  # the depth Table 2 trained (its protocol's 2) is its run, read back, not trained again; depth 1 is another run
+  assert out["runs"][1]["key"] == first["key"] and out["runs"][1]["seconds"] == first["seconds"]
+  assert out["runs"][0]["key"] != first["key"] and table2.Table2Config().lm.depth == 2
+  assert out["table"][1]["params_m"] > out["table"][0]["params_m"]
+  assert all(os.path.exists(tmp_path / "t2" / f"ladder.{ext}") for ext in ("md", "csv", "json", "png"))
+  assert "| 2 |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--depths", "2,2"], "--depths must name distinct depths ≥ 1; got [2, 2]"),
+    (["--depths", "0"], "--depths must name distinct depths ≥ 1; got [0]"),
+    (["--lm.depth", "3"], "unrecognized arguments: --lm.depth 3"),                  # the rungs' depths are --depths
+    (["--conditions", "ATTN,XYZ"], "--conditions: unknown ['XYZ']"),
+])
+def test_lm_ladder_bad_input_is_one_line_before_any_work(capsys, tmp_path, argv, message):
+  from attngeo.experiments import lm as lm_cmd
+  with pytest.raises(SystemExit) as e:
+    lm_cmd.ladder_main([*argv, "--out", str(tmp_path / "o")])
+  err = capsys.readouterr().err.strip().splitlines()
+  assert e.value.code == 2 and message in err[-1] and not os.path.exists(tmp_path / "o")
+
+
 def test_lm_adapt_state(capsys, tmp_path, lm_run):
   from attngeo.experiments import lm as lm_cmd
   result = lm_cmd.main(["adapt", "--source", lm_run[0], "--chain", "ATTN,DMTN,ATTN", "--seeds", "0", "--control", "false",

@@ -6,12 +6,16 @@
   16 rows by default), validation rows, output folder. Importable without JAX.
 * `run_key(lm)` — what a run computes (every `LMConfig` field but where the text lives and the
   progress bar, plus the text's content key): names the run folder `runs/<name>_s<seed>_<run_key>`.
+* `LadderConfig`, `rung(cfg, depth)` — the same protocol at several depths (width held): each rung is a
+  `Table2Config` whose runs live in the same `out` as Table 2's, so the depth Table 2 used is not trained
+  twice (`run_key` names each run). Importable without JAX.
 * `run_condition(cfg, name, seed)` — train (or resume) and evaluate one condition; its `result.json`
   is reused only under the same `result_key` (the run, the validation rows, the evaluation's version).
   Induction is reported under both token sets (`attngeo.lm.induction`): `induction` (the seed's,
   uniform over the vocabulary) and `induction_corpus` (the training corpus's ids).
 
-`attngeo lm table2` (`attngeo.experiments.lm`) runs every condition × seed and tabulates them;
+`attngeo lm table2` (`attngeo.experiments.lm`) runs every condition × seed and tabulates them; `attngeo lm
+ladder` every depth × condition × seed;
 `attngeo lm adapt` (`attngeo.experiments.lm_adapt`) starts from the ATTN seed-0 run.
 """
 from __future__ import annotations
@@ -37,6 +41,23 @@ class Table2Config:
   lm: LMConfig = dataclasses.field(default_factory=lambda: LMConfig(
       depth=2, head_dim=64, width=128, seq_len=128,
       train=LMTrain(steps=600, batch_size=16, warmup=20, ckpt_every=200, log_every=10)))
+
+
+@dataclasses.dataclass
+class LadderConfig:
+  """Table 2's protocol at each of `depths` (blocks; the width stays `lm.width`): conditions × seeds per rung."""
+  depths: tuple[int, ...] = (2, 4, 6)
+  conditions: tuple[str, ...] = ("ATTN", "DMTN")
+  seeds: tuple[int, ...] = (0,)
+  eval_rows: int = 512                 # validation rows for bpb (0: all)
+  out: str = "runs/table2"             # Table 2's folder: its runs at the same depth are reused
+  lm: LMConfig = dataclasses.field(default_factory=lambda: Table2Config().lm)
+
+
+def rung(cfg: LadderConfig, depth: int) -> Table2Config:
+  """The ladder's Table 2 at `depth` blocks: the same conditions, seeds, validation rows, folder and protocol."""
+  return Table2Config(conditions=cfg.conditions, seeds=cfg.seeds, eval_rows=cfg.eval_rows, out=cfg.out,
+                      lm=dataclasses.replace(cfg.lm, depth=depth))
 
 
 def condition_config(lm: LMConfig, name: str, seed: int | None = None) -> LMConfig:
