@@ -30,18 +30,7 @@ import optax
 from flax import nnx
 from scipy.spatial.distance import cdist
 
-
-@dataclasses.dataclass(frozen=True)
-class ClassifierConfig:
-  image_size: int = 28
-  channels: int = 1
-  num_classes: int = 10
-  conv: tuple[int, ...] = (16, 32)
-  features: int = 64
-  steps: int = 1500
-  batch_size: int = 128
-  lr: float = 2e-3
-  seed: int = 0
+from attngeo.nn.config import ClassifierConfig  # noqa: F401  (the classifier's config, importable without JAX)
 
 
 class Classifier(nnx.Module):

@@ -1,4 +1,6 @@
 """Packaging: every package folder is installed, experiments only as attngeo.experiments."""
+import ast
+import glob
 import hashlib
 import json
 import os
@@ -152,6 +154,27 @@ def test_no_module_reads_another_modules_private_names():
           if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
               and isinstance(node.value, ast.Name) and bound.get(node.value.id, mod) != mod):
             found.append(f"{os.path.relpath(path, ROOT)}:{node.lineno} reads {bound[node.value.id]}.{node.attr}")
+  assert not found, found
+
+
+ARRAY_LIBRARIES = ("jax", "flax", "optax", "orbax", "chex", "grain")
+
+
+def test_every_config_dataclass_lives_in_a_module_without_jax():
+  """A `...Config` dataclass of the package or its experiments is defined in a module that imports no array
+  library at its top (function-local imports are fine), so every command parses and validates it before JAX."""
+  found = []
+  for path in glob.glob(os.path.join(ROOT, "attngeo", "**", "*.py"), recursive=True) + \
+      glob.glob(os.path.join(ROOT, "experiments", "*.py")):
+    with open(path, encoding="utf-8") as f:
+      tree = ast.parse(f.read())
+    heavy = sorted({(a.name if isinstance(node, ast.Import) else node.module or "").split(".")[0]
+                    for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))
+                    and getattr(node, "level", 0) == 0 for a in node.names} & set(ARRAY_LIBRARIES))
+    configs = [node.name for node in tree.body if isinstance(node, ast.ClassDef) and node.name.endswith("Config")
+               and any("dataclass" in ast.dump(d) for d in node.decorator_list)]
+    if heavy and configs:
+      found.append(f"{os.path.relpath(path, ROOT)}: {configs} beside imports of {heavy}")
   assert not found, found
 
 

@@ -7,6 +7,7 @@ keyword to the model config if it names one of its fields, else to its `BlockCon
 * `BlockConfig` — what every transformer block shares (`attngeo.nn.layers.Block`);
 * `GPTConfig` (`attngeo.nn.gpt.GPT`), `DiTConfig` (`attngeo.nn.dit.DiT`), `EncoderConfig`
   (`attngeo.nn.encoder.Encoder`), `PointFlowConfig` (`attngeo.nn.pointflow.PointFlow`);
+* `ClassifierConfig` — the small CNN of the offline image metric (`attngeo.image_metrics.Classifier`);
 * `ORDERS`, `NORMS`, `ROPE_STYLES`, `CLASSIFIERS` — the values their string fields take.
 
 Operators are checked by `attngeo.operator_names` (JAX-free). `attngeo.nn.registry` serialises these
@@ -356,3 +357,19 @@ def config_from_dict(fields: dict):
   if name not in CONFIGS:
     raise ValueError(f"unknown model config class {name!r}; known: {sorted(CONFIGS)}")
   return config_lib.from_dict(CONFIGS[name], fields)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClassifierConfig:
+  """The image metric's classifier (`attngeo.image_metrics`): `conv` 3×3 conv + ReLU + 2×2 pool stages on
+  [image_size, image_size, channels] images, a dense layer of `features` units (the features φ), a linear
+  read-out to `num_classes`; trained for `steps` of `batch_size` at `lr` from `seed`."""
+  image_size: int = 28
+  channels: int = 1
+  num_classes: int = 10
+  conv: tuple[int, ...] = (16, 32)
+  features: int = 64
+  steps: int = 1500
+  batch_size: int = 128
+  lr: float = 2e-3
+  seed: int = 0
