@@ -48,10 +48,10 @@ os.environ.update(_hugepages.huge_pages_env(os.environ) or {})
 
 # One BLAS thread per test process (numpy/scipy's OpenBLAS; the float64 references): two xdist workers on two
 # cores each starting a pool of two spinning threads ran the suite 100 s of CPU slower (575 against 673
-# worker-seconds of tests, warm cache). Subprocesses read the variable; this process, whose numpy may be
-# loaded already, is limited through threadpoolctl.
+# worker-seconds of tests, warm cache). Set whatever the shell exported. Subprocesses read the variable; this
+# process, whose numpy may be loaded already, is limited through threadpoolctl.
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-  os.environ.setdefault(_var, "1")
+  os.environ[_var] = "1"
 import threadpoolctl  # noqa: E402
 
 threadpoolctl.threadpool_limits(1)
@@ -119,7 +119,10 @@ def _exit_now():
 
 @pytest.hookimpl(trylast=True)
 def pytest_unconfigure(config):
-  if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get("ATTNGEO_TEST_FAST_EXIT", "1") != "0":
+  # An xdist worker itself (not a pytest a test starts, which inherits PYTEST_XDIST_WORKER) and not under
+  # coverage, whose data is saved by an exit handler.
+  if (hasattr(config, "workerinput") and "coverage" not in sys.modules
+          and os.environ.get("ATTNGEO_TEST_FAST_EXIT", "1") != "0"):
     atexit.register(_exit_now)
 
 
