@@ -254,6 +254,18 @@ def _run_folder(workdir: str | None):
           contextlib.nullcontext())
 
 
+def _kept(mngr, cfg: TrainConfig, log) -> str:
+  """What a run stopped by a non-finite loss leaves: its last checkpoint, or nothing (a run folder without a
+  checkpoint is removed as the run found it, `_run_folder`), and the last finite loss it logged."""
+  last = mngr.latest_step() if mngr else None
+  rows = [r for r in log.rows if np.isfinite(r.get("loss", np.nan))]
+  seen = f"; the last finite loss logged was {rows[-1]['loss']:.4g} at step {rows[-1]['step']}" if rows else ""
+  if last is not None:
+    return f"the last checkpoint in {cfg.workdir} (step {last}) holds the state before it{seen}"
+  due = f", the first was due at step {cfg.ckpt_every}" if cfg.ckpt_every else ""
+  return f"no checkpoint was written before it{due}{seen}"
+
+
 def train(model, loss_fn: Callable, data: Iterator, cfg: TrainConfig, *, flops_per_step: float | None = None,
           hooks: tuple[Callable, ...] = (), desc: str = "train", tokens_per_step: int | None = None) -> TrainResult:
   """Train for `cfg.steps` steps, resuming from `cfg.workdir` if it holds an intact checkpoint.
@@ -299,8 +311,8 @@ def train(model, loss_fn: Callable, data: Iterator, cfg: TrainConfig, *, flops_p
       if done % cfg.log_every == 0 or done == cfg.steps:
         metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
         if not np.isfinite(metrics["loss"]):
-          raise FloatingPointError(f"loss is {metrics['loss']} at step {done}; the last checkpoint in "
-                                   f"{cfg.workdir} holds the state before it (lower the learning rate?)")
+          raise FloatingPointError(f"loss is {metrics['loss']} at step {done}; {_kept(mngr, cfg, log)} "
+                                   "(lower the learning rate?)")
         dt = (time.perf_counter() - t0) / (done - start)
         row = dict(step=done, **metrics, step_s=dt, samples_per_s=cfg.batch_size / dt)
         if tokens_per_step:

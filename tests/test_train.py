@@ -338,6 +338,39 @@ def test_non_finite_loss_stops_the_run_with_a_clear_error():
     train.train(model, loss, Batches(pts), train.TrainConfig(steps=3, batch_size=2, log_every=1, progress=False))
 
 
+class TurnsNaN:
+  """Point sets that turn NaN from batch `bad` on (1-based), with the iterator-state protocol."""
+
+  def __init__(self, bad):
+    self.bad, self.i = bad, 0
+
+  def __next__(self):
+    self.i += 1
+    return {"points": np.full((2, 4, 3), np.nan if self.i >= self.bad else 1.0, np.float32)}
+
+  def get_state(self):
+    return {"i": self.i}
+
+  def set_state(self, state):
+    self.i = state["i"]
+
+
+@pytest.mark.parametrize("ckpt_every, kept", [
+    (2, r"the last checkpoint in \S+ \(step 2\) holds the state before it; the last finite loss logged was "
+        r"\S+ at step 2 \(lower"),
+    (0, r"no checkpoint was written before it; the last finite loss logged was \S+ at step 2 \(lower"),
+    (5, r"no checkpoint was written before it, the first was due at step 5; the last finite loss"),
+])
+def test_a_non_finite_loss_says_what_the_run_folder_keeps(tmp_path, ckpt_every, kept):
+  model = nn.PointFlow(nn.PointFlowConfig.create(width=16, num_heads=2, depth=1), rngs=nnx.Rngs(0))
+  loss = lambda m, b, r: (jnp.mean(m(b["points"], jnp.ones((2,))) ** 2), {})
+  workdir = str(tmp_path / "run")
+  cfg = train.TrainConfig(steps=6, batch_size=2, log_every=1, ckpt_every=ckpt_every, workdir=workdir, progress=False)
+  with pytest.raises(FloatingPointError, match="loss is nan at step 3; " + kept):
+    train.train(model, loss, TurnsNaN(bad=3), cfg)
+  assert os.path.isdir(workdir) == (ckpt_every == 2)        # without a checkpoint the folder goes, as found
+
+
 def test_training_loop_makes_no_implicit_transfers():
   """Host↔device traffic in the loop is explicit (per-host batches in, metrics out): JAX's transfer guard."""
   model = nn.GPT(nn.GPTConfig.from_depth(1, vocab_size=16, head_dim=8, width=16), rngs=nnx.Rngs(0))
