@@ -180,13 +180,20 @@ def key_bias(q, k, *, beta, alpha, scale: float):
   """The per-key bias `−s·(1 − α)/2·g_j` [b, n, h] float32 of member (β, α), or None at α = 1 (a float).
 
   g = ¼‖q + k‖² − ¼β‖q − k‖² = ¼(1 − β)‖q + k‖² + β q·k: the second form has no difference of squares
-  (at |q| ≈ 1e20 the first was inf − inf: NaN keys for ATAP, whose logits are only ~|q|·|k|).
+  (at |q| ≈ 1e20 the first was inf − inf: NaN keys for ATAP, whose logits are only ~|q|·|k|). Where
+  ‖q + k‖² overflows, the first term is +inf, or 0 at β = 1 (ATAP's keys stay finite); its β-gradient is
+  −¼‖q + k‖² everywhere else, β = 1 included (a learnable β clipped to 1 trains on; a factor √(1 − β)
+  gave −∞·0 = NaN there, and a learnable run died at step 157).
   """
   if isinstance(alpha, float) and alpha == 1.0:
     return None
   b_, a_ = jnp.asarray(beta, jnp.float32)[..., None], jnp.asarray(alpha, jnp.float32)
   qf, kf = q.astype(jnp.float32), k.astype(jnp.float32)
-  g = 0.25 * jnp.sum(jnp.square(jnp.sqrt(1 - b_) * (qf + kf)), -1) + b_[..., 0] * jnp.sum(qf * kf, -1)
+  sym = (1 - b_[..., 0]) * 0.25
+  sq = jnp.sum(jnp.square(qf + kf), -1)
+  finite = jnp.isfinite(sq)
+  spread = jnp.where(finite, sym * jnp.where(finite, sq, 0.0), jnp.where(sym == 0, 0.0, jnp.inf))
+  g = spread + b_[..., 0] * jnp.sum(qf * kf, -1)
   return -scale * 0.5 * (1 - a_) * g
 
 

@@ -140,6 +140,20 @@ def test_coefficient_gradients_match_dense():
     np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-5)
 
 
+def test_coefficient_gradients_at_the_edges_are_finite_and_exact():
+  """At β = 1 (ATAP's edge, where a learnable β is clipped) and β = 0, dL/dβ and dL/dα are the dense
+  reference's, not NaN (a √(1 − β) in the key bias made them NaN at β = 1); a β clipped from above gets 0."""
+  q, k, v = qkv(9)
+  fused = lambda b_, a_: jnp.sum(op.transport(q, k, v, beta=b_, alpha=a_) ** 2)
+  dense = lambda b_, a_: jnp.sum(dense_out(q, k, v, b_, a_) ** 2)
+  b0, a0 = jnp.array([1.0, 0.0, 1.0]), jnp.array([0.3, 0.6, 0.0])
+  for a, b in zip(jax.grad(fused, (0, 1))(b0, a0), jax.grad(dense, (0, 1))(b0, a0)):
+    assert float(jnp.abs(b).min()) > 1e-3
+    np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-5)
+  clipped = jax.grad(lambda raw: fused(jnp.clip(raw, 0.0, 1.0), a0))(jnp.array([1.2, 0.5, 1.3]))
+  assert bool(jnp.all(jnp.isfinite(clipped))) and float(clipped[0]) == float(clipped[2]) == 0.0
+
+
 @pytest.mark.parametrize("impl", ["einsum", "blockwise"])
 def test_bf16_error_of_every_member_is_within_3x_attention(impl):
   """16-bit inputs: augmented keys are split hi + lo, so mixed members are as accurate as ATTN."""
