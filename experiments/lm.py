@@ -501,6 +501,13 @@ def _parser(name: str, description: str | None = None) -> argparse.ArgumentParse
   return config_lib.parser(f"attngeo lm {name}", description or cli.COMMANDS[f"lm {name}"][1] + ".")
 
 
+def add_preset(ap: argparse.ArgumentParser, flags: str) -> None:
+  """`--preset NAME`: start the `flags` protocol from a preset of `attngeo.lm.config.PRESETS`."""
+  ap.add_argument("--preset", default=None,
+                  help=f"the {flags} protocol from a preset ({', '.join(sorted(PRESETS))}; docs/lm.md), flags override "
+                       "it (default: none)")
+
+
 def train_parser() -> argparse.ArgumentParser:
   tr = _parser("train")
   tr.add_argument("--out", default="runs/lm", help="run folder (default: runs/lm)")
@@ -553,9 +560,7 @@ def table2_parser() -> argparse.ArgumentParser:
                   help="the seed's d12 recipe (depth 12, 2048 context, 65,536-token BPE, FineWeb-edu shards; "
                        "print it with --dry-run); default off")
   t2.add_argument("--dry-run", action="store_true", help="print the plan (FLOPs, step-time estimates, launch line), train nothing; default off")
-  t2.add_argument("--preset", default=None,
-                  help=f"the --lm.* protocol from a preset ({', '.join(sorted(PRESETS))}; docs/lm.md), flags override it "
-                       "(default: none)")
+  add_preset(t2, "--lm.*")
   t2.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilisation assumed by the estimates (default: 0.4)")
   config_lib.add_arguments(t2, Table2Config, help={"conditions": f"from {list(CONDITIONS)} (learnable: per-head "
                                                                  "(beta, alpha) from (0.5, 0.5))",
@@ -571,9 +576,7 @@ def ladder_parser() -> argparse.ArgumentParser:
                                      f"{list(proto.seeds)}); its runs live beside Table 2's in --out and are reused "
                                      f"by run key. The --lm.* defaults printed below are attngeo lm train's; the "
                                      f"protocol's override them.")
-  la.add_argument("--preset", default=None,
-                  help=f"the --lm.* protocol from a preset ({', '.join(sorted(PRESETS))}; docs/lm.md), flags override it "
-                       "(default: none)")
+  add_preset(la, "--lm.*")
   config_lib.add_arguments(la, LadderConfig, help={
       "depths": "transformer blocks of each rung (width held at --lm.width)",
       "conditions": f"from {list(CONDITIONS)}", "seeds": "training seeds",
