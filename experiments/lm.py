@@ -548,14 +548,17 @@ def sample_parser() -> argparse.ArgumentParser:
   return sa
 
 
+# Said by every command whose --lm.* flags start from a protocol other than `lm train`'s.
+LM_DEFAULTS = "The --lm.* defaults printed below are attngeo lm train's; the protocol's override them."
+
+
 def table2_parser() -> argparse.ArgumentParser:
   proto = Table2Config()
   t2 = _parser("table2", description=f"The seed's Table 2 at this machine's scale. Default protocol: conditions "
                                      f"{list(proto.conditions)} × seeds {list(proto.seeds)}; "
                                      f"depth {proto.lm.depth}, width {proto.lm.width}, head_dim {proto.lm.head_dim}, "
                                      f"context {proto.lm.seq_len}, {proto.lm.tokenizer} tokenizer, data {proto.lm.data}, "
-                                     f"{proto.lm.train.steps} steps × {proto.lm.train.batch_size} rows. The --lm.* "
-                                     f"defaults printed below are attngeo lm train's; the protocol's override them.")
+                                     f"{proto.lm.train.steps} steps × {proto.lm.train.batch_size} rows. {LM_DEFAULTS}")
   t2.add_argument("--full", action="store_true",
                   help="the seed's d12 recipe (depth 12, 2048 context, 65,536-token BPE, FineWeb-edu shards; "
                        "print it with --dry-run); default off")
@@ -574,8 +577,7 @@ def ladder_parser() -> argparse.ArgumentParser:
   la = _parser("ladder", description=f"Table 2's protocol at several depths, width held (default: depths "
                                      f"{list(proto.depths)}, conditions {list(proto.conditions)}, seeds "
                                      f"{list(proto.seeds)}); its runs live beside Table 2's in --out and are reused "
-                                     f"by run key. The --lm.* defaults printed below are attngeo lm train's; the "
-                                     f"protocol's override them.")
+                                     f"by run key. {LM_DEFAULTS}")
   add_preset(la, "--lm.*")
   config_lib.add_arguments(la, LadderConfig, help={
       "depths": "transformer blocks of each rung (width held at --lm.width)",
