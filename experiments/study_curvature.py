@@ -32,7 +32,11 @@ import os
 import sys
 import time
 
-from attngeo import config as config_lib
+import numpy as np
+
+from attngeo import config as config_lib, files, runlock, stats
+from attngeo.experiments import swissroll, swissroll_config
+from attngeo.regularisers_config import Regularisers
 
 COLUMNS = (("d_nn_ratio", "d_NN ÷ floor"), ("coverage_ratio", "coverage ÷ floor"), ("eff_neighbours", "e^H̄"),
            ("eps_rev", "ε_rev"), ("rho_skew", "ρ_skew"), ("curvature", "curvature"), ("eval_loss", "loss"))
@@ -63,7 +67,6 @@ HELP = {"operator": "operator of every condition (one of DMAP, DMTN, ATAP, ATTN)
 
 def settings(cfg: CurvatureStudyConfig) -> dict:
   """{name: Regularisers} of the settings trained: `none` first, then each term whose λ > 0."""
-  from attngeo.regularisers_config import Regularisers
   out = {"none": Regularisers()}
   if cfg.curvature > 0:
     out["curvature"] = Regularisers(curvature=cfg.curvature, curvature_target=cfg.curvature_target)
@@ -73,15 +76,13 @@ def settings(cfg: CurvatureStudyConfig) -> dict:
 
 
 def scan_config(cfg: CurvatureStudyConfig, name: str, reg):
-  from attngeo.experiments import swissroll
-  return swissroll.SwissRollConfig(operators=(cfg.operator,), orders=(cfg.order,), seeds=cfg.seeds, steps=cfg.steps,
+  return swissroll_config.SwissRollConfig(operators=(cfg.operator,), orders=(cfg.order,), seeds=cfg.seeds, steps=cfg.steps,
                                    reg=reg, out=os.path.join(cfg.out, name), progress=cfg.progress)
 
 
 def validate(cfg: CurvatureStudyConfig) -> None:
-  from attngeo.experiments import swissroll
-  if cfg.operator not in swissroll.OPERATORS:
-    raise ValueError(f"--operator must be one of {', '.join(swissroll.OPERATORS)}; got {cfg.operator!r}")
+  if cfg.operator not in swissroll_config.OPERATORS:
+    raise ValueError(f"--operator must be one of {', '.join(swissroll_config.OPERATORS)}; got {cfg.operator!r}")
   if isinstance(cfg.seeds, bool) or not isinstance(cfg.seeds, int) or cfg.seeds < 2:
     raise ValueError(f"--seeds must be an integer ≥ 2 (the differences are tested over seeds); got {cfg.seeds!r}")
   for name in ("curvature", "reversibility"):
@@ -92,14 +93,11 @@ def validate(cfg: CurvatureStudyConfig) -> None:
   if cfg.curvature == cfg.reversibility == 0:
     raise ValueError("--curvature and --reversibility are both 0: nothing to compare with the unregularised runs")
   for name, reg in settings(cfg).items():
-    swissroll.validate(scan_config(cfg, name, reg))
+    swissroll_config.validate(scan_config(cfg, name, reg))
 
 
 def compare(per_seed: dict[str, list[dict]]) -> dict:
   """{setting: {column: {"mean", "sd", "values", "vs_none": Welch fields + holm p}}} over the seeds."""
-  import numpy as np
-
-  from attngeo import stats
   out = {}
   for name, rows in per_seed.items():
     cols, tests = {}, []
@@ -150,8 +148,6 @@ def markdown(cfg: CurvatureStudyConfig, result: dict) -> str:
 
 
 def figure(result: dict, path: str) -> None:
-  import numpy as np
-
   from attngeo.plotting import plt
   names = list(result)
   fig, axes = plt.subplots(1, len(COLUMNS), figsize=(2.1 * len(COLUMNS), 2.8), constrained_layout=True)
@@ -168,9 +164,13 @@ def figure(result: dict, path: str) -> None:
 
 
 def run(cfg: CurvatureStudyConfig) -> dict:
+  """Each setting's scan (`swissroll.run`, in `--out/SETTING`), then the comparison in `--out` (held throughout)."""
   validate(cfg)
-  from attngeo import files
-  from attngeo.experiments import swissroll
+  with runlock.hold(cfg.out):
+    return _run(cfg)
+
+
+def _run(cfg: CurvatureStudyConfig) -> dict:
   t0 = time.perf_counter()
   per_seed = {}
   for name, reg in settings(cfg).items():

@@ -28,8 +28,8 @@ import time
 
 import numpy as np
 
-from attngeo import config
-from attngeo.experiments import report, swissroll
+from attngeo import config, runlock
+from attngeo.experiments import report, swissroll_config
 from attngeo.experiments.report import Col
 
 PROTOCOLS = {
@@ -37,7 +37,7 @@ PROTOCOLS = {
     "depth4": dict(depth=4),
     "set1024": dict(set_size=1024, batch_size=2),
     "set4000": dict(set_size=4000, batch_size=1, num_sets=512),
-    "full": dict(swissroll.FULL, out="runs/swissroll_full"),
+    "full": dict(swissroll_config.FULL, out="runs/swissroll_full"),
 }
 SEED = {("DMAP", "ffn_first"): 27.2, ("DMAP", "attn_first"): 1.14, ("DMTN", "ffn_first"): 42.4,
         ("DMTN", "attn_first"): 11.1, ("ATAP", "ffn_first"): 46.4, ("ATAP", "attn_first"): 9.63}
@@ -47,36 +47,54 @@ LABELS = {"base": "base (depth 2, sets of 256, 1500 steps)", "depth4": "depth 4"
           "set4000": "trained on sets of 4000", "full": "6000 steps (--full)"}
 
 
-def protocol_config(name: str, operators, out: str) -> swissroll.SwissRollConfig:
-  fields = dict(operators=tuple(operators), orders=swissroll.ORDERS, probe_sizes=SIZES, out=os.path.join(out, name),
+def protocol_config(name: str, operators, out: str) -> swissroll_config.SwissRollConfig:
+  fields = dict(operators=tuple(operators), orders=swissroll_config.ORDERS, probe_sizes=SIZES, out=os.path.join(out, name),
                 steps=STEPS)
   fields.update(PROTOCOLS[name])
-  return dataclasses.replace(swissroll.SwissRollConfig(), **fields)
+  return dataclasses.replace(swissroll_config.SwissRollConfig(), **fields)
 
 
 def run(protocols, operators, out: str, progress: bool = True) -> list[dict]:
+  """Every protocol's conditions (each in its scan folder, held while it trains), then the table and figure
+  in `out` (held throughout): two processes never write one folder."""
+  configs = [dataclasses.replace(protocol_config(name, operators, out), progress=progress) for name in protocols]
+  for cfg in configs:
+    swissroll_config.validate(cfg)
+  with runlock.hold(out):
+    t0 = time.perf_counter()
+    rows = []
+    for name, cfg in zip(protocols, configs):
+      with runlock.hold(cfg.out):
+        rows += protocol_rows(name, cfg, operators)
+    return summarise(rows, protocols, operators, out, time.perf_counter() - t0)
+
+
+def protocol_rows(name: str, cfg, operators) -> list[dict]:
+  """One protocol's conditions (`swissroll_run.run_condition`: trained or read back by key) as table rows."""
   from attngeo import data
-  t0 = time.perf_counter()
-  rows = []
-  for name in protocols:
-    cfg = dataclasses.replace(protocol_config(name, operators, out), progress=progress)
-    swissroll.validate(cfg)
-    source, cloud = data.point_sets(cloud="swiss_roll", num_points=cfg.num_points, seed=cfg.seed,
+  from attngeo.experiments import swissroll_run
+  source, cloud = data.point_sets(cloud="swiss_roll", num_points=cfg.num_points, seed=cfg.seed,
                                   set_size=cfg.set_size, num_sets=cfg.num_sets)
-    refs = swissroll.references(cfg, cloud)
-    for order in cfg.orders:
-      for op in operators:
-        print(f"[{name}] {op} {order}", flush=True)
-        r = swissroll.run_condition(cfg, op, order, cfg.seed, source, refs)
-        by = r["eff_neighbours_by_size"]
-        rows.append(dict(protocol=name, operator=op, order=order, set_size=cfg.set_size, depth=cfg.depth,
-                         steps=cfg.steps, e_train=r["eff_neighbours"],
-                         **{f"e_{n}": float(np.mean(by[str(n)])) for n in SIZES},
-                         **{f"norm_{n}": float(np.mean(by[str(n)])) / n for n in SIZES},
-                         e_first=by[str(SIZES[-1])][0], e_last=by[str(SIZES[-1])][-1], per_layer=by,
-                         d_nn_ratio=r["d_nn_ratio"], seed_value=SEED.get((op, order))))
+  refs = swissroll_run.references(cfg, cloud)
+  rows = []
+  for order in cfg.orders:
+    for op in operators:
+      print(f"[{name}] {op} {order}", flush=True)
+      r = swissroll_run.run_condition(cfg, op, order, cfg.seed, source, refs)
+      by = r["eff_neighbours_by_size"]
+      rows.append(dict(protocol=name, operator=op, order=order, set_size=cfg.set_size, depth=cfg.depth,
+                       steps=cfg.steps, e_train=r["eff_neighbours"],
+                       **{f"e_{n}": float(np.mean(by[str(n)])) for n in SIZES},
+                       **{f"norm_{n}": float(np.mean(by[str(n)])) / n for n in SIZES},
+                       e_first=by[str(SIZES[-1])][0], e_last=by[str(SIZES[-1])][-1], per_layer=by,
+                       d_nn_ratio=r["d_nn_ratio"], seed_value=SEED.get((op, order))))
+  return rows
+
+
+def summarise(rows: list[dict], protocols, operators, out: str, seconds: float) -> list[dict]:
+  """order.{md,csv,json} and order.png in `out`; returns `rows`."""
   big = SIZES[-1]
-  cols = ([Col("protocol"), Col("operator"), Col("order", "Order", swissroll.ORDER_NAMES.get),
+  cols = ([Col("protocol"), Col("operator"), Col("order", "Order", swissroll_config.ORDER_NAMES.get),
            Col("set_size", "train n"), Col("depth"), Col("steps"), Col("e_train", "e^H̄ (train n)", ".2f")]
           + [Col(f"e_{n}", f"e^H̄ @{n}", ".2f") for n in SIZES]
           + [Col(f"norm_{big}", f"÷ n @{big}", ".4f"), Col("e_first", f"@{big} layer 1", ".2f"),
@@ -89,7 +107,7 @@ def run(protocols, operators, out: str, progress: bool = True) -> list[dict]:
   models = ", ".join(dict.fromkeys(protocol_config(p, operators, out).out for p in protocols))
   print()
   report.wrote(out, "order.md", "order.csv", "order.json", "order.png",
-               suffix=f"; models in {models}; wall time {time.perf_counter() - t0:.0f} s")
+               suffix=f"; models in {models}; wall time {seconds:.0f} s")
   return rows
 
 
@@ -113,12 +131,12 @@ def figure(rows: list[dict], path: str) -> None:
             continue
           e = np.array([r[f"e_{s}"] for s in SIZES])
           ax.plot(n, e / n if norm else e, ls, marker="o", ms=3, color=plt.cm.tab10(k),
-                  label=f"{LABELS.get(p, p)}, {swissroll.ORDER_NAMES[order]}")
+                  label=f"{LABELS.get(p, p)}, {swissroll_config.ORDER_NAMES[order]}")
       seed = {order: SEED.get((op, order)) for order in ("ffn_first", "attn_first")}
       for order, ls in (("ffn_first", "-"), ("attn_first", "--")):
         if seed[order] is not None and not norm:
           ax.axhline(seed[order], color="k", ls=ls, lw=0.8, alpha=0.6,
-                     label=f"the seed's Table 1, {swissroll.ORDER_NAMES[order]} (value in the title)")
+                     label=f"the seed's Table 1, {swissroll_config.ORDER_NAMES[order]} (value in the title)")
       ax.set_xscale("log")
       if norm:
         ax.set_ylim(0, None)
@@ -151,7 +169,7 @@ def parser() -> argparse.ArgumentParser:
                   help=f"comma-separated protocols, each one of {','.join(PROTOCOLS)} "
                        "(default: base,depth4,set1024,full)")
   ap.add_argument("--operators", default="DMAP,ATAP,DMTN",
-                  help=f"comma-separated operators, each one of {','.join(swissroll.OPERATORS)} "
+                  help=f"comma-separated operators, each one of {','.join(swissroll_config.OPERATORS)} "
                        "(default: DMAP,ATAP,DMTN)")
   ap.add_argument("--out", default="runs/swissroll_order", help="output folder (default: runs/swissroll_order)")
   ap.add_argument("--progress", default="true", choices=("true", "false"), help="progress bars (default: true)")
@@ -165,8 +183,8 @@ def main(argv=None):
   operators = [o for o in args.operators.split(",") if o]
   if not protocols or any(p not in PROTOCOLS for p in protocols):
     ap.error(f"--protocols must be a comma-separated list of {','.join(PROTOCOLS)}; got {args.protocols!r}")
-  if not operators or any(o not in swissroll.OPERATORS for o in operators):
-    ap.error(f"--operators must be a comma-separated list of {','.join(swissroll.OPERATORS)}; got {args.operators!r}")
+  if not operators or any(o not in swissroll_config.OPERATORS for o in operators):
+    ap.error(f"--operators must be a comma-separated list of {','.join(swissroll_config.OPERATORS)}; got {args.operators!r}")
   return run(protocols, operators, args.out, progress=args.progress == "true")
 
 

@@ -195,9 +195,9 @@ def test_imported_nanochat(capsys, tmp_path):
 # ----------------------------------------------------------------------------- point sets and images
 
 def test_swissroll_condition(capsys, tmp_path, made_once):
-  from attngeo.experiments import swissroll
+  from attngeo.experiments import swissroll_config
   cfg = scan_config(made_scan(made_once))                # the session's scan (tests/test_swissroll.py), read only
-  run = swissroll.condition_dir(cfg, "DMTN", "ffn_first", cfg.seed)
+  run = swissroll_config.condition_dir(cfg, "DMTN", "ffn_first", cfg.seed)
   probe(capsys, run, str(tmp_path), "--data", "swiss_roll", "--set-size", "48")
   study(capsys, run, str(tmp_path), "encoder")
   code, err = attngeo(capsys, "export", run, "--format", "nanochat", "--out", str(tmp_path / "x.safetensors"))

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from attngeo import files
-from attngeo.experiments import lm as lm_cmd, sit, swissroll
+from attngeo.experiments import lm as lm_cmd, sit, swissroll, swissroll_config, swissroll_run
 from attngeo.lm import table2
 from attngeo.lm.config import LMConfig
 from attngeo.regularisers_config import Regularisers
@@ -59,9 +59,9 @@ def swissroll_train(cfg, op="ATTN"):
   from attngeo import data, train
   source, _ = data.point_sets(cloud="swiss_roll", num_points=cfg.num_points, seed=cfg.seed, set_size=cfg.set_size,
                               num_sets=cfg.num_sets)
-  workdir = swissroll.condition_dir(cfg, op, "ffn_first", cfg.seed)
-  train.train(swissroll.build_model(cfg, op, "ffn_first", cfg.seed), swissroll.training_loss(cfg),
-              data.loader(source, cfg.batch_size, cfg.seed), swissroll.train_config(cfg, workdir, cfg.seed))
+  workdir = swissroll_config.condition_dir(cfg, op, "ffn_first", cfg.seed)
+  train.train(swissroll_run.build_model(cfg, op, "ffn_first", cfg.seed), swissroll_run.training_loss(cfg),
+              data.loader(source, cfg.batch_size, cfg.seed), swissroll_run.train_config(cfg, workdir, cfg.seed))
   return workdir
 
 
@@ -72,14 +72,14 @@ def test_swissroll_flag_adds_the_term_and_keeps_the_default_key(tmp_path):
   assert plain.reg == Regularisers()
   check_term(rows(swissroll_train(cfg)), rows(swissroll_train(plain)), "skew", 0.5)
   # keys: the default is HEAD's key and the key without the field; a term on keys another folder
-  assert swissroll.training_key(swissroll.SwissRollConfig(), "DMAP", "ffn_first", 123) == "637726c60c9f42af"
+  assert swissroll_config.training_key(swissroll_config.SwissRollConfig(), "DMAP", "ffn_first", 123) == "637726c60c9f42af"
   fields = {k: v for k, v in dataclasses.asdict(plain).items()
-            if k not in swissroll.NOT_TRAINING + swissroll.EVALUATION + ("seed", "reg")}
+            if k not in swissroll_config.NOT_TRAINING + swissroll_config.EVALUATION + ("seed", "reg")}
   from attngeo.data.points import PointSets
   without = files.fingerprint(fields, dict(operator="ATTN", order="ffn_first", data_seed=plain.seed,
                                            train_seed=plain.seed, point_sets=PointSets.VERSION))
-  assert swissroll.training_key(plain, "ATTN", "ffn_first", plain.seed) == without
-  assert swissroll.training_key(cfg, "ATTN", "ffn_first", cfg.seed) != without
+  assert swissroll_config.training_key(plain, "ATTN", "ffn_first", plain.seed) == without
+  assert swissroll_config.training_key(cfg, "ATTN", "ffn_first", cfg.seed) != without
 
 
 @pytest.mark.slow
@@ -88,7 +88,7 @@ def test_swissroll_command_with_a_term(tmp_path):
   out = str(tmp_path / "reg")
   swissroll.main([*SWISS, "--reg.reversibility", "0.5", "--out", out])
   cfg = swissroll.config_from_argv([*SWISS, "--reg.reversibility", "0.5", "--out", out])
-  (row,) = rows(swissroll.condition_dir(cfg, "ATTN", "ffn_first", cfg.seed))
+  (row,) = rows(swissroll_config.condition_dir(cfg, "ATTN", "ffn_first", cfg.seed))
   assert np.isfinite(row["reg/reversibility"]) and row["reg/reversibility"] > 0
   np.testing.assert_allclose(row["loss"], row["reg/base_loss"] + 0.5 * row["reg/reversibility"], rtol=1e-5)
 

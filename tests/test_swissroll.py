@@ -11,14 +11,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attngeo.experiments import swissroll
+from attngeo.experiments import swissroll, swissroll_config, swissroll_run
 
 TINY = dict(steps=40, num_sets=32, set_size=48, sample_sets=2, sample_steps=8, figure_times=(0.5, 1.0), probe_sets=2,
             probe_sizes=(48, 96), heat_points=120, ckpt_every=0, progress=False)
 
 
-def scan_config(out: str) -> swissroll.SwissRollConfig:
-  return swissroll.SwissRollConfig(operators=("DMAP", "ATAP", "DMTN"), orders=("ffn_first",), out=out, **TINY)
+def scan_config(out: str) -> swissroll_config.SwissRollConfig:
+  return swissroll_config.SwissRollConfig(operators=("DMAP", "ATAP", "DMTN"), orders=("ffn_first",), out=out, **TINY)
 
 
 def made_scan(made_once) -> str:
@@ -38,7 +38,7 @@ def scan(made_once, tmp_path_factory):
 
 
 def _dir(cfg, op):
-  return swissroll.condition_dir(cfg, op, "ffn_first", cfg.seed)
+  return swissroll_config.condition_dir(cfg, op, "ffn_first", cfg.seed)
 
 
 def test_exact_a_operators_learn_reversible_walks(scan):
@@ -133,15 +133,15 @@ def test_differences_are_welch_tests_holm_corrected():
     return {"operator": name, "order": "ffn_first", "x": float(np.mean(values)), "x_values": list(values)}
   agg = [cond("A", [1.0, 1.1, 0.9]), cond("B", [5.0, 5.2, 4.9]), cond("C", [1.02, 0.97, 1.05]),
          cond("D", [3.0, 3.0, 3.0]), cond("E", [2.0, 2.0, 2.0]), cond("F", [1.3, 1.2, 1.4])]
-  found = swissroll.differences(agg, ["x"])["x"]
+  found = swissroll_run.differences(agg, ["x"])["x"]
   pairs = {(d["higher"].split()[0], d["lower"].split()[0]) for d in found}
   assert ("B", "A") in pairs and ("B", "C") in pairs and ("D", "E") in pairs   # constant groups, different means
   assert ("A", "C") not in pairs and ("C", "A") not in pairs
   assert ("F", "A") not in pairs            # p ≈ 0.02 alone, but not after Holm over 15 pairs
   # the p-values are attngeo.stats.welch's (tested against scipy in tests/test_stats.py)
-  single = swissroll.differences([cond("A", [1.0, 1.1, 0.9]), cond("B", [1.3, 1.2, 1.4])], ["x"])["x"]
+  single = swissroll_run.differences([cond("A", [1.0, 1.1, 0.9]), cond("B", [1.3, 1.2, 1.4])], ["x"])["x"]
   assert [(d["higher"], d["lower"]) for d in single] == [("B FFN → MHSA", "A FFN → MHSA")]
-  diverged = swissroll.differences([*agg[:2], cond("G", [1.0, float("nan"), 1.1])], ["x"])["x"]
+  diverged = swissroll_run.differences([*agg[:2], cond("G", [1.0, float("nan"), 1.1])], ["x"])["x"]
   assert [(d["higher"][0], d["lower"][0]) for d in diverged] == [("B", "A")]    # G is untested, not an error
 
 
@@ -149,7 +149,7 @@ def test_ot_noise_is_an_optimal_permutation_of_iid_noise(tmp_path):
   from scipy.optimize import linear_sum_assignment
   from scipy.spatial.distance import cdist
   points = np.random.default_rng(0).standard_normal((3, 20, 3)).astype(np.float32) + 4.0
-  noise = swissroll.ot_noise(points, seed=9, cache_dir=str(tmp_path))
+  noise = swissroll_run.ot_noise(points, seed=9, cache_dir=str(tmp_path))
   iid = np.random.default_rng(9).standard_normal(points.shape).astype(np.float32)
   for i in range(3):
     # the same noise points (the i.i.d. draw), reordered; the pairing attains the optimal cost
@@ -160,8 +160,8 @@ def test_ot_noise_is_an_optimal_permutation_of_iid_noise(tmp_path):
     assert np.sum((points[i] - noise[i]) ** 2) < np.sum((points[i] - iid[i]) ** 2)
   cached = list(tmp_path.glob("ot_noise-*.npy"))
   assert len(cached) == 1
-  np.testing.assert_array_equal(swissroll.ot_noise(points, seed=9, cache_dir=str(tmp_path)), noise)
-  assert not np.array_equal(swissroll.ot_noise(points, seed=10), noise)
+  np.testing.assert_array_equal(swissroll_run.ot_noise(points, seed=9, cache_dir=str(tmp_path)), noise)
+  assert not np.array_equal(swissroll_run.ot_noise(points, seed=10), noise)
 
 
 def test_training_loss_variants_use_their_noise_and_times():
@@ -174,8 +174,8 @@ def test_training_loss_variants_use_their_noise_and_times():
     seen["x"], seen["t"] = x, t
     return jnp.zeros_like(x)
   noise = jnp.full((2, 4, 3), -1.0)
-  cfg = swissroll.SwissRollConfig(coupling="ot", time_law="logit_normal")
-  loss, _ = swissroll.training_loss(cfg)(model, {"points": x1, "noise": noise}, jax.random.PRNGKey(0))
+  cfg = swissroll_config.SwissRollConfig(coupling="ot", time_law="logit_normal")
+  loss, _ = swissroll_run.training_loss(cfg)(model, {"points": x1, "noise": noise}, jax.random.PRNGKey(0))
   assert float(loss) == pytest.approx(4.0)                       # target x1 − x0 = 2 everywhere, v = 0
   t = np.asarray(seen["t"])
   np.testing.assert_allclose(np.asarray(seen["x"]), (2 * t - 1)[:, None, None] * np.ones((2, 4, 3)), rtol=1e-6)
@@ -185,7 +185,7 @@ def test_training_loss_variants_use_their_noise_and_times():
 def test_names_match_the_library():
   from attngeo import operators
   from attngeo.nn import layers
-  assert set(swissroll.OPERATORS) == set(operators.CORNERS) | {"CMAP"} and set(swissroll.ORDERS) == set(layers.ORDERS)
+  assert set(swissroll_config.OPERATORS) == set(operators.CORNERS) | {"CMAP"} and set(swissroll_config.ORDERS) == set(layers.ORDERS)
 
 
 @pytest.mark.parametrize("argv, flag", [(["--operators", "FOO"], "--operators"), (["--orders", "bogus"], "--orders"),
@@ -212,12 +212,12 @@ def test_help_documents_every_option_without_importing_jax():
   assert "usage: attngeo swissroll" in out and "--full" in out
   order = _help("swissroll_order")
   assert order.strip().endswith("JAX False") and "usage: attngeo swissroll-order" in order
-  for f in dataclasses.fields(swissroll.SwissRollConfig):
+  for f in dataclasses.fields(swissroll_config.SwissRollConfig):
     nested = f.default_factory() if f.default_factory is not dataclasses.MISSING else None
     names = ([f"{f.name}.{g.name}" for g in dataclasses.fields(nested)] if dataclasses.is_dataclass(nested)
              else [f.name])                                           # a nested config (reg): each of its fields
     for name in names:
-      assert name in swissroll.HELP, name
+      assert name in swissroll_config.HELP, name
       assert "--" + name.replace("_", "-") in out, name
 
 
@@ -234,11 +234,11 @@ def test_read_out_sizes_left_at_their_defaults_fit_a_smaller_cloud(capsys):
 def test_cli_overrides():
   cfg = swissroll.config_from_argv(["--operators", "DMAP,ATTN", "--steps", "7", "--full"])
   assert cfg.operators == ("DMAP", "ATTN") and cfg.steps == 7 and cfg.out == "runs/swissroll_full"
-  assert cfg.num_sets == swissroll.FULL["num_sets"]
+  assert cfg.num_sets == swissroll_config.FULL["num_sets"]
 
 
 def test_learnable_operator_scan_trains_per_head_coefficients(tmp_path):
-  cfg = swissroll.SwissRollConfig(operators=("DMTN",), orders=("attn_first",), learnable_operator=True,
+  cfg = swissroll_config.SwissRollConfig(operators=("DMTN",), orders=("attn_first",), learnable_operator=True,
                                   out=str(tmp_path), **dict(TINY, steps=10, ckpt_every=0))
   row = swissroll.run(cfg)["conditions"][0]
   assert np.isfinite(row["d_nn_mean"]) and len(row["per_layer"][0]["eps_rev"]) == cfg.heads
@@ -282,7 +282,7 @@ def test_order_study_measures_every_set_size(scan, tmp_path, monkeypatch):
 def test_magnetic_operator_runs_in_the_scan_with_its_phase_read_outs(tmp_path):
   """CMAP (opt-in): its magnitude is a DMAP walk, so the transport columns are reversible (a theorem);
   the phase read-outs are bounded (λ_max(H) ≤ 1, |Wilson| ≤ 1) and the phase is not trivial."""
-  cfg = swissroll.SwissRollConfig(operators=("CMAP",), orders=("ffn_first",), out=str(tmp_path),
+  cfg = swissroll_config.SwissRollConfig(operators=("CMAP",), orders=("ffn_first",), out=str(tmp_path),
                                   **dict(TINY, steps=10))
   row = swissroll.run(cfg)["conditions"][0]
   assert row["operator"] == "CMAP" and row["eps_rev"] < 1e-3 and row["rho_skew"] < 1e-6, row
