@@ -14,8 +14,8 @@ import os
 import numpy as np
 import pytest
 
-from attngeo import files
-from attngeo.experiments import lm as lm_cmd, sit, swissroll, swissroll_config, swissroll_run
+from attngeo import config as config_lib, files
+from attngeo.experiments import lm as lm_cmd, sit, sit_config, sit_run, swissroll, swissroll_config, swissroll_run
 from attngeo.lm import table2
 from attngeo.lm.config import LMConfig
 from attngeo.regularisers_config import Regularisers
@@ -157,20 +157,20 @@ SIT = ["--data", "digits", "--width", "16", "--depth", "1", "--heads", "2", "--p
        "--metric", "false", "--ckpt-every", "0"]
 
 
-def sit_config(flags, out):
+def sit_train_config(flags, out):
   """`sit train`'s config from its flags, as `sit.main` parses them."""
-  return sit.config_lib.from_arguments(sit.train_parser().parse_args([*SIT, *flags, "--out", out]), sit.SiTConfig,
-                                       sit.TRAIN_BASE)
+  return config_lib.from_arguments(sit.train_parser().parse_args([*SIT, *flags, "--out", out]), sit_config.SiTConfig,
+                                       sit_config.TRAIN_BASE)
 
 
 def sit_train(cfg, prepared):
-  """`sit train`'s training (`train_stage` of `train_one`, no sampling or probing) on `prepared` (`sit.prepare`)."""
+  """`sit train`'s training (`train_stage` of `train_one`, no sampling or probing) on `prepared` (`sit_run.prepare`)."""
   from flax import nnx
 
   from attngeo import nn
   train_src, ev = prepared
-  mcfg = sit.model_config(cfg, ev["image_shape"][1], ev["image_shape"][3], ev["num_classes"], cfg.operator)
-  sit.train_stage(nn.DiT(mcfg, rngs=nnx.Rngs(cfg.seeds[0])), cfg, train_src, cfg.out, cfg.steps, cfg.lr, cfg.seeds[0],
+  mcfg = sit_run.model_config(cfg, ev["image_shape"][1], ev["image_shape"][3], ev["num_classes"], cfg.operator)
+  sit_run.train_stage(nn.DiT(mcfg, rngs=nnx.Rngs(cfg.seeds[0])), cfg, train_src, cfg.out, cfg.steps, cfg.lr, cfg.seeds[0],
                   "sit")
   return cfg.out
 
@@ -180,9 +180,9 @@ CURV = ["--reg.curvature", "0.5", "--reg.test-functions", "2", "--reg.curvature-
 
 @pytest.mark.slow            # 126 s on this shared machine (2 cores, load 9): data, a DiT and the term's compile
 def test_sit_train_flag_adds_the_term(tmp_path):
-  cfg, plain = sit_config(["--reg.skew", "3"], str(tmp_path / "reg")), sit_config([], str(tmp_path / "plain"))
+  cfg, plain = sit_train_config(["--reg.skew", "3"], str(tmp_path / "reg")), sit_train_config([], str(tmp_path / "plain"))
   assert cfg.reg == Regularisers(skew=3.0) and plain.reg == Regularisers()
-  prepared = sit.prepare(cfg)
+  prepared = sit_run.prepare(cfg)
   check_term(rows(sit_train(cfg, prepared)), rows(sit_train(plain, prepared)), "skew", 3.0)
 
 

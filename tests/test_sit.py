@@ -16,7 +16,7 @@ import pytest
 from flax import nnx
 
 from attngeo import nn, runs
-from attngeo.experiments import sit
+from attngeo.experiments import sit, sit_config, sit_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -92,7 +92,7 @@ def test_distance_form_arguments():
 
 def test_grid_rows_hold_one_class():
   labels = np.arange(40) % 10
-  idx = sit.grid_order(10, 3, 10)
+  idx = sit_run.grid_order(10, 3, 10)
   assert (labels[idx].reshape(10, 3) == np.arange(10)[:, None]).all()
 
 
@@ -110,7 +110,7 @@ def test_transfer_smoke_without_metric(tmp_path):
   sit.main(["transfer", *TINY, "--steps", "1", "--fold-steps", "0", "--sampler", "euler", "--metric", "false",
             "--out", out])
   rows = read_json(os.path.join(out, "transfer.json"))["rows"]
-  assert [r["stage"] for r in rows] == list(sit.STAGES) and "fd" not in rows[0]
+  assert [r["stage"] for r in rows] == list(sit_config.STAGES) and "fd" not in rows[0]
   assert rows[3]["fold_max_abs_diff"] <= 1e-5 * max(1.0, rows[3]["fold_scale"])
   assert os.path.getsize(os.path.join(out, "figures_seed0.png")) > 0
   assert len(read_json(os.path.join(out, "geometry.json"))) == 5      # one layer per stage
@@ -134,14 +134,14 @@ def test_transfer_with_metric(transfer_run):
   """Five stages in order, the fold exact, DMAP reversible, the reference rows, figures, the folded run readable."""
   out = transfer_run
   rows = read_json(os.path.join(out, "transfer.json"))["rows"]
-  assert [r["stage"] for r in rows][:5] == list(sit.STAGES)
+  assert [r["stage"] for r in rows][:5] == list(sit_config.STAGES)
   assert [r["operator"] for r in rows][:5] == ["ATTN", "DMTN", "DMTN", "DMAP", "DMAP"]
   fold = rows[3]
   assert fold["fold_max_abs_diff"] <= 1e-5 * max(1.0, fold["fold_scale"])
   assert read_json(os.path.join(out, "seed0", "dmap_adapted", "config.json"))["train"]["ema"] == 0.995  # adapt_ema
   assert rows[3]["eps_rev"] < 1e-4 and rows[2]["eps_rev"] > 1e-3          # DMAP reversible, DMTN not
   assert {r["stage"] for r in rows[5:]} == {"reference: held-out real", "reference: uniform noise"}
-  for stage in sit.STAGES:
+  for stage in sit_config.STAGES:
     assert os.path.getsize(os.path.join(out, "seed0", stage, "samples.png")) > 0
   assert os.path.getsize(os.path.join(out, "figures_seed0.png")) > 0
   bench = sit.main(["sample", os.path.join(out, "seed0", "dmap_adapted"), "--bench", "heun:2"])   # a stage folder
@@ -359,7 +359,7 @@ def test_full_dry_run_prints_its_cost(capsys):
   from attngeo.interop import dit as dit_import
   cfg = sit.main(["transfer", "--full", "--dry-run"])
   out = capsys.readouterr().out
-  mcfg = nn.DiTConfig.preset("XL/2", **sit.FULL_DATA)
+  mcfg = nn.DiTConfig.preset("XL/2", **sit_config.FULL_DATA)
   shapes = dit_import.expected_shapes(mcfg)
   matrices = {k: math.prod(s) for k, s in shapes.items() if k.endswith(".weight") and "embedding_table" not in k}
   per_image = sum(v for k, v in matrices.items() if "adaLN" in k or k.startswith("t_embedder"))
@@ -404,7 +404,7 @@ def test_classifier_is_reused_only_for_its_own_settings(tmp_path):
   out = str(tmp_path / "run")
 
   def prepare(steps):
-    ev = sit.prepare(sit.SiTConfig(data="digits", classifier_steps=steps, out=out, progress=False))[1]
+    ev = sit_run.prepare(sit_config.SiTConfig(data="digits", classifier_steps=steps, out=out, progress=False))[1]
     [folder] = glob.glob(os.path.join(out, "classifier", "*"))
     return ev["classifier"].cfg.steps, os.stat(os.path.join(folder, "params.npz")).st_mtime_ns
   first, again, other = prepare(5), prepare(5), prepare(6)
