@@ -26,13 +26,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
+import time
 
 import numpy as np
 
-from attngeo import config
+from attngeo import config, data
 from attngeo.experiments import report
 from attngeo.experiments.report import Col
 
@@ -53,12 +55,10 @@ print(json.dumps(dict(seconds=seconds, peak_bytes=resource.getrusage(resource.RU
 
 
 def _peak_bytes():
-  import resource
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def worker_attngeo(path, eps, k, tol, out):
-  import time
   from attngeo import diffmap
   x = np.load(path)
   t0 = time.perf_counter()
@@ -74,7 +74,6 @@ def worker_attngeo(path, eps, k, tol, out):
 
 def worker_eigsh(path, eps, k, out):
   """Dense float64 A = D^{-1/2} K^α D^{-1/2} (α = 1), built in place row-block by row-block, then ARPACK."""
-  import time
   import scipy.sparse.linalg
   x = np.load(path).astype(np.float64)
   x = x - x.mean(0)
@@ -152,7 +151,6 @@ def main(argv=None):
     ap.error("--eps and --tol must be positive")
   if a.datafold_python and not os.path.isfile(a.datafold_python):
     ap.error(f"--datafold-python must be an existing interpreter; got {a.datafold_python!r}")
-  from attngeo import data
   rows = []
   me = [sys.executable, "-m", "attngeo.experiments.bench_diffmap", "--eps", str(a.eps), "--k", str(a.k), "--tol", str(a.tol)]
   with tempfile.TemporaryDirectory() as tmp:

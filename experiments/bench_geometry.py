@@ -26,8 +26,8 @@ import time
 
 import numpy as np
 
-from attngeo import config
-from attngeo.experiments import report
+from attngeo import config, data
+from attngeo.experiments import report, timing
 from attngeo.experiments.report import Col
 
 
@@ -122,8 +122,6 @@ def main(argv=None):
     ap.error(f"--functions must be in [1, 10]; got {a.functions}")
   import jax.numpy as jnp
   from tqdm import tqdm
-  from attngeo import data
-  from attngeo.experiments import timing
   rows = []
   for n in tqdm(sizes, desc="bench_geometry"):
     x = jnp.asarray(data.sphere(n, seed=0))

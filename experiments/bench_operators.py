@@ -34,7 +34,9 @@ dq, dk, dv (bf16 rounding of y alone is 2⁻⁸ ≈ 3.9e-3; TF32 products on GPU
 """
 from __future__ import annotations
 
+import gc
 import math
+import os
 
 from attngeo import config
 from attngeo.experiments import report, timing
@@ -148,8 +150,6 @@ NUMERIC_COLUMNS = [Col("seq"), Col("batch"), Col("operator"), Col("implementatio
 
 def machine_bytes() -> int:
   """Memory the timed programs live in: the accelerator's allocator limit, else the host's physical memory."""
-  import os
-
   import jax
   stats = jax.devices()[0].memory_stats() if jax.default_backend() != "cpu" else None
   if stats and stats.get("bytes_limit"):
@@ -203,8 +203,6 @@ def time_group(group: list[dict], calls: dict, repeats: int, n: int):
 
 
 def run(seqs, batch, heads, head_dim, repeats, long_seq, dtype="float32", operators=OPERATORS, implementations=None):
-  import gc
-
   from tqdm import tqdm
   rows = []
   names = ("ATTN",) + tuple(x for x in operators if x != "ATTN")     # ATTN always: the ratios' reference

@@ -26,13 +26,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
 
-from attngeo import config
+import numpy as np
+
+from attngeo import config, data, interop, nn
+from attngeo.data import molecules
 from attngeo.experiments import report
 from attngeo.experiments.report import Col
+from attngeo.lm.smiles import SmilesTokenizer
 
 CASES = ("d12", "swissroll", "hook", "bert")
 TARGETS = {"d12": "≤ 120 s, ≤ 4 GiB", "swissroll": "≤ 5 s warm", "hook": "overhead ≤ 5 % at every = 50",
@@ -42,15 +47,11 @@ TARGETS = {"d12": "≤ 120 s, ≤ 4 GiB", "swissroll": "≤ 5 s warm", "hook": "
 def _pointflow(seed=0):
   from flax import nnx
 
-  from attngeo import nn
   return nn.PointFlow(nn.PointFlowConfig.create(width=64, depth=2, num_heads=2, mlp_ratio=2.0, order="ffn_first"),
                       rngs=nnx.Rngs(seed))
 
 
 def _sets(batch, size=256, seed=0):
-  import numpy as np
-
-  from attngeo import data
   cloud = data.swiss_roll(4000, 123)
   rng = np.random.default_rng(seed)
   return np.stack([cloud[rng.choice(len(cloud), size, replace=False)] for _ in range(batch)])
@@ -58,8 +59,6 @@ def _sets(batch, size=256, seed=0):
 
 def _cold_and_warm(model, run, desc: str | None = None, repeats: int = 3):
   """(`probe.model_report` rows, seconds of the first call (compilation included), median of `repeats` more)."""
-  import statistics
-
   from attngeo import probe
   t0 = time.perf_counter()
   rows = probe.model_report(model, run, progress=desc is not None, **({"desc": desc} if desc else {}))
@@ -74,7 +73,6 @@ def _cold_and_warm(model, run, desc: str | None = None, repeats: int = 3):
 
 def case_d12(a) -> dict:
   import jax.numpy as jnp
-  import numpy as np
   from flax import nnx
 
   from attngeo import nn, probe
@@ -89,9 +87,7 @@ def case_d12(a) -> dict:
 
 
 def case_swissroll(a) -> dict:
-
   import jax.numpy as jnp
-  import numpy as np
 
   from attngeo import connection, nn, operators
   model = _pointflow()
@@ -143,13 +139,8 @@ def case_hook(a) -> dict:
 
 
 def case_bert(a) -> dict:
-
   import jax.numpy as jnp
-  import numpy as np
 
-  from attngeo import interop
-  from attngeo.data import molecules
-  from attngeo.lm.smiles import SmilesTokenizer
   path = os.path.dirname(molecules.wheel_file("rxnfp", "models", "transformers", "bert_pretrained", "config.json"))
   model, _ = interop.load("bert", path)
   if not 2 < a.seq <= model.cfg.seq_len:
@@ -238,7 +229,6 @@ def main(argv=None):
   passthrough = ["--seq", str(a.seq), "--vocab", str(a.vocab), "--steps", str(a.steps), "--every", str(a.every)]
   passthrough += ["--dense"] if a.dense else []
   if "bert" in cases:                                    # before any case runs: the checkpoint is there
-    from attngeo.data import molecules
     try:
       molecules.wheel_file("rxnfp", "models", "transformers", "bert_pretrained", "config.json")
     except (FileNotFoundError, ImportError, ValueError) as e:

@@ -17,8 +17,12 @@ from __future__ import annotations
 
 import statistics
 
+import numpy as np
+
 from attngeo import config
-from attngeo.experiments import bench_train
+from attngeo.experiments import bench_train, report, timing
+from attngeo.experiments.report import Col
+from attngeo.lm import recipe
 
 PRESETS = {"lm": bench_train.PRESETS["lm"], "tiny": dict(depth=1, width=32, head_dim=16, seq=16, vocab=32, batch=2)}
 TERMS = ("curvature", "reversibility", "skew", "mixing", "isometry")
@@ -28,11 +32,9 @@ TARGET = 1.3
 def step_call(loss_fn, shape: dict):
   """A zero-argument call running one jitted train step of the preset GPT under `loss_fn`."""
   import jax
-  import numpy as np
   from flax import nnx
 
   from attngeo import nn, sharding, train
-  from attngeo.lm import recipe
   cfg = nn.GPTConfig.from_depth(shape["depth"], vocab_size=shape["vocab"], seq_len=shape["seq"],
                                 head_dim=shape["head_dim"], width=shape["width"])
   fields = {f: getattr(train.TrainConfig(), f) for f in ("clip", "warmup", "schedule")}
@@ -76,8 +78,6 @@ def main(argv=None):
 
   import jax
 
-  from attngeo.experiments import report, timing
-  from attngeo.experiments.report import Col
   print(f"backend={jax.default_backend()} device={jax.devices()[0].device_kind} preset={a.preset} {shape} "
         f"heads={a.heads or 'all'} sequences={a.sequences or 'all'}")
   calls = {"plain": step_call(bench_train.loss_fn, shape)}

@@ -19,9 +19,14 @@ context 2048, vocabulary 65,536, batch 1 here); `custom` — the size flags.
 """
 from __future__ import annotations
 
+import statistics
+
+import numpy as np
 
 from attngeo import config
-from attngeo.lm import config as lm_config
+from attngeo.experiments import report, timing
+from attngeo.experiments.report import Col
+from attngeo.lm import config as lm_config, recipe
 
 
 def lm_shape(cfg: lm_config.LMConfig) -> dict:
@@ -47,11 +52,9 @@ def make_step(op, a):
   """`(one_step, flops per step)`: a zero-argument call running one jitted, donated train step of the GPT
   under `op` on fixed random tokens (its state carried between calls)."""
   import jax
-  import numpy as np
   from flax import nnx
 
   from attngeo import nn, sharding, train
-  from attngeo.lm import recipe
   from attngeo.nn import gpt
   cfg = nn.GPTConfig.from_depth(a.depth, vocab_size=a.vocab, seq_len=a.seq, head_dim=a.head_dim, width=a.width,
                                 operator=op, implementation=None if a.implementation == "auto" else a.implementation,
@@ -76,9 +79,7 @@ def make_step(op, a):
 def step_times(ops, a) -> dict:
   """{op: (median seconds, flops per step)}: every operator's step built first, then timed in
   alternation (`timing.interleaved_seconds`), so a slow spell of the machine falls on all alike."""
-  import statistics
 
-  from attngeo.experiments import timing
   steps = {op: make_step(op, a) for op in ops}
   times = timing.interleaved_seconds({op: call for op, (call, _) in steps.items()}, a.repeats)
   return {op: (statistics.median(times[op]), steps[op][1]) for op in ops}
@@ -108,8 +109,6 @@ def main(argv=None):
   import jax
 
   from attngeo import kernels, train
-  from attngeo.experiments import report
-  from attngeo.experiments.report import Col
   if a.implementation not in ("auto", *kernels.IMPLEMENTATIONS):
     ap.error(f"--implementation must be auto or one of {kernels.IMPLEMENTATIONS}; got {a.implementation!r}")
   peak = train.device_peak_flops()

@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from attngeo import config
+from attngeo import config, data, surfaces
 from attngeo.experiments import report
 from attngeo.experiments.report import Col
 
@@ -33,7 +33,6 @@ A = np.array([0.3, -0.5, 0.81]) / np.linalg.norm([0.3, -0.5, 0.81])
 
 def _manifolds():
   """name -> (sampler(n) -> Surface, truth of mean_ricci [n] from the Surface, test function, Γ truth, Γ₂ truth)."""
-  from attngeo import data, surfaces
   a4 = np.array([0.3, -0.5, 0.81, 0.2]) / np.linalg.norm([0.3, -0.5, 0.81, 0.2])
   flat = lambda n: surfaces.Surface(data.flat_torus(n, 0), np.zeros(n), 2)
   return {

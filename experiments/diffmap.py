@@ -18,6 +18,7 @@ import time
 import numpy as np
 
 from attngeo import config
+from attngeo.data import load_cloud
 from attngeo.experiments import report
 from attngeo.experiments.report import Col
 
@@ -100,7 +101,6 @@ def main(argv=None):
   if a.file not in CLOUDS and not (os.path.isfile(a.file) and a.file.endswith((".npy", ".csv"))):
     ap.error(f"FILE must be an existing .npy/.csv file or one of {', '.join(CLOUDS)}; got {a.file!r}")
   from attngeo import bandwidth, diffmap
-  from attngeo.data import load_cloud
   try:
     x = load_cloud(a.file, a.n, a.seed)
   except ValueError as e:

@@ -26,7 +26,8 @@ import dataclasses
 import json
 import os
 
-from attngeo import config, errors, files
+from attngeo import config, errors, files, interop, nn, runlock, runs
+from attngeo.interop import bert
 
 
 def parse_set(items) -> dict:
@@ -78,7 +79,6 @@ def import_main(argv=None):
   if a.kind in ("bert", "albert"):
     return _import_encoder(ap, a, overrides)
 
-  from attngeo import interop, nn, runs
   try:
     if a.kind == "nanochat":
       model, info = interop.load("nanochat", a.path, meta=a.meta, arch=a.arch, fill_missing=a.fill_missing, **overrides)
@@ -105,8 +105,6 @@ def import_main(argv=None):
 
 def _import_encoder(ap, a, overrides):
   """`attngeo import bert|albert`: the checkpoint as a weights-only run folder (`attngeo.interop.bert.write_imported_run`)."""
-  from attngeo import interop, nn, runlock
-  from attngeo.interop import bert
   try:
     bert.check_out(a.out)
     with runlock.hold(a.out):             # before the load: a busy or unwritable --out is refused at once
@@ -138,7 +136,6 @@ def export_main(argv=None):
   a = ap.parse_args(argv)
   if not a.out.endswith(".safetensors"):
     ap.error(f"--out must end in .safetensors; got {a.out}")
-  from attngeo import files, interop, runs
   try:
     model, _, mcfg = runs.load_run(a.run_dir, a.step)
   except (FileNotFoundError, ValueError) as e:

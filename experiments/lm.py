@@ -26,11 +26,12 @@ import time
 
 import numpy as np
 
-from attngeo import config as config_lib
+from attngeo import cli, config as config_lib, stats
+from attngeo.data import text
 from attngeo.experiments import report
 from attngeo.experiments.report import Col
 from attngeo.lm.config import HELP, PRESETS, LMConfig, preset
-from attngeo.lm import table2
+from attngeo.lm import recipe, table2, tokenizer as tok_lib
 from attngeo.lm.table2 import CONDITIONS, LadderConfig, Table2Config, run_condition  # the protocol (the library's)
 
 SEED_TABLE2 = {"ATTN": 0.8471, "DMTN": 0.8492, "DMAP": 0.8621}
@@ -39,7 +40,6 @@ SEED_TABLE2 = {"ATTN": 0.8471, "DMTN": 0.8492, "DMAP": 0.8621}
 # ----------------------------------------------------------------------------- train / eval / sample
 
 def cmd_train(args, ap) -> dict:
-  from attngeo.lm import recipe
   try:
     cfg = config_lib.from_arguments(args, LMConfig, preset(args.preset) if args.preset else None)
     if args.eval_max_rows < 1:
@@ -60,7 +60,6 @@ def cmd_train(args, ap) -> dict:
 def corpus_changed(run_dir: str, key: str, data: str, allow: bool) -> bool:
   """Whether the text at `data` now differs from the corpus the run trained on (its corpus.json key):
   a one-line ValueError unless `allow`, then a warning on stderr."""
-  from attngeo.lm import recipe
   recorded = recipe.recorded_corpus(run_dir)
   if recorded is None or recorded == key:
     return False
@@ -76,12 +75,10 @@ EVAL_COLS = [Col("metric"), Col("value", fmt=lambda v: f"{v:.4f}" if isinstance(
 
 
 def cmd_eval(args, ap, loaded=None) -> dict:
-  from attngeo.lm import recipe
   try:
     if args.max_rows is not None and args.max_rows < 1:
       raise ValueError(f"--max-rows must be ≥ 1 (omit it for all rows); got {args.max_rows}")
     cfg = recipe.read_config(args.run_dir)       # not a run folder: one line before JAX is imported
-    from attngeo.data import text
     from attngeo.lm import core, evals
     core.check_max_per_task(args.max_per_task)
     if loaded is None:
@@ -153,7 +150,6 @@ def summarise(rows: list[dict], conditions) -> list[dict]:
   """Per condition: mean ± sd (ddof = 1) over seeds of bpb and induction accuracy (both token sets), and bpb's
   difference from ATTN with Welch's t and p (`attngeo.stats.welch`; None for ATTN itself, without an
   ATTN row, or with fewer than 2 seeds on either side)."""
-  from attngeo import stats
   out = []
   attn = np.array([r["bpb"] for r in rows if r["condition"] == "ATTN"])
   for name in conditions:
@@ -240,7 +236,6 @@ def induction_figure(rows: list[dict], path: str) -> bool:
 
 def vocab_size(lm: LMConfig) -> int:
   """The vocabulary a run of `lm` gets: the byte tokenizer's 265 ids, or the BPE `vocab_size`."""
-  from attngeo.lm import tokenizer as tok_lib
   return tok_lib.ByteTokenizer().vocab_size if lm.tokenizer == "byte" else lm.vocab_size
 
 
@@ -259,7 +254,6 @@ def given_flags(args, skip=()) -> list[str]:
 def plan(cfg: Table2Config, mfu: float, command: str) -> dict:
   """FLOPs per token, total FLOPs and estimated step time of `cfg` (no training), and the launch lines
   that run `command` (the table2 command with the flags given) on a TPU v4-32 or one 8-GPU node."""
-  from attngeo.lm import recipe
   from attngeo.nn import gpt
   mcfg = recipe.model_config(cfg.lm, vocab_size(cfg.lm))
   flops = gpt.flops_per_token(mcfg)
@@ -304,7 +298,6 @@ def full_config(base: Table2Config) -> Table2Config:
 
 def full_steps(cfg: Table2Config) -> int:
   """Steps for FULL_TOKENS_PER_PARAM tokens per parameter (embeddings included)."""
-  from attngeo.lm import recipe
   from attngeo.nn import gpt
   mcfg = recipe.model_config(cfg.lm, vocab_size(cfg.lm))
   params = gpt.matmul_params(mcfg) + mcfg.vocab_size * mcfg.width
@@ -313,7 +306,6 @@ def full_steps(cfg: Table2Config) -> int:
 
 def check_table2(cfg: Table2Config, mfu: float) -> None:
   """One-line ValueError naming the first field of `cfg` (or `mfu`) no Table 2 run can use, before any work."""
-  from attngeo.lm import recipe
   unknown = [c for c in cfg.conditions if c not in CONDITIONS]
   if not cfg.conditions or unknown:
     raise ValueError(f"--conditions: unknown {unknown}; choose from {list(CONDITIONS)}" if unknown else
@@ -459,7 +451,6 @@ def cmd_ladder(args, ap) -> dict:
     check_ladder(cfg)
   except ValueError as e:
     ap.error(str(e))
-  from attngeo.lm import recipe
   from attngeo.nn import gpt
   t0 = time.perf_counter()
   os.makedirs(cfg.out, exist_ok=True)
@@ -497,7 +488,6 @@ def cmd_ladder(args, ap) -> dict:
 # ----------------------------------------------------------------------------- parser
 
 def _parser(name: str, description: str | None = None) -> argparse.ArgumentParser:
-  from attngeo import cli
   return config_lib.parser(f"attngeo lm {name}", description or cli.COMMANDS[f"lm {name}"][1] + ".")
 
 
@@ -620,7 +610,6 @@ def ladder_main(argv=None):
 
 def main(argv=None):
   """`attngeo lm SUB …` from Python: the sub-command's return value (see `attngeo.cli.call_group`)."""
-  from attngeo import cli
   return cli.call_group("lm", sys.argv[1:] if argv is None else list(argv))
 
 

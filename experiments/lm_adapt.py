@@ -27,11 +27,12 @@ import time
 
 import numpy as np
 
-from attngeo import config as config_lib, runlock
+from attngeo import config as config_lib, runlock, stats
 from attngeo.experiments import report
 from attngeo.experiments.report import Col
-from attngeo.lm import table2
-from attngeo.lm.adapt import AdaptConfig, pm
+from attngeo.interop import nanochat
+from attngeo.lm import adapt, table2
+from attngeo.lm.adapt import AdaptConfig, parse_chain, pm
 from attngeo.lm.config import HELP as LM_HELP, PRESETS, preset
 
 # The seed's Table 3 (depth-32 nanochat, sequentially adapted): bpb, induction, CORE per state.
@@ -100,7 +101,6 @@ def vs_control(row: dict, control: dict | None, metric: str) -> str | None:
   """'−0.0074 (p=0.002)': the adapted state's mean minus the control's at the same state, Welch's t over
   the seeds (`attngeo.stats.welch`, unpaired although chain and control share each seed's data order);
 None without a control, '—' when either side has < 2 seeds or both sides are one model."""
-  from attngeo import stats
   if control is None or row["phase"] != "adapted":
     return None
   if row.get("shared") and control.get("shared"):      # one model on each side (--adapt.steps 0): no spread to test
@@ -208,8 +208,6 @@ def figure(result: dict, summary: list[dict], path: str, seed: dict, control: li
 
 def full_plan(cfg: AdaptConfig, mfu: float) -> dict:
   """The d32 protocol's cost: FLOPs per token, steps, chip-hours at `mfu`, and the launch lines."""
-  from attngeo.interop import nanochat
-  from attngeo.lm.adapt import parse_chain
   from attngeo.nn import gpt
   mcfg = nanochat.config(D32_META, D32_ARCH)
   ops = parse_chain(cfg.chain)
@@ -275,7 +273,6 @@ def parser() -> argparse.ArgumentParser:
 
 
 def cmd_adapt(args, ap) -> dict:
-  from attngeo.lm import adapt
   if args.preset and args.full:
     ap.error("--preset and --full are two protocols; give one")
   if args.preset and getattr(args, "source", None) is not None:
@@ -315,7 +312,6 @@ def cmd_adapt(args, ap) -> dict:
 
 def finish(cfg: AdaptConfig, ops, source, t0: float) -> dict:
   """Run the chain (and its control) from `source`, then write Table 3, results.json and the figure."""
-  from attngeo.lm import adapt
   print(f"source {cfg.source} ({source.kind}, key {source.key}); chain {' → '.join(map(adapt.operator_label, ops))}; "
         f"{cfg.adapt.steps} steps per state; seeds {list(cfg.seeds)}", flush=True)
   result = adapt.run(cfg, source, log=lambda line: print(line, flush=True))

@@ -21,9 +21,11 @@ import json
 import os
 import sys
 
-from attngeo import config
+from attngeo import cli, config, runs
+from attngeo.data import molecules
 from attngeo.experiments import report
 from attngeo.experiments.report import Col
+from attngeo.lm.smiles import SmilesTokenizer
 
 MOSES_DEFAULT_N = 2000
 # `attngeo.data.molecules.SOURCES`, named here so --data is checked before `attngeo.data` (grain, JAX) is imported;
@@ -93,10 +95,7 @@ def _check(ap, a):
 
 def cmd_eval(a, ap):
   _check(ap, a)
-  from attngeo import runs
-  from attngeo.data import molecules
   from attngeo.lm import mlm
-  from attngeo.lm.smiles import SmilesTokenizer
   n = a.n if a.n is not None else (MOSES_DEFAULT_N if a.data.startswith("moses") else None)
   smiles = molecules.load(a.data, n=n, seed=a.seed)
   toks = {run: SmilesTokenizer.from_vocab(a.vocab or os.path.join(run, "vocab.txt")) for run in a.runs}
@@ -135,7 +134,6 @@ def eval_main(argv=None):
 
 def main(argv=None):
   """`attngeo mlm SUB …` from Python (see `attngeo.cli.call_group`)."""
-  from attngeo import cli
   return cli.call_group("mlm", sys.argv[1:] if argv is None else list(argv))
 
 

@@ -29,7 +29,11 @@ import json
 import os
 import time
 
-from attngeo import config
+import numpy as np
+
+from attngeo import config, files, runs
+from attngeo.data import molecules
+from attngeo.lm.smiles import SmilesTokenizer
 
 OPERATORS = ("DMTN", "ATAP", "DMAP", "CMAP")
 
@@ -66,7 +70,6 @@ def adapt(model, tokenizer, ids, mask, cfg: TransferConfig, seed: int, desc: str
   """`cfg.steps` AdamW steps on the masked-token loss over rows of (ids, mask) in the order `seed` draws; in place."""
   import jax
   import jax.numpy as jnp
-  import numpy as np
   import optax
   from flax import nnx
   from tqdm.auto import tqdm
@@ -120,7 +123,6 @@ def stages(cfg: TransferConfig) -> list[str]:
 def run(model, tokenizer, train_smiles, eval_smiles, cfg: TransferConfig, log=print, progress: bool = True) -> dict:
   """{stage: [per-seed {"seed", "loss", "accuracy", "adapt_loss", READOUTS…}]} for `model` (an encoder with an
   MLM head; untouched)."""
-  import numpy as np
   from flax import nnx
   from tqdm.auto import tqdm
 
@@ -169,7 +171,6 @@ def readout_cell(values: list) -> str:
   """The mean over seeds of one read-out; "—" where it does not apply (None); seeds whose value is not finite
   (a walk so close to reducible that its stationary law is not determined in float32: `markov.stationary`)
   are left out of the mean and counted after it, "1.1e-07 (2 of 3 NaN)"."""
-  import numpy as np
   if any(v is None for v in values):
     return "—"
   finite = [v for v in values if np.isfinite(v)]
@@ -181,22 +182,19 @@ def readout_cell(values: list) -> str:
 def table(results: dict) -> str:
   """Markdown: one row per stage, mean ± sd over seeds of the held-out loss and accuracy, and the probe's
   layer-mean read-outs (mean over seeds, `readout_cell`)."""
-  import numpy as np
   rows = ["| stage | loss (nats) | accuracy | ε_rev | ρ_skew | eff. neighbours | δ heads | δ effective | seeds |",
           "|---|---|---|---:|---:|---:|---:|---:|---|"]
-  for stage, runs in results.items():
-    loss, acc = np.array([r["loss"] for r in runs]), np.array([r["accuracy"] for r in runs])
+  for stage, seed_rows in results.items():
+    loss, acc = np.array([r["loss"] for r in seed_rows]), np.array([r["accuracy"] for r in seed_rows])
     sd = lambda a: f" ± {a.std(ddof=1):.4f}" if len(a) > 1 else ""                     # noqa: E731
-    mean = lambda k: readout_cell([r.get(k) for r in runs])                             # noqa: E731
+    mean = lambda k: readout_cell([r.get(k) for r in seed_rows])                             # noqa: E731
     rows.append(f"| {stage} | {loss.mean():.4f}{sd(loss)} | {acc.mean():.4f}{sd(acc)} | "
-                + " | ".join(mean(k) for k in READOUTS) + f" | {len(runs)} |")
+                + " | ".join(mean(k) for k in READOUTS) + f" | {len(seed_rows)} |")
   return "\n".join(rows)
 
 
 def figure(results: dict, path: str) -> None:
   """Held-out loss per stage (bar: mean over seeds; dots: seeds), the pretrained model's loss dashed."""
-  import numpy as np
-
   from attngeo.plotting import plt
   names = list(results)
   fig, ax = plt.subplots(figsize=(max(6.0, 0.75 * len(names)), 3.6), constrained_layout=True)
@@ -248,9 +246,6 @@ def main(argv=None):
       raise FileNotFoundError(f"no vocab file {vocab}: RUN must be an `attngeo import bert|albert` run folder")
   except (ValueError, FileNotFoundError) as e:
     ap.error(str(e))
-  from attngeo import files, runs
-  from attngeo.data import molecules
-  from attngeo.lm.smiles import SmilesTokenizer
   model, _, _ = runs.load_run(a.run)
   tokenizer = SmilesTokenizer.from_vocab(vocab)
   if not getattr(model.cfg, "mlm_head", False):

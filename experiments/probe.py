@@ -26,10 +26,12 @@ import pathlib
 
 import numpy as np
 
-from attngeo import config
-from attngeo.data import points
+from attngeo import config, data, files, nn, runs
+from attngeo.data import molecules, points
 from attngeo.experiments import report
 from attngeo.experiments.report import Col
+from attngeo.lm import tokenizer as tok_lib
+from attngeo.lm.smiles import SmilesTokenizer
 
 # (key, label, per-head?) — the quantities of the table and of the figure's panels
 QUANTITIES = [("eff_neighbours", "e^H̄", True), ("eps_rev", "ε_rev", True), ("rho_skew", "ρ_skew", True),
@@ -105,7 +107,6 @@ def _text_ids(path: str, run_dir: str, vocab_size: int):
   """(token ids [n] of the text file `path`, a phrase naming them): encoded by the run's own tokenizer
   (`RUN_DIR/tokenizer/`, written by `attngeo lm`) when it has one, else its bytes as ids (a byte-level
   model: ids < 256 must fit the vocabulary)."""
-  from attngeo.lm import tokenizer as tok_lib
   tdir = os.path.join(run_dir, "tokenizer")
   if os.path.exists(os.path.join(tdir, tok_lib.FILE)):
     tok = tok_lib.load(tdir)
@@ -123,7 +124,6 @@ def inputs(model, args, rng):
   """(A zero-argument callable running `model` on a batch built from --data, a phrase naming that batch)."""
   import jax.numpy as jnp
 
-  from attngeo import data, nn
   cfg = model.cfg
   if isinstance(model, nn.PointFlow):
     try:
@@ -168,8 +168,6 @@ def inputs(model, args, rng):
     return (lambda: model(x, jnp.ones((x.shape[0],)), jnp.full((x.shape[0],), cfg.num_classes))), \
         f"{what}, {x.shape[0]} × {'×'.join(map(str, shape))} (t = 1, null class)"
   if isinstance(model, nn.Encoder):        # BERT/ALBERT: equal-length SMILES, so the batch has no padding
-    from attngeo.data import molecules
-    from attngeo.lm.smiles import SmilesTokenizer
     tok = SmilesTokenizer.from_vocab(os.path.join(args.run_dir, "vocab.txt"))
     ids = jnp.asarray(tok.equal_length(molecules.load(args.data), args.batch))
     return (lambda: model(ids, jnp.ones(ids.shape, bool))), \
@@ -181,7 +179,6 @@ def applied_layers(model) -> int:
   """Attention layers as the model applies them, the count `--layers` indexes (layer index = call index, as in
   `probe.model_report`): ALBERT's one shared layer applied `depth` times is `depth` layers; any other model
   calls each `nn.Attention` once."""
-  from attngeo import nn
   mods = nn.attention_modules(model)
   if isinstance(model, nn.Encoder) and model.cfg.shared_layers:
     return len(mods) * model.cfg.depth
@@ -300,7 +297,6 @@ def main(argv=None):
   layers, heads = _indices(a.layers), _indices(a.heads)
   if layers == "bad" or heads == "bad":
     ap.error(f"--layers and --heads take comma-separated integers; got {a.layers!r}, {a.heads!r}")
-  from attngeo import files, runs                      # JAX-free: the run folder and --data are checked first
   default_data = a.data is None
   try:
     kind = (files.read_config(a.run_dir).get("model") or {}).get("class")

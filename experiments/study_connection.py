@@ -40,9 +40,12 @@ import time
 
 import numpy as np
 
-from attngeo import config as config_lib
+from attngeo import config as config_lib, data, files, nn
+from attngeo.data import molecules, text
 from attngeo.experiments import report
 from attngeo.experiments.report import Col
+from attngeo.lm.smiles import SmilesTokenizer
+from attngeo.lm.tokenizer import ByteTokenizer
 
 FAMILIES = ("decoder", "encoder")
 STABILITY = (("next_relative_change", "ΔW rel. Frobenius"), ("next_uniform_relative_change", "ΔW / ‖W − U‖"),
@@ -107,7 +110,6 @@ class StudyConfig:
         raise ValueError(f"{name} must be positive; got {getattr(self, name)}")
     if self.probe_samples < 2:
       raise ValueError(f"probe_samples must be at least 2; got {self.probe_samples}")
-    from attngeo import files
     for path in self.runs:                      # config.json names the model: JAX-free, before anything is written
       if not os.path.exists(os.path.join(path, "config.json")):
         raise ValueError(f"runs: {path} is not a run folder (no config.json)")
@@ -120,7 +122,6 @@ class StudyConfig:
     if self.probe_tokens is not None:
       if not (self.probe_tokens.endswith(".npy") and os.path.exists(self.probe_tokens)):
         raise ValueError(f"probe_tokens must be an existing .npy of token ids [b, n]; got {self.probe_tokens!r}")
-      import numpy as np
       ids = np.load(self.probe_tokens, mmap_mode="r")
       if not np.issubdtype(ids.dtype, np.integer) or ids.ndim != 2:
         raise ValueError(f"--probe-tokens {self.probe_tokens} must hold integer token ids [b, n]; got {ids.dtype} "
@@ -162,7 +163,6 @@ HELP = {"families": f"model families to study, subset of {FAMILIES}",
 # ----------------------------------------------------------------------------- data
 
 def byte_tokenizer():
-  from attngeo.lm.tokenizer import ByteTokenizer
   return ByteTokenizer()
 
 
@@ -176,7 +176,6 @@ class Size:
 
 
 def sizes(cfg: StudyConfig) -> list[Size]:
-  from attngeo import nn
   out = []
   if "decoder" in cfg.families:
     for d in cfg.decoder_depths:
@@ -215,7 +214,6 @@ class Family:
   def __init__(self, name: str, cfg: StudyConfig):
     self.name, self.cfg = name, cfg
     if name == "decoder":
-      from attngeo.data import text
       corpus = text.open_corpus(text.TextSpec(source=cfg.corpus), byte_tokenizer(), os.path.join(cfg.out, "data"))
       self.train_source = corpus.rows("train", cfg.seq_len)
       held = corpus.rows("val", cfg.seq_len)
@@ -228,14 +226,12 @@ class Family:
         self.probe_batch = np.load(cfg.probe_tokens)[:cfg.probe_batch, :cfg.seq_len].astype(np.int32)   # validate()d
       train_key = (corpus.key, cfg.seq_len)                     # the corpus' content fingerprint
     else:
-      from attngeo import data
       source, _ = data.point_sets(cloud="swiss_roll", num_points=4000, seed=123,
                                   set_size=cfg.set_size, num_sets=cfg.num_sets + 16 + cfg.probe_batch)
       self.train_source = [source[i] for i in range(cfg.num_sets)]
       held = np.stack([source[cfg.num_sets + i]["points"] for i in range(16 + cfg.probe_batch)])
       self.eval_batch, self.probe_batch = held[:16], held[16:]
       train_key = (source.key, cfg.num_sets)                   # the sets' content key; the first num_sets train
-    from attngeo import files
     self.data_key = files.fingerprint(train_key, self.eval_batch, self.probe_batch)
 
   @property
@@ -286,8 +282,6 @@ class SmilesInputs:
   alone: a padded key would enter the walk)."""
 
   def __init__(self, cfg: StudyConfig, vocab: str):
-    from attngeo.data import molecules
-    from attngeo.lm.smiles import SmilesTokenizer
     try:
       self.ids = SmilesTokenizer.from_vocab(vocab).equal_length(molecules.load(cfg.probe_smiles), cfg.probe_batch,
                                                                 cfg.seq_len)
@@ -303,7 +297,6 @@ class SmilesInputs:
 
 def model_key(cfg: StudyConfig, fam: Family, size: Size, seed: int) -> str:
   """What a model's result depends on: its config, the data's content, the recipe, the seed, the probe."""
-  from attngeo import files
   return files.fingerprint(size.model_config, fam.data_key, fam.steps, fam.batch, fam.lr,
                           min(cfg.warmup, fam.steps // 2), seed, cfg.probe_samples)
 
@@ -518,7 +511,6 @@ def run(cfg: StudyConfig) -> dict:
   cfg.validate()
   t0 = time.perf_counter()
   os.makedirs(cfg.out, exist_ok=True)
-  from attngeo import files
   files.write_config(cfg.out, study=cfg)
   results, fams = [], {}
   if cfg.runs:

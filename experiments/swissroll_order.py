@@ -28,7 +28,7 @@ import time
 
 import numpy as np
 
-from attngeo import config, runlock
+from attngeo import config, data, runlock
 from attngeo.experiments import report, swissroll_config
 from attngeo.experiments.report import Col
 
@@ -71,7 +71,6 @@ def run(protocols, operators, out: str, progress: bool = True) -> list[dict]:
 
 def protocol_rows(name: str, cfg, operators) -> list[dict]:
   """One protocol's conditions (`swissroll_run.run_condition`: trained or read back by key) as table rows."""
-  from attngeo import data
   from attngeo.experiments import swissroll_run
   source, cloud = data.point_sets(cloud="swiss_roll", num_points=cfg.num_points, seed=cfg.seed,
                                   set_size=cfg.set_size, num_sets=cfg.num_sets)
