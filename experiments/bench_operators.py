@@ -14,7 +14,9 @@ grouped by kernel (ATTN first) and a group holds programs whose summed peak memo
 the machine's (the host's RAM on CPU, the device's memory on an accelerator; `interleaved_with` in the JSON says how many cells shared a group): at 4096 keys the
 dense kernels' programs (13–17 GiB each) are timed one at a time, and a program whose peak exceeds
 three quarters of the machine's memory (dense CMAP at 4096 keys, 21 GiB) is not run: its row says
-so, with the memory it would need. `--implementations` restricts the kernels (the ratios are then
+so, with the memory it would need. The process is bounded too: every cell of a length times one set of
+inputs, and a program is not run when the process's resident memory plus its peak would pass that
+limit (its row says so). `--implementations` restricts the kernels (the ratios are then
 to the fastest ATTN among them). CMAP, the magnetic operator
 (`operators.magnetic_transport`, coupling 1, β = 0), runs on its own kernels (einsum, blockwise and
 the Hermitian pairing "paired", which computes each unordered token pair once: `attngeo.kernels.paired`);
@@ -48,15 +50,23 @@ IMPLEMENTATIONS = ("einsum", "xla", "cudnn", "blockwise", "pallas", "paired")   
 PALLAS_BACKENDS = ("gpu", "tpu")                # compiled there; "cpu" only in interpret mode (--interpret)
 
 
-def compiled_call(name, impl, b, n, h, d, block_size=None, dtype="float32"):
-  """(call, peak bytes): the compiled fwd+bwd program of one cell, bound to its inputs (block_size None:
-  each kernel's default)."""
+def inputs(b, n, h, d, dtype="float32"):
+  """q, k, v [b, n, h, d] of one sequence length, standard normal (seeded): every cell of that length times
+  the same arrays, so the process holds one set (at 4096 keys, 15 cells × 192 MiB of copies held 2.8 GiB)."""
+  import jax
+  import jax.numpy as jnp
+  ks = jax.random.split(jax.random.PRNGKey(0), 3)
+  return tuple(jax.random.normal(kk, (b, n, h, d), jnp.dtype(dtype)) for kk in ks)
+
+
+def compiled_call(name, impl, b, n, h, d, block_size=None, dtype="float32", qkv=None):
+  """(call, peak bytes): the compiled fwd+bwd program of one cell, bound to its inputs (`qkv`, default
+  `inputs(b, n, h, d, dtype)`; block_size None: each kernel's default)."""
   import jax
   import jax.numpy as jnp
 
   from attngeo import operators as op
-  ks = jax.random.split(jax.random.PRNGKey(0), 3)
-  q, k, v = [jax.random.normal(kk, (b, n, h, d), jnp.dtype(dtype)) for kk in ks]
+  q, k, v = qkv if qkv is not None else inputs(b, n, h, d, dtype)
   kw = dict(implementation=impl) if block_size is None else dict(implementation=impl, block_size=block_size)
   if op.is_magnetic(name):
     def loss(q, k, v):
@@ -168,6 +178,26 @@ def memory_limit() -> int:
   return machine_bytes() * 3 // 4
 
 
+def resident_bytes() -> int | None:
+  """This process's resident memory (Linux `/proc/self/statm`), or None where it cannot be read."""
+  try:
+    with open("/proc/self/statm") as f:
+      return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+  except (OSError, ValueError, IndexError):
+    return None
+
+
+def over_limit(peak: int | None) -> str | None:
+  """Why a program of `peak` bytes may not run now, or None: the process's resident memory plus the
+  program's peak would pass `memory_limit` (each program is bounded by its own check at compile time; this
+  bounds the process, which also holds the inputs, the runtime and what the allocator has kept)."""
+  rss = resident_bytes()
+  if rss is None or peak is None or rss + peak <= memory_limit():
+    return None
+  return (f"process at {rss / 2**30:.1f} GiB + program {peak / 2**30:.1f} GiB over the "
+          f"{memory_limit() / 2**30:.1f} GiB limit")
+
+
 def groups(cells: list[dict], budget: int) -> list[list[dict]]:
   """Cells (of one kernel) packed in order into groups whose summed peak bytes stay within `budget` (a cell over the
   budget alone is a group of one). The programs of a group stay alive while it is timed, so an
@@ -188,8 +218,14 @@ def time_group(group: list[dict], calls: dict, repeats: int, n: int):
   import jax
   from tqdm import tqdm
   ready = {}
+  gc.collect()
   for row in group:
     key = (row["operator"], row["implementation"])
+    why = over_limit(row["peak_bytes"])            # the group's programs run one at a time
+    if why:
+      row["skipped"] = why
+      tqdm.write(f"{key[0]}/{key[1]}/{n}: not run, {why}")
+      continue
     try:
       jax.block_until_ready(calls[key]())
       ready[key] = calls[key]
@@ -207,18 +243,19 @@ def run(seqs, batch, heads, head_dim, repeats, long_seq, dtype="float32", operat
   rows = []
   names = ("ATTN",) + tuple(x for x in operators if x != "ATTN")     # ATTN always: the ratios' reference
   for n in tqdm(seqs, desc="bench_operators"):
-    calls, cells = {}, []
+    calls, cells, qkv = {}, [], inputs(batch, n, heads, head_dim, dtype)
     impls = dict.fromkeys(i for name in names for i in available_impls(name, implementations))
     for impl in impls:                                                              # by kernel, ATTN first
       for name in (x for x in names if impl in available_impls(x, implementations)):
         row = dict(seq=n, batch=batch, operator=name, implementation=impl, seconds=float("nan"), peak_bytes=None)
         try:
-          calls[name, impl], row["peak_bytes"] = compiled_call(name, impl, batch, n, heads, head_dim, dtype=dtype)
+          calls[name, impl], row["peak_bytes"] = compiled_call(name, impl, batch, n, heads, head_dim, dtype=dtype,
+                                                               qkv=qkv)
         except Exception as e:  # noqa: BLE001 — a kernel that rejects the shape (e.g. cuDNN limits) is reported
           tqdm.write(f"{name}/{impl}/{n}: {type(e).__name__}: {str(e)[:120]}")
         if (row["peak_bytes"] or 0) > memory_limit():
-          row["skipped"] = f"needs {row['peak_bytes'] / 2**30:.1f} GiB of {memory_limit() / 2**30:.1f}"
-          tqdm.write(f"{name}/{impl}/{n}: not run, {row['skipped']} GiB")
+          row["skipped"] = f"needs {row['peak_bytes'] / 2**30:.1f} GiB of {memory_limit() / 2**30:.1f} GiB"
+          tqdm.write(f"{name}/{impl}/{n}: not run, {row['skipped']}")
           calls.pop((name, impl), None)
         cells.append(row)
     kernels = dict.fromkeys(c["implementation"] for c in cells)
@@ -302,7 +339,7 @@ def main(argv=None):
                     and math.isfinite(r["ratio_to_best_attn"] or float("nan"))), default=float("nan"))
             for n in a.seqs}                                   # skipped cells (memory) carry no ratio
     notes.append("CMAP (magnetic) fwd+bwd ÷ best ATTN: " + ", ".join(f"{v:.2f}× at seq {n}" for n, v in best.items()))
-  notes += [f"{r['operator']}/{r['implementation']} at seq {r['seq']} not run: {r['skipped']} GiB"
+  notes += [f"{r['operator']}/{r['implementation']} at seq {r['seq']} not run: {r['skipped']}"
             for r in rows if "skipped" in r]
   if a.long:
     r = rows[-1]

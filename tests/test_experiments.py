@@ -19,7 +19,8 @@ def test_bench_operators_smoke(tmp_path):
 
 def test_bench_operators_kernel_choice_and_programs_too_big_for_the_machine(tmp_path, monkeypatch, capsys):
   """`--implementations` keeps the chosen kernels; a program over the memory limit is reported, not run."""
-  monkeypatch.setattr(bench_operators, "memory_limit", lambda: 200_000)   # bytes: CMAP at 64 keys (~290 kB) is over
+  monkeypatch.setattr(bench_operators, "memory_limit", lambda: 200_000)   # bytes: CMAP at 64 keys (~300 kB) is over
+  monkeypatch.setattr(bench_operators, "resident_bytes", lambda: 0)     # the process bound: its own test below
   bench_operators.main(["--seqs", "16,64", "--batch", "1", "--heads", "2", "--head-dim", "8", "--repeats", "1",
                         "--operators", "ATTN,CMAP", "--implementations", "blockwise", "--long", "0",
                         "--out", str(tmp_path)])
@@ -35,6 +36,28 @@ def test_bench_operators_kernel_choice_and_programs_too_big_for_the_machine(tmp_
     with pytest.raises(SystemExit) as e:
       bench_operators.main(["--seqs", "16", "--operators", "ATTN,CMAP", "--implementations", chosen])
     assert e.value.code == 2 and f"leaves no kernel for {name}" in capsys.readouterr().err
+
+
+def test_bench_bounds_the_process_not_only_each_program(tmp_path, monkeypatch, capsys):
+  """Every cell of a length times one set of inputs (15 copies held 2.8 GiB at 4096 keys), and a program that
+  would take the process's resident memory past the limit is reported, not run."""
+  made = []
+  real = bench_operators.compiled_call
+  monkeypatch.setattr(bench_operators, "compiled_call", lambda *a, **kw: made.append(kw["qkv"]) or real(*a, **kw))
+  rss = bench_operators.resident_bytes()
+  assert rss is None or 2**20 < rss < bench_operators.machine_bytes()
+  room = 300_000                                  # bytes: ATTN's einsum program (~200 kB) fits, CMAP's (~390 kB) not
+  monkeypatch.setattr(bench_operators, "memory_limit", lambda: 2**30 + room)
+  monkeypatch.setattr(bench_operators, "resident_bytes", lambda: 2**30)
+  bench_operators.main(["--seqs", "64", "--batch", "1", "--heads", "2", "--head-dim", "8", "--repeats", "1",
+                        "--operators", "ATTN,CMAP", "--implementations", "einsum", "--long", "0",
+                        "--out", str(tmp_path)])
+  assert len(made) == 2 and made[0] is made[1]
+  rows = {r["operator"]: r for r in json.loads((tmp_path / "bench_operators.json").read_text())}
+  assert rows["ATTN"]["seconds"] > 0 and "skipped" not in rows["ATTN"] and rows["ATTN"]["peak_bytes"] < room
+  assert rows["CMAP"]["peak_bytes"] > room and rows["CMAP"]["seconds"] != rows["CMAP"]["seconds"]
+  assert "over the" in rows["CMAP"]["skipped"] and "not run, process at" in capsys.readouterr().out
+  assert bench_operators.over_limit(None) is None
 
 
 def test_bench_groups_hold_at_most_the_memory_budget():
