@@ -2,7 +2,7 @@
 
     attngeo bench [--seqs 256,1024,4096] [--batch 8] [--heads 8] [--head-dim 64] [--repeats 3]
                   [--operators ATTN,DMAP,DMTN,ATAP,CMAP] [--implementations einsum,xla,cudnn,blockwise,pallas,paired]
-                  [--long 16384] [--dtype float32|bfloat16] [--interpret] [--numerics] [--out DIR]
+                  [--long 16384] [--dtype float32|bfloat16] [--causal] [--interpret] [--numerics] [--out DIR]
 
 For each (seq, operator, implementation) it prints the fastest wall time of a jitted
 `grad(sum(transport(q, k, v)))` over `--repeats` runs, the compiled program's peak memory
@@ -59,15 +59,17 @@ def inputs(b, n, h, d, dtype="float32"):
   return tuple(jax.random.normal(kk, (b, n, h, d), jnp.dtype(dtype)) for kk in ks)
 
 
-def compiled_call(name, impl, b, n, h, d, block_size=None, dtype="float32", qkv=None):
+def compiled_call(name, impl, b, n, h, d, block_size=None, dtype="float32", qkv=None, causal=False):
   """(call, peak bytes): the compiled fwd+bwd program of one cell, bound to its inputs (`qkv`, default
-  `inputs(b, n, h, d, dtype)`; block_size None: each kernel's default)."""
+  `inputs(b, n, h, d, dtype)`; block_size None: each kernel's default; `causal`: the lower-triangular order)."""
   import jax
   import jax.numpy as jnp
 
   from attngeo import operators as op
   q, k, v = qkv if qkv is not None else inputs(b, n, h, d, dtype)
-  kw = dict(implementation=impl) if block_size is None else dict(implementation=impl, block_size=block_size)
+  kw = dict(implementation=impl, causal=causal)
+  if block_size is not None:
+    kw["block_size"] = block_size
   if op.is_magnetic(name):
     def loss(q, k, v):
       return jnp.sum(op.magnetic_transport(q, k, v, coupling=1.0, **kw))
@@ -87,8 +89,9 @@ def measure(name, impl, b, n, h, d, repeats, block_size=None, dtype="float32"):
   return min(timing.interleaved_seconds({name: call}, repeats)[name]), mem
 
 
-def available_impls(name="ATTN", chosen=None):
-  """The kernels that run `name` on this backend (restricted to `chosen` when given), in timing order."""
+def available_impls(name="ATTN", chosen=None, causal=False):
+  """The kernels that run `name` on this backend (restricted to `chosen` when given), in timing order; under
+  `causal`, not CMAP's Hermitian pairing (it needs the symmetric, unmasked order)."""
   import jax
 
   from attngeo import operators
@@ -100,7 +103,7 @@ def available_impls(name="ATTN", chosen=None):
       impls.insert(2, "cudnn")
     if jax.default_backend() in PALLAS_BACKENDS or (chosen is not None and "pallas" in chosen):
       impls.append("pallas")                      # on CPU only when named (main checks --interpret)
-  return [i for i in impls if chosen is None or i in chosen]
+  return [i for i in impls if (chosen is None or i in chosen) and not (causal and i == "paired")]
 
 
 def pallas_ratios(rows) -> list[str]:
@@ -238,19 +241,21 @@ def time_group(group: list[dict], calls: dict, repeats: int, n: int):
     row["interleaved_with"] = len(group)
 
 
-def run(seqs, batch, heads, head_dim, repeats, long_seq, dtype="float32", operators=OPERATORS, implementations=None):
+def run(seqs, batch, heads, head_dim, repeats, long_seq, dtype="float32", operators=OPERATORS, implementations=None,
+        causal=False):
   from tqdm import tqdm
   rows = []
   names = ("ATTN",) + tuple(x for x in operators if x != "ATTN")     # ATTN always: the ratios' reference
   for n in tqdm(seqs, desc="bench_operators"):
     calls, cells, qkv = {}, [], inputs(batch, n, heads, head_dim, dtype)
-    impls = dict.fromkeys(i for name in names for i in available_impls(name, implementations))
+    impls = dict.fromkeys(i for name in names for i in available_impls(name, implementations, causal))
     for impl in impls:                                                              # by kernel, ATTN first
-      for name in (x for x in names if impl in available_impls(x, implementations)):
-        row = dict(seq=n, batch=batch, operator=name, implementation=impl, seconds=float("nan"), peak_bytes=None)
+      for name in (x for x in names if impl in available_impls(x, implementations, causal)):
+        row = dict(seq=n, batch=batch, operator=name, implementation=impl, causal=causal, seconds=float("nan"),
+                   peak_bytes=None)
         try:
           calls[name, impl], row["peak_bytes"] = compiled_call(name, impl, batch, n, heads, head_dim, dtype=dtype,
-                                                               qkv=qkv)
+                                                               qkv=qkv, causal=causal)
         except Exception as e:  # noqa: BLE001 — a kernel that rejects the shape (e.g. cuDNN limits) is reported
           tqdm.write(f"{name}/{impl}/{n}: {type(e).__name__}: {str(e)[:120]}")
         if (row["peak_bytes"] or 0) > memory_limit():
@@ -301,6 +306,9 @@ def parser():
                   help="sequence length of the blockwise long-sequence row (0 skips it)")
   ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                   help="input dtype (accumulation is float32)")
+  ap.add_argument("--causal", action="store_true",
+                  help="time the causal (lower-triangular) operators, as GPTs run them: CMAP's Hermitian pairing "
+                       "needs the symmetric order and is left out")
   ap.add_argument("--interpret", action="store_true",
                   help="allow --implementations pallas on CPU, in Pallas' interpret mode (a dry run; not a timing)")
   ap.add_argument("--numerics", action="store_true",
@@ -327,12 +335,12 @@ def main(argv=None):
                  note=f"backend={backend}; relative max error against float32 einsum at highest precision")
     return rows
   for name in dict.fromkeys(("ATTN",) + tuple(a.operators)):
-    if not available_impls(name, a.implementations):
+    if not available_impls(name, a.implementations, a.causal):
       ap.error(f"--implementations {','.join(a.implementations)} leaves no kernel for {name} on {jax.default_backend()} "
-               f"(its kernels here: {','.join(available_impls(name))})")
-  print(f"backend={jax.default_backend()} devices={jax.device_count()} dtype={a.dtype}")
+               f"(its kernels here{' under --causal' if a.causal else ''}: {','.join(available_impls(name, causal=a.causal))})")
+  print(f"backend={jax.default_backend()} devices={jax.device_count()} dtype={a.dtype} causal={a.causal}")
   rows = run(list(a.seqs), a.batch, a.heads, a.head_dim, a.repeats, a.long, a.dtype, a.operators,
-             a.implementations)
+             a.implementations, a.causal)
   notes = []
   if "CMAP" in a.operators:
     best = {n: min((r["ratio_to_best_attn"] for r in rows if r["seq"] == n and r["operator"] == "CMAP"

@@ -60,6 +60,22 @@ def test_bench_bounds_the_process_not_only_each_program(tmp_path, monkeypatch, c
   assert bench_operators.over_limit(None) is None
 
 
+def test_bench_causal_times_the_causal_operators(tmp_path, monkeypatch):
+  """`--causal` passes the lower-triangular order to every kernel (a GPT's rows) and leaves out CMAP's pairing,
+  which needs the symmetric order."""
+  seen = []
+  real = bench_operators.compiled_call
+  monkeypatch.setattr(bench_operators, "compiled_call",
+                      lambda name, impl, *a, **kw: seen.append((name, impl, kw["causal"])) or real(name, impl, *a, **kw))
+  bench_operators.main(["--seqs", "32", "--batch", "1", "--heads", "2", "--head-dim", "8", "--repeats", "1",
+                        "--operators", "ATTN,CMAP", "--implementations", "blockwise,paired", "--causal", "--long", "0",
+                        "--out", str(tmp_path)])
+  assert seen == [("ATTN", "blockwise", True), ("CMAP", "blockwise", True)]
+  rows = json.loads((tmp_path / "bench_operators.json").read_text())
+  assert all(r["causal"] and r["seconds"] > 0 for r in rows)
+  assert bench_operators.available_impls("CMAP", causal=True) == ["einsum", "blockwise"]
+
+
 def test_bench_groups_hold_at_most_the_memory_budget():
   """Interleaved programs stay alive together: their summed peaks must fit (the default bench ran a 24 GiB
   machine out of memory at 4096 keys before groups were bounded)."""
