@@ -18,7 +18,7 @@ import numpy as np
 from flax import nnx
 
 from attngeo import data, files, flow, image_metrics, nn, plotting, probe, regularisers, runs, train
-from attngeo.data import images
+from attngeo.data import images as image_data
 from attngeo.experiments import report
 from attngeo.experiments.report import Col
 from attngeo.experiments.sit_config import (FULL_DATA, PLAN_CHIPS, STAGE_OPERATOR, STAGES, SiTConfig,
@@ -132,14 +132,14 @@ def row_labels(class_names, rows: int) -> list[str]:
   return [f"class {name}" for name in list(class_names)[:rows]]
 
 
-def save_neighbours(samples: np.ndarray, train: np.ndarray, rows: int, path: str, title: str, row_labels=None,
+def save_neighbours(samples: np.ndarray, train_images: np.ndarray, rows: int, path: str, title: str, row_labels=None,
                     heldout: float | None = None):
   """Samples beside their nearest training images (pixel ℓ², `image_metrics.nearest_images`), tile for
   tile, the mean distance in the title beside `heldout` (held-out real digits' mean distance to the training
   set, the no-copying reference): a model that copies its training set shows the same digit twice."""
-  dist, idx = image_metrics.nearest_images(samples, train)
+  dist, idx = image_metrics.nearest_images(samples, train_images)
   ref = f"; held-out real digits {heldout:.2f}" if heldout is not None else ""
-  plotting.image_panels([("samples", samples), ("nearest training image", train[idx])], rows, path,
+  plotting.image_panels([("samples", samples), ("nearest training image", train_images[idx])], rows, path,
                         title=f"{' '.join(title.split())}: pixel ℓ² to the nearest\ntraining image, mean "
                               f"{dist.mean():.2f}{ref}", row_labels=row_labels)
 
@@ -195,7 +195,7 @@ def prepare(cfg: SiTConfig, train_classifier: bool = True):
   ev["sample_labels"] = np.arange(max(cfg.eval_samples, cfg.grid_per_class * k)) % k
   ev["grid_rows"] = min(k, 10)
   ev["grid_idx"] = grid_order(ev["grid_rows"], cfg.grid_per_class, k)
-  ev["row_labels"] = row_labels(images.class_names(cfg.data, k), ev["grid_rows"])
+  ev["row_labels"] = row_labels(image_data.class_names(cfg.data, k), ev["grid_rows"])
   ev["classifier"], ev["reference"], ev["reference_rows"] = None, None, []
   if cfg.metric:
     folder = os.path.join(cfg.out, "classifier", b.builder_config.name)
@@ -381,7 +381,7 @@ def load_for_sampling(run: str, cfg: SiTConfig):
   model = runs.load_run(run)[0]
   flow.check_guidance(cfg.guidance, model.cfg.null_label)
   source = (files.read_config(run).get("sit") or {}).get("data") or ""
-  return model, images.class_names(source, model.cfg.num_classes)
+  return model, image_data.class_names(source, model.cfg.num_classes)
 
 
 def sample_run(model, cfg: SiTConfig, out: str, n_per_class: int, class_names=None) -> str:

@@ -17,7 +17,7 @@ training set, what the seed's figure shows), raw and ÷ the set size n. Protocol
 * `full` — the `--full` budget of `attngeo swissroll`, 6000 steps (reused from `runs/swissroll_full`).
 
 A condition already trained under the same settings is reused (folders keyed by fingerprint,
-`attngeo.experiments.swissroll`). Writes order.{md,csv,json} and order.png to `--out`.
+`attngeo.experiments.swissroll_config`). Writes order.{md,csv,json} and order.png to `--out`.
 """
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The Swiss-roll scan's work (`attngeo swissroll`; its settings, keys and command line: `swissroll`).
+"""The Swiss-roll scan's work (`attngeo swissroll`; its settings and keys: `swissroll_config`; its command
+line: `swissroll`).
 
 `scan(cfg)` trains, samples, judges and probes every (operator, order, seed) of a
 `swissroll_config.SwissRollConfig` and writes Table 1 and Figures 1–2 (`swissroll`'s docstring says what each
@@ -64,14 +65,14 @@ class References:
 def references(cfg: SwissRollConfig, cloud: np.ndarray) -> References:
   """Fresh samples with seeds derived from `cfg.seed` (so every condition and seed is judged alike)."""
   like = (cfg.num_points, cfg.seed)
-  train, train_t = data.swiss_roll(cfg.num_points, cfg.seed, return_t=True)
-  if not np.array_equal(train, cloud):
+  points, points_t = data.swiss_roll(cfg.num_points, cfg.seed, return_t=True)
+  if not np.array_equal(points, cloud):
     raise RuntimeError("the point-set cache does not hold this Swiss roll")
   fresh, _ = data.swiss_roll_oracle(4000, cfg.seed + 10_001, like)
   heldout, _ = data.swiss_roll_oracle(cfg.num_points, cfg.seed + 10_002, like)
   oracle, oracle_t = data.swiss_roll_oracle(cfg.sample_sets * cfg.set_size, cfg.seed + 10_003, like)
-  floor = sample_metrics.sample_quality(oracle, train, fresh, heldout)
-  return References(train, train_t, fresh, heldout, oracle, oracle_t, floor)
+  floor = sample_metrics.sample_quality(oracle, points, fresh, heldout)
+  return References(points, points_t, fresh, heldout, oracle, oracle_t, floor)
 
 
 def build_model(cfg: SwissRollConfig, op: str, order: str, seed: int):

@@ -268,7 +268,7 @@ def test_order_study_measures_every_set_size(scan, tmp_path, monkeypatch):
   cfg, _ = scan
   monkeypatch.setattr(order, "SIZES", (48, 96))
   monkeypatch.setattr(order, "PROTOCOLS", {"tiny": dict(TINY, out=cfg.out)})   # reuses the scan's weights
-  monkeypatch.setattr(swissroll, "ORDERS", ("ffn_first",))
+  monkeypatch.setattr(swissroll_config, "ORDERS", ("ffn_first",))
   rows = order.run(["tiny"], ["DMAP", "DMTN"], str(tmp_path), progress=False)
   assert [(r["operator"], r["order"]) for r in rows] == [("DMAP", "ffn_first"), ("DMTN", "ffn_first")]
   r = rows[0]
