@@ -83,9 +83,9 @@ def compiled_call(name, impl, b, n, h, d, block_size=None, dtype="float32", qkv=
   return (lambda: compiled(q, k, v)), timing.peak_bytes(compiled)
 
 
-def measure(name, impl, b, n, h, d, repeats, block_size=None, dtype="float32"):
+def measure(name, impl, b, n, h, d, repeats, block_size=None, dtype="float32", causal=False):
   """(fastest seconds, peak bytes) of one cell timed alone."""
-  call, mem = compiled_call(name, impl, b, n, h, d, block_size, dtype)
+  call, mem = compiled_call(name, impl, b, n, h, d, block_size, dtype, causal=causal)
   return min(timing.interleaved_seconds({name: call}, repeats)[name]), mem
 
 
@@ -182,7 +182,12 @@ def memory_limit() -> int:
 
 
 def resident_bytes() -> int | None:
-  """This process's resident memory (Linux `/proc/self/statm`), or None where it cannot be read."""
+  """Bytes held where the timed programs live: the accelerator's allocator (`bytes_in_use`) on a GPU or
+  TPU, else this process's resident memory (Linux `/proc/self/statm`); None where it cannot be read."""
+  import jax
+  if jax.default_backend() != "cpu":
+    stats = jax.devices()[0].memory_stats() or {}
+    return stats.get("bytes_in_use")
   try:
     with open("/proc/self/statm") as f:
       return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -191,9 +196,9 @@ def resident_bytes() -> int | None:
 
 
 def over_limit(peak: int | None) -> str | None:
-  """Why a program of `peak` bytes may not run now, or None: the process's resident memory plus the
-  program's peak would pass `memory_limit` (each program is bounded by its own check at compile time; this
-  bounds the process, which also holds the inputs, the runtime and what the allocator has kept)."""
+  """Why a program of `peak` bytes may not run now, or None: what the process already holds (`resident_bytes`)
+  plus the program's peak would pass `memory_limit` (each program is bounded by its own check at compile
+  time; this bounds the process, which also holds the inputs, the runtime and what the allocator has kept)."""
   rss = resident_bytes()
   if rss is None or peak is None or rss + peak <= memory_limit():
     return None
@@ -247,7 +252,8 @@ def run(seqs, batch, heads, head_dim, repeats, long_seq, dtype="float32", operat
   rows = []
   names = ("ATTN",) + tuple(x for x in operators if x != "ATTN")     # ATTN always: the ratios' reference
   for n in tqdm(seqs, desc="bench_operators"):
-    calls, cells, qkv = {}, [], inputs(batch, n, heads, head_dim, dtype)
+    calls, cells, qkv = {}, [], None                         # the previous length's inputs are freed first
+    qkv = inputs(batch, n, heads, head_dim, dtype)
     impls = dict.fromkeys(i for name in names for i in available_impls(name, implementations, causal))
     for impl in impls:                                                              # by kernel, ATTN first
       for name in (x for x in names if impl in available_impls(x, implementations, causal)):
@@ -277,9 +283,12 @@ def run(seqs, batch, heads, head_dim, repeats, long_seq, dtype="float32", operat
     for r in rows:
       if r["seq"] == n:
         r["ratio_to_best_attn"] = r["seconds"] / min(attn) if attn else float("nan")
+  calls = qkv = None                                         # the long row holds only its own inputs
   if long_seq:
-    t, mem = measure("DMTN", "blockwise", 1, long_seq, heads, head_dim, 1, block_size=1024, dtype=dtype)
-    rows.append(dict(seq=long_seq, batch=1, operator="DMTN", implementation="blockwise", seconds=t, peak_bytes=mem,
+    t, mem = measure("DMTN", "blockwise", 1, long_seq, heads, head_dim, 1, block_size=1024, dtype=dtype,
+                     causal=causal)
+    rows.append(dict(seq=long_seq, batch=1, operator="DMTN", implementation="blockwise", causal=causal, seconds=t,
+                     peak_bytes=mem,
                      ratio_to_best_attn=float("nan"), dense_p_bytes=heads * long_seq * long_seq * 4))
   return rows
 
@@ -327,6 +336,8 @@ def main(argv=None):
       backend == "cpu" and a.interpret):
     ap.error(f"--implementations pallas needs a GPU or TPU (Triton / Mosaic); this backend is {backend}"
              + (" (add --interpret for a dry run in interpret mode)" if backend == "cpu" else ""))
+  if a.numerics and a.causal:
+    ap.error("--causal times the causal order; --numerics compares the kernels' errors without it: give one")
   if a.interpret and backend != "cpu":
     ap.error(f"--interpret is for CPU (on {backend} the Pallas kernel is compiled); drop it")
   if a.numerics:

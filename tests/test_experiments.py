@@ -68,12 +68,15 @@ def test_bench_causal_times_the_causal_operators(tmp_path, monkeypatch):
   monkeypatch.setattr(bench_operators, "compiled_call",
                       lambda name, impl, *a, **kw: seen.append((name, impl, kw["causal"])) or real(name, impl, *a, **kw))
   bench_operators.main(["--seqs", "32", "--batch", "1", "--heads", "2", "--head-dim", "8", "--repeats", "1",
-                        "--operators", "ATTN,CMAP", "--implementations", "blockwise,paired", "--causal", "--long", "0",
+                        "--operators", "ATTN,CMAP", "--implementations", "blockwise,paired", "--causal", "--long", "48",
                         "--out", str(tmp_path)])
-  assert seen == [("ATTN", "blockwise", True), ("CMAP", "blockwise", True)]
+  assert seen == [("ATTN", "blockwise", True), ("CMAP", "blockwise", True), ("DMTN", "blockwise", True)]  # + --long
   rows = json.loads((tmp_path / "bench_operators.json").read_text())
-  assert all(r["causal"] and r["seconds"] > 0 for r in rows)
+  assert len(rows) == 3 and all(r["causal"] and r["seconds"] > 0 for r in rows)
   assert bench_operators.available_impls("CMAP", causal=True) == ["einsum", "blockwise"]
+  with pytest.raises(SystemExit) as e:
+    bench_operators.main(["--numerics", "--causal", "--seqs", "16"])
+  assert e.value.code == 2
 
 
 def test_bench_groups_hold_at_most_the_memory_budget():
