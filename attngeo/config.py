@@ -88,6 +88,22 @@ def from_arguments(args: argparse.Namespace, cls, base=None, prefix: str = ""):
   return dataclasses.replace(base, **given)
 
 
+def replaced(cfg, fields: dict):
+  """`cfg` with `fields` replaced, a dotted name (`"train.steps"`) reaching into a nested config: presets and
+  protocols written as the flags a user would give (`{"train.steps": 6000}` is `--train.steps 6000`)."""
+  nested: dict = {}
+  for name, value in fields.items():
+    head, _, rest = name.partition(".")
+    if head not in {f.name for f in dataclasses.fields(cfg)}:
+      raise ValueError(f"{type(cfg).__name__} has no field {head!r} (in {name!r})")
+    if rest:
+      nested.setdefault(head, {})[rest] = value
+    else:
+      nested[head] = value
+  return dataclasses.replace(cfg, **{k: replaced(getattr(cfg, k), v) if isinstance(v, dict) and
+                                     dataclasses.is_dataclass(getattr(cfg, k)) else v for k, v in nested.items()})
+
+
 def from_dict(cls, fields: dict):
   """`cls(**fields)` with nested dataclass fields rebuilt and JSON lists turned back into tuples.
 

@@ -76,8 +76,9 @@ def settings(cfg: CurvatureStudyConfig) -> dict:
 
 
 def scan_config(cfg: CurvatureStudyConfig, name: str, reg):
-  return swissroll_config.SwissRollConfig(operators=(cfg.operator,), orders=(cfg.order,), seeds=cfg.seeds, steps=cfg.steps,
-                                   reg=reg, out=os.path.join(cfg.out, name), progress=cfg.progress)
+  return swissroll_config.SwissRollConfig(operators=(cfg.operator,), orders=(cfg.order,), seeds=cfg.seeds,
+                                          train=swissroll_config.ScanTrain(steps=cfg.steps),
+                                          reg=reg, out=os.path.join(cfg.out, name), progress=cfg.progress)
 
 
 def validate(cfg: CurvatureStudyConfig) -> None:

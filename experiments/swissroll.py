@@ -1,11 +1,11 @@
 """The Swiss-roll scan (seed "Attention Geometry", Table 1 and Figures 1–2).
 
-    attngeo swissroll [--full] [--seeds 3] [--operators DMAP,ATTN] [--orders ffn_first] [--steps N] ...
+    attngeo swissroll [--full] [--seeds 3] [--operators DMAP,ATTN] [--orders ffn_first] [--train.steps N] [--model.depth N] ...
 
 A `PointFlow` set transformer (each point a token, bidirectional attention) learns the velocity
 of the linear interpolant from Gaussian noise sets to point sets of the 4000-point Swiss roll
 (flow matching, `attngeo.flow`), once per operator × sub-layer order × seed, same budget each;
-samples are drawn with Heun's method from noise sets (EMA weights when `--ema` > 0). In training,
+samples are drawn with Heun's method from noise sets (EMA weights when `--train.ema` > 0). In training,
 each set's noise points are paired with its points by exact optimal transport (`--coupling ot`, the
 default: minibatch OT within a set — the noise is still i.i.d. Gaussian and the data unchanged, only
 their pairing, so the paths are straighter; `--coupling independent` pairs them at random).
@@ -77,7 +77,8 @@ def check_regularisers(cfg: SwissRollConfig) -> None:
 def parser() -> argparse.ArgumentParser:
   ap = config_lib.parser("attngeo swissroll", __doc__)
   ap.add_argument("--full", action="store_true",
-                  help=f"the longer budget, {FULL}, into runs/swissroll_full unless --out is given (default: off)")
+                  help=f"the longer budget, {', '.join(f'--{k} {v}' for k, v in FULL.items())}, into runs/swissroll_full "
+                       "unless --out is given (default: off)")
   config_lib.add_arguments(ap, SwissRollConfig, help=HELP)
   return ap
 
@@ -86,7 +87,7 @@ def config_from_argv(argv=None, ap: argparse.ArgumentParser | None = None) -> Sw
   """Parse and validate; a bad setting exits with one line (code 2) before any work."""
   ap = ap or parser()
   args = ap.parse_args(argv)
-  base = dataclasses.replace(SwissRollConfig(), **FULL) if args.full else SwissRollConfig()
+  base = config_lib.replaced(SwissRollConfig(), FULL) if args.full else SwissRollConfig()
   if args.full and args.out is None:
     base = dataclasses.replace(base, out="runs/swissroll_full")
   try:

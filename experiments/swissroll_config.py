@@ -5,6 +5,7 @@ work is `swissroll_run`, its command line `swissroll`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 
 import numpy as np
@@ -19,6 +20,30 @@ TIME_LAWS = ("power", "logit_normal")
 COUPLINGS = ("independent", "ot")
 RESULT_VERSION = 3                                  # bump when a condition's read-outs change
 
+
+@dataclasses.dataclass
+class ScanModel:
+  """The `PointFlow` every condition trains (the operator and the sub-layer order are the scan's axes)."""
+  width: int = 64
+  depth: int = 2
+  heads: int = 2
+  mlp_ratio: float = 2.0
+  learnable_operator: bool = False     # train per-head (β, α), starting from each named corner
+
+
+@dataclasses.dataclass
+class ScanTrain:
+  """The optimisation of every condition (`attngeo.train_config.TrainConfig` fields; each condition sets its
+  own seed and folder)."""
+  steps: int = 2500
+  batch_size: int = 8
+  lr: float = 6e-3
+  warmup: int = 50
+  schedule: str = "cosine"
+  ema: float = 0.0
+  ckpt_every: int = 250
+
+
 @dataclasses.dataclass
 class SwissRollConfig:
   operators: tuple[str, ...] = ("DMAP", "DMTN", "ATAP", "ATTN")
@@ -28,21 +53,11 @@ class SwissRollConfig:
   num_points: int = 4000
   set_size: int = 256
   num_sets: int = 2048
-  width: int = 64
-  depth: int = 2
-  heads: int = 2
-  mlp_ratio: float = 2.0
-  learnable_operator: bool = False     # train per-head (β, α), starting from each named corner
-  steps: int = 2500
-  batch_size: int = 8
-  lr: float = 6e-3
-  warmup: int = 50
-  schedule: str = "cosine"
-  ema: float = 0.0
+  model: ScanModel = dataclasses.field(default_factory=ScanModel)
+  train: ScanTrain = dataclasses.field(default_factory=ScanTrain)
   time_power: float = 1.0              # training times t = 1 − (1 − u)^p, u ~ U[0, 1): p > 1 favours t near 1
   time_law: str = "power"              # power (above) | logit_normal (t = sigmoid(N(0, 1)), SD3's)
   coupling: str = "ot"                 # ot: each set's noise matched to its points by exact OT | independent
-  ckpt_every: int = 250
   solver: str = "heun"
   sample_steps: int = 40
   sample_sets: int = 8
@@ -54,23 +69,24 @@ class SwissRollConfig:
   progress: bool = True
   reg: regularisers_config.Regularisers = dataclasses.field(default_factory=regularisers_config.Regularisers)
 
+
 HELP = {
     "operators": f"comma-separated operators, each one of {','.join(OPERATORS)}",
     "orders": f"comma-separated sub-layer orders, each one of {','.join(ORDERS)} (FFN→MHSA, MHSA→FFN)",
     "seed": "seed of the training set and first training seed",
     "seeds": "training seeds per condition (≥ 1); > 1 adds mean ± sd and differences.md",
     "num_points": "training-set size", "set_size": "points per training set (≤ num_points)",
-    "num_sets": "training point sets drawn from the cloud", "width": "model width", "depth": "blocks",
-    "heads": "attention heads (must divide width)", "mlp_ratio": "MLP hidden ÷ width",
-    "learnable_operator": "train per-head (β, α) from each named corner (true/false)",
-    "steps": "training steps", "batch_size": "point sets per step", "lr": "peak learning rate",
-    "warmup": "warm-up steps", "schedule": "cosine, linear or constant after warm-up",
+    "num_sets": "training point sets drawn from the cloud", "model.width": "model width", "model.depth": "blocks",
+    "model.heads": "attention heads (must divide width)", "model.mlp_ratio": "MLP hidden ÷ width",
+    "model.learnable_operator": "train per-head (β, α) from each named corner (true/false)",
+    "train.steps": "training steps", "train.batch_size": "point sets per step", "train.lr": "peak learning rate",
+    "train.warmup": "warm-up steps", "train.schedule": "cosine, linear or constant after warm-up",
     "time_power": "p ≥ 1 in the training-time law t = 1 − (1 − u)^p, u uniform (1: uniform t)",
     "time_law": "training-time law: power (t = 1 − (1 − u)^p) or logit_normal (t = sigmoid(z), z ~ N(0, 1))",
     "coupling": "noise–data pairing in training: independent, or ot (each set's noise points matched to its "
                 "points by exact optimal transport; sampling unchanged)",
-    "ema": "EMA decay of the weights used for sampling and probing, in [0, 1) (0: none)",
-    "ckpt_every": "steps between checkpoints (0: only at the end)",
+    "train.ema": "EMA decay of the weights used for sampling and probing, in [0, 1) (0: none)",
+    "train.ckpt_every": "steps between checkpoints (0: only at the end)",
     "solver": f"sampler, one of {','.join(SOLVERS)}", "sample_steps": "sampler steps",
     "sample_sets": "generated point sets (× set_size points are judged)",
     "figure_times": "times in (0, 1] shown in samples.png, multiples of 1/sample_steps",
@@ -81,9 +97,11 @@ HELP = {
     **regularisers_config.HELP,
 }
 
-FULL = dict(steps=6000, ckpt_every=1000, sample_sets=16, num_sets=8192)   # 2.4× the steps (1,823 s before huge pages)
+# `--full`: 2.4× the steps (1,823 s before huge pages), as dotted settings (`config.replaced`).
+FULL = {"train.steps": 6000, "train.ckpt_every": 1000, "sample_sets": 16, "num_sets": 8192}
 
-# Settings that shape a condition's training (its folder key) are every field except these.
+# Settings that shape a condition's training (its folder key) are every field except these (by leaf name:
+# `flat_settings`).
 NOT_TRAINING = ("operators", "orders", "seeds", "out", "progress", "ckpt_every", "heat_points")
 EVALUATION = ("solver", "sample_steps", "sample_sets", "figure_times", "probe_sets", "probe_sizes")
 
@@ -91,29 +109,31 @@ ORDER_NAMES = {"ffn_first": "FFN → MHSA", "attn_first": "MHSA → FFN"}
 
 
 def validate(cfg: SwissRollConfig) -> None:
-  """Raise one ValueError line naming the first bad setting (before any work)."""
+  """Raise one ValueError line naming the first bad setting (its flag, e.g. `--train.steps`) before any work."""
   def need(ok, name, expected):
     if not ok:
-      raise ValueError(f"--{name.replace('_', '-')} must be {expected}; got {getattr(cfg, name)!r}")
+      value = functools.reduce(getattr, name.split("."), cfg)
+      raise ValueError(f"--{name.replace('_', '-')} must be {expected}; got {value!r}")
   need(cfg.operators and all(o in OPERATORS for o in cfg.operators), "operators",
        f"a comma-separated list of {','.join(OPERATORS)}")
   need(cfg.orders and all(o in ORDERS for o in cfg.orders), "orders", f"a comma-separated list of {','.join(ORDERS)}")
   need(len(set(cfg.operators)) == len(cfg.operators), "operators", "a list without repeats")
   need(len(set(cfg.orders)) == len(cfg.orders), "orders", "a list without repeats")
-  for name in ("seeds", "num_points", "num_sets", "width", "depth", "heads", "steps", "batch_size", "sample_steps",
-               "sample_sets", "probe_sets", "heat_points"):
-    need(getattr(cfg, name) >= 1, name, "a positive integer")
+  m, t = cfg.model, cfg.train
+  for name in ("seeds", "num_points", "num_sets", "model.width", "model.depth", "model.heads", "train.steps",
+               "train.batch_size", "sample_steps", "sample_sets", "probe_sets", "heat_points"):
+    need(functools.reduce(getattr, name.split("."), cfg) >= 1, name, "a positive integer")
   for name in ("warmup", "ckpt_every"):
-    need(getattr(cfg, name) >= 0, name, "a non-negative integer")
+    need(getattr(t, name) >= 0, "train." + name, "a non-negative integer")
   need(1 <= cfg.set_size <= cfg.num_points, "set_size", f"in [1, num_points = {cfg.num_points}]")
-  need(cfg.width % cfg.heads == 0, "heads", f"a divisor of width {cfg.width}")
-  need(cfg.mlp_ratio > 0, "mlp_ratio", "positive")
-  need(np.isfinite(cfg.lr) and cfg.lr > 0, "lr", "a positive finite number")
-  need(0 <= cfg.ema < 1, "ema", "in [0, 1)")
+  need(m.width % m.heads == 0, "model.heads", f"a divisor of width {m.width}")
+  need(m.mlp_ratio > 0, "model.mlp_ratio", "positive")
+  need(np.isfinite(t.lr) and t.lr > 0, "train.lr", "a positive finite number")
+  need(0 <= t.ema < 1, "train.ema", "in [0, 1)")
   need(np.isfinite(cfg.time_power) and cfg.time_power >= 1, "time_power", "a finite number ≥ 1")
   need(cfg.time_law in TIME_LAWS, "time_law", f"one of {','.join(TIME_LAWS)}")
   need(cfg.coupling in COUPLINGS, "coupling", f"one of {','.join(COUPLINGS)}")
-  need(cfg.schedule in ("cosine", "linear", "constant"), "schedule", "cosine, linear or constant")
+  need(t.schedule in ("cosine", "linear", "constant"), "train.schedule", "cosine, linear or constant")
   need(cfg.solver in SOLVERS, "solver", f"one of {','.join(SOLVERS)}")
   need(cfg.heat_points <= cfg.num_points, "heat_points", f"at most num_points = {cfg.num_points}")
   need(cfg.probe_sizes and all(1 <= n <= cfg.num_points for n in cfg.probe_sizes), "probe_sizes",
@@ -136,9 +156,16 @@ def fit_to_cloud(cfg: SwissRollConfig, given=()) -> SwissRollConfig:
   return dataclasses.replace(cfg, **fields)
 
 
+def flat_settings(cfg: SwissRollConfig) -> dict:
+  """Every setting under its leaf name, `model` and `train` merged into the top level: the names condition keys
+  were made from before the two were nested, so folders trained then keep their keys."""
+  fields = dataclasses.asdict(cfg)
+  return {**{k: v for k, v in fields.items() if k not in ("model", "train")}, **fields["model"], **fields["train"]}
+
+
 def training_key(cfg: SwissRollConfig, op: str, order: str, seed: int) -> str:
   """Fingerprint of everything that shapes one condition's trained weights."""
-  fields = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in NOT_TRAINING + EVALUATION + ("seed",)}
+  fields = {k: v for k, v in flat_settings(cfg).items() if k not in NOT_TRAINING + EVALUATION + ("seed",)}
   if cfg.reg == regularisers_config.Regularisers():
     del fields["reg"]              # added after runs were keyed: at its default (every term off) their key is kept
   return files.fingerprint(fields, dict(operator=op, order=order, data_seed=cfg.seed, train_seed=seed,

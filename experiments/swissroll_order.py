@@ -11,7 +11,7 @@ heads and layers, t = 1) on point sets of 256, 1024 and 4000 training points (40
 training set, what the seed's figure shows), raw and ÷ the set size n. Protocols:
 
 * `base` — the `attngeo swissroll` defaults at 1500 steps (reused from `runs/swissroll` when a scan
-  ran with `--steps 1500`);
+  ran with `--train.steps 1500`);
 * `depth4` — 4 blocks instead of 2;
 * `set1024` — training sets of 1024 points (batch ÷ 4: the same points per step);
 * `full` — the `--full` budget of `attngeo swissroll`, 6000 steps (reused from `runs/swissroll_full`).
@@ -32,12 +32,13 @@ from attngeo import config, data, runlock
 from attngeo.experiments import report, swissroll_config
 from attngeo.experiments.report import Col
 
+# Each protocol's settings over the scan's defaults at `STEPS`, as dotted names (`config.replaced`).
 PROTOCOLS = {
-    "base": dict(out="runs/swissroll"),
-    "depth4": dict(depth=4),
-    "set1024": dict(set_size=1024, batch_size=2),
-    "set4000": dict(set_size=4000, batch_size=1, num_sets=512),
-    "full": dict(swissroll_config.FULL, out="runs/swissroll_full"),
+    "base": {"out": "runs/swissroll"},
+    "depth4": {"model.depth": 4},
+    "set1024": {"set_size": 1024, "train.batch_size": 2},
+    "set4000": {"set_size": 4000, "train.batch_size": 1, "num_sets": 512},
+    "full": {**swissroll_config.FULL, "out": "runs/swissroll_full"},
 }
 SEED = {("DMAP", "ffn_first"): 27.2, ("DMAP", "attn_first"): 1.14, ("DMTN", "ffn_first"): 42.4,
         ("DMTN", "attn_first"): 11.1, ("ATAP", "ffn_first"): 46.4, ("ATAP", "attn_first"): 9.63}
@@ -48,10 +49,9 @@ LABELS = {"base": "base (depth 2, sets of 256, 1500 steps)", "depth4": "depth 4"
 
 
 def protocol_config(name: str, operators, out: str) -> swissroll_config.SwissRollConfig:
-  fields = dict(operators=tuple(operators), orders=swissroll_config.ORDERS, probe_sizes=SIZES, out=os.path.join(out, name),
-                steps=STEPS)
-  fields.update(PROTOCOLS[name])
-  return dataclasses.replace(swissroll_config.SwissRollConfig(), **fields)
+  fields = {"operators": tuple(operators), "orders": swissroll_config.ORDERS, "probe_sizes": SIZES,
+            "out": os.path.join(out, name), "train.steps": STEPS, **PROTOCOLS[name]}
+  return config.replaced(swissroll_config.SwissRollConfig(), fields)
 
 
 def run(protocols, operators, out: str, progress: bool = True) -> list[dict]:
@@ -81,8 +81,8 @@ def protocol_rows(name: str, cfg, operators) -> list[dict]:
       print(f"[{name}] {op} {order}", flush=True)
       r = swissroll_run.run_condition(cfg, op, order, cfg.seed, source, refs)
       by = r["eff_neighbours_by_size"]
-      rows.append(dict(protocol=name, operator=op, order=order, set_size=cfg.set_size, depth=cfg.depth,
-                       steps=cfg.steps, e_train=r["eff_neighbours"],
+      rows.append(dict(protocol=name, operator=op, order=order, set_size=cfg.set_size, depth=cfg.model.depth,
+                       steps=cfg.train.steps, e_train=r["eff_neighbours"],
                        **{f"e_{n}": float(np.mean(by[str(n)])) for n in SIZES},
                        **{f"norm_{n}": float(np.mean(by[str(n)])) / n for n in SIZES},
                        e_first=by[str(SIZES[-1])][0], e_last=by[str(SIZES[-1])][-1], per_layer=by,

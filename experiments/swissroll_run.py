@@ -76,15 +76,17 @@ def references(cfg: SwissRollConfig, cloud: np.ndarray) -> References:
 
 
 def build_model(cfg: SwissRollConfig, op: str, order: str, seed: int):
-  pcfg = nn.PointFlowConfig.create(width=cfg.width, depth=cfg.depth, num_heads=cfg.heads, mlp_ratio=cfg.mlp_ratio,
-                                   order=order, operator=op, learnable_operator=cfg.learnable_operator)
+  """`cfg.model` under operator `op` and sub-layer order `order`, initialised from `seed`."""
+  m = cfg.model
+  pcfg = nn.PointFlowConfig.create(width=m.width, depth=m.depth, num_heads=m.heads, mlp_ratio=m.mlp_ratio,
+                                   order=order, operator=op, learnable_operator=m.learnable_operator)
   return nn.PointFlow(pcfg, rngs=nnx.Rngs(seed))
 
 
 def train_config(cfg: SwissRollConfig, workdir: str, seed: int):
-  return train.TrainConfig(steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, warmup=cfg.warmup,
-                           schedule=cfg.schedule, ema=cfg.ema, seed=seed, workdir=workdir,
-                           ckpt_every=cfg.ckpt_every, log_every=50, progress=cfg.progress)
+  """`cfg.train` as the trainer's config of one condition (its seed and folder)."""
+  return train.TrainConfig(**dataclasses.asdict(cfg.train), seed=seed, workdir=workdir, log_every=50,
+                           progress=cfg.progress)
 
 
 def training_loss(cfg: SwissRollConfig):
@@ -231,10 +233,10 @@ def run_condition(cfg: SwissRollConfig, op: str, order: str, seed: int, source, 
   model = build_model(cfg, op, order, seed)
   if cfg.coupling == "ot":
     source = Coupled(source, ot_noise(source.points, seed + 3, os.path.join(cfg.out, "data")))
-  result = train.train(model, training_loss(cfg), data.loader(source, cfg.batch_size, seed),
+  result = train.train(model, training_loss(cfg), data.loader(source, cfg.train.batch_size, seed),
                        train_config(cfg, workdir, seed), desc=f"{op} {order} seed {seed}")
   model = result.model
-  if cfg.ema:
+  if cfg.train.ema:
     nnx.update(model, result.ema)          # judge and probe the EMA weights
   t_train = time.perf_counter() - t0
   frames, final = generate(model, cfg, seed)
@@ -285,7 +287,7 @@ def samples_figure(cfg: SwissRollConfig, rows: list[dict], refs: References, pat
       path, grid, [f"t = {t:g}" for t in cfg.figure_times], top=top, noise=noise.reshape(-1, 3)[:m], nn_cdfs=dists,
       colour_label="roll parameter t (generated: t of the final sample's nearest training point)",
       title=f"Swiss-roll flow matching: {m} samples per condition at generative time t\n(x–z plane, looking down the "
-            f"roll's axis; {cfg.steps} training steps, seed {cfg.seed})")
+            f"roll's axis; {cfg.train.steps} training steps, seed {cfg.seed})")
 
 
 def heat_figure(cfg: SwissRollConfig, refs: References, path: str) -> dict:
@@ -304,7 +306,7 @@ def heat_figure(cfg: SwissRollConfig, refs: References, path: str) -> dict:
   steps = (1, 4, 16)
   for op in ops:
     workdir = condition_dir(cfg, op, order, cfg.seed)
-    model = runs.load_model(build_model(cfg, op, order, cfg.seed), workdir, use_ema=cfg.ema > 0)
+    model = runs.load_model(build_model(cfg, op, order, cfg.seed), workdir, use_ema=cfg.train.ema > 0)
     x = jnp.asarray(pts)[None]
     _, qks = nn.capture_qk(model, lambda: model(x, jnp.ones((1,))))
     q, k = qks[-1]
@@ -318,8 +320,8 @@ def heat_figure(cfg: SwissRollConfig, refs: References, path: str) -> dict:
     out[op] = {"pi_max_over_min": float(pi.max() / max(pi.min(), 1e-30))}
   plotting.heat_panels(
       pts, rows, path, source=source,
-      title=(f"Heat from one point (★) under the learned walk W = mean over heads of P, last layer ({cfg.depth} of "
-             f"{cfg.depth}) of the trained PointFlow, on {cfg.heat_points} training points as one set at t = 1; "
+      title=(f"Heat from one point (★) under the learned walk W = mean over heads of P, last layer ({cfg.model.depth} of "
+             f"{cfg.model.depth}) of the trained PointFlow, on {cfg.heat_points} training points as one set at t = 1; "
              "a step is one application of W"))
   return out
 

@@ -173,7 +173,7 @@ def test_argument_errors_answer_before_jax_is_imported(tmp_path):
   (tmp_path / "gpt" / "config.json").write_text('{"model": {"class": "GPTConfig"}}')       # the class is all it reads
   (tmp_path / "pf").mkdir()
   (tmp_path / "pf" / "config.json").write_text('{"model": {"class": "PointFlowConfig"}}')
-  cases = [(["swissroll", "--steps", "0"], "--steps must be a positive integer"),
+  cases = [(["swissroll", "--train.steps", "0"], "--train.steps must be a positive integer"),
            (["swissroll-order", "--protocols", "nope"], "--protocols must be"),
            (["heat", "--n", "5"], "--n must be at least 10"),
            (["diffmap", str(tmp_path / "missing.npy")], "FILE must be an existing"),
@@ -184,7 +184,7 @@ def test_argument_errors_answer_before_jax_is_imported(tmp_path):
            (["bench", "--seqs", "0"], "expected a positive integer"),
            (["bench-diffmap", "--sizes", "0"], "every size ≥ k + 2"),
            (["import", "gpt2", str(tmp_path / "missing.safetensors"), "--out", str(tmp_path / "o")], "does not exist"),
-           (["swissroll", "--lr", "-1"], "--lr must be a positive finite number"),
+           (["swissroll", "--train.lr", "-1"], "--train.lr must be a positive finite number"),
            (["lm", "train", "--train.lr", "-1", "--out", "o"], "train.lr must be a positive finite rate; got -1.0"),
            (["lm", "train", "--seq-len", "32", "--out", "o"], "seq_len must be an integer ≥ 63"),
            # the second fault-injection pass: OverflowError from jit after 6.6 s; numpy's message after 4.6 s

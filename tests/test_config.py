@@ -27,3 +27,16 @@ def test_skipped_fields_get_no_flag_and_keep_the_base_value(capsys):
   with pytest.raises(SystemExit):
     ap.parse_args(["--inner.depth", "3"])
   assert "unrecognized arguments: --inner.depth 3" in capsys.readouterr().err
+
+
+def test_replaced_takes_dotted_names_as_the_flags_do():
+  """`config.replaced(cfg, {"inner.width": 16})` is what `--inner.width 16` gives; an unknown name is one line."""
+  ap = config.parser("prog")
+  config.add_arguments(ap, Outer)
+  by_flags = config.from_arguments(ap.parse_args(["--inner.width", "16", "--seeds", "3"]), Outer)
+  assert config.replaced(Outer(), {"inner.width": 16, "seeds": (3,)}) == by_flags
+  assert config.replaced(Outer(), {"inner": Inner(depth=1)}).inner == Inner(depth=1)     # a whole sub-config
+  assert config.replaced(Outer(), {}) == Outer()
+  for bad in ({"inner.height": 1}, {"innr.width": 1}):
+    with pytest.raises((ValueError, TypeError), match="no field"):
+      config.replaced(Outer(), bad)

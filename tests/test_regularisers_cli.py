@@ -48,10 +48,10 @@ def one_line_exit_2(capsys, call, needle, prog):
 
 # ----------------------------------------------------------------------------- attngeo swissroll
 
-SWISS = ["--operators", "ATTN", "--orders", "ffn_first", "--steps", "1", "--num-sets", "8", "--set-size", "32",
-         "--width", "16", "--depth", "1", "--heads", "2", "--sample-sets", "1", "--sample-steps", "2",
+SWISS = ["--operators", "ATTN", "--orders", "ffn_first", "--train.steps", "1", "--num-sets", "8", "--set-size", "32",
+         "--model.width", "16", "--model.depth", "1", "--model.heads", "2", "--sample-sets", "1", "--sample-steps", "2",
          "--figure-times", "0.5,1", "--probe-sets", "1", "--probe-sizes", "32", "--heat-points", "40",
-         "--ckpt-every", "0", "--progress", "false", "--coupling", "independent"]
+         "--train.ckpt-every", "0", "--progress", "false", "--coupling", "independent"]
 
 
 def swissroll_train(cfg, op="ATTN"):
@@ -61,7 +61,7 @@ def swissroll_train(cfg, op="ATTN"):
                               num_sets=cfg.num_sets)
   workdir = swissroll_config.condition_dir(cfg, op, "ffn_first", cfg.seed)
   train.train(swissroll_run.build_model(cfg, op, "ffn_first", cfg.seed), swissroll_run.training_loss(cfg),
-              data.loader(source, cfg.batch_size, cfg.seed), swissroll_run.train_config(cfg, workdir, cfg.seed))
+              data.loader(source, cfg.train.batch_size, cfg.seed), swissroll_run.train_config(cfg, workdir, cfg.seed))
   return workdir
 
 
@@ -73,7 +73,7 @@ def test_swissroll_flag_adds_the_term_and_keeps_the_default_key(tmp_path):
   check_term(rows(swissroll_train(cfg)), rows(swissroll_train(plain)), "skew", 0.5)
   # keys: the default is HEAD's key and the key without the field; a term on keys another folder
   assert swissroll_config.training_key(swissroll_config.SwissRollConfig(), "DMAP", "ffn_first", 123) == "637726c60c9f42af"
-  fields = {k: v for k, v in dataclasses.asdict(plain).items()
+  fields = {k: v for k, v in swissroll_config.flat_settings(plain).items()
             if k not in swissroll_config.NOT_TRAINING + swissroll_config.EVALUATION + ("seed", "reg")}
   from attngeo.data.points import PointSets
   without = files.fingerprint(fields, dict(operator="ATTN", order="ffn_first", data_seed=plain.seed,

@@ -84,7 +84,7 @@ def test_train_refuses_a_busy_run_folder_before_writing_anything(holder):
 @pytest.mark.parametrize("argv", [
     ["sit", "train", "--data", "digits", "--width", "16", "--depth", "1", "--heads", "2", "--patch", "2", "--steps", "1",
      "--metric", "false", "--out", "RUN"],
-    ["swissroll", "--operators", "ATTN", "--orders", "ffn_first", "--steps", "1", "--out", "RUN"],
+    ["swissroll", "--operators", "ATTN", "--orders", "ffn_first", "--train.steps", "1", "--out", "RUN"],
 ])
 def test_commands_that_write_outside_the_trainer_hold_their_whole_out_folder(holder, capsys, argv):
   """sit train and swissroll prepared data, sampled and wrote tables outside train.train's lock: a second
@@ -224,7 +224,7 @@ def test_an_out_that_cannot_be_a_folder_is_one_line_naming_out(tmp_path, capsys,
       pytest.fail("held")
   assert isinstance(e.value, ValueError) and "\n" not in str(e.value)
   from attngeo import cli
-  argv = ["swissroll", "--operators", "ATTN", "--orders", "ffn_first", "--steps", "1", "--out", str(out)]
+  argv = ["swissroll", "--operators", "ATTN", "--orders", "ffn_first", "--train.steps", "1", "--out", str(out)]
   assert cli.main(argv) == 2
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and err[0].startswith(f"attngeo swissroll: error: --out {out} cannot be used"), err

@@ -1,6 +1,7 @@
 """attngeo.experiments.swissroll on a reduced budget: the exact-A theorem on trained models, outputs,
 reuse keyed by config, finishing a condition killed before its result, seeds and their differences."""
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -11,14 +12,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from attngeo import config
 from attngeo.experiments import swissroll, swissroll_config, swissroll_run
 
-TINY = dict(steps=40, num_sets=32, set_size=48, sample_sets=2, sample_steps=8, figure_times=(0.5, 1.0), probe_sets=2,
-            probe_sizes=(48, 96), heat_points=120, ckpt_every=0, progress=False)
+TINY = {"train.steps": 40, "num_sets": 32, "set_size": 48, "sample_sets": 2, "sample_steps": 8,
+        "figure_times": (0.5, 1.0), "probe_sets": 2, "probe_sizes": (48, 96), "heat_points": 120,
+        "train.ckpt_every": 0, "progress": False}
+
+
+def tiny(**fields) -> swissroll_config.SwissRollConfig:
+  """The tests' small scan (`TINY`) with `fields` (dotted names reach into `model` and `train`)."""
+  return config.replaced(swissroll_config.SwissRollConfig(), {**TINY, **fields})
 
 
 def scan_config(out: str) -> swissroll_config.SwissRollConfig:
-  return swissroll_config.SwissRollConfig(operators=("DMAP", "ATAP", "DMTN"), orders=("ffn_first",), out=out, **TINY)
+  return tiny(operators=("DMAP", "ATAP", "DMTN"), orders=("ffn_first",), out=out)
 
 
 def made_scan(made_once) -> str:
@@ -54,8 +62,8 @@ def test_scan_writes_every_output_with_the_oracle_floor(scan):
   for name in ("table1.md", "table1.csv", "table1.json", "results.json", "samples.png", "heat.png", "config.json"):
     assert os.path.getsize(os.path.join(cfg.out, name)) > 0, name
   row = res["conditions"][0]
-  assert len(row["per_layer"]) == cfg.depth and len(row["per_layer"][0]["eps_rev"]) == cfg.heads
-  assert set(row["eff_neighbours_by_size"]) == {"48", "96"} and len(row["eff_neighbours_by_size"]["96"]) == cfg.depth
+  assert len(row["per_layer"]) == cfg.model.depth and len(row["per_layer"][0]["eps_rev"]) == cfg.model.heads
+  assert set(row["eff_neighbours_by_size"]) == {"48", "96"} and len(row["eff_neighbours_by_size"]["96"]) == cfg.model.depth
   assert row["d_nn_ratio"] == pytest.approx(row["d_nn_mean"] / res["oracle"]["d_nn_mean"])
   assert row["eff_neighbours_norm"] == pytest.approx(row["eff_neighbours"] / cfg.set_size)
   assert np.load(os.path.join(_dir(cfg, "DMAP"), "samples.npy")).shape == (2, cfg.sample_sets * cfg.set_size, 3)
@@ -94,7 +102,7 @@ def test_changed_config_is_never_served_a_stale_result(scan):
   cfg, res = scan
   first = next(r for r in res["conditions"] if r["operator"] == "DMAP")
   # another training budget: a new condition folder, trained anew
-  longer = dataclasses.replace(cfg, operators=("DMAP",), steps=cfg.steps + 10, lr=1e-2)
+  longer = config.replaced(cfg, {"operators": ("DMAP",), "train.steps": cfg.train.steps + 10, "train.lr": 1e-2})
   assert _dir(longer, "DMAP") != _dir(cfg, "DMAP")
   row = swissroll.run(longer)["conditions"][0]
   assert row["training_key"] != first["training_key"] and row["eval_loss"] != first["eval_loss"]
@@ -190,7 +198,8 @@ def test_names_match_the_library():
 
 @pytest.mark.parametrize("argv, flag", [(["--operators", "FOO"], "--operators"), (["--orders", "bogus"], "--orders"),
                                         (["--seeds", "0"], "--seeds"), (["--set-size", "5000"], "--set-size"),
-                                        (["--figure-times", "0.33"], "--figure-times"), (["--ema", "1"], "--ema")])
+                                        (["--figure-times", "0.33"], "--figure-times"),
+                                        (["--train.ema", "1"], "--train.ema"), (["--model.heads", "3"], "--model.heads")])
 def test_bad_settings_exit_with_one_line_before_any_work(argv, flag, tmp_path, capsys):
   out = tmp_path / "never"
   with pytest.raises(SystemExit) as e:
@@ -232,16 +241,34 @@ def test_read_out_sizes_left_at_their_defaults_fit_a_smaller_cloud(capsys):
 
 
 def test_cli_overrides():
-  cfg = swissroll.config_from_argv(["--operators", "DMAP,ATTN", "--steps", "7", "--full"])
-  assert cfg.operators == ("DMAP", "ATTN") and cfg.steps == 7 and cfg.out == "runs/swissroll_full"
-  assert cfg.num_sets == swissroll_config.FULL["num_sets"]
+  cfg = swissroll.config_from_argv(["--operators", "DMAP,ATTN", "--train.steps", "7", "--full"])
+  assert cfg.operators == ("DMAP", "ATTN") and cfg.train.steps == 7 and cfg.out == "runs/swissroll_full"
+  assert cfg.num_sets == swissroll_config.FULL["num_sets"] and cfg.train.ckpt_every == 1000   # --full's, kept
+  assert swissroll.config_from_argv(["--model.depth", "3"]).model.depth == 3
+
+
+def test_nested_settings_keep_their_leaf_names_in_the_key():
+  """`model` and `train` were flat fields when the condition folders on disk were keyed: `flat_settings` gives
+  every setting under its leaf name (none repeats a top-level one), so a nested config keys as the flat one did;
+  changing any nested field still changes the key."""
+  cfg = swissroll_config.SwissRollConfig()
+  top = {f.name for f in dataclasses.fields(cfg)} - {"model", "train"}
+  leaves = [f.name for part in (cfg.model, cfg.train) for f in dataclasses.fields(part)]
+  assert len(set(leaves)) == len(leaves) and not top & set(leaves)
+  assert set(swissroll_config.flat_settings(cfg)) == top | set(leaves)
+  key = swissroll_config.training_key(cfg, "DMAP", "ffn_first", 123)
+  for name, value in {"model.width": 128, "model.learnable_operator": True, "train.lr": 1e-2, "train.ema": 0.5}.items():
+    assert functools.reduce(getattr, name.split("."), cfg) != value
+    changed = config.replaced(cfg, {name: value})
+    assert swissroll_config.training_key(changed, "DMAP", "ffn_first", 123) != key, name
+  assert swissroll_config.training_key(config.replaced(cfg, {"train.ckpt_every": 9}), "DMAP", "ffn_first", 123) == key
 
 
 def test_learnable_operator_scan_trains_per_head_coefficients(tmp_path):
-  cfg = swissroll_config.SwissRollConfig(operators=("DMTN",), orders=("attn_first",), learnable_operator=True,
-                                  out=str(tmp_path), **dict(TINY, steps=10, ckpt_every=0))
+  cfg = tiny(operators=("DMTN",), orders=("attn_first",), out=str(tmp_path),
+             **{"model.learnable_operator": True, "train.steps": 10})
   row = swissroll.run(cfg)["conditions"][0]
-  assert np.isfinite(row["d_nn_mean"]) and len(row["per_layer"][0]["eps_rev"]) == cfg.heads
+  assert np.isfinite(row["d_nn_mean"]) and len(row["per_layer"][0]["eps_rev"]) == cfg.model.heads
 
 
 @pytest.mark.slow
@@ -267,7 +294,7 @@ def test_order_study_measures_every_set_size(scan, tmp_path, monkeypatch):
   from attngeo.experiments import swissroll_order as order
   cfg, _ = scan
   monkeypatch.setattr(order, "SIZES", (48, 96))
-  monkeypatch.setattr(order, "PROTOCOLS", {"tiny": dict(TINY, out=cfg.out)})   # reuses the scan's weights
+  monkeypatch.setattr(order, "PROTOCOLS", {"tiny": {**TINY, "out": cfg.out}})   # reuses the scan's weights
   monkeypatch.setattr(swissroll_config, "ORDERS", ("ffn_first",))
   rows = order.run(["tiny"], ["DMAP", "DMTN"], str(tmp_path), progress=False)
   assert [(r["operator"], r["order"]) for r in rows] == [("DMAP", "ffn_first"), ("DMTN", "ffn_first")]
@@ -282,8 +309,7 @@ def test_order_study_measures_every_set_size(scan, tmp_path, monkeypatch):
 def test_magnetic_operator_runs_in_the_scan_with_its_phase_read_outs(tmp_path):
   """CMAP (opt-in): its magnitude is a DMAP walk, so the transport columns are reversible (a theorem);
   the phase read-outs are bounded (λ_max(H) ≤ 1, |Wilson| ≤ 1) and the phase is not trivial."""
-  cfg = swissroll_config.SwissRollConfig(operators=("CMAP",), orders=("ffn_first",), out=str(tmp_path),
-                                  **dict(TINY, steps=10))
+  cfg = tiny(operators=("CMAP",), orders=("ffn_first",), out=str(tmp_path), **{"train.steps": 10})
   row = swissroll.run(cfg)["conditions"][0]
   assert row["operator"] == "CMAP" and row["eps_rev"] < 1e-3 and row["rho_skew"] < 1e-6, row
   assert 0.0 < row["cmap_lambda_max"] <= 1.0 + 1e-5 and abs(row["cmap_wilson"]) <= 1.0 + 1e-6

@@ -27,13 +27,13 @@ def test_syntax_and_shellcheck(script):
 
 def test_tpu_dry_run_prints_every_command():
   code, out, _ = run(SCRIPTS[0], "--name", "ag", "--zone", "us-central2-b", "--type", "v4-32", "--dry-run",
-                     "--", "attngeo", "swissroll", "--steps", "10")
+                     "--", "attngeo", "swissroll", "--train.steps", "10")
   assert code == 0
   lines = [l for l in out.splitlines() if l.startswith("+ ")]
   assert "tpu-vm create ag --zone us-central2-b --accelerator-type v4-32" in lines[0]
   assert "scp --recurse" in lines[1] and "--worker=all" in lines[1]
   assert "jax\\[tpu\\]" in lines[2] and "--worker=all" in lines[2]
-  assert lines[3].endswith("attngeo\\ swissroll\\ --steps\\ 10")
+  assert lines[3].endswith("attngeo\\ swissroll\\ --train.steps\\ 10")
   assert "delete ag" in lines[4]
 
 
