@@ -187,3 +187,41 @@ def test_the_dispatcher_refuses_foreign_names_unless_lenient():
     kernels.choose("softmax", "magic", 8, strict=False)
   with pytest.raises(ValueError, match="got 'magic'"):
     kernels.attention(*inputs()[:3], implementation="magic")
+
+
+@pytest.mark.parametrize("bq,bk", [(8, 8), (8, 5), (3, 8)])
+def test_causal_kernels_skip_exactly_the_blocks_above_the_diagonal(bq, bk):
+  """`_blocks.live_block`: a block is skipped iff the causal order keeps none of its entries (key j ≤ query
+  i, top-left), checked against every entry of a 40 × 48 grid; the non-causal kernels skip nothing."""
+  from attngeo.kernels._blocks import live_block
+  for iq in range(-(-40 // bq)):
+    for ik in range(-(-48 // bk)):
+      kept = any(j <= i for i in range(iq * bq, iq * bq + bq) for j in range(ik * bk, ik * bk + bk))
+      assert bool(live_block(True, iq, ik, bq, bk)) == kept, (iq, ik)
+  assert live_block(False, 0, 5, bq, bk) is None
+
+
+@pytest.mark.parametrize("t,s,block", [(5, 21, 8), (21, 13, 4)])
+def test_causal_block_skip_keeps_values_and_gradients(t, s, block):
+  """Skipping the blocks above the diagonal, with unequal query and key blocks (bq = min(block, t)) and left
+  padding (empty rows): the blockwise kernels' outputs and gradients (q, k, v, bias; phase heads and
+  coupling too) equal the einsum kernels', which compute every entry, to float32 rounding."""
+  q, k, v, bias = inputs(7, t=t, s=s)
+  qt, kt = jax.random.normal(jax.random.PRNGKey(8), (B, t, H, 4)), jax.random.normal(jax.random.PRNGKey(9), (B, s, H, 4))
+  mask = jnp.asarray(np.broadcast_to(np.arange(s) >= 2, (B, 1, 1, s)))
+  w = jax.random.normal(jax.random.PRNGKey(10), (B, t, H, E))
+  c = jnp.array([0.5, -1.2, 0.9])
+  runs = {"softmax": lambda impl, q, k, v, b, qt, kt, c: kernels.attention(
+              q, k, v, bias=b, mask=mask, causal=True, implementation=impl, block_size=block),
+          "phase": lambda impl, q, k, v, b, qt, kt, c: kernels.phase_attention(
+              q, k, v, qt, kt, c, bias=b, mask=mask, causal=True, implementation=impl, block_size=block)}
+  for name, run in runs.items():
+    args = (q, k, v, bias, qt, kt, c)
+    loss = lambda impl: lambda *a: jnp.sum(w * run(impl, *a))
+    got, want = (jax.value_and_grad(loss(impl), range(7))(*args) for impl in ("blockwise", "einsum"))
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, err_msg=name)
+    for i, (a, b) in enumerate(zip(got[1], want[1])):
+      if name == "softmax" and i >= 4:
+        continue                                                    # qt, kt, c: not arguments of attention
+      assert np.abs(b).max() > 1e-3, (name, i)
+      np.testing.assert_allclose(a, b, atol=2e-5 * np.abs(b).max(), rtol=1e-4, err_msg=f"{name} argument {i}")

@@ -14,7 +14,8 @@ dL gives dq, dk, dbias exactly as in `softmax._flash_bwd`; dθ gives dqt = c·d�
 
 Two kernels (chosen by `attngeo.kernels.dispatch.choose`, kind "phase"): `"einsum"` (dense, a custom
 VJP from the saved P, P cos θ and P sin θ) and `"blockwise"` (the online softmax of
-`_blocks.online_softmax` with the phase in its accumulation, and a recomputing custom VJP: O(n) memory).
+`_blocks.online_softmax` with the phase in its accumulation, and a recomputing custom VJP: O(n) memory;
+under the causal order both passes skip the blocks wholly above the diagonal, `_blocks.live_block`).
 """
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ import jax
 import jax.numpy as jnp
 
 from attngeo.kernels._blocks import (apply_masks, block_logits, check_block_size, check_mask, join_blocks,
-                                     online_softmax, split_blocks, tile, untile, zero_empty_rows)
+                                     live_block, online_softmax, split_blocks, tile, untile, when_live,
+                                     zero_empty_rows)
 from attngeo.kernels.dispatch import choose
 
 _TWO_PI_HI = 6.28125                     # 2π = HI + LO, HI exact in 9 bits: n·HI is exact (Cody–Waite)
@@ -147,7 +149,7 @@ def _phase_fwd_impl(q, k, v, bias, qt, kt, c, mask, causal, scale, bq, bk):
 
   out, lse = online_softmax((split_blocks(q, bq), split_blocks(qt, bq)),
                             tuple(split_blocks(x, bk) for x in (k, va, vb, bias, kt)),
-                            logits, accumulate, v.shape[-1], v.dtype)
+                            logits, accumulate, v.shape[-1], v.dtype, causal)
   return join_blocks(out), join_blocks(lse)
 
 
@@ -179,22 +181,26 @@ def _phase_flash_bwd(causal, scale, bq, bk, res, dout):
     ik, kb, ktb, vab, vbb, biasb = args
 
     def step(carry, iq):
-      dk, dkt, dv, dbias = carry
-      qb, qtb, gab, gbb = qbs[iq], qtbs[iq], gabs[iq], gbbs[iq]
-      s, theta = _phase_block(qb, kb, biasb, qtb, ktb, c, mask, causal, scale, iq, ik, bq, bk)
-      p = jnp.exp(s - lses[iq][..., None])
-      sin, cos = sincos(theta)
-      pc, ps = p * cos, p * sin
-      dv = dv + jnp.einsum("bhqk,bhqe->bhke", pc, gab) + jnp.einsum("bhqk,bhqe->bhke", ps, gbb)
-      are = jnp.einsum("bhqe,bhke->bhqk", gab, vab)
-      aim = -jnp.einsum("bhqe,bhke->bhqk", gab, vbb)
-      ds = p * (cos * are - sin * aim - deltas[iq][..., None])
-      dtheta = -(ps * are + pc * aim)
-      dq_blk = jnp.einsum("bhqk,bhkd->bhqd", ds, f32(kb)) * scale
-      dk = dk + jnp.einsum("bhqk,bhqd->bhkd", ds, f32(qb)) * scale
-      dqt_blk = jnp.einsum("bhqk,bhkf->bhqf", dtheta, f32(ktb))                  # without c: dc needs it raw
-      dkt = dkt + jnp.einsum("bhqk,bhqf->bhkf", dtheta, f32(qtb))
-      return (dk, dkt, dv, dbias + ds.sum(2)), (dq_blk, dqt_blk)
+      def update(carry):
+        dk, dkt, dv, dbias = carry
+        qb, qtb, gab, gbb = qbs[iq], qtbs[iq], gabs[iq], gbbs[iq]
+        s, theta = _phase_block(qb, kb, biasb, qtb, ktb, c, mask, causal, scale, iq, ik, bq, bk)
+        p = jnp.exp(s - lses[iq][..., None])
+        sin, cos = sincos(theta)
+        pc, ps = p * cos, p * sin
+        dv = dv + jnp.einsum("bhqk,bhqe->bhke", pc, gab) + jnp.einsum("bhqk,bhqe->bhke", ps, gbb)
+        are = jnp.einsum("bhqe,bhke->bhqk", gab, vab)
+        aim = -jnp.einsum("bhqe,bhke->bhqk", gab, vbb)
+        ds = p * (cos * are - sin * aim - deltas[iq][..., None])
+        dtheta = -(ps * are + pc * aim)
+        dq_blk = jnp.einsum("bhqk,bhkd->bhqd", ds, f32(kb)) * scale
+        dk = dk + jnp.einsum("bhqk,bhqd->bhkd", ds, f32(qb)) * scale
+        dqt_blk = jnp.einsum("bhqk,bhkf->bhqf", dtheta, f32(ktb))                # without c: dc needs it raw
+        dkt = dkt + jnp.einsum("bhqk,bhqf->bhkf", dtheta, f32(qtb))
+        return (dk, dkt, dv, dbias + ds.sum(2)), (dq_blk, dqt_blk)
+      zeros = lambda x: jnp.zeros(x.shape[1:], jnp.float32)
+      skipped = lambda carry: (carry, (zeros(qbs), zeros(qtbs)))
+      return when_live(live_block(causal, iq, ik, bq, bk), update, skipped, carry)
 
     b, h = kb.shape[:2]
     init = (jnp.zeros(kb.shape, jnp.float32), jnp.zeros(ktb.shape, jnp.float32), jnp.zeros(vab.shape, jnp.float32),

@@ -17,7 +17,8 @@ Implementations:
 * `"blockwise"` — flash-style pure JAX: an online softmax over key blocks (running max `m`,
   normaliser `l`, output `o ← o·e^{m−m'} + e^{s−m'}v`: `_blocks.online_softmax`) and a `custom_vjp`
   backward that recomputes each block of P from the saved log-normaliser `lse = m + log l`, using
-  `dS = P ⊙ (dP − rowsum(dO ⊙ O))`. Never more than one block of P exists: O(n) memory.
+  `dS = P ⊙ (dP − rowsum(dO ⊙ O))`. Never more than one block of P exists: O(n) memory. Under the causal
+  order both passes skip the blocks wholly above the diagonal (`_blocks.live_block`: 6 of 16 at 2048 keys).
 
 Edge case: a query row whose keys are all masked — by the mask and the causal order together, as
 left padding does to the first rows — has no distribution; every kernel returns 0 for it (not the
@@ -33,7 +34,8 @@ import jax
 import jax.numpy as jnp
 
 from attngeo.kernels._blocks import (apply_masks, block_logits, check_block_size, check_mask, join_blocks,
-                                     online_softmax, split_blocks, tile, untile, zero_empty_rows)
+                                     live_block, online_softmax, split_blocks, tile, untile, when_live,
+                                     zero_empty_rows)
 from attngeo.kernels.dispatch import choose
 from attngeo.kernels.pallas import pallas_sdpa
 
@@ -84,7 +86,7 @@ def _flash_fwd_impl(q, k, v, bias, mask, causal, scale, bq, bk):
   accumulate = lambda o, p, _, kb: o + jnp.einsum("bhqk,bhke->bhqe", p.astype(v.dtype), kb[1],
                                                   preferred_element_type=jnp.float32)
   out, lse = online_softmax((split_blocks(q, bq),), (split_blocks(k, bk), split_blocks(v, bk), split_blocks(bias, bk)),
-                            logits, accumulate, v.shape[-1], v.dtype)
+                            logits, accumulate, v.shape[-1], v.dtype, causal)
   return join_blocks(out), join_blocks(lse)
 
 
@@ -109,16 +111,19 @@ def _flash_bwd(causal, scale, bq, bk, res, dout):
     ik, kb, vb, biasb = args
 
     def step(carry, iq):
-      dk, dv, dbias = carry
-      qb, dob = qbs[iq], dobs[iq]
-      s = block_logits(qb, kb, biasb, mask, causal, scale, iq, ik, bq, bk)
-      p = jnp.exp(s - lses[iq][..., None])
-      dv = dv + jnp.einsum("bhqk,bhqe->bhke", p, dob.astype(jnp.float32))
-      dp = jnp.einsum("bhqe,bhke->bhqk", dob.astype(jnp.float32), vb.astype(jnp.float32))
-      ds = p * (dp - deltas[iq][..., None])
-      dq_blk = jnp.einsum("bhqk,bhkd->bhqd", ds, kb.astype(jnp.float32)) * scale
-      dk = dk + jnp.einsum("bhqk,bhqd->bhkd", ds, qb.astype(jnp.float32)) * scale
-      return (dk, dv, dbias + ds.sum(2)), dq_blk
+      def update(carry):
+        dk, dv, dbias = carry
+        qb, dob = qbs[iq], dobs[iq]
+        s = block_logits(qb, kb, biasb, mask, causal, scale, iq, ik, bq, bk)
+        p = jnp.exp(s - lses[iq][..., None])
+        dv = dv + jnp.einsum("bhqk,bhqe->bhke", p, dob.astype(jnp.float32))
+        dp = jnp.einsum("bhqe,bhke->bhqk", dob.astype(jnp.float32), vb.astype(jnp.float32))
+        ds = p * (dp - deltas[iq][..., None])
+        dq_blk = jnp.einsum("bhqk,bhkd->bhqd", ds, kb.astype(jnp.float32)) * scale
+        dk = dk + jnp.einsum("bhqk,bhqd->bhkd", ds, qb.astype(jnp.float32)) * scale
+        return (dk, dv, dbias + ds.sum(2)), dq_blk
+      skipped = lambda carry: (carry, jnp.zeros(qbs.shape[1:4] + (kb.shape[-1],), jnp.float32))
+      return when_live(live_block(causal, iq, ik, bq, bk), update, skipped, carry)
 
     b, h = kb.shape[:2]
     init = (jnp.zeros(kb.shape, jnp.float32), jnp.zeros(vb.shape, jnp.float32), jnp.zeros((b, h, bk), jnp.float32))
