@@ -43,7 +43,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from tqdm.auto import tqdm
 
-from attngeo import checkpoint, files, optim, runlock, sharding
+from attngeo import checkpoint, event_file, files, optim, runlock, sharding
 from attngeo.nn import registry
 from attngeo.train_config import RUN_CONTROL_FIELDS, TrainConfig, check_resumable  # noqa: F401 (re-exported)
 
@@ -152,7 +152,7 @@ class MetricsLog:
     with self._writing(f"the metrics row of step {row['step']}", len(line)):
       with open(self.path, "a") as f:
         f.write(line)
-      self.events.write_event(_event(row))
+      self.events.scalars(row["step"], _scalars(row))
 
   def flush(self):
     if self.path is not None:
@@ -184,22 +184,18 @@ def _parse_row(line: str) -> dict | None:
     return None
 
 
-def _event(row: dict):
-  """One TensorBoard event holding the row's numbers as scalars at its step."""
-  from tensorboardX.proto import event_pb2, summary_pb2
-  values = [summary_pb2.Summary.Value(tag=k, simple_value=v) for k, v in row.items()
-            if k != "step" and isinstance(v, (int, float))]
-  return event_pb2.Event(wall_time=time.time(), step=row["step"], summary=summary_pb2.Summary(value=values))
+def _scalars(row: dict) -> dict[str, float]:
+  """The row's numbers, the TensorBoard scalars of its step."""
+  return {k: v for k, v in row.items() if k != "step" and isinstance(v, (int, float))}
 
 
 def _fresh_events(folder: str, rows: list[dict]):
   """An events writer on a new file in `folder` holding `rows`; the folder's earlier events files removed."""
-  from tensorboardX.event_file_writer import EventsWriter
   os.makedirs(folder, exist_ok=True)
   old = [os.path.join(folder, f) for f in os.listdir(folder) if f.startswith("events.out.tfevents.")]
-  events = EventsWriter(os.path.join(folder, "events"), f".{os.getpid()}.{time.time_ns()}")
+  events = event_file.EventsWriter(folder, f".{os.getpid()}.{time.time_ns()}")
   for row in rows:
-    events.write_event(_event(row))
+    events.scalars(row["step"], _scalars(row))
   events.flush()                     # the kept rows are on disk before the old copies go
   for path in old:
     os.remove(path)

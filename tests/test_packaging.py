@@ -80,7 +80,7 @@ def test_the_library_and_the_experiments_have_no_import_cycle():
 
 # docs/architecture.md's layers, lowest first: a module imports from its own layer or a lower one, never upward.
 LAYERS = (
-  ("foundations", {"attngeo", "attngeo._checks", "attngeo._lazy", "attngeo.config", "attngeo.errors", "attngeo.files",
+  ("foundations", {"attngeo", "attngeo._checks", "attngeo._lazy", "attngeo.config", "attngeo.errors", "attngeo.event_file", "attngeo.files",
                    "attngeo.interrupts", "attngeo.hugepages", "attngeo.operator_names", "attngeo.sampler_names",
                    "attngeo.linalg", "attngeo.stats", "attngeo.plotting", "attngeo.runlock", "attngeo.sharding",
                    "attngeo.surfaces", "attngeo.train_config", "attngeo.regularisers_config", "attngeo.nn.config",
