@@ -97,27 +97,32 @@ def test_two_process_distributed_run_agrees(single_device):
   assert union == single_device[1]["ids"]
 
 
+def held(proc, wd, log, checkpoint_step):
+  """Wait until the run in `wd` holds at its --hold-at step, with step `checkpoint_step` checkpointed."""
+  ckpt, deadline = os.path.join(wd, "ckpt"), time.time() + 240
+  while time.time() < deadline:
+    if os.path.exists(wd + ".held") and os.path.isdir(os.path.join(ckpt, str(checkpoint_step))):
+      return
+    assert proc.poll() is None, log()[-3000:]
+    time.sleep(0.05)
+  raise AssertionError("the run never reached its hold")
+
+
 def test_killed_run_resumes_exactly(tmp_path, single_device):
   reference = [r["loss"] for r in single_device[0]]
   wd = str(tmp_path / "run")
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   log = tmp_path / "killed.log"
   with open(log, "wb") as sink, subprocess.Popen(
-      [sys.executable, SCRIPT, "--workdir", wd, "--ckpt-every", "3", "--sleep", "0.4"],
+      [sys.executable, SCRIPT, "--workdir", wd, "--ckpt-every", "3", "--hold-at", "8"],
       stdout=subprocess.DEVNULL, stderr=sink, env=env) as proc:
-    ckpt = os.path.join(wd, "ckpt")
-    deadline = time.time() + 240
-    while time.time() < deadline:
-      steps = [int(d) for d in os.listdir(ckpt) if d.isdigit()] if os.path.isdir(ckpt) else []
-      if steps and max(steps) >= 6:
-        break
-      assert proc.poll() is None, log.read_text()[-3000:]
-      time.sleep(0.2)
+    held(proc, wd, log.read_text, 6)                   # steps 7 and 8 run and 7 is logged, after checkpoint 6
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-  assert steps and max(steps) < 12, "the run must be killed mid-way"
+  steps = [int(d) for d in os.listdir(os.path.join(wd, "ckpt")) if d.isdigit()]
+  assert max(steps) == 6, "the run must be killed mid-way"
   losses, meta = run_single("--workdir", wd, "--ckpt-every", "3")
-  assert meta["start_step"] >= 6, "the second run must resume, not restart"
+  assert meta["start_step"] == 6, "the second run must resume, not restart"
   with open(os.path.join(wd, "metrics.jsonl")) as f:
     logged = [json.loads(line) for line in f]
   assert [r["step"] for r in logged] == list(range(1, 13)), "each step logged once after the resume"
@@ -133,7 +138,7 @@ CLI_RUN = """
 import sys
 from attngeo import cli
 cli.COMMANDS["tiny"] = ("tiny_run:run", "tests/tiny_run.py's GPT run")
-sys.exit(cli.main(["tiny", "--workdir", sys.argv[1], "--ckpt-every", "3", "--sleep", "0.4"]))
+sys.exit(cli.main(["tiny", "--workdir", sys.argv[1], "--ckpt-every", "3", "--hold-at", "4"]))
 """
 
 
@@ -148,13 +153,7 @@ def test_sigterm_is_one_line_exit_143_and_the_run_resumes(tmp_path, single_devic
   with subprocess.Popen([sys.executable, "-c", CLI_RUN, wd], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                         env=env) as proc:
     ckpt = os.path.join(wd, "ckpt")
-    deadline = time.time() + 240
-    while time.time() < deadline:
-      steps = [int(d) for d in os.listdir(ckpt) if d.isdigit()] if os.path.isdir(ckpt) else []
-      if steps and max(steps) >= 3:
-        break
-      assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
-      time.sleep(0.1)
+    held(proc, wd, lambda: proc.stderr.read().decode(), 3)
     proc.send_signal(signal.SIGTERM)
     err = proc.stderr.read().decode()
     code = proc.wait(timeout=120)

@@ -1,7 +1,7 @@
 """A tiny GPT training run used by the sharding, multi-process and resume tests.
 
     python tests/tiny_run.py --workdir DIR [--mesh 2,2,2] [--steps 12] [--ckpt-every 0]
-                             [--coordinator HOST:PORT --num-processes 2 --process-id I] [--sleep 0]
+                             [--coordinator HOST:PORT --num-processes 2 --process-id I] [--hold-at 0]
 
 As a script it prints one JSON line per step: {"step": s, "loss": l}; the last line holds parameter
 shardings. Runs that need no other device count, process group or kill call `run(argv)` in the test's
@@ -20,7 +20,8 @@ def parser() -> argparse.ArgumentParser:
   ap.add_argument("--mesh", default="1,1,1")
   ap.add_argument("--steps", type=int, default=12)
   ap.add_argument("--ckpt-every", type=int, default=0)
-  ap.add_argument("--sleep", type=float, default=0.0)
+  ap.add_argument("--hold-at", type=int, default=0,
+                  help="after step N's update, write WORKDIR.held and wait to be killed (a kill at a known step)")
   ap.add_argument("--operator", default="DMTN")
   ap.add_argument("--coordinator", default=None)
   ap.add_argument("--num-processes", type=int, default=1)
@@ -96,10 +97,14 @@ def run(argv=()) -> tuple[list[dict], dict]:
   it = Recorder(data.loader(source, 8, seed=1, prefetch=0, threads=0))   # on demand: reads are counted
   cfg_model = nn.GPTConfig.from_depth(2, vocab_size=64, seq_len=16, head_dim=8, width=32, operator=a.operator)
   model = (lambda: nn.GPT(cfg_model, rngs=nnx.Rngs(0))) if a.sharded_init else nn.GPT(cfg_model, rngs=nnx.Rngs(0))
-  slow = lambda step, _: time.sleep(a.sleep)
+  def hold(step, _):
+    if step == a.hold_at:
+      with open(f"{a.workdir}.held", "w"):
+        pass
+      time.sleep(600)
   cfg = train.TrainConfig(steps=a.steps, batch_size=8, lr=1e-2, warmup=2, mesh=tuple(int(x) for x in a.mesh.split(",")),
                           workdir=a.workdir, ckpt_every=a.ckpt_every, log_every=1, progress=False)
-  res = train.train(model, regularised(a.reg, loss_fn), it, cfg, hooks=(slow,) if a.sleep else ())
+  res = train.train(model, regularised(a.reg, loss_fn), it, cfg, hooks=(hold,) if a.hold_at else ())
   wq = nn.attention_modules(res.model)[0].wq[...]
   params = [v.get_value() for _, v in nnx.to_flat_state(nnx.state(res.model, nnx.Param))]
   sharded = [x for x in params if any(s is not None for s in x.sharding.spec)]
