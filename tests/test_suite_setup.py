@@ -53,7 +53,7 @@ sys.path.insert(0, sys.argv[1])
 from conftest import map_count
 
 def loss(y, i):
-  for j in range(12):
+  for j in range(6):
     y = jnp.tanh(y @ y.T * (i + j)) + jax.nn.softmax(y, axis=j % 2)
   return y.sum()
 
@@ -61,7 +61,7 @@ x = jnp.ones((64, 64))
 jax.jit(jax.grad(lambda y: loss(y, -1.0)))(x).block_until_ready()    # the runtime's own first maps
 jax.clear_caches(); gc.collect()
 before = map_count()
-for i in range(10):
+for i in range(12):
   jax.jit(jax.grad(lambda y, i=i: loss(y, i)))(x).block_until_ready()
 held = map_count()
 jax.clear_caches(); gc.collect()
