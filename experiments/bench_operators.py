@@ -16,7 +16,10 @@ dense kernels' programs (13–17 GiB each) are timed one at a time, and a progra
 three quarters of the machine's memory (dense CMAP at 4096 keys, 21 GiB) is not run: its row says
 so, with the memory it would need. The process is bounded too: every cell of a length times one set of
 inputs, and a program is not run when the process's resident memory plus its peak would pass that
-limit (its row says so). `--implementations` restricts the kernels (the ratios are then
+limit (its row says so). XLA's analysis is a floor, not a bound (XLA's SDPA at 4096 keys: 13 GiB by the
+analysis, 22 GiB held), so on the CPU the process's data segment is capped too (RLIMIT_DATA, at the same
+limit): a program that allocates past it fails alone, and its row says so; "RSS growth" is how far the
+process's resident memory rose during the cell's first run. `--implementations` restricts the kernels (the ratios are then
 to the fastest ATTN among them). CMAP, the magnetic operator
 (`operators.magnetic_transport`, coupling 1, β = 0), runs on its own kernels (einsum, blockwise and
 the Hermitian pairing "paired", which computes each unordered token pair once: `attngeo.kernels.paired`);
@@ -206,6 +209,15 @@ def over_limit(peak: int | None) -> str | None:
           f"{memory_limit() / 2**30:.1f} GiB limit")
 
 
+def process_bound():
+  """`timing.bounded_data(memory_limit())` on the CPU, where the timed programs live in this process's memory
+  (XLA's analysis of a program's peak is a floor, not a bound: see `time_group`); nothing elsewhere."""
+  import contextlib
+
+  import jax
+  return timing.bounded_data(memory_limit()) if jax.default_backend() == "cpu" else contextlib.nullcontext()
+
+
 def groups(cells: list[dict], budget: int) -> list[list[dict]]:
   """Cells (of one kernel) packed in order into groups whose summed peak bytes stay within `budget` (a cell over the
   budget alone is a group of one). The programs of a group stay alive while it is timed, so an
@@ -221,8 +233,12 @@ def groups(cells: list[dict], budget: int) -> list[list[dict]]:
   return out
 
 
-def time_group(group: list[dict], calls: dict, repeats: int, n: int):
-  """Warm up every cell of `group` (dropping one that fails, e.g. out of memory) and time them interleaved."""
+def time_group(group: list[dict], calls: dict, repeats: int, n: int, bound: int | None = None):
+  """Warm up every cell of `group` (dropping one that fails, e.g. out of memory under the process bound `bound`,
+  bytes of data segment) and time them interleaved. On the CPU each cell's warm-up also measures how far the
+  process's resident memory rose above where it stood (`rss_growth_bytes`; XLA's analysis, `peak_bytes`,
+  leaves out what its runtime allocates besides: 4 GiB more for the einsum programs at 4096 keys, 9 GiB
+  more for XLA's SDPA)."""
   import jax
   from tqdm import tqdm
   ready = {}
@@ -234,16 +250,30 @@ def time_group(group: list[dict], calls: dict, repeats: int, n: int):
       row["skipped"] = why
       tqdm.write(f"{key[0]}/{key[1]}/{n}: not run, {why}")
       continue
+    before = timing.status_bytes("VmRSS") if jax.default_backend() == "cpu" and timing.reset_peak() else None
     try:
       jax.block_until_ready(calls[key]())
       ready[key] = calls[key]
     except Exception as e:  # noqa: BLE001 — reported in its row, the others still timed
-      row["peak_bytes"] = None
-      tqdm.write(f"{key[0]}/{key[1]}/{n}: {type(e).__name__}: {str(e)[:120]}")
-  times = timing.interleaved_seconds(ready, repeats, warmup=0)
+      row["skipped"] = failure(e, bound)
+      tqdm.write(f"{key[0]}/{key[1]}/{n}: {row['skipped']}")
+    if before is not None:
+      row["rss_growth_bytes"] = max((timing.status_bytes("VmHWM") or before) - before, 0)
+  try:
+    times = timing.interleaved_seconds(ready, repeats, warmup=0)
+  except Exception as e:  # noqa: BLE001 — the group's rows say why they have no time
+    times = {}
+    for row in group:
+      row.setdefault("skipped", failure(e, bound))
   for row in group:
     row["seconds"] = min(times.get((row["operator"], row["implementation"]), [float("nan")]))
     row["interleaved_with"] = len(group)
+
+
+def failure(e: Exception, bound: int | None) -> str:
+  """One line for a cell whose program failed: under the process bound, most likely an allocation past it."""
+  where = f" under the process bound ({bound / 2**30:.1f} GiB of data segment)" if bound else ""
+  return f"failed{where}: {type(e).__name__}: {' '.join(str(e).split())[:160]}"
 
 
 def run(seqs, batch, heads, head_dim, repeats, long_seq, dtype="float32", operators=OPERATORS, implementations=None,
@@ -270,13 +300,14 @@ def run(seqs, batch, heads, head_dim, repeats, long_seq, dtype="float32", operat
           calls.pop((name, impl), None)
         cells.append(row)
     kernels = dict.fromkeys(c["implementation"] for c in cells)
-    for group in (g for impl in kernels for g in groups(
-        [c for c in cells if c["implementation"] == impl and (c["operator"], c["implementation"]) in calls],
-        memory_budget())):
-      time_group(group, calls, repeats, n)
-      for row in group:                     # free each group's programs before the next one runs
-        calls.pop((row["operator"], row["implementation"]), None)
-      gc.collect()
+    with process_bound() as bound:
+      for group in (g for impl in kernels for g in groups(
+          [c for c in cells if c["implementation"] == impl and (c["operator"], c["implementation"]) in calls],
+          memory_budget())):
+        time_group(group, calls, repeats, n, bound)
+        for row in group:                     # free each group's programs before the next one runs
+          calls.pop((row["operator"], row["implementation"]), None)
+        gc.collect()
     rows += cells
   for n in seqs:
     attn = [r["seconds"] for r in rows if r["seq"] == n and r["operator"] == "ATTN" and r["seconds"] == r["seconds"]]
@@ -295,7 +326,8 @@ def run(seqs, batch, heads, head_dim, repeats, long_seq, dtype="float32", operat
 
 COLUMNS = [Col("seq"), Col("batch"), Col("operator"), Col("implementation"),
            Col("seconds", "fwd+bwd ms", lambda t: f"{1e3 * t:.1f}"), Col("ratio_to_best_attn", "× best ATTN", ".2f"),
-           Col("peak_bytes", "peak MiB", lambda b: f"{b / 2**20:.0f}")]
+           Col("peak_bytes", "peak MiB", lambda b: f"{b / 2**20:.0f}"),
+           Col("rss_growth_bytes", "RSS growth MiB", lambda b: f"{b / 2**20:.0f}")]
 
 
 def parser():

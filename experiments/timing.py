@@ -1,10 +1,16 @@
-"""The one timing helper of the benchmarks: wall times after warm-up (median, or several calls interleaved), and
-XLA's peak memory."""
+"""The one timing helper of the benchmarks: wall times after warm-up (median, or several calls interleaved), XLA's
+peak memory, and what a process really holds (`status_bytes`, `bounded_data`)."""
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from typing import Callable
+
+try:
+  import resource
+except ImportError:                                    # not POSIX: no data limit to set
+  resource = None
 
 
 def median_seconds(call: Callable[[], object], repeats: int, warmup: int = 1) -> float:
@@ -41,3 +47,49 @@ def timed(fn, args, repeats: int) -> tuple[float, int | None]:
   import jax
   compiled = jax.jit(fn).lower(*args).compile()
   return median_seconds(lambda: compiled(*args), repeats), peak_bytes(compiled)
+
+
+def status_bytes(field: str) -> int | None:
+  """A `/proc/self/status` size in bytes ("VmRSS", "VmHWM", "VmData"), or None where it cannot be read."""
+  try:
+    with open("/proc/self/status") as f:
+      for line in f:
+        name, _, value = line.partition(":")
+        if name == field:
+          return int(value.split()[0]) * 1024
+  except (OSError, ValueError, IndexError):
+    pass
+  return None
+
+
+def reset_peak() -> bool:
+  """Restart VmHWM (the resident high-water mark) at the current resident size (Linux `clear_refs` 5)."""
+  try:
+    with open("/proc/self/clear_refs", "w") as f:
+      f.write("5")
+    return True
+  except OSError:
+    return False
+
+
+@contextlib.contextmanager
+def bounded_data(limit: int):
+  """Inside, this process's resident memory cannot grow past `limit` bytes: its data segment (RLIMIT_DATA:
+  private writable mappings, what malloc takes from the kernel) may grow by at most `limit − VmRSS` beyond
+  its current size. An allocation past it fails, and XLA:CPU reports the failure as a runtime error of the
+  program that asked (the process and its other programs live on) instead of the kernel's OOM killer
+  ending the process. The previous limit is restored on leaving. Yields the data-segment cap in bytes, or None
+  where it cannot be set (not Linux); never above the hard limit."""
+  rss, data = status_bytes("VmRSS"), status_bytes("VmData")
+  if resource is None or rss is None or data is None:
+    yield None
+    return
+  old = resource.getrlimit(resource.RLIMIT_DATA)
+  cap = data + max(limit - rss, 0)
+  if old[1] != resource.RLIM_INFINITY:
+    cap = min(cap, old[1])
+  resource.setrlimit(resource.RLIMIT_DATA, (cap, old[1]))
+  try:
+    yield cap
+  finally:
+    resource.setrlimit(resource.RLIMIT_DATA, old)

@@ -1,7 +1,10 @@
 """Smoke tests: every benchmark/experiment command runs end to end on a tiny configuration and writes
 its tables (their figures are measured by the commands themselves, not asserted here)."""
+import contextlib
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -49,6 +52,7 @@ def test_bench_bounds_the_process_not_only_each_program(tmp_path, monkeypatch, c
   room = 300_000                                  # bytes: ATTN's einsum program (~200 kB) fits, CMAP's (~390 kB) not
   monkeypatch.setattr(bench_operators, "memory_limit", lambda: 2**30 + room)
   monkeypatch.setattr(bench_operators, "resident_bytes", lambda: 2**30)
+  monkeypatch.setattr(bench_operators, "process_bound", contextlib.nullcontext)   # its cap is tested below
   bench_operators.main(["--seqs", "64", "--batch", "1", "--heads", "2", "--head-dim", "8", "--repeats", "1",
                         "--operators", "ATTN,CMAP", "--implementations", "einsum", "--long", "0",
                         "--out", str(tmp_path)])
@@ -58,6 +62,37 @@ def test_bench_bounds_the_process_not_only_each_program(tmp_path, monkeypatch, c
   assert rows["CMAP"]["peak_bytes"] > room and rows["CMAP"]["seconds"] != rows["CMAP"]["seconds"]
   assert "over the" in rows["CMAP"]["skipped"] and "not run, process at" in capsys.readouterr().out
   assert bench_operators.over_limit(None) is None
+
+
+# `python -c CAPPED`: a 512 MiB program under a cap of 64 MiB above the resident size fails alone, the process
+# lives on, and the limit it had before is back after the block.
+CAPPED = """
+import resource, sys
+import jax, jax.numpy as jnp
+from attngeo.experiments import timing
+big = jax.jit(lambda x: jnp.sum(jnp.exp(jnp.outer(x, x)) @ x)).lower(jnp.ones(8192)).compile()   # 256 MiB × 2
+before = resource.getrlimit(resource.RLIMIT_DATA)
+with timing.bounded_data((timing.status_bytes("VmRSS") or 0) + 64 * 2**20) as cap:
+  assert cap is not None and resource.getrlimit(resource.RLIMIT_DATA)[0] == cap
+  try:
+    big(jnp.ones(8192)).block_until_ready()
+    print("ran")
+  except Exception as e:
+    print("failed", type(e).__name__)
+  small = float(jnp.sum(jnp.ones(1000) * 2))
+assert resource.getrlimit(resource.RLIMIT_DATA) == before
+print(small, float(big(jnp.ones(8192) * 0)))
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="the cap reads Linux's /proc")
+def test_the_data_cap_fails_the_program_that_passes_it_and_nothing_else():
+  """XLA's memory analysis is a floor, not a bound, so the bench caps the data segment (RLIMIT_DATA): a program
+  past the cap fails with a runtime error, the process runs on, and the cap is lifted after the timing."""
+  out = subprocess.run([sys.executable, "-c", CAPPED], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert out.stdout.split() == ["failed", "JaxRuntimeError", "2000.0", "0.0"], out.stdout
 
 
 def test_bench_causal_times_the_causal_operators(tmp_path, monkeypatch):
