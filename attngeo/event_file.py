@@ -19,6 +19,7 @@ own protobuf classes and CRC in tests/test_event_file.py.
 """
 from __future__ import annotations
 
+import math
 import os
 import socket
 import struct
@@ -74,6 +75,15 @@ def _bytes_field(number: int, payload: bytes) -> bytes:
   return _varint(number << 3 | 2) + _varint(len(payload)) + payload
 
 
+def _float32(value) -> bytes:
+  """`value` as a little-endian float32, as C's cast makes it: beyond float32's range it is ±inf (struct
+  refuses those values, and an int too large for a double, with OverflowError)."""
+  try:
+    return struct.pack("<f", float(value))
+  except OverflowError:
+    return struct.pack("<f", math.inf if value > 0 else -math.inf)
+
+
 def event(wall_time: float, *, step: int | None = None, scalars: dict[str, float] | None = None,
           file_version: str | None = None) -> bytes:
   """The `Event` proto's bytes: wall_time, and a step with its scalars (float32 `simple_value`s) or a file_version.
@@ -84,7 +94,7 @@ def event(wall_time: float, *, step: int | None = None, scalars: dict[str, float
   if file_version is not None:
     out += _bytes_field(3, file_version.encode())
   if scalars is not None:
-    values = b"".join(_bytes_field(1, _bytes_field(1, tag.encode()) + _varint(2 << 3 | 5) + struct.pack("<f", value))
+    values = b"".join(_bytes_field(1, _bytes_field(1, tag.encode()) + _varint(2 << 3 | 5) + _float32(value))
                       for tag, value in scalars.items())
     out += _bytes_field(5, values)
   return bytes(out)
@@ -104,7 +114,10 @@ class EventsWriter:
     self._file.write(record(event(time.time(), step=step, scalars=values)))
 
   def flush(self) -> None:
+    """Everything written so far on disk (fsync, as tensorboardX's writer did: a full disk shows here)."""
     self._file.flush()
+    os.fsync(self._file.fileno())
 
   def close(self) -> None:
+    self.flush()
     self._file.close()

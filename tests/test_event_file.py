@@ -36,14 +36,19 @@ def test_records_frame_as_tensorboardx_frames_them(tmp_path):
 @pytest.mark.parametrize("step", [0, 1, 12345678901, -3])
 def test_events_are_the_bytes_protobuf_writes(step):
   from tensorboardX.proto import event_pb2, summary_pb2
-  scalars = {"loss": 2.5, "lr": 1e-3, "grad/norm": float("inf"), "ünïcode": -0.0}
+  scalars = {"loss": 2.5, "lr": 1e-3, "grad/norm": float("inf"), "ünïcode": -0.0, "nan": float("nan"),
+             "count": 7, "flag": True, "huge": 1e300, "-huge": -1e39}
   ours = event_file.event(1.7e9 + 0.25, step=step, scalars=scalars)
   values = [summary_pb2.Summary.Value(tag=k, simple_value=v) for k, v in scalars.items()]
   reference = event_pb2.Event(wall_time=1.7e9 + 0.25, step=step, summary=summary_pb2.Summary(value=values))
   assert ours == reference.SerializeToString()
   parsed = event_pb2.Event.FromString(ours)
   assert parsed.step == step and [v.tag for v in parsed.summary.value] == list(scalars)
-  assert [v.simple_value for v in parsed.summary.value] == [np.float32(v) for v in scalars.values()]
+  top = float(np.finfo(np.float32).max)
+  expected = [np.float32(np.copysign(np.inf, v)) if abs(v) > top else np.float32(v) for v in scalars.values()]
+  np.testing.assert_array_equal([v.simple_value for v in parsed.summary.value], expected)   # NaN == NaN here
+  beyond = event_pb2.Event.FromString(event_file.event(1.0, step=step, scalars={"int": -10**400}))
+  assert beyond.summary.value[0].simple_value == -np.inf              # protobuf itself refuses such an int
   header = event_file.event(5.0, file_version="brain.Event:2")
   assert header == event_pb2.Event(wall_time=5.0, file_version="brain.Event:2").SerializeToString()
 
