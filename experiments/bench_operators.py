@@ -17,9 +17,10 @@ three quarters of the machine's memory (dense CMAP at 4096 keys, 21 GiB) is not 
 so, with the memory it would need. The process is bounded too: every cell of a length times one set of
 inputs, and a program is not run when the process's resident memory plus its peak would pass that
 limit (its row says so). XLA's analysis is a floor, not a bound (XLA's SDPA at 4096 keys: 13 GiB by the
-analysis, 22 GiB held), so on the CPU the process's data segment is capped too (RLIMIT_DATA, at the same
-limit): a program that allocates past it fails alone, and its row says so; "RSS growth" is how far the
-process's resident memory rose during the cell's first run. `--implementations` restricts the kernels (the ratios are then
+analysis, 22 GiB held), so on the CPU the process's data segment is capped too while the cells run
+(RLIMIT_DATA: it may grow by the room left under that limit): a program that allocates past it fails with a
+runtime error and its row says so; "RSS growth" is how far the process's resident memory rose during the
+cell's first run. `--implementations` restricts the kernels (the ratios are then
 to the fastest ATTN among them). CMAP, the magnetic operator
 (`operators.magnetic_transport`, coupling 1, β = 0), runs on its own kernels (einsum, blockwise and
 the Hermitian pairing "paired", which computes each unordered token pair once: `attngeo.kernels.paired`);
@@ -271,8 +272,9 @@ def time_group(group: list[dict], calls: dict, repeats: int, n: int, bound: int 
 
 
 def failure(e: Exception, bound: int | None) -> str:
-  """One line for a cell whose program failed: under the process bound, most likely an allocation past it."""
-  where = f" under the process bound ({bound / 2**30:.1f} GiB of data segment)" if bound else ""
+  """One line for a cell whose program failed (while the data segment was capped, most likely an allocation
+  past the cap: the line names the cap, not a cause)."""
+  where = f" with the data segment capped at {bound / 2**30:.1f} GiB" if bound else ""
   return f"failed{where}: {type(e).__name__}: {' '.join(str(e).split())[:160]}"
 
 

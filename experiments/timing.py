@@ -74,20 +74,24 @@ def reset_peak() -> bool:
 
 @contextlib.contextmanager
 def bounded_data(limit: int):
-  """Inside, this process's resident memory cannot grow past `limit` bytes: its data segment (RLIMIT_DATA:
-  private writable mappings, what malloc takes from the kernel) may grow by at most `limit − VmRSS` beyond
-  its current size. An allocation past it fails, and XLA:CPU reports the failure as a runtime error of the
-  program that asked (the process and its other programs live on) instead of the kernel's OOM killer
-  ending the process. The previous limit is restored on leaving. Yields the data-segment cap in bytes, or None
-  where it cannot be set (not Linux); never above the hard limit."""
+  """Inside, this process's data segment (RLIMIT_DATA: its private writable mappings, which is where malloc and
+  XLA:CPU's buffers come from) may grow by at most `limit − VmRSS` beyond its current size, so the memory a
+  program allocates cannot take the process past `limit` bytes (pages of files, and memory mapped before,
+  are not counted). An allocation past the cap fails: XLA:CPU reports it as a runtime error of the program
+  that asked, and the process lives on instead of the kernel's OOM killer ending it. The cap is the
+  process's, not the program's: another thread allocating at that moment fails too (tqdm's monitor would
+  raise MemoryError; a C++ allocation failure in a library can abort), and child processes inherit it, so keep
+  the block to the timed calls. Never loosens a soft or hard limit already set; the previous one is
+  restored on leaving. Yields the data-segment cap in bytes, or None where it cannot be set (not Linux)."""
   rss, data = status_bytes("VmRSS"), status_bytes("VmData")
   if resource is None or rss is None or data is None:
     yield None
     return
   old = resource.getrlimit(resource.RLIMIT_DATA)
   cap = data + max(limit - rss, 0)
-  if old[1] != resource.RLIM_INFINITY:
-    cap = min(cap, old[1])
+  for bound in old:
+    if bound != resource.RLIM_INFINITY:
+      cap = min(cap, bound)
   resource.setrlimit(resource.RLIMIT_DATA, (cap, old[1]))
   try:
     yield cap

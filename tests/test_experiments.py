@@ -23,6 +23,7 @@ def test_bench_operators_smoke(tmp_path):
 def test_bench_operators_kernel_choice_and_programs_too_big_for_the_machine(tmp_path, monkeypatch, capsys):
   """`--implementations` keeps the chosen kernels; a program over the memory limit is reported, not run."""
   monkeypatch.setattr(bench_operators, "memory_limit", lambda: 200_000)   # bytes: CMAP at 64 keys (~300 kB) is over
+  monkeypatch.setattr(bench_operators, "process_bound", contextlib.nullcontext)   # a 200 kB cap would starve the worker
   monkeypatch.setattr(bench_operators, "resident_bytes", lambda: 0)     # the process bound: its own test below
   bench_operators.main(["--seqs", "16,64", "--batch", "1", "--heads", "2", "--head-dim", "8", "--repeats", "1",
                         "--operators", "ATTN,CMAP", "--implementations", "blockwise", "--long", "0",
