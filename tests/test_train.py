@@ -105,6 +105,7 @@ def held(proc, wd, log, checkpoint_step):
       return
     assert proc.poll() is None, log()[-3000:]
     time.sleep(0.05)
+  proc.kill()                                          # or leaving the Popen block waits out its hold
   raise AssertionError("the run never reached its hold")
 
 
