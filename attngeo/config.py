@@ -187,8 +187,30 @@ def positive_float(text: str) -> float:
 
 
 def int_list(text: str) -> tuple[int, ...]:
-  """argparse type: comma-separated positive integers, e.g. `256,1024`."""
-  return tuple(positive_int(x) for x in text.split(",") if x.strip())
+  """argparse type: comma-separated positive integers, e.g. `256,1024` (at least one; no empty item)."""
+  items = [x.strip() for x in text.split(",")]
+  if not all(items):
+    raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, e.g. 256,1024; got {text!r}")
+  return tuple(positive_int(x) for x in items)
+
+
+def out_folder(text: str) -> str:
+  """argparse type: an output folder this process can write, checked before any work and left as it was.
+
+  The deepest part of the path that exists must be a folder in which a folder can be made (one is made and
+  removed again: a read-only mount, /proc or a path through a file answer here, not after the work)."""
+  import tempfile
+  path = os.path.abspath(text)
+  while not os.path.lexists(path):
+    path = os.path.dirname(path)
+  if not os.path.isdir(path):
+    raise argparse.ArgumentTypeError(f"{text!r} cannot be an output folder: {path} is a file, not a folder")
+  try:
+    os.rmdir(tempfile.mkdtemp(prefix=".attngeo-probe-", dir=path))
+  except OSError as e:
+    raise argparse.ArgumentTypeError(f"{text!r} cannot be written: {e.strerror or e} in {path}; choose a writable "
+                                     "folder") from None
+  return text
 
 
 def choice_list(choices):

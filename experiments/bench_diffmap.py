@@ -131,7 +131,7 @@ def main(argv=None):
                   "(N² · 8 bytes each; default 20000)")
   ap.add_argument("--datafold-python", default="", help="python interpreter with datafold installed (default: none, "
                   "datafold skipped); datafold pins numpy < 2, so it lives in its own environment")
-  ap.add_argument("--out", default="runs/bench_diffmap", help="output folder (default runs/bench_diffmap)")
+  ap.add_argument("--out", type=config.out_folder, default="runs/bench_diffmap", help="output folder (default runs/bench_diffmap)")
   ap.add_argument("--worker", default="", help=argparse.SUPPRESS)
   ap.add_argument("--path", default="", help=argparse.SUPPRESS)
   ap.add_argument("--result", default="", help=argparse.SUPPRESS)

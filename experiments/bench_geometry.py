@@ -107,7 +107,7 @@ def main(argv=None):
   ap.add_argument("--dense-limit-gib", type=float, default=2.0, help="skip dense rows whose P exceeds this (default 2)")
   ap.add_argument("--estimators", default="", help="comma-separated N for the estimator-error table (default: none; "
                   "e.g. 1000,2000,4000)")
-  ap.add_argument("--out", default="runs/bench", help="output folder (default runs/bench)")
+  ap.add_argument("--out", type=config.out_folder, default="runs/bench", help="output folder (default runs/bench)")
   a = ap.parse_args(argv)
   try:
     sizes = [int(s) for s in a.sizes.split(",")] if a.sizes else []

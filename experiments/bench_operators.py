@@ -357,7 +357,7 @@ def parser():
   ap.add_argument("--numerics", action="store_true",
                   help="time nothing: bf16 and float32 errors of every family member and kernel against float32 "
                        "einsum at highest precision (bench_numerics.{md,csv,json})")
-  ap.add_argument("--out", default="runs/bench", help="output folder for bench_operators.{md,csv,json}")
+  ap.add_argument("--out", type=config.out_folder, default="runs/bench", help="output folder for bench_operators.{md,csv,json}")
   return ap
 
 

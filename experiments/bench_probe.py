@@ -200,7 +200,7 @@ def parser() -> argparse.ArgumentParser:
                   "(2, 512] (default: 128,512)")
   ap.add_argument("--dense", action="store_true",
                   help="swissroll case: also time the dense per-edge effective defect (minutes; default: off)")
-  ap.add_argument("--out", default="runs/bench_probe", help="output folder (default: runs/bench_probe)")
+  ap.add_argument("--out", type=config.out_folder, default="runs/bench_probe", help="output folder (default: runs/bench_probe)")
   ap.add_argument("--case", default=None, choices=CASES, help=argparse.SUPPRESS)
   return ap
 

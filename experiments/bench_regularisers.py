@@ -60,7 +60,7 @@ def main(argv=None):
   ap.add_argument("--sequences", type=int, default=0, help="sequences sampled per batch (default: 0, every sequence)")
   ap.add_argument("--test-functions", type=int, default=4, help="curvature test functions (default: 4)")
   ap.add_argument("--repeats", type=int, default=3, help="timed steps per variant after one warm-up (default: 3)")
-  ap.add_argument("--out", default="runs/bench", help="output folder (default: runs/bench)")
+  ap.add_argument("--out", type=config.out_folder, default="runs/bench", help="output folder (default: runs/bench)")
   a = ap.parse_args(argv)
   terms = [t for t in a.terms.split(",") if t]
   if not terms or any(t not in TERMS for t in terms):

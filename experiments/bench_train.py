@@ -100,7 +100,7 @@ def main(argv=None):
   ap.add_argument("--repeats", type=int, default=5, help="timed steps after one warm-up; the median is reported (default: 5)")
   ap.add_argument("--implementation", default="auto", help="attention kernel: auto, einsum, xla, cudnn, blockwise (default: auto)")
   ap.add_argument("--dtype", default="float32", help="compute dtype: float32 or bfloat16 (default: float32)")
-  ap.add_argument("--out", default="runs/bench", help="output folder (default: runs/bench)")
+  ap.add_argument("--out", type=config.out_folder, default="runs/bench", help="output folder (default: runs/bench)")
   a = ap.parse_args(argv)
   if a.preset != "custom":
     for k, v in PRESETS[a.preset].items():

@@ -128,7 +128,7 @@ def main(argv=None):
   ap.add_argument("--no-naive", action="store_true", help="skip the plain nested-Γ Ricci read-out (default: computed)")
   ap.add_argument("--large", default="", help="unit-sphere sizes for the matrix-free spectral estimator, "
                   "e.g. 16384:0.02,65536:0.01 (N:ε; default none)")
-  ap.add_argument("--out", default="runs/curvature", help="output folder (default runs/curvature)")
+  ap.add_argument("--out", type=config.out_folder, default="runs/curvature", help="output folder (default runs/curvature)")
   a = ap.parse_args(argv)
   manifolds = a.manifolds.split(",")
   bad = [m for m in manifolds if m not in names]

@@ -37,7 +37,7 @@ def _parser():
                   "~1e-6 is the float32 floor)")
   ap.add_argument("--n", type=int, default=4000, help="points drawn for a built-in cloud, ≥ k + 2 (default 4000)")
   ap.add_argument("--seed", type=int, default=123, help="seed of the built-in cloud and of the solver (default 123)")
-  ap.add_argument("--out", default="runs/diffmap", help="output folder (default runs/diffmap)")
+  ap.add_argument("--out", type=config.out_folder, default="runs/diffmap", help="output folder (default runs/diffmap)")
   return ap
 
 

@@ -182,6 +182,12 @@ def test_argument_errors_answer_before_jax_is_imported(tmp_path):
            (["probe", str(tmp_path / "gpt"), "--data", "swiss_roll"], "--data must be an existing text file"),
            (["study", "connection", "--probe-samples", "1"], "probe_samples must be at least 2"),
            (["bench", "--seqs", "0"], "expected a positive integer"),
+           # a walk-through: an empty list timed nothing and replaced the last tables; an unwritable --out was
+           # found after the whole bench had run
+           (["bench", "--seqs", ","], "expected comma-separated positive integers"),
+           (["bench", "--seqs", "256,,512"], "expected comma-separated positive integers"),
+           (["bench", "--out", "/proc/attngeo-out"], "cannot be written"),
+           (["bench-train", "--out", str(tmp_path / "gpt" / "config.json" / "x")], "is a file, not a folder"),
            (["bench-diffmap", "--sizes", "0"], "every size ≥ k + 2"),
            (["import", "gpt2", str(tmp_path / "missing.safetensors"), "--out", str(tmp_path / "o")], "does not exist"),
            (["swissroll", "--train.lr", "-1"], "--train.lr must be a positive finite number"),
