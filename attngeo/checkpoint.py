@@ -68,13 +68,15 @@ class DiskFull(OSError, ValueError):
     self.errno = errno.ENOSPC
 
 
-def disk_full(folder: str, needed: int, what: str, note: str = "") -> DiskFull:
-  """The one-line `DiskFull` for writing `what` (about `needed` bytes) into `folder`."""
+def disk_full(folder: str, needed: int, what: str, note: str = "", removed: bool = True) -> DiskFull:
+  """The one-line `DiskFull` for writing `what` (about `needed` bytes; 0: a flush, no size to name) into
+  `folder`; `removed`: the caller removed its partial write."""
   free = shutil.disk_usage(folder).free if os.path.isdir(folder) else 0
-  return DiskFull(f"no space left on the device of {folder}: {what} needs about {needed:,} bytes (more with its "
-                  f"metadata) and did not fit ({free:,} bytes free after its partial write was removed){note}; free "
-                  f"some space and rerun (a run resumes from its last finished checkpoint; one with none "
-                  f"starts again)")
+  size = f" needs about {needed:,} bytes (more with its metadata) and" if needed > 0 else ""
+  after = " after its partial write was removed" if removed else ""
+  return DiskFull(f"no space left on the device of {folder}: {what}{size} did not fit ({free:,} bytes free{after})"
+                  f"{note}; free some space and rerun (a run resumes from its last finished checkpoint; one with "
+                  f"none starts again)")
 
 
 def is_disk_full(err: BaseException | None) -> bool:

@@ -150,9 +150,19 @@ class MetricsLog:
       return
     line = json.dumps(row) + "\n"
     with self._writing(f"the metrics row of step {row['step']}", len(line)):
+      self._append(line)
+      self.events.scalars(row["step"], _scalars(row))
+
+  def _append(self, line: str):
+    """`line` at the end of metrics.jsonl, or the file as it was (a full disk cut no row in half)."""
+    size = os.path.getsize(self.path)
+    try:
       with open(self.path, "a") as f:
         f.write(line)
-      self.events.scalars(row["step"], _scalars(row))
+    except OSError:
+      with contextlib.suppress(OSError):
+        os.truncate(self.path, size)
+      raise
 
   def flush(self):
     if self.path is not None:
@@ -173,7 +183,8 @@ class MetricsLog:
     except OSError as e:
       if not checkpoint.is_disk_full(e):
         raise
-      raise checkpoint.disk_full(os.path.dirname(self.path), needed, what) from None
+      # a metrics row is cut back (`_append`); a TensorBoard record cut short is rebuilt from the rows on resume
+      raise checkpoint.disk_full(os.path.dirname(self.path), needed, what, removed=needed > 0) from None
 
 
 def _parse_row(line: str) -> dict | None:
