@@ -51,19 +51,24 @@ def _default(f):
   return None
 
 
+# `dataclasses.field(..., metadata=NO_FLAG)`: a field the command sets itself, never a flag (`add_arguments`).
+NO_FLAG = {"flag": False}
+
+
 def add_arguments(parser: argparse.ArgumentParser, cls, prefix: str = "", help: dict | None = None,
                   base=None, skip: tuple[str, ...] = ()) -> None:
   """One `--{prefix}{field}` flag per dataclass field (nested dataclasses: `--{field}.{sub}`).
 
   `help` maps field names to a description shown before the type and default. The default shown
   is `base`'s value (default: the field's default, a nested config's default factory included).
-  `skip` names dotted fields the command sets itself (no flag; `from_arguments` keeps `base`'s value).
+  `skip` names dotted fields the command sets itself (no flag; `from_arguments` keeps `base`'s value), as
+  does a field declared with `metadata=NO_FLAG` (one every command sets, e.g. a run's folder).
   """
   hints = typing.get_type_hints(cls)
   for f in dataclasses.fields(cls):
     tp = hints[f.name]
     value = getattr(base, f.name) if base is not None else _default(f)
-    if prefix + f.name in skip:
+    if prefix + f.name in skip or f.metadata.get("flag", True) is False:
       continue
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
       add_arguments(parser, tp, prefix=f"{prefix}{f.name}.", help=help, base=value, skip=skip)

@@ -1,7 +1,7 @@
 """Run folders → models: rebuild a run's model and training config from its `config.json` and load its weights.
 
 A training run holds `config.json` (`attngeo.files.write_config`: every config of the run, and under
-`"classes"` the class of each dataclass one, e.g. `"train": "attngeo.lm.recipe.LMTrainConfig"`),
+`"classes"` the class of each dataclass one, e.g. `"train": "attngeo.train_config.TrainConfig"`),
 `ckpt/` (orbax steps, `attngeo.checkpoint`) and `metrics.jsonl`; a weights-only run `config.json` +
 `weights.npz` (`write_weights_run`); an imported model is written as either (`write_checkpoint_run`: step 0
 of a training run). `load_run` reads both kinds: the model (`attngeo.nn.registry`),
@@ -30,12 +30,15 @@ def load_model(model, workdir: str, step: int | None = None, use_ema: bool = Fal
 # Trainer configs a run written before config.json named its classes may hold (chosen by their fields).
 
 
-LEGACY_TRAIN_CLASSES = ("attngeo.train.TrainConfig", "attngeo.lm.recipe.LMTrainConfig")
+LEGACY_TRAIN_CLASSES = ("attngeo.train.TrainConfig",)
+# Config classes run folders recorded that are now another: `LMTrainConfig`'s split rates moved into TrainConfig.
+RENAMED_CLASSES = {"attngeo.lm.recipe.LMTrainConfig": "attngeo.train_config.TrainConfig"}
 
 
 def _import_class(name: str):
-  """`"attngeo.lm.recipe.LMTrainConfig"` → the class; only attngeo's own modules are imported."""
+  """`"attngeo.train_config.TrainConfig"` → the class (a renamed one: its new class); only attngeo's own modules are imported."""
   import importlib
+  name = RENAMED_CLASSES.get(name, name)
   module, _, qualname = name.rpartition(".")
   if not module.startswith("attngeo."):
     raise ValueError(f"config class {name!r} is not an attngeo class")

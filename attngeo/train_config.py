@@ -1,7 +1,7 @@
 """The trainer's config and its rules, importable without JAX (the CLI checks a command line with them first).
 
 * `TrainConfig` — what `attngeo.train.train` reads: steps, global batch, the optimizer and its schedule
-  (`attngeo.optim`), EMA, mesh, seed, and how the run is watched (workdir, checkpoints, logging).
+  (`attngeo.optim`; nanochat's Muon/AdamW split reads its own rates and the warm-down's shape), EMA, mesh, seed, and how the run is watched (workdir, checkpoints, logging).
   It validates itself at construction, so a bad override fails before any work.
 * `check(cfg, prefix)` — every rule below on any config that has (some of) these fields (duck-typed:
   a field the config lacks is skipped), naming the field as `prefix + name` (`train.lr`, the flag's name).
@@ -81,6 +81,11 @@ TRAINER_RULES = (
 
 # Fields that change how a run is watched, not what it computes: a resume may change them.
 RUN_CONTROL_FIELDS = ("workdir", "ckpt_every", "keep", "log_every", "progress")
+# TrainConfig fields added after run folders recorded it, with the value those runs used (`attngeo.optim`
+# read the split's rates with these defaults when a config lacked them): a record without one compares as
+# holding it, so the earlier runs resume.
+ADDED_FIELDS = {"embedding_lr": None, "unembedding_lr": None, "scalar_lr": None, "warmdown_ratio": 0.65,
+                "final_lr_frac": 0.05}
 
 
 def check_optimizer(cfg, prefix: str = "") -> None:
@@ -106,6 +111,11 @@ class TrainConfig:
   weight_decay: float = 0.0
   clip: float = 1.0                    # global-norm clipping (0 disables)
   optimizer: str = "adamw"             # adamw | muon | muon_adamw
+  embedding_lr: float | None = None    # muon_adamw: AdamW rate of the token embedding (None: 0.3)
+  unembedding_lr: float | None = None  # muon_adamw: AdamW rate of the unembedding (None: 0.008)
+  scalar_lr: float | None = None       # muon_adamw: AdamW rate of norms, biases, learnable β/α (None: 0.01)
+  warmdown_ratio: float = 0.65         # warmdown schedule: share of the steps in the final linear decay
+  final_lr_frac: float = 0.05          # warmdown schedule: final rate as a fraction of the peak
   ema: float = 0.0                     # EMA decay of the weights (0 disables)
   mesh: tuple[int, int, int] = (1, 1, 1)  # (data, fsdp, tensor)
   seed: int = 0
@@ -133,7 +143,8 @@ def check_resumable(workdir: str, *, ignore: tuple[str, ...] = (), **configs):
   Compares every recorded config with the given ones field by field (`RUN_CONTROL_FIELDS` of the
   train config excepted, and `steps` under a constant schedule, where a longer run extends the
   same trajectory; `ignore` names further "config.field" keys that do not change results) and
-  names the fields that differ.
+  names the fields that differ. A recorded train config without an `ADDED_FIELDS` field compares as
+  holding that field's earlier value.
   """
   saved = files.read_config(workdir)
   diffs = []
@@ -141,6 +152,8 @@ def check_resumable(workdir: str, *, ignore: tuple[str, ...] = (), **configs):
     new = dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else cfg
     old = saved.get(name)
     flat_old, flat_new = files.flatten(old or {}), files.flatten(json.loads(json.dumps(new or {}, default=str)))
+    if name == "train" and old:
+      flat_old = {**ADDED_FIELDS, **flat_old}
     for key in sorted(set(flat_old) | set(flat_new)):
       if name == "train" and (key in RUN_CONTROL_FIELDS or (key == "steps" and flat_old.get("schedule") ==
                                                              flat_new.get("schedule") == "constant")):

@@ -22,7 +22,6 @@ import numpy as np
 from attngeo import config
 from attngeo.experiments import bench_train, report, timing
 from attngeo.experiments.report import Col
-from attngeo.lm import recipe
 
 PRESETS = {"lm": bench_train.PRESETS["lm"], "tiny": dict(depth=1, width=32, head_dim=16, seq=16, vocab=32, batch=2)}
 TERMS = ("curvature", "reversibility", "skew", "mixing", "isometry")
@@ -38,7 +37,7 @@ def step_call(loss_fn, shape: dict):
   cfg = nn.GPTConfig.from_depth(shape["depth"], vocab_size=shape["vocab"], seq_len=shape["seq"],
                                 head_dim=shape["head_dim"], width=shape["width"])
   fields = {f: getattr(train.TrainConfig(), f) for f in ("clip", "warmup", "schedule")}
-  tcfg = recipe.LMTrainConfig(steps=10, batch_size=shape["batch"], progress=False, optimizer="muon_adamw", **fields)
+  tcfg = train.TrainConfig(steps=10, batch_size=shape["batch"], progress=False, optimizer="muon_adamw", **fields)
   mesh = sharding.make_mesh((jax.device_count(), 1, 1))
   graphdef, state, _ = train.init_state(nn.GPT(cfg, rngs=nnx.Rngs(0)), tcfg, mesh)
   step = jax.jit(train.make_step(graphdef, loss_fn, 0.0), donate_argnums=0)

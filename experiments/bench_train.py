@@ -26,7 +26,7 @@ import numpy as np
 from attngeo import config
 from attngeo.experiments import report, timing
 from attngeo.experiments.report import Col
-from attngeo.lm import config as lm_config, recipe
+from attngeo.lm import config as lm_config
 
 
 def lm_shape(cfg: lm_config.LMConfig) -> dict:
@@ -61,7 +61,7 @@ def make_step(op, a):
                                 dtype=a.dtype)
   model = nn.GPT(cfg, rngs=nnx.Rngs(0))
   fields = {f: getattr(train.TrainConfig(), f) for f in ("clip", "warmup", "schedule")}
-  tcfg = recipe.LMTrainConfig(steps=10, batch_size=a.batch, progress=False, optimizer=a.optimizer, **fields)
+  tcfg = train.TrainConfig(steps=10, batch_size=a.batch, progress=False, optimizer=a.optimizer, **fields)
   mesh = sharding.make_mesh((jax.device_count(), 1, 1))
   graphdef, state, shardings = train.init_state(model, tcfg, mesh)
   step = jax.jit(train.make_step(graphdef, loss_fn, 0.0), donate_argnums=0)

@@ -15,6 +15,7 @@ from attngeo.data import copying, text
 from attngeo.experiments import lm as lm_cmd, lm_adapt
 from attngeo.lm import adapt, recipe
 from attngeo.lm.config import LMConfig, LMTrain, preset
+from attngeo.train_config import TrainConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = LMConfig(data="pydoc", depth=1, width=32, head_dim=16, seq_len=64,
@@ -285,7 +286,7 @@ def test_load_run_reads_every_lm_run_folder(chain, tmp_path):
              os.path.join(t2.out, "runs", f"ATTN_s0_{row['key']}")]
   for path in folders:
     model, tcfg, mcfg = runs.load_run(path)
-    assert type(tcfg) is recipe.LMTrainConfig and tcfg.embedding_lr == pytest.approx(0.3 * (32 / 768) ** -0.5)
+    assert type(tcfg) is TrainConfig and tcfg.embedding_lr == pytest.approx(0.3 * (32 / 768) ** -0.5)
     assert mcfg == model.cfg and adapt.weights_key(model) == adapt.weights_key(runs.load_model(
         nn.GPT(mcfg, rngs=nnx.Rngs(1)), path))
   assert adapt.weights_key(runs.load_run(chain["src"])[0]) == chain["before"]
@@ -294,7 +295,10 @@ def test_load_run_reads_every_lm_run_folder(chain, tmp_path):
   saved = files.read_config(chain["src"])
   del saved["classes"]
   (legacy / "config.json").write_text(json.dumps(saved))
-  assert type(runs.train_config(str(legacy))) is recipe.LMTrainConfig
+  assert type(runs.train_config(str(legacy))) is TrainConfig
+  saved["classes"] = {"train": "attngeo.lm.recipe.LMTrainConfig"}        # the class LM runs recorded before
+  (legacy / "config.json").write_text(json.dumps(saved))
+  assert runs.train_config(str(legacy)) == runs.train_config(chain["src"])
 
 
 # ----------------------------------------------------------------------------- summary, data, plan

@@ -1,4 +1,5 @@
 """attngeo lm: the optimizer split, the FLOP count, the training recipe and the commands end to end."""
+import dataclasses
 import json
 import math
 import os
@@ -15,6 +16,7 @@ from attngeo.experiments import lm as lm_cmd
 from attngeo.lm import recipe
 from attngeo.lm.config import LMConfig, LMTrain
 from attngeo.nn import gpt
+from attngeo.train_config import TrainConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -75,7 +77,9 @@ def test_model_config_shape_rule_operator_and_overrides():
     recipe.model_config(LMConfig(model=("colour=red",)), 265)
   tcfg = recipe.train_config(LMConfig(), 768, None)
   assert tcfg.embedding_lr == pytest.approx(0.3) and tcfg.unembedding_lr == pytest.approx(0.008)
-  assert set(LMTrain.__dataclass_fields__) <= set(recipe.LMTrainConfig.__dataclass_fields__)
+  assert type(tcfg) is TrainConfig and tcfg.workdir is None
+  assert dataclasses.asdict(recipe.train_config(LMConfig(train=LMTrain(embedding_lr=0.1)), 768, "w")) == {
+      **dataclasses.asdict(LMTrain()), "embedding_lr": 0.1, "unembedding_lr": pytest.approx(0.008), "workdir": "w"}
 
 
 # ----------------------------------------------------------------------------- commands end to end

@@ -59,18 +59,20 @@ def test_atomic_write_takes_a_writer_and_leaves_nothing_behind_on_failure(tmp_pa
 
 def test_write_config_records_each_dataclass_config_class_and_train_config_rebuilds_it(tmp_path):
   from attngeo import train
-  from attngeo.lm import recipe
+  from attngeo.lm.config import LMTrain
   wd = str(tmp_path)
-  files.write_config(wd, train=recipe.LMTrainConfig(steps=3, embedding_lr=0.5), model={"kind": "gpt"})
+  files.write_config(wd, train=LMTrain(steps=3, embedding_lr=0.5), model={"kind": "gpt"})
   saved = files.read_config(wd)
-  assert saved["classes"] == {"train": "attngeo.lm.recipe.LMTrainConfig"}
-  assert runs.train_config(wd) == recipe.LMTrainConfig(steps=3, embedding_lr=0.5)
+  assert saved["classes"] == {"train": "attngeo.lm.config.LMTrain"}
+  assert runs.train_config(wd) == LMTrain(steps=3, embedding_lr=0.5)
   files.write_config(wd, **saved, extra={"a": 1})                       # read and written back: the record stays
-  assert files.read_config(wd)["classes"] == {"train": "attngeo.lm.recipe.LMTrainConfig"}
+  assert files.read_config(wd)["classes"] == {"train": "attngeo.lm.config.LMTrain"}
+  files.write_config(wd, train=saved["train"], classes={"train": "attngeo.lm.recipe.LMTrainConfig"})
+  assert runs.train_config(wd) == train.TrainConfig(**{**saved["train"], "mesh": (1, 1, 1)})   # renamed since
   files.write_config(wd, train=train.TrainConfig(steps=2))
   assert type(runs.train_config(wd)) is train.TrainConfig
   for name, message in (("os.path", "not an attngeo class"), ("attngeo.train.Nothing", "does not exist"),
-                        ("attngeo.lm.config.LMTrain", "is not an attngeo.train.TrainConfig")):
+                        ("attngeo.lm.config.LMConfig", "is not an attngeo.train.TrainConfig")):
     files.write_config(wd, train={"steps": 2}, classes={"train": name})
     with pytest.raises(ValueError, match=message):
       runs.train_config(wd)

@@ -232,9 +232,10 @@ NO_JAX_CONFIG = """
 import sys
 from attngeo import train_config
 from attngeo.lm import recipe
-assert recipe.LMTrainConfig(steps=3).steps == 3
+from attngeo.lm.config import LMConfig, LMTrain
+assert recipe.train_config(LMConfig(train=LMTrain(steps=3)), 128, None).steps == 3
 try:
-  recipe.LMTrainConfig(lr=-1)
+  train_config.check(LMTrain(lr=-1), "train.")
 except ValueError as e:
   print(e)
 train_config.TrainConfig(keep=2)
@@ -243,11 +244,11 @@ print(sorted(m for m in sys.modules if m.split(".")[0] in ("jax", "optax", "flax
 
 
 def test_the_trainer_configs_and_their_rules_import_no_jax():
-  """TrainConfig (attngeo.train_config) and the LM recipe's LMTrainConfig validate without JAX (the CLI
+  """TrainConfig (attngeo.train_config) and the LM's LMTrain validate without JAX (the CLI
   checks a command line with them before importing it); attngeo.train and optim re-use the same ones."""
   out = subprocess.run([sys.executable, "-c", NO_JAX_CONFIG], capture_output=True, text=True, timeout=60)
   assert out.returncode == 0, out.stderr[-2000:]
-  assert out.stdout.splitlines() == ["lr must be a positive finite rate; got -1", "[]"]
+  assert out.stdout.splitlines() == ["train.lr must be a positive finite rate; got -1", "[]"]
   from attngeo import train_config
   assert train.TrainConfig is train_config.TrainConfig and train.check_resumable is train_config.check_resumable
   assert optim.check is train_config.check_optimizer and optim.RULES is train_config.OPTIMIZER_RULES

@@ -1,8 +1,8 @@
 """Language-model run configs as plain dataclasses (no JAX import: the CLI's `--help` reads them).
 
-* `LMTrain` — the optimisation: the `attngeo.train.TrainConfig` fields a language model sets, with
-  language-model defaults, plus nanochat's Muon/AdamW split rates and warm-down schedule
-  (`attngeo.optim`). `attngeo.lm.recipe.train_config` turns it into the trainer's config.
+* `LMTrain` — the optimisation: `attngeo.train_config.TrainConfig` with language-model defaults
+  (nanochat's Muon/AdamW split and warm-down schedule, `attngeo.optim`). `attngeo.lm.recipe.train_config`
+  fills in the width-scaled rates and the run folder.
 * `LMConfig` — data (`attngeo.data.text.TextSpec` fields), tokenizer (`byte`, or `bpe` with
   `vocab_size`), the model by nanochat's shape rule (`GPTConfig.from_depth(depth, aspect, head_dim,
   width)`; `model` overrides any other GPTConfig/BlockConfig field as `name=value`), the operator (a
@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 
 from attngeo import train_config
+from attngeo.config import NO_FLAG
 from attngeo.regularisers_config import HELP as REG_HELP, Regularisers
 
 # The induction score's half-lengths L (`attngeo.lm.induction`; sequences of 2L − 1 tokens). Here so that
@@ -31,27 +32,22 @@ MIN_VOCAB = 256 + 9
 
 
 @dataclasses.dataclass
-class LMTrain:
+class LMTrain(train_config.TrainConfig):
+  """`TrainConfig` with a language model's defaults: nanochat's Muon/AdamW split at its rates, a warm-down
+  schedule, no clipping. The command sets `workdir` (the run folder: no flag). Its fields are checked by
+  `LMConfig.validate`, which names them as flags (`train.lr`), not at construction."""
   steps: int = 600
   batch_size: int = 16                 # global batch (rows of seq_len + 1 tokens)
   lr: float = 0.02                     # Muon (matrix) peak rate; the AdamW rate under optimizer=adamw
   warmup: int = 20
-  schedule: str = "warmdown"           # warmdown (nanochat) | cosine | linear | constant
-  weight_decay: float = 0.0
-  clip: float = 0.0                    # global-norm clipping (0 disables)
-  optimizer: str = "muon_adamw"        # muon_adamw (nanochat's split) | adamw | muon
-  embedding_lr: float | None = None    # AdamW rate of the token embedding (None: 0.3·(width/768)^-1/2)
-  unembedding_lr: float | None = None  # AdamW rate of the unembedding (None: 0.008·(width/768)^-1/2)
-  scalar_lr: float | None = None       # AdamW rate of norms, biases, learnable beta/alpha (None: 0.01)
-  warmdown_ratio: float = 0.65
-  final_lr_frac: float = 0.05
-  ema: float = 0.0
-  mesh: tuple[int, int, int] = (1, 1, 1)
-  seed: int = 0
+  schedule: str = "warmdown"
+  clip: float = 0.0
+  optimizer: str = "muon_adamw"
+  workdir: str | None = dataclasses.field(default=None, metadata=NO_FLAG)
   ckpt_every: int = 200
-  keep: int = 2
-  log_every: int = 10
-  progress: bool = True
+
+  def __post_init__(self):
+    pass
 
 
 @dataclasses.dataclass

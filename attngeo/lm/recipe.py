@@ -1,14 +1,14 @@
 """Training a GPT language model from text (`attngeo.lm.config.LMConfig`): the run folder, and loading it back.
 
 The model is `GPTConfig.from_depth(depth, aspect, head_dim, width)` with the tokenizer's vocabulary,
-the context `seq_len`, the operator and any `model` overrides; the trainer's config is
-`LMTrainConfig` (`attngeo.train_config.TrainConfig` plus the Muon/AdamW split's rates, read by
-`attngeo.optim`). Importing this module imports no JAX (the CLI validates with it first). With `embedding_lr`/`unembedding_lr` unset, nanochat's rates (0.3, 0.008) are
-scaled by its width rule `(width / 768)^−½`.
+the context `seq_len`, the operator and any `model` overrides; the trainer's config is `cfg.train` as an
+`attngeo.train_config.TrainConfig` (`train_config`); with `embedding_lr`/`unembedding_lr` unset, nanochat's
+rates (0.3, 0.008) are scaled by its width rule `(width / 768)^−½`. Importing this module imports no JAX
+(the CLI validates with it first).
 
 A run folder holds `lm.json` (this config), `tokenizer/` (`tokenizer.json`, `token_bytes.npy`),
 `corpus.json` (the tokenised corpus's key and stats: a run resumes only on the same corpus),
-`config.json` (its "classes" name `LMTrainConfig`, so `attngeo.runs.load_run` rebuilds it), `metrics.jsonl`
+`config.json` (written by the trainer; `attngeo.runs.train_config` rebuilds it), `metrics.jsonl`
 and `ckpt/` (written by `attngeo.train.train`, which resumes a killed run from its last checkpoint).
 `train` checks everything before it writes anything (a refused run leaves the folder as it was) and
 holds the folder (`attngeo.runlock`) while it writes and trains. A share `copy_mix` of the training
@@ -27,16 +27,6 @@ import typing
 from attngeo import config as config_lib, files, runs
 from attngeo.lm.config import LMConfig, parse_operator
 from attngeo.train_config import TrainConfig, check_resumable
-
-
-@dataclasses.dataclass
-class LMTrainConfig(TrainConfig):
-  """The trainer's config of a language-model run: `TrainConfig` plus the split's rates and warm-down."""
-  embedding_lr: float | None = None
-  unembedding_lr: float | None = None
-  scalar_lr: float | None = None
-  warmdown_ratio: float = 0.65
-  final_lr_frac: float = 0.05
 
 
 def _overrides(items) -> dict:
@@ -61,14 +51,16 @@ def model_config(cfg: LMConfig, vocab_size: int):
   return nn.GPTConfig.from_depth(cfg.depth, aspect=cfg.aspect, head_dim=cfg.head_dim, width=cfg.width, **fields)
 
 
-def train_config(cfg: LMConfig, width: int, workdir: str | None) -> LMTrainConfig:
-  """`cfg.train` as the trainer's config, nanochat's width-scaled AdamW rates filled in, `workdir` set."""
+def train_config(cfg: LMConfig, width: int, workdir: str | None) -> TrainConfig:
+  """`cfg.train` as the trainer's config (validated), nanochat's width-scaled AdamW rates filled in,
+  `workdir` set."""
   scale = (width / 768) ** -0.5
   fields = dataclasses.asdict(cfg.train)
   fields["embedding_lr"] = 0.3 * scale if fields["embedding_lr"] is None else fields["embedding_lr"]
   fields["unembedding_lr"] = 0.008 * scale if fields["unembedding_lr"] is None else fields["unembedding_lr"]
   fields["mesh"] = tuple(fields["mesh"])
-  return LMTrainConfig(**fields, workdir=workdir)
+  fields["workdir"] = workdir
+  return TrainConfig(**fields)
 
 
 def loss_fn(model, batch, rng):
@@ -83,7 +75,7 @@ def check(cfg: LMConfig, prefix: str = ""):
   from attngeo.lm import tokenizer as tok_lib
   cfg.validate(prefix)
   mcfg = model_config(cfg, tok_lib.ByteTokenizer().vocab_size)
-  train_config(cfg, mcfg.width, None)            # LMTrainConfig validates its fields at construction
+  train_config(cfg, mcfg.width, None)            # TrainConfig validates its fields at construction
   if cfg.reg.active:                             # a term the model cannot give (attention-free, too few heads)
     from flax import nnx
 

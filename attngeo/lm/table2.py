@@ -74,11 +74,12 @@ ADDED_FIELDS = {"copy_mix": 0.0, "induction_lengths": (), "reg": dataclasses.asd
 
 def run_key(lm: LMConfig) -> str:
   """What a run computes: every LMConfig field but where the text lives (`data`, `data_dir`) and the
-  progress bar (and `ADDED_FIELDS` at their earlier value), and the text's content (`text.content_key`):
+  progress bar and folder (and `ADDED_FIELDS` at their earlier value), and the text's content (`text.content_key`):
   new text at the same path is another run, the same text moved is the same run. Names the run's folder."""
   from attngeo.data import copying, text
   same = dataclasses.asdict(dataclasses.replace(lm, data="", data_dir="",
                                                 train=dataclasses.replace(lm.train, progress=True)))
+  del same["train"]["workdir"]                  # where the run is written, set by the command
   for name, before in ADDED_FIELDS.items():
     if same[name] == before:
       del same[name]
