@@ -291,12 +291,17 @@ def _mend_overflow(y, rerun, hot):
   return jnp.where(hot, fixed, y)
 
 
-def _runs_split(q, beta, alpha, implementation) -> bool:
-  """Whether this member runs on `kernels.split_attention` (one d-wide product and its transpose instead of
-  the 2·d-wide augmented heads): the β = 1 edge but ATTN (β a Python float 1.0; ATAP at α = 0), inputs of
-  ≥ 32 bits, where the dispatcher says so (`kernels.runs_split`: einsum, below `BLOCKWISE_FROM` keys)."""
+def _runs_split(q, beta, alpha, implementation, mask, causal, block_size) -> str | None:
+  """The split kernel this member runs on instead of the 2·d-wide augmented heads — "dense"
+  (`kernels.split_attention`, one d-wide product and its transpose) or "paired"
+  (`kernels.split_paired_attention`) — or None: the β = 1 edge but ATTN (β a Python float 1.0; ATAP at
+  α = 0), inputs of ≥ 32 bits, where the dispatcher says so (`kernels.runs_split`: einsum below
+  `BLOCKWISE_FROM` keys; blockwise, unmasked, not causal, α static, keys that cut into pairs of tiles)."""
   edge = isinstance(beta, float) and beta == 1.0 and not (isinstance(alpha, float) and alpha == 1.0)
-  return edge and jnp.finfo(q.dtype).bits >= 32 and kernels.runs_split(implementation, q.shape[1])
+  if not (edge and jnp.finfo(q.dtype).bits >= 32):
+    return None
+  return kernels.runs_split(implementation, q.shape[1], masked=mask is not None, causal=causal,
+                            static=isinstance(alpha, float), block_size=block_size)
 
 
 # ----------------------------------------------------------------------------- public API
@@ -314,7 +319,8 @@ def transport(q, k, v, *, beta=1.0, alpha=1.0, causal: bool = False, mask=None, 
     scale: logit scale s; default 1/√d.
     implementation: "einsum" | "xla" | "cudnn" | "blockwise" | None (the dispatcher's choice for the
       backend and length, `kernels.choose`); passed through to the kernel. Where "einsum" runs below
-      `kernels.BLOCKWISE_FROM` keys, the β = 1 edge (ATAP) runs on `kernels.split_attention` instead.
+      `kernels.BLOCKWISE_FROM` keys, the β = 1 edge (ATAP) runs on `kernels.split_attention` instead, and
+      where "blockwise" runs unmasked and not causal, on `kernels.split_paired_attention`.
   Returns:
     [b, n, h, e], `P` never materialised on the fused/blockwise paths. At β = α = 0 (DMAP, Python
     floats) a token with ¼ s‖m‖² ≥ 2^110, whose logits float32 cannot form, is isolated: its row is
@@ -326,12 +332,16 @@ def transport(q, k, v, *, beta=1.0, alpha=1.0, causal: bool = False, mask=None, 
   mask, beta, scale = _arguments(q, k, v, beta=beta, mask=mask, scale=scale)
   alpha = _coefficient("alpha", alpha, q.shape[2])
 
-  split = _runs_split(q, beta, alpha, implementation)
+  split = _runs_split(q, beta, alpha, implementation, mask, causal, block_size)
 
   def run(q, k, v, beta=beta, alpha=alpha):
-    if split:
+    bias = lambda: key_bias(q, k, beta=beta, alpha=alpha, scale=scale)
+    if split == "dense":
       return kernels.split_attention(q, k, v, weights=kernels.split_weights(alpha), mask=mask, causal=causal,
-                                     bias=key_bias(q, k, beta=beta, alpha=alpha, scale=scale), scale=scale), None
+                                     bias=bias(), scale=scale), None
+    if split == "paired":
+      return kernels.split_paired_attention(q, k, v, weights=kernels.split_weights(alpha), bias=bias(), scale=scale,
+                                            block_size=block_size), None
     aug = augment(q, k, beta=beta, alpha=alpha, scale=scale)
     return kernels.attention(aug.q, aug.k, v, bias=aug.bias, mask=mask, causal=causal, scale=scale,
                              implementation=implementation, block_size=block_size), aug

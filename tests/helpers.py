@@ -114,6 +114,35 @@ def distance_form_reference(q, k, v, coupling=None, causal=False):
   return out
 
 
+# ----------------------------------------------------------------------------- the β = 1 edge (float64)
+
+def family_edge(q, k, v, alpha, causal=False, mask=None):
+  """P(β = 1, α)·v from the logits of `attngeo.kernels.split`'s docstring, in the inputs' precision (float64 below): s·[½(q_i·k_j +
+  k_i·q_j) + α·½(q_i·k_j − k_i·q_j)] + s·(1 − α)·½·(g_i − g_j), g = q·k — the formula, not `split_logits`."""
+  import jax
+  import jax.numpy as jnp
+  a = jnp.asarray(alpha, q.dtype).reshape(-1, 1, 1)
+  qk = jnp.einsum("bihd,bjhd->bhij", q, k)
+  g = jnp.einsum("bihd,bihd->bhi", q, k)
+  lg = (0.5 * (qk + jnp.swapaxes(qk, -1, -2)) + a * 0.5 * (qk - jnp.swapaxes(qk, -1, -2))
+        + (1 - a) * 0.5 * (g[..., :, None] - g[..., None, :])) / np.sqrt(q.shape[-1])
+  keep = jnp.ones(lg.shape, bool)
+  if causal:
+    keep = keep & jnp.tril(jnp.ones(lg.shape[-2:], bool))
+  if mask is not None:
+    keep = keep & mask
+  p = jax.nn.softmax(jnp.where(keep, lg, -jnp.inf), -1)
+  return jnp.einsum("bhij,bjhe->bihe", p, v)
+
+
+def family_edge64(*arrays, **kw):
+  """`family_edge` in float64 (numpy out) from float32 arrays."""
+  import jax
+  import jax.numpy as jnp
+  with jax.enable_x64(True):
+    return np.asarray(family_edge(*(jnp.asarray(np.asarray(x), jnp.float64) for x in arrays), **kw))
+
+
 def huge_and_plain_tokens(seed=0, n=16, h=2, d=8, e=6, size=1e20):
   """q, k, v [1, n, h, ·]: the first half of the queries scaled to |q| ≈ `size`, the rest standard normal."""
   rng = np.random.default_rng(seed)

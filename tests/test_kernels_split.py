@@ -10,6 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from helpers import family_edge, family_edge64
+
 from attngeo import kernels, operators as op
 
 B, N, H, D = 2, 24, 3, 8
@@ -21,28 +23,6 @@ def qkv(seed=0, n=N, dtype=jnp.float32):
   return [jax.random.normal(kk, (B, n, H, D), dtype) for kk in ks]
 
 
-def family_edge(q, k, v, alpha, causal=False, mask=None):
-  """P(β = 1, α)·v from the module doc's logits, in the inputs' precision (float64 below): s·[½(q_i·k_j +
-  k_i·q_j) + α·½(q_i·k_j − k_i·q_j)] + s·(1 − α)·½·(g_i − g_j), g = q·k — the formula, not `split_logits`."""
-  a = jnp.asarray(alpha, q.dtype).reshape(-1, 1, 1)
-  qk = jnp.einsum("bihd,bjhd->bhij", q, k)
-  g = jnp.einsum("bihd,bihd->bhi", q, k)
-  lg = (0.5 * (qk + jnp.swapaxes(qk, -1, -2)) + a * 0.5 * (qk - jnp.swapaxes(qk, -1, -2))
-        + (1 - a) * 0.5 * (g[..., :, None] - g[..., None, :])) / np.sqrt(D)
-  keep = jnp.ones(lg.shape, bool)
-  if causal:
-    keep = keep & jnp.tril(jnp.ones(lg.shape[-2:], bool))
-  if mask is not None:
-    keep = keep & mask
-  p = jax.nn.softmax(jnp.where(keep, lg, -jnp.inf), -1)
-  return jnp.einsum("bhij,bjhe->bihe", p, v)
-
-
-def reference64(*arrays, **kw):
-  with jax.enable_x64(True):
-    return np.asarray(family_edge(*(jnp.asarray(np.asarray(x), jnp.float64) for x in arrays), **kw))
-
-
 @pytest.mark.parametrize("alpha", [0.0, 0.3, ALPHA_PER_HEAD])
 @pytest.mark.parametrize("causal", [False, True])
 def test_values_match_float64(alpha, causal):
@@ -50,7 +30,7 @@ def test_values_match_float64(alpha, causal):
   mask = jax.random.bernoulli(jax.random.PRNGKey(2), 0.7, (B, 1, N, N)) | jnp.eye(N, dtype=bool)
   for m in (None, mask):
     y = op.transport(q, k, v, beta=1.0, alpha=alpha, causal=causal, mask=m, implementation="einsum")
-    np.testing.assert_allclose(y, reference64(q, k, v, alpha, causal=causal, mask=m), atol=2e-6, rtol=1e-5)
+    np.testing.assert_allclose(y, family_edge64(q, k, v, alpha, causal=causal, mask=m), atol=2e-6, rtol=1e-5)
 
 
 def test_gradients_match_float64_for_q_k_v_and_alpha():

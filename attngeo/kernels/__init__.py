@@ -13,9 +13,12 @@ chooses; callers pass `implementation` through):
   each backend needs.
 * `split` — `split_attention`, the dense kernel of the β = 1 edge (ATAP) on one product and its transpose
   (d wide, where the augmented heads are 2·d).
+* `split_paired` — `split_paired_attention`, the same edge blockwise: each pair of tiles' two products once
+  (no mask, not causal; ATTN's product count).
 * `paired` — `paired_magnetic`, CMAP at β = 0 on its Hermitian pairing (each unordered token pair once).
 * `_blocks` — what they share: the mask conventions (`NEG`, `apply_masks`, `attended_rows`; a fully
-  masked row is 0 on every kernel), the blockwise tiling and the one online-softmax scan.
+  masked row is 0 on every kernel), the blockwise tiling and the one online-softmax scan, the paired
+  kernels' tiles (`tiling`, `pair_tasks`, `slab`).
 * `dispatch` — `choose`, `KERNELS`, the default rule and `runs_split`.
 
 Layout of `jax.nn.dot_product_attention`: q `[b, t, h, d]`, k `[b, s, h, d]`, v `[b, s, h, e]`; a
@@ -25,13 +28,15 @@ accumulate in float32 whatever the input dtype.
 from attngeo.kernels._blocks import NEG, apply_masks, attended_rows
 from attngeo.kernels.dispatch import (BLOCKWISE_FROM, IMPLEMENTATIONS, KERNELS, PHASE_IMPLEMENTATIONS, choose,
                                       default_implementation, runs_split)
-from attngeo.kernels.paired import levels, pair_tasks, paired_magnetic, tiling
+from attngeo.kernels._blocks import levels, pair_tasks, tiling
+from attngeo.kernels.paired import paired_magnetic
 from attngeo.kernels.pallas import layout, pallas_sdpa
 from attngeo.kernels.phase import phase_attention, sincos
 from attngeo.kernels.softmax import attention, log_normaliser
 from attngeo.kernels.split import split_attention, split_weights
+from attngeo.kernels.split_paired import split_paired_attention
 
 __all__ = ["BLOCKWISE_FROM", "IMPLEMENTATIONS", "KERNELS", "NEG", "PHASE_IMPLEMENTATIONS", "apply_masks",
            "attended_rows", "attention", "choose", "default_implementation", "layout", "levels",
            "log_normaliser", "pair_tasks", "pallas_sdpa", "paired_magnetic", "phase_attention", "runs_split", "sincos",
-           "split_attention", "split_weights", "tiling"]
+           "split_attention", "split_paired_attention", "split_weights", "tiling"]

@@ -19,6 +19,8 @@ On the einsum kernel below `BLOCKWISE_FROM` keys the family's β = 1 edge (ATAP;
 `attngeo.kernels.split` instead of the augmented heads: one d-wide product and its transpose instead of
 one 2·d wide (ATAP ÷ ATTN at 256 keys, two runs each: 1.66, 1.67 before it; 1.41, 1.55 with it; 1.23,
 1.28 with the input-side overflow check too — docs/benchmarks.md; from 1024 keys the transposes cost more).
+On the blockwise kernel the same edge, unmasked and not causal, runs `attngeo.kernels.split_paired`: the two
+products of each pair of tiles (a, b), (b, a) at once, 7 product units per tile like ATTN's instead of 11.
 `"pallas"` runs only when named: never a default on CPU (interpret mode is a test harness, not a kernel),
 and not yet on GPU/TPU either — it has passed its interpret-mode tests but has not been compiled by
 Triton or Mosaic on a device; the GPU/TPU default moves to it (from `BLOCKWISE_FROM` keys) once
@@ -27,6 +29,8 @@ Triton or Mosaic on a device; the GPU/TPU default moves to it (from `BLOCKWISE_F
 from __future__ import annotations
 
 import jax
+
+from attngeo.kernels._blocks import tiles_in_pairs
 
 IMPLEMENTATIONS = ("einsum", "xla", "cudnn", "blockwise", "pallas")
 PHASE_IMPLEMENTATIONS = ("einsum", "blockwise")
@@ -64,8 +68,16 @@ def default_implementation(seq_len: int | None = None) -> str:
   return choose("softmax", None, seq_len)
 
 
-def runs_split(implementation: str | None, n_keys: int) -> bool:
-  """Whether a β = 1 member of the family (not ATTN) runs on `attngeo.kernels.split` over `n_keys` keys:
-  where the softmax kernel is einsum and `n_keys < BLOCKWISE_FROM` (module docstring). The caller checks
+def runs_split(implementation: str | None, n_keys: int, *, masked: bool = False, causal: bool = False,
+               static: bool = False, block_size: int = 512) -> str | None:
+  """The kernel a β = 1 member of the family (not ATTN) runs on over `n_keys` keys, instead of the augmented
+  heads: `"dense"` (`attngeo.kernels.split`) where the softmax kernel is einsum and `n_keys < BLOCKWISE_FROM`;
+  `"paired"` (`attngeo.kernels.split_paired`) where it is blockwise, with no mask, no causal order, `static`
+  weights (a Python-float α) and keys that cut into pairs of tiles (`_blocks.tiles_in_pairs`); else None. The caller checks
   the member and the dtype (`operators.transport`: a static β = 1.0, inputs of ≥ 32 bits)."""
-  return n_keys < BLOCKWISE_FROM and choose("softmax", implementation, n_keys) == "einsum"
+  kernel = choose("softmax", implementation, n_keys)
+  if kernel == "einsum" and n_keys < BLOCKWISE_FROM:
+    return "dense"
+  if kernel == "blockwise" and static and not (masked or causal) and tiles_in_pairs(n_keys, block_size):
+    return "paired"
+  return None

@@ -52,8 +52,8 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
+from attngeo.kernels._blocks import add_slab, feature_major, pair_tasks, slab, tiling
 from attngeo.kernels.phase import join_pairs, sincos, split_pairs
 
 _dot = functools.partial(jnp.einsum, preferred_element_type=jnp.float32)
@@ -63,39 +63,6 @@ def _rotate(g):
   """[re, im] -> [im, −re] (multiplication by −i in the realified layout)."""
   half = g.shape[-1] // 2
   return jnp.concatenate([g[..., half:], -g[..., :half]], -1)
-
-
-def levels(n: int, block_size: int) -> int:
-  """How many times the sequence is halved into tiles: while a part is even and longer than `block_size`."""
-  out, size = 0, n
-  while size > block_size and size % 2 == 0:
-    out, size = out + 1, size // 2
-  return out
-
-
-def tiling(n: int, block_size: int) -> tuple[int, int]:
-  """(T, t): n = T·t tokens in T tiles of t ≤ block_size (or one tile when halving stops at an odd part)."""
-  tiles = 2 ** levels(n, block_size)
-  return tiles, n // tiles
-
-
-def pair_tasks(tiles: int) -> np.ndarray:
-  """[P, 2] int32: the tile pairs (a, b), a < b — each unordered pair of distinct tiles once."""
-  return np.array([(a, b) for a in range(tiles) for b in range(a + 1, tiles)], np.int32).reshape(-1, 2)
-
-
-def _tile(x, i, t, axis=1):
-  return jax.lax.dynamic_slice_in_dim(x, i * t, t, axis)
-
-
-def _add_tile(x, i, t, update, axis=1):
-  return jax.lax.dynamic_update_slice_in_dim(x, _tile(x, i, t, axis) + update, i * t, axis)
-
-
-def _swap(x):
-  """[B, n, f] <-> [B, f, n]: key-side sums accumulate feature-major, so their products read an n × n
-  tile untransposed (`"bfi,bij->bfj"`) instead of contracting its row axis (2.3× slower on XLA:CPU)."""
-  return jnp.swapaxes(x, 1, 2)
 
 
 def _block(mA, mB, pA, qB, c, s, diagonal=False):
@@ -125,7 +92,7 @@ def _saves_pairs(tiles: int) -> bool:
 
 def _pair_block(m, p, q, c, s, t, a, b):
   """(G, C, S) of the pair tile (a, b): [B, t, t]."""
-  return _block(_tile(m, a, t), _tile(m, b, t), _tile(p, a, t), _tile(q, b, t), c, s)
+  return _block(slab(m, a, t), slab(m, b, t), slab(p, a, t), slab(q, b, t), c, s)
 
 
 def _phase_heads(m, nn):
@@ -139,7 +106,7 @@ def _rows(cm, sm, x, y):
 
 
 def _columns(cm, sm, x_t, y_t):
-  """`xᵀC + yᵀS` [B', e, j], feature-major: a tile applied along its columns (see `_swap`)."""
+  """`xᵀC + yᵀS` [B', e, j], feature-major: a tile applied along its columns (see `_blocks.feature_major`)."""
   return _dot("bei,bij->bej", x_t, cm) + _dot("bei,bij->bej", y_t, sm)
 
 
@@ -180,19 +147,19 @@ def _forward(m, nn, v, c, s, block_size):
   den = jnp.sum(blocks[0], -1).reshape(bb, n)
   if tiles == 1:
     return y / den[..., None], den, blocks, None
-  va_t, vb_t = _swap(va), _swap(-vb)                        # Hᴴ v = (Cᵀ·va − Sᵀ·vb)
+  va_t, vb_t = feature_major(va), feature_major(-vb)   # Hᴴ v = (Cᵀ·va − Sᵀ·vb)
 
   def pair(carry, ab):
     y, yk, den = carry
     a, b = ab[0], ab[1]
     g, cm, sm = _pair_block(m, p, q, c, s, t, a, b)
-    y = _add_tile(y, a, t, _rows(cm, sm, _tile(va, b, t), _tile(vb, b, t)))
-    yk = _add_tile(yk, b, t, _columns(cm, sm, _tile(va_t, a, t, 2), _tile(vb_t, a, t, 2)), 2)
-    den = _add_tile(_add_tile(den, a, t, jnp.sum(g, -1)), b, t, jnp.sum(g, -2))
+    y = add_slab(y, a, t, _rows(cm, sm, slab(va, b, t), slab(vb, b, t)))
+    yk = add_slab(yk, b, t, _columns(cm, sm, slab(va_t, a, t, 2), slab(vb_t, a, t, 2)), 2)
+    den = add_slab(add_slab(den, a, t, jnp.sum(g, -1)), b, t, jnp.sum(g, -2))
     return (y, yk, den), ((g, cm, sm) if _saves_pairs(tiles) else None)
 
   (y, yk, den), pairs = jax.lax.scan(pair, (y, jnp.zeros((bb, e, n), jnp.float32), den), pair_tasks(tiles))
-  y = y + _swap(yk)
+  y = y + feature_major(yk)
   return y / den[..., None], den, blocks, pairs
 
 
@@ -224,17 +191,17 @@ def _paired_bwd(s, block_size, res, dy):
   br, bi = _dot("bif,bjf->bij", gD, diag(va)), -_dot("bif,bjf->bij", gD, diag(vb))
   phi, th = _cotangents(br, bi, g, cm, sm, gd.reshape(bb * tiles, t)[:, :, None])
   dm, dnn, th_m, th_n = _row_grads(phi, th, mD, mD, nD, hs, cD)
-  mD_t = _swap(mD)
-  dm_t, dn_t = _column_grads(phi, th, mD_t, _swap(nD), mD_t, hs, cD)
-  dm, dnn = (dm + _swap(dm_t)).reshape(m.shape), (dnn + _swap(dn_t)).reshape(nn.shape)
-  dv = _swap(_columns(cm, sm, _swap(gD), _swap(rD))).reshape(bb, n, e)
+  mD_t = feature_major(mD)
+  dm_t, dn_t = _column_grads(phi, th, mD_t, feature_major(nD), mD_t, hs, cD)
+  dm, dnn = (dm + feature_major(dm_t)).reshape(m.shape), (dnn + feature_major(dn_t)).reshape(nn.shape)
+  dv = feature_major(_columns(cm, sm, feature_major(gD), feature_major(rD))).reshape(bb, n, e)
   dc = _tile_coupling_grad(mD, nD, th_m, th_n).reshape(bb, tiles).sum(1)
   if tiles == 1:
     return dm, dnn, join_pairs(dv), dc
   # Pair tiles, both sides: B_ij = conj(gY_i)·v_j + gY_j·conj(v_i) as [g, va]·[va, g] + i [g, vb]·[−vb, g].
   lr, rr = jnp.concatenate([gy, va], -1), jnp.concatenate([va, gy], -1)
   li, ri = jnp.concatenate([gy, vb], -1), jnp.concatenate([-vb, gy], -1)
-  m_t, n_t, gy_t, gr_t = _swap(m), _swap(nn), _swap(gy), _swap(gr)
+  m_t, n_t, gy_t, gr_t = feature_major(m), feature_major(nn), feature_major(gy), feature_major(gr)
   cc = c[:, None, None]
   p, q = (None, None) if _saves_pairs(tiles) else _phase_heads(m, nn)
 
@@ -243,22 +210,22 @@ def _paired_bwd(s, block_size, res, dy):
     ab, saved = task
     a, b = ab[0], ab[1]
     g, cm, sm = saved if _saves_pairs(tiles) else _pair_block(m, p, q, c, s, t, a, b)
-    br = _dot("bif,bjf->bij", _tile(lr, a, t), _tile(rr, b, t))
-    bi = _dot("bif,bjf->bij", _tile(li, a, t), _tile(ri, b, t))
-    phi, th = _cotangents(br, bi, g, cm, sm, _tile(gd, a, t)[:, :, None] + _tile(gd, b, t)[:, None, :])
-    mA, nA = _tile(m, a, t), _tile(nn, a, t)
-    dm_a, dn_a, th_m, th_n = _row_grads(phi, th, mA, _tile(m, b, t), _tile(nn, b, t), hs, cc)
-    dm_b, dn_b = _column_grads(phi, th, _tile(m_t, a, t, 2), _tile(n_t, a, t, 2), _tile(m_t, b, t, 2), hs, cc)
-    dm, dnn = _add_tile(dm, a, t, dm_a), _add_tile(dnn, a, t, dn_a)
-    dm_k, dn_k = _add_tile(dm_k, b, t, dm_b, 2), _add_tile(dn_k, b, t, dn_b, 2)
-    dv = _add_tile(dv, a, t, _rows(cm, sm, _tile(gy, b, t), -_tile(gr, b, t)))
-    dv_k = _add_tile(dv_k, b, t, _columns(cm, sm, _tile(gy_t, a, t, 2), _tile(gr_t, a, t, 2)), 2)
+    br = _dot("bif,bjf->bij", slab(lr, a, t), slab(rr, b, t))
+    bi = _dot("bif,bjf->bij", slab(li, a, t), slab(ri, b, t))
+    phi, th = _cotangents(br, bi, g, cm, sm, slab(gd, a, t)[:, :, None] + slab(gd, b, t)[:, None, :])
+    mA, nA = slab(m, a, t), slab(nn, a, t)
+    dm_a, dn_a, th_m, th_n = _row_grads(phi, th, mA, slab(m, b, t), slab(nn, b, t), hs, cc)
+    dm_b, dn_b = _column_grads(phi, th, slab(m_t, a, t, 2), slab(n_t, a, t, 2), slab(m_t, b, t, 2), hs, cc)
+    dm, dnn = add_slab(dm, a, t, dm_a), add_slab(dnn, a, t, dn_a)
+    dm_k, dn_k = add_slab(dm_k, b, t, dm_b, 2), add_slab(dn_k, b, t, dn_b, 2)
+    dv = add_slab(dv, a, t, _rows(cm, sm, slab(gy, b, t), -slab(gr, b, t)))
+    dv_k = add_slab(dv_k, b, t, _columns(cm, sm, slab(gy_t, a, t, 2), slab(gr_t, a, t, 2)), 2)
     return (dm, dnn, dv, dm_k, dn_k, dv_k, dc + _tile_coupling_grad(mA, nA, th_m, th_n)), None
 
   zeros_t = lambda x: jnp.zeros((bb, x.shape[-1], n), jnp.float32)
   carry = (dm, dnn, dv, zeros_t(m), zeros_t(nn), zeros_t(dv), dc)
   (dm, dnn, dv, dm_k, dn_k, dv_k, dc), _ = jax.lax.scan(pair, carry, (pair_tasks(tiles), pairs))
-  return dm + _swap(dm_k), dnn + _swap(dn_k), join_pairs(dv + _swap(dv_k)), dc
+  return dm + feature_major(dm_k), dnn + feature_major(dn_k), join_pairs(dv + feature_major(dv_k)), dc
 
 
 _paired.defvjp(_paired_fwd, _paired_bwd)

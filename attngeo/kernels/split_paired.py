@@ -1,0 +1,188 @@
+"""The β = 1 edge of the family (ATAP) blockwise, on pairs of tiles: each unordered tile pair's two products once.
+
+On the edge the logits are (`attngeo.kernels.split`, w = (1 + α)/2, w_t = (1 − α)/2, s the scale)
+
+    L_ij = s·(w q_i·k_j + w_t k_i·q_j) + bias_j,        P = rownorm(exp L),   y = P v.
+
+The augmented heads form them as one product 2·d wide; the dense split kernel as one d-wide product
+A = q·kᵀ and its transpose, which it cannot tile. Here the sequence is cut into T tiles of t tokens
+(`_blocks.tiling`), and a pair of distinct tiles a < b is visited once with two d-wide products,
+
+    X = q_a·k_bᵀ,   Y = k_a·q_bᵀ                                       [t, t] each,
+    L_ab   = s·(w X + w_t Y) + bias_b          (rows a, keys b),
+    L_baᵀ = s·(w_t X + w Y) + bias_a          (rows b, keys a, laid out [a, b]),
+
+so the two tiles' logits cost one product each, as ATTN's do; a diagonal tile (a, a) is X + its
+transpose. The forward is an online softmax on both sides: rows a take a running row max, rows b a
+running column max of L_baᵀ, each with its own normaliser and output (the key side feature-major,
+`_blocks.feature_major`); the two are merged per token at the end, `lse = M + log(l e^{m − M} +
+l_k e^{m_k − M})`, M = max(m, m_k), and y = (o e^{m−M} + o_k e^{m_k−M}) / (that sum).
+
+Backward (recomputing each tile from q, k and the saved lse; D_i = dy_i·y_i):
+
+    P_ab = exp(L_ab − lse_a),  P_baᵀ = exp(L_baᵀ − lse_b),
+    dv_b += P_abᵀ dy_a,  dv_a += P_baᵀ dy_b,
+    dL_ab = P_ab ⊙ (dy_a v_bᵀ − D_a),  dL_baᵀ = P_baᵀ ⊙ (v_a dy_bᵀ − D_b),
+    X̄ = s(w dL_ab + w_t dL_baᵀ),  Ȳ = s(w_t dL_ab + w dL_baᵀ),
+    dq_a += X̄ k_b,  dk_b += X̄ᵀ q_a,  dk_a += Ȳ q_b,  dq_b += Ȳᵀ k_a,
+    dbias_b += Σ_rows dL_ab,  dbias_a += Σ_cols dL_baᵀ.
+
+Cost, in t × t × d products per pair of tiles (two tiles' area): forward 4 (X, Y, two value products),
+backward 10 (X, Y again, two dv, two dP, four gradients) — 7 per tile, ATTN's blockwise count (its
+forward 2, backward 5), against 11 on the augmented heads (logits and their two gradients 2·d wide).
+
+Scope: static float weights (ATAP's α = 0, or any fixed α), no mask, not causal (a causal order keeps
+one tile of each pair, which still needs both products: no saving), and n = T·t with t ≤ block_size
+(`_blocks.tiles_in_pairs`); the dispatcher sends every other call to the augmented heads. Everything runs in float32.
+Memory is O(n·(d + e)) besides one pair of t × t tiles.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from attngeo.kernels._blocks import NEG, add_slab, feature_major, pair_tasks, slab, tiles_in_pairs, tiling
+
+_dot = functools.partial(jnp.einsum, preferred_element_type=jnp.float32)
+
+
+def _diagonal(q, k, bias, w, w_t, s, tiles, t):
+  """The diagonal tiles' logits [B·T, t, t]: s(w X + w_t Xᵀ) + bias, X = q_a·k_aᵀ."""
+  bb = q.shape[0]
+  fold = lambda x: x.reshape((bb * tiles, t) + x.shape[2:])
+  x = _dot("bid,bjd->bij", fold(q), fold(k))
+  return s * (w * x + w_t * jnp.swapaxes(x, 1, 2)) + fold(bias)[:, None, :]
+
+
+def _pair_logits(q, k, bias, w, w_t, s, t, a, b):
+  """(L_ab, L_baᵀ) of the pair (a, b): [B, t, t] each, rows a."""
+  qa, ka, qb, kb = slab(q, a, t), slab(k, a, t), slab(q, b, t), slab(k, b, t)
+  x, y = _dot("bid,bjd->bij", qa, kb), _dot("bid,bjd->bij", ka, qb)
+  return (s * (w * x + w_t * y) + slab(bias, b, t)[:, None, :],
+          s * (w_t * x + w * y) + slab(bias, a, t)[:, :, None])
+
+
+def _forward(q, k, v, bias, w, w_t, s, block_size):
+  """(y [B, n, e], lse [B, n]) from q, k [B, n, d], v [B, n, e], bias [B, n], all float32."""
+  bb, n, e = v.shape
+  tiles, t = tiling(n, block_size)
+  logits = _diagonal(q, k, bias, w, w_t, s, tiles, t)
+  mx = jnp.max(logits, -1)
+  p = jnp.exp(logits - mx[..., None])
+  o = _dot("bij,bje->bie", p, v.reshape(bb * tiles, t, e)).reshape(bb, n, e)
+  mx, l = mx.reshape(bb, n), jnp.sum(p, -1).reshape(bb, n)
+  v_t = feature_major(v)
+
+  def pair(carry, ab):
+    o, mx, l, ok, mk, lk = carry
+    a, b = ab[0], ab[1]
+    l_ab, l_ba_t = _pair_logits(q, k, bias, w, w_t, s, t, a, b)
+    m_a, m_b = slab(mx, a, t), slab(mk, b, t)
+    new_a, new_b = jnp.maximum(m_a, jnp.max(l_ab, -1)), jnp.maximum(m_b, jnp.max(l_ba_t, -2))
+    p_ab, p_ba_t = jnp.exp(l_ab - new_a[..., None]), jnp.exp(l_ba_t - new_b[:, None, :])
+    ca, cb = jnp.exp(m_a - new_a), jnp.exp(m_b - new_b)
+    o = jax.lax.dynamic_update_slice_in_dim(o, slab(o, a, t) * ca[..., None] + _dot("bij,bje->bie", p_ab, slab(v, b, t)),
+                                            a * t, 1)
+    ok = jax.lax.dynamic_update_slice_in_dim(
+        ok, slab(ok, b, t, 2) * cb[:, None, :] + _dot("bei,bij->bej", slab(v_t, a, t, 2), p_ba_t), b * t, 2)
+    l = jax.lax.dynamic_update_slice_in_dim(l, slab(l, a, t) * ca + jnp.sum(p_ab, -1), a * t, 1)
+    lk = jax.lax.dynamic_update_slice_in_dim(lk, slab(lk, b, t) * cb + jnp.sum(p_ba_t, -2), b * t, 1)
+    mx = jax.lax.dynamic_update_slice_in_dim(mx, new_a, a * t, 1)
+    mk = jax.lax.dynamic_update_slice_in_dim(mk, new_b, b * t, 1)
+    return (o, mx, l, ok, mk, lk), None
+
+  init = (o, mx, l, jnp.zeros((bb, e, n), jnp.float32), jnp.full((bb, n), NEG, jnp.float32),
+          jnp.zeros((bb, n), jnp.float32))
+  (o, mx, l, ok, mk, lk), _ = jax.lax.scan(pair, init, pair_tasks(tiles))
+  top = jnp.maximum(mx, mk)
+  ca, cb = jnp.exp(mx - top), jnp.exp(mk - top)
+  total = l * ca + lk * cb
+  y = (o * ca[..., None] + feature_major(ok) * cb[..., None]) / total[..., None]
+  return y, top + jnp.log(total)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
+def _split_paired(q, k, v, bias, w, w_t, s, block_size):
+  return _forward(q, k, v, bias, w, w_t, s, block_size)[0]
+
+
+def _split_paired_fwd(q, k, v, bias, w, w_t, s, block_size):
+  y, lse = _forward(q, k, v, bias, w, w_t, s, block_size)
+  return y, (q, k, v, bias, y, lse)
+
+
+def _split_paired_bwd(w, w_t, s, block_size, res, dy):
+  """The module docstring's backward."""
+  q, k, v, bias, y, lse = res
+  bb, n, e = v.shape
+  tiles, t = tiling(n, block_size)
+  dd = jnp.sum(dy * y, -1)
+  fold = lambda x: x.reshape((bb * tiles, t) + x.shape[2:])
+  # Diagonal tiles: P and its cotangent, Ā = s(w dL + w_t dLᵀ) on the one product X = q_a·k_aᵀ.
+  p = jnp.exp(_diagonal(q, k, bias, w, w_t, s, tiles, t) - fold(lse)[..., None])
+  qD, kD, vD, dyD = fold(q), fold(k), fold(v), fold(dy)
+  dl = p * (_dot("bie,bje->bij", dyD, vD) - fold(dd)[..., None])
+  bar = s * (w * dl + w_t * jnp.swapaxes(dl, 1, 2))
+  dq = _dot("bij,bjf->bif", bar, kD).reshape(q.shape)
+  dk = feature_major(_dot("bfi,bij->bfj", feature_major(qD), bar)).reshape(k.shape)
+  dv = feature_major(_dot("bei,bij->bej", feature_major(dyD), p)).reshape(v.shape)
+  dbias = jnp.sum(dl, -2).reshape(bb, n)
+  q_t, k_t, dy_t = feature_major(q), feature_major(k), feature_major(dy)
+
+  def pair(carry, ab):
+    dq, dk, dv, dq_k, dk_k, dv_k, dbias = carry
+    a, b = ab[0], ab[1]
+    l_ab, l_ba_t = _pair_logits(q, k, bias, w, w_t, s, t, a, b)
+    p_ab = jnp.exp(l_ab - slab(lse, a, t)[..., None])
+    p_ba_t = jnp.exp(l_ba_t - slab(lse, b, t)[:, None, :])
+    dy_a, dy_b, v_a, v_b = slab(dy, a, t), slab(dy, b, t), slab(v, a, t), slab(v, b, t)
+    dl_ab = p_ab * (_dot("bie,bje->bij", dy_a, v_b) - slab(dd, a, t)[..., None])
+    dl_ba_t = p_ba_t * (_dot("bie,bje->bij", v_a, dy_b) - slab(dd, b, t)[:, None, :])
+    x_bar, y_bar = s * (w * dl_ab + w_t * dl_ba_t), s * (w_t * dl_ab + w * dl_ba_t)
+    dq = add_slab(dq, a, t, _dot("bij,bjf->bif", x_bar, slab(k, b, t)))
+    dk = add_slab(dk, a, t, _dot("bij,bjf->bif", y_bar, slab(q, b, t)))
+    dv = add_slab(dv, a, t, _dot("bij,bje->bie", p_ba_t, dy_b))
+    dk_k = add_slab(dk_k, b, t, _dot("bfi,bij->bfj", slab(q_t, a, t, 2), x_bar), 2)
+    dq_k = add_slab(dq_k, b, t, _dot("bfi,bij->bfj", slab(k_t, a, t, 2), y_bar), 2)
+    dv_k = add_slab(dv_k, b, t, _dot("bei,bij->bej", slab(dy_t, a, t, 2), p_ab), 2)
+    dbias = add_slab(add_slab(dbias, b, t, jnp.sum(dl_ab, -2)), a, t, jnp.sum(dl_ba_t, -1))
+    return (dq, dk, dv, dq_k, dk_k, dv_k, dbias), None
+
+  zeros_t = lambda x: jnp.zeros((bb, x.shape[-1], n), jnp.float32)
+  carry = (dq, dk, dv, zeros_t(q), zeros_t(k), zeros_t(v), dbias)
+  (dq, dk, dv, dq_k, dk_k, dv_k, dbias), _ = jax.lax.scan(pair, carry, pair_tasks(tiles))
+  return dq + feature_major(dq_k), dk + feature_major(dk_k), dv + feature_major(dv_k), dbias
+
+
+_split_paired.defvjp(_split_paired_fwd, _split_paired_bwd)
+
+
+def split_paired_attention(q, k, v, *, weights: tuple[float, float], bias=None, scale: float, block_size: int = 512):
+  """`softmax(s·(w q·kᵀ + w_t k·qᵀ) + bias_j)·v` for self-attention, on pairs of tiles (module docstring).
+
+  Args:
+    q, k: [b, n, h, d] (the same n tokens); v: [b, n, h, e].
+    weights: (w, w_t) as Python floats (`split.split_weights` of a static α).
+    bias: [b, n, h] per-key logit bias (differentiable) or None.
+    scale: the logit scale s.
+    block_size: the largest tile; n must cut into ≥ 2 tiles of at most it (`_blocks.tiles_in_pairs`).
+  Returns:
+    [b, n, h, e] in v's dtype, equal to `split.split_attention` without mask or causal order.
+  """
+  b, n, h, d = q.shape
+  if q.shape != k.shape:
+    raise ValueError(f"split attention is self-attention: q and k must have the same shape; got {q.shape}, {k.shape}")
+  if not tiles_in_pairs(n, block_size):
+    raise ValueError(f"the paired split kernel needs n = T·t keys in T ≥ 2 tiles of t ≤ block_size = {block_size}; "
+                     f"got n = {n}")
+  w, w_t = weights
+  if not (isinstance(w, float) and isinstance(w_t, float)):
+    raise ValueError(f"the paired split kernel takes static float weights; got {weights!r}")
+  e = v.shape[-1]
+  folded = lambda x: jnp.transpose(x.astype(jnp.float32), (0, 2, 1, 3)).reshape(b * h, n, x.shape[-1])
+  bias_f = (jnp.zeros((b * h, n), jnp.float32) if bias is None else
+            jnp.transpose(bias.astype(jnp.float32), (0, 2, 1)).reshape(b * h, n))
+  y = _split_paired(folded(q), folded(k), folded(v), bias_f, w, w_t, float(scale), int(block_size))
+  return jnp.transpose(y.reshape(b, h, n, e), (0, 2, 1, 3)).astype(v.dtype)

@@ -1,0 +1,124 @@
+"""attngeo.kernels.split_paired: the β = 1 edge (ATAP) blockwise, each pair of tiles' two products once.
+
+Values and gradients (q, k, v, the key bias) against the float64 formula at two, four and eight tiles,
+logits large enough that only a running max on both sides of a pair keeps them finite, the product count
+of the gradient program (ATTN's blockwise 7 units per tile, not the augmented heads' 11), and the routing:
+`operators.transport` takes this kernel only on the blockwise kernel, unmasked, not causal, with a static α
+and keys that cut into pairs of tiles.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import family_edge, family_edge64
+
+from attngeo import kernels, operators as op
+
+B, H, D = 2, 3, 8
+
+
+def qkv(seed, n, spread=1.0):
+  ks = jax.random.split(jax.random.PRNGKey(seed), 3)
+  q, k, v = (jax.random.normal(kk, (B, n, H, D)) for kk in ks)
+  return q * spread, k, v
+
+
+def edge(q, k, v, alpha, block_size, **kw):
+  return op.transport(q, k, v, beta=1.0, alpha=alpha, implementation="blockwise", block_size=block_size, **kw)
+
+
+@pytest.mark.parametrize("n,block_size", [(32, 16), (48, 16), (64, 8)])      # 2, 4 (tiles of 12), 8 tiles
+@pytest.mark.parametrize("alpha", [0.0, 0.3])
+def test_values_and_gradients_match_float64(n, block_size, alpha):
+  assert kernels.runs_split("blockwise", n, static=True, block_size=block_size) == "paired"
+  q, k, v = qkv(n, n)
+  np.testing.assert_allclose(edge(q, k, v, alpha, block_size), family_edge64(q, k, v, alpha), atol=2e-6, rtol=1e-5)
+  w = jax.random.normal(jax.random.PRNGKey(1), v.shape)
+  got = jax.grad(lambda q, k, v: jnp.sum(w * edge(q, k, v, alpha, block_size)), (0, 1, 2))(q, k, v)
+  with jax.enable_x64(True):
+    x64 = [jnp.asarray(np.asarray(x), jnp.float64) for x in (q, k, v, w)]
+    want = jax.grad(lambda q, k, v: jnp.sum(x64[3] * family_edge(q, k, v, alpha)), (0, 1, 2))(*x64[:3])
+  for g, r in zip(got, want):
+    r = np.asarray(r)
+    np.testing.assert_allclose(g, r, atol=2e-5 * np.abs(r).max(), rtol=1e-4)
+
+
+def test_the_key_bias_gradient_matches_the_dense_split_kernel():
+  """The kernel's own bias cotangent (transport's ATAP bias is a function of q, k; here an input)."""
+  q, k, v = qkv(2, 32)
+  bias = jax.random.normal(jax.random.PRNGKey(3), (B, 32, H)) * 3
+  w = jax.random.normal(jax.random.PRNGKey(4), v.shape)
+  run = lambda fn, **kw: jax.grad(lambda *a: jnp.sum(w * fn(*a[:3], bias=a[3], weights=(0.65, 0.35), scale=0.3, **kw)),
+                                  (0, 1, 2, 3))(q, k, v, bias)
+  for g, r in zip(run(kernels.split_paired_attention, block_size=8), run(kernels.split_attention)):
+    np.testing.assert_allclose(g, r, atol=2e-5 * np.abs(r).max(), rtol=1e-4)
+
+
+def test_logits_in_the_hundreds_stay_exact_on_both_sides_of_a_pair():
+  """|L| up to ~300: e^L overflows float32 unless each side of a pair tile (rows a: the row max; rows b: the
+  column max of L_baᵀ) and the final merge keep their own running max."""
+  q, k, v = qkv(5, 64, spread=40.0)
+  y = edge(q, k, v, 0.0, 16)
+  assert np.all(np.isfinite(y))
+  np.testing.assert_allclose(y, family_edge64(q, k, v, 0.0), atol=1e-5, rtol=1e-4)
+
+
+def scan_flops(jaxpr) -> int:
+  """2·(output size)·(contracted size) over every dot_general, a scan's or map's body counted `length` times;
+  `cond` branches skipped (the overflow mend's rerun runs only on overflow)."""
+  total = 0
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "cond":
+      continue
+    if eqn.primitive.name == "dot_general":
+      (lc, _), _ = eqn.params["dimension_numbers"]
+      out, lhs = eqn.outvars[0].aval.shape, eqn.invars[0].aval.shape
+      total += 2 * int(np.prod(out)) * int(np.prod([lhs[i] for i in lc]))
+    times = eqn.params.get("length", 1) if eqn.primitive.name == "scan" else 1
+    for value in eqn.params.values():
+      for sub in value if isinstance(value, (tuple, list)) else (value,):
+        sub = getattr(sub, "jaxpr", sub)
+        if hasattr(sub, "eqns"):
+          total += times * scan_flops(sub)
+  return total
+
+
+def grad_flops(beta, alpha, n, block_size):
+  q, k, v = qkv(6, n)
+  loss = lambda q, k, v: jnp.sum(op.transport(q, k, v, beta=beta, alpha=alpha, implementation="blockwise",
+                                              block_size=block_size))
+  return scan_flops(jax.make_jaxpr(jax.grad(loss, (0, 1, 2)))(q, k, v).jaxpr)
+
+
+@pytest.mark.parametrize("n,block_size", [(32, 16), (64, 16)])
+def test_the_edge_runs_attention_s_blockwise_product_count(n, block_size):
+  """Forward + backward: 7 n × n × d units, as ATTN's recomputing blockwise kernel, where the augmented heads
+  (2·d wide) ran 11 — a count, not a timing (docs/benchmarks.md has the times)."""
+  unit = 2 * B * H * n * n * D
+  assert grad_flops(*op.ATTN, n, block_size) == 7 * unit
+  assert abs(grad_flops(*op.ATAP, n, block_size) - 7 * unit) < 0.01 * unit
+  assert grad_flops(*op.DMTN, n, block_size) >= 11 * unit                # off the edge: the augmented heads
+
+
+def test_routing_keeps_the_augmented_heads_off_its_domain():
+  runs = kernels.runs_split
+  assert runs("blockwise", 1024, static=True) == "paired"
+  assert runs("blockwise", 1024, static=True, masked=True) is None
+  assert runs("blockwise", 1024, static=True, causal=True) is None
+  assert runs("blockwise", 1024, static=False) is None                   # a per-head α array
+  assert runs("blockwise", 1025, static=True) is None                    # one tile of 1025: n × n memory
+  assert runs("blockwise", 512, static=True) is None                     # one tile
+  assert runs("einsum", 1024, static=True) is None and runs("einsum", 256, static=True) == "dense"
+  q, k, v = qkv(7, 32)
+  mask = jnp.ones((B, 1, 32, 32), bool)
+  np.testing.assert_allclose(edge(q, k, v, 0.0, 16, mask=mask), edge(q, k, v, 0.0, 16), atol=2e-6)
+
+
+def test_bad_calls_are_one_line():
+  q, k, v = qkv(8, 32)
+  with pytest.raises(ValueError, match="self-attention"):
+    kernels.split_paired_attention(q, k[:, :-2], v, weights=(0.5, 0.5), scale=1.0)
+  with pytest.raises(ValueError, match=r"needs n = T·t keys in T ≥ 2 tiles of t ≤ block_size = 32; got n = 32"):
+    kernels.split_paired_attention(q, k, v, weights=(0.5, 0.5), scale=1.0, block_size=32)
+  with pytest.raises(ValueError, match="static float weights"):
+    kernels.split_paired_attention(q, k, v, weights=kernels.split_weights(jnp.zeros(H)), scale=1.0, block_size=16)
