@@ -27,8 +27,7 @@ def edge(q, k, v, alpha, block_size, **kw):
   return op.transport(q, k, v, beta=1.0, alpha=alpha, implementation="blockwise", block_size=block_size, **kw)
 
 
-@pytest.mark.parametrize("n,block_size", [(32, 16), (48, 16), (64, 8)])      # 2, 4 (tiles of 12), 8 tiles
-@pytest.mark.parametrize("alpha", [0.0, 0.3])
+@pytest.mark.parametrize("n,block_size,alpha", [(32, 16, 0.0), (48, 16, 0.3), (64, 8, 0.0)])   # 2, 4 (of 12), 8 tiles
 def test_values_and_gradients_match_float64(n, block_size, alpha):
   assert kernels.runs_split("blockwise", n, static=True, block_size=block_size) == "paired"
   q, k, v = qkv(n, n)
