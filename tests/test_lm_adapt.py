@@ -30,6 +30,12 @@ def loss_jit():
 
 # ----------------------------------------------------------------------------- chain parsing
 
+
+def test_the_adaptation_key_names_the_folders_it_named_before_lmtrain_was_a_trainconfig():
+  """`train_key` names every adapted state's folder: LMTrain's `workdir` (where a run is written) must not
+  enter it. The default protocol's key as recorded at 30c410d, before LMTrain subclassed TrainConfig."""
+  assert files.fingerprint(adapt.train_key(adapt.AdaptConfig(), 0)) == "4f1b7e67893a5b7c"
+
 def test_parse_chain_labels_and_one_line_errors():
   assert adapt.parse_chain("ATTN,dmtn,0.5:1,(0,1),1:0") == ["ATTN", "DMTN", (0.5, 1.0), "DMTN", "ATAP"]
   assert adapt.chain_text(adapt.parse_chain("ATTN,0.25:0.5")) == "ATTN,0.25:0.5"

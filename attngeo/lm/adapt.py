@@ -55,7 +55,7 @@ from attngeo import files, runs, train_config
 from attngeo.lm.config import LMConfig, LMTrain
 
 LETTERS = {"ATTN": "A", "DMTN": "M", "DMAP": "D", "ATAP": "P"}
-RUN_CONTROL = ("ckpt_every", "keep", "log_every", "progress")   # how a run is watched, not what it computes
+RUN_CONTROL = train_config.RUN_CONTROL_FIELDS      # how a run is watched (and where), not what it computes
 
 
 @dataclasses.dataclass
