@@ -320,7 +320,8 @@ def transport(q, k, v, *, beta=1.0, alpha=1.0, causal: bool = False, mask=None, 
     implementation: "einsum" | "xla" | "cudnn" | "blockwise" | None (the dispatcher's choice for the
       backend and length, `kernels.choose`); passed through to the kernel. Where "einsum" runs below
       `kernels.BLOCKWISE_FROM` keys, the β = 1 edge (ATAP) runs on `kernels.split_attention` instead, and
-      where "blockwise" runs unmasked and not causal, on `kernels.split_paired_attention`.
+      where "blockwise" runs unmasked, not causal, with a static α and keys that cut into
+      `kernels.PAIRED_FROM_TILES` or more tiles, on `kernels.split_paired_attention`.
   Returns:
     [b, n, h, e], `P` never materialised on the fused/blockwise paths. At β = α = 0 (DMAP, Python
     floats) a token with ¼ s‖m‖² ≥ 2^110, whose logits float32 cannot form, is isolated: its row is

@@ -1,7 +1,8 @@
 """The trainer's config and its rules, importable without JAX (the CLI checks a command line with them first).
 
 * `TrainConfig` — what `attngeo.train.train` reads: steps, global batch, the optimizer and its schedule
-  (`attngeo.optim`; nanochat's Muon/AdamW split reads its own rates and the warm-down's shape), EMA, mesh, seed, and how the run is watched (workdir, checkpoints, logging).
+  (`attngeo.optim`; nanochat's Muon/AdamW split reads its own rates and the warm-down's shape), EMA,
+  mesh, seed, and how the run is watched (workdir, checkpoints, logging).
   It validates itself at construction, so a bad override fails before any work.
 * `check(cfg, prefix)` — every rule below on any config that has (some of) these fields (duck-typed:
   a field the config lacks is skipped), naming the field as `prefix + name` (`train.lr`, the flag's name).

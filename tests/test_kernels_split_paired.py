@@ -27,11 +27,25 @@ def edge(q, k, v, alpha, block_size, **kw):
   return op.transport(q, k, v, beta=1.0, alpha=alpha, implementation="blockwise", block_size=block_size, **kw)
 
 
-@pytest.mark.parametrize("n,block_size,alpha", [(32, 16, 0.0), (48, 16, 0.3), (64, 8, 0.0)])   # 2, 4 (of 12), 8 tiles
-def test_values_and_gradients_match_float64(n, block_size, alpha):
-  assert kernels.runs_split("blockwise", n, static=True, block_size=block_size) == "paired"
+@pytest.fixture
+def calls(monkeypatch):
+  """How many times `transport` traced the paired kernel (a spy around `kernels.split_paired_attention`; a call
+  traces it twice: the value, and the overflow mend's rerun, `operators._mend_overflow`)."""
+  count = [0]
+  kernel = kernels.split_paired_attention
+
+  def spy(*args, **kwargs):
+    count[0] += 1
+    return kernel(*args, **kwargs)
+  monkeypatch.setattr(kernels, "split_paired_attention", spy)
+  return count
+
+
+@pytest.mark.parametrize("n,block_size,alpha", [(64, 16, 0.0), (48, 12, 0.3), (64, 8, 0.0)])   # 4, 4 (of 12), 8 tiles
+def test_values_and_gradients_match_float64(n, block_size, alpha, calls):
   q, k, v = qkv(n, n)
   np.testing.assert_allclose(edge(q, k, v, alpha, block_size), family_edge64(q, k, v, alpha), atol=2e-6, rtol=1e-5)
+  assert calls[0] > 0
   w = jax.random.normal(jax.random.PRNGKey(1), v.shape)
   got = jax.grad(lambda q, k, v: jnp.sum(w * edge(q, k, v, alpha, block_size)), (0, 1, 2))(q, k, v)
   with jax.enable_x64(True):
@@ -53,13 +67,13 @@ def test_the_key_bias_gradient_matches_the_dense_split_kernel():
     np.testing.assert_allclose(g, r, atol=2e-5 * np.abs(r).max(), rtol=1e-4)
 
 
-def test_logits_in_the_hundreds_stay_exact_on_both_sides_of_a_pair():
+def test_logits_in_the_hundreds_stay_exact_on_both_sides_of_a_pair(calls):
   """|L| up to ~300: e^L overflows float32 unless each side of a pair tile (rows a: the row max; rows b: the
   column max of L_baᵀ) and the final merge keep their own running max."""
   q, k, v = qkv(5, 64, spread=40.0)
-  y = edge(q, k, v, 0.0, 16)
-  assert np.all(np.isfinite(y))
-  np.testing.assert_allclose(y, family_edge64(q, k, v, 0.0), atol=1e-5, rtol=1e-4)
+  y = edge(q, k, v, 0.3, 16)
+  assert calls[0] > 0 and np.all(np.isfinite(y))
+  np.testing.assert_allclose(y, family_edge64(q, k, v, 0.3), atol=1e-5, rtol=1e-4)
 
 
 def scan_flops(jaxpr) -> int:
@@ -89,7 +103,7 @@ def grad_flops(beta, alpha, n, block_size):
   return scan_flops(jax.make_jaxpr(jax.grad(loss, (0, 1, 2)))(q, k, v).jaxpr)
 
 
-@pytest.mark.parametrize("n,block_size", [(32, 16), (64, 16)])
+@pytest.mark.parametrize("n,block_size", [(64, 16), (64, 8)])
 def test_the_edge_runs_attention_s_blockwise_product_count(n, block_size):
   """Forward + backward: 7 n × n × d units, as ATTN's recomputing blockwise kernel, where the augmented heads
   (2·d wide) ran 11 — a count, not a timing (docs/benchmarks.md has the times)."""
@@ -99,18 +113,28 @@ def test_the_edge_runs_attention_s_blockwise_product_count(n, block_size):
   assert grad_flops(*op.DMTN, n, block_size) >= 11 * unit                # off the edge: the augmented heads
 
 
-def test_routing_keeps_the_augmented_heads_off_its_domain():
+def test_routing_keeps_the_augmented_heads_off_its_domain(calls):
   runs = kernels.runs_split
-  assert runs("blockwise", 1024, static=True) == "paired"
-  assert runs("blockwise", 1024, static=True, masked=True) is None
-  assert runs("blockwise", 1024, static=True, causal=True) is None
-  assert runs("blockwise", 1024, static=False) is None                   # a per-head α array
-  assert runs("blockwise", 1025, static=True) is None                    # one tile of 1025: n × n memory
-  assert runs("blockwise", 512, static=True) is None                     # one tile
-  assert runs("einsum", 1024, static=True) is None and runs("einsum", 256, static=True) == "dense"
-  q, k, v = qkv(7, 32)
-  mask = jnp.ones((B, 1, 32, 32), bool)
-  np.testing.assert_allclose(edge(q, k, v, 0.0, 16, mask=mask), edge(q, k, v, 0.0, 16), atol=2e-6)
+  assert runs("blockwise", 2048, static=True) == "paired"
+  assert runs("blockwise", 1024, static=True) is None                    # two tiles: the pairing costs more
+  assert runs("blockwise", 2048, static=True, masked=True) is None
+  assert runs("blockwise", 2048, static=True, causal=True) is None
+  assert runs("blockwise", 2048, static=False) is None                   # a per-head α array
+  assert runs("blockwise", 2049, static=True) is None                    # one tile of 2049: n × n memory
+  assert runs("einsum", 2048, static=True) is None and runs("einsum", 256, static=True) == "dense"
+  q, k, v = qkv(7, 64)
+  edge(q, k, v, 0.0, 16)
+  paired = calls[0]
+  assert paired > 0
+  alpha_per_head = jnp.array([0.0, 0.2, 0.5])
+  for kwargs in (dict(mask=jnp.ones((B, 1, 64, 64), bool)), dict(causal=True), dict(alpha=alpha_per_head),
+                 dict(block_size=32), dict(q=q.astype(jnp.bfloat16))):
+    args = dict(q=q, k=k, v=v, alpha=0.0, block_size=16)
+    args.update(kwargs)
+    qq = args.pop("q")
+    edge(qq, args.pop("k").astype(qq.dtype), args.pop("v").astype(qq.dtype), args.pop("alpha"), args.pop("block_size"),
+         **args)
+    assert calls[0] == paired, kwargs                                    # the augmented heads ran
 
 
 def test_bad_calls_are_one_line():
@@ -119,5 +143,7 @@ def test_bad_calls_are_one_line():
     kernels.split_paired_attention(q, k[:, :-2], v, weights=(0.5, 0.5), scale=1.0)
   with pytest.raises(ValueError, match=r"needs n = T·t keys in T ≥ 2 tiles of t ≤ block_size = 32; got n = 32"):
     kernels.split_paired_attention(q, k, v, weights=(0.5, 0.5), scale=1.0, block_size=32)
+  with pytest.raises(ValueError, match=r"v must be \[b, n, h, e\] = \[2, 32, 3, e\] like q"):
+    kernels.split_paired_attention(q, k, v[:, :-1], weights=(0.5, 0.5), scale=1.0, block_size=8)
   with pytest.raises(ValueError, match="static float weights"):
     kernels.split_paired_attention(q, k, v, weights=kernels.split_weights(jnp.zeros(H)), scale=1.0, block_size=16)

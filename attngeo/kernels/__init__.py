@@ -26,8 +26,8 @@ per-key bias `[b, s, h]`; masks broadcastable to `[b, h, t, s]` (True = attend).
 accumulate in float32 whatever the input dtype.
 """
 from attngeo.kernels._blocks import NEG, apply_masks, attended_rows
-from attngeo.kernels.dispatch import (BLOCKWISE_FROM, IMPLEMENTATIONS, KERNELS, PHASE_IMPLEMENTATIONS, choose,
-                                      default_implementation, runs_split)
+from attngeo.kernels.dispatch import (BLOCKWISE_FROM, IMPLEMENTATIONS, KERNELS, PAIRED_FROM_TILES,
+                                      PHASE_IMPLEMENTATIONS, choose, default_implementation, runs_split)
 from attngeo.kernels._blocks import levels, pair_tasks, tiling
 from attngeo.kernels.paired import paired_magnetic
 from attngeo.kernels.pallas import layout, pallas_sdpa
@@ -36,7 +36,7 @@ from attngeo.kernels.softmax import attention, log_normaliser
 from attngeo.kernels.split import split_attention, split_weights
 from attngeo.kernels.split_paired import split_paired_attention
 
-__all__ = ["BLOCKWISE_FROM", "IMPLEMENTATIONS", "KERNELS", "NEG", "PHASE_IMPLEMENTATIONS", "apply_masks",
-           "attended_rows", "attention", "choose", "default_implementation", "layout", "levels",
+__all__ = ["BLOCKWISE_FROM", "IMPLEMENTATIONS", "KERNELS", "NEG", "PAIRED_FROM_TILES", "PHASE_IMPLEMENTATIONS",
+           "apply_masks", "attended_rows", "attention", "choose", "default_implementation", "layout", "levels",
            "log_normaliser", "pair_tasks", "pallas_sdpa", "paired_magnetic", "phase_attention", "runs_split", "sincos",
            "split_attention", "split_paired_attention", "split_weights", "tiling"]

@@ -19,8 +19,9 @@ On the einsum kernel below `BLOCKWISE_FROM` keys the family's β = 1 edge (ATAP;
 `attngeo.kernels.split` instead of the augmented heads: one d-wide product and its transpose instead of
 one 2·d wide (ATAP ÷ ATTN at 256 keys, two runs each: 1.66, 1.67 before it; 1.41, 1.55 with it; 1.23,
 1.28 with the input-side overflow check too — docs/benchmarks.md; from 1024 keys the transposes cost more).
-On the blockwise kernel the same edge, unmasked and not causal, runs `attngeo.kernels.split_paired`: the two
-products of each pair of tiles (a, b), (b, a) at once, 7 product units per tile like ATTN's instead of 11.
+On the blockwise kernel the same edge, unmasked, not causal and from `PAIRED_FROM_TILES` tiles, runs
+`attngeo.kernels.split_paired`: the two products of each pair of tiles (a, b), (b, a) at once, 7 product units
+per tile like ATTN's instead of 11.
 `"pallas"` runs only when named: never a default on CPU (interpret mode is a test harness, not a kernel),
 and not yet on GPU/TPU either — it has passed its interpret-mode tests but has not been compiled by
 Triton or Mosaic on a device; the GPU/TPU default moves to it (from `BLOCKWISE_FROM` keys) once
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 import jax
 
-from attngeo.kernels._blocks import tiles_in_pairs
+from attngeo.kernels._blocks import tiles_in_pairs, tiling
 
 IMPLEMENTATIONS = ("einsum", "xla", "cudnn", "blockwise", "pallas")
 PHASE_IMPLEMENTATIONS = ("einsum", "blockwise")
@@ -38,6 +39,10 @@ KERNELS = {"softmax": IMPLEMENTATIONS, "phase": PHASE_IMPLEMENTATIONS, "magnetic
 _WHAT = {"softmax": "", "phase": " for phase attention", "magnetic": " for the magnetic operator"}
 
 BLOCKWISE_FROM = 512   # keys: the portable kernels' switch from the dense einsum path to the blockwise one
+# Tiles from which the β = 1 edge runs on pairs of tiles (`runs_split`): with T tiles the diagonal ones, which
+# need a transpose each way, are 1/T of the area. ATAP ÷ ATTN blockwise, with the CLI's huge pages: augmented
+# heads 1.33 / 1.45, pairs 1.48 / 1.14 at 1024 / 2048 keys (2 / 4 tiles of 512), pairs 0.98–1.02 at 4096.
+PAIRED_FROM_TILES = 4
 
 
 def choose(kind: str, implementation: str | None = None, n_keys: int | None = None, *, strict: bool = True) -> str:
@@ -73,11 +78,13 @@ def runs_split(implementation: str | None, n_keys: int, *, masked: bool = False,
   """The kernel a β = 1 member of the family (not ATTN) runs on over `n_keys` keys, instead of the augmented
   heads: `"dense"` (`attngeo.kernels.split`) where the softmax kernel is einsum and `n_keys < BLOCKWISE_FROM`;
   `"paired"` (`attngeo.kernels.split_paired`) where it is blockwise, with no mask, no causal order, `static`
-  weights (a Python-float α) and keys that cut into pairs of tiles (`_blocks.tiles_in_pairs`); else None. The caller checks
-  the member and the dtype (`operators.transport`: a static β = 1.0, inputs of ≥ 32 bits)."""
+  weights (a Python-float α) and keys that cut into `PAIRED_FROM_TILES` or more tiles (`_blocks.tiling`); else
+  None. The caller checks the member and the dtype (`operators.transport`: a static β = 1.0, inputs of ≥ 32
+  bits)."""
   kernel = choose("softmax", implementation, n_keys)
   if kernel == "einsum" and n_keys < BLOCKWISE_FROM:
     return "dense"
-  if kernel == "blockwise" and static and not (masked or causal) and tiles_in_pairs(n_keys, block_size):
+  if (kernel == "blockwise" and static and not (masked or causal) and tiles_in_pairs(n_keys, block_size)
+      and tiling(n_keys, block_size)[0] >= PAIRED_FROM_TILES):
     return "paired"
   return None

@@ -33,8 +33,14 @@ forward 2, backward 5), against 11 on the augmented heads (logits and their two 
 
 Scope: static float weights (ATAP's α = 0, or any fixed α), no mask, not causal (a causal order keeps
 one tile of each pair, which still needs both products: no saving), and n = T·t with t ≤ block_size
-(`_blocks.tiles_in_pairs`); the dispatcher sends every other call to the augmented heads. Everything runs in float32.
-Memory is O(n·(d + e)) besides one pair of t × t tiles.
+(`_blocks.tiles_in_pairs`). The dispatcher (`dispatch.runs_split`) sends it the blockwise calls in that
+scope from `dispatch.PAIRED_FROM_TILES` tiles; with fewer tiles the diagonal ones, each needing a transpose
+in both passes, are too large a share. Everything runs in float32. The diagonal tiles and the pairs are
+visited one at a time (`lax.map`, `lax.scan`), so memory is O(n·(d + e)) besides one pair of t × t tiles.
+
+Measured (`attngeo bench --operators ATTN,DMAP,DMTN,ATAP --implementations blockwise --long 0 --repeats 2`,
+batch 8, 8 heads of 64, two runs, ÷ ATTN blockwise): 0.98–1.02 at 4096 keys and 0.83–0.85 at 16 384
+(batch 1), against the augmented heads' 1.32–1.39 and 1.33 (docs/benchmarks.md).
 """
 from __future__ import annotations
 
@@ -48,12 +54,21 @@ from attngeo.kernels._blocks import NEG, add_slab, feature_major, pair_tasks, sl
 _dot = functools.partial(jnp.einsum, preferred_element_type=jnp.float32)
 
 
-def _diagonal(q, k, bias, w, w_t, s, tiles, t):
-  """The diagonal tiles' logits [B·T, t, t]: s(w X + w_t Xᵀ) + bias, X = q_a·k_aᵀ."""
-  bb = q.shape[0]
-  fold = lambda x: x.reshape((bb * tiles, t) + x.shape[2:])
-  x = _dot("bid,bjd->bij", fold(q), fold(k))
-  return s * (w * x + w_t * jnp.swapaxes(x, 1, 2)) + fold(bias)[:, None, :]
+def _tiles(x, tiles, t):
+  """[B, n, ·] -> [T, B, t, ·]: the diagonal tiles, one `lax.map` step each (one t × t block in memory)."""
+  return jnp.swapaxes(x.reshape((x.shape[0], tiles, t) + x.shape[2:]), 0, 1)
+
+
+def _untiles(x):
+  """[T, B, t, ·] -> [B, n, ·]."""
+  x = jnp.swapaxes(x, 0, 1)
+  return x.reshape((x.shape[0], -1) + x.shape[3:])
+
+
+def _diagonal(qa, ka, bias_a, w, w_t, s):
+  """A diagonal tile's logits [B, t, t]: s(w X + w_t Xᵀ) + bias, X = q_a·k_aᵀ."""
+  x = _dot("bid,bjd->bij", qa, ka)
+  return s * (w * x + w_t * jnp.swapaxes(x, 1, 2)) + bias_a[:, None, :]
 
 
 def _pair_logits(q, k, bias, w, w_t, s, t, a, b):
@@ -68,11 +83,15 @@ def _forward(q, k, v, bias, w, w_t, s, block_size):
   """(y [B, n, e], lse [B, n]) from q, k [B, n, d], v [B, n, e], bias [B, n], all float32."""
   bb, n, e = v.shape
   tiles, t = tiling(n, block_size)
-  logits = _diagonal(q, k, bias, w, w_t, s, tiles, t)
-  mx = jnp.max(logits, -1)
-  p = jnp.exp(logits - mx[..., None])
-  o = _dot("bij,bje->bie", p, v.reshape(bb * tiles, t, e)).reshape(bb, n, e)
-  mx, l = mx.reshape(bb, n), jnp.sum(p, -1).reshape(bb, n)
+
+  def diagonal(args):
+    qa, ka, va, bias_a = args
+    logits = _diagonal(qa, ka, bias_a, w, w_t, s)
+    mx = jnp.max(logits, -1)
+    p = jnp.exp(logits - mx[..., None])
+    return _dot("bij,bje->bie", p, va), mx, jnp.sum(p, -1)
+
+  o, mx, l = map(_untiles, jax.lax.map(diagonal, tuple(_tiles(x, tiles, t) for x in (q, k, v, bias))))
   v_t = feature_major(v)
 
   def pair(carry, ab):
@@ -83,8 +102,8 @@ def _forward(q, k, v, bias, w, w_t, s, block_size):
     new_a, new_b = jnp.maximum(m_a, jnp.max(l_ab, -1)), jnp.maximum(m_b, jnp.max(l_ba_t, -2))
     p_ab, p_ba_t = jnp.exp(l_ab - new_a[..., None]), jnp.exp(l_ba_t - new_b[:, None, :])
     ca, cb = jnp.exp(m_a - new_a), jnp.exp(m_b - new_b)
-    o = jax.lax.dynamic_update_slice_in_dim(o, slab(o, a, t) * ca[..., None] + _dot("bij,bje->bie", p_ab, slab(v, b, t)),
-                                            a * t, 1)
+    o = jax.lax.dynamic_update_slice_in_dim(
+        o, slab(o, a, t) * ca[..., None] + _dot("bij,bje->bie", p_ab, slab(v, b, t)), a * t, 1)
     ok = jax.lax.dynamic_update_slice_in_dim(
         ok, slab(ok, b, t, 2) * cb[:, None, :] + _dot("bei,bij->bej", slab(v_t, a, t, 2), p_ba_t), b * t, 2)
     l = jax.lax.dynamic_update_slice_in_dim(l, slab(l, a, t) * ca + jnp.sum(p_ab, -1), a * t, 1)
@@ -119,16 +138,18 @@ def _split_paired_bwd(w, w_t, s, block_size, res, dy):
   bb, n, e = v.shape
   tiles, t = tiling(n, block_size)
   dd = jnp.sum(dy * y, -1)
-  fold = lambda x: x.reshape((bb * tiles, t) + x.shape[2:])
-  # Diagonal tiles: P and its cotangent, Ā = s(w dL + w_t dLᵀ) on the one product X = q_a·k_aᵀ.
-  p = jnp.exp(_diagonal(q, k, bias, w, w_t, s, tiles, t) - fold(lse)[..., None])
-  qD, kD, vD, dyD = fold(q), fold(k), fold(v), fold(dy)
-  dl = p * (_dot("bie,bje->bij", dyD, vD) - fold(dd)[..., None])
-  bar = s * (w * dl + w_t * jnp.swapaxes(dl, 1, 2))
-  dq = _dot("bij,bjf->bif", bar, kD).reshape(q.shape)
-  dk = feature_major(_dot("bfi,bij->bfj", feature_major(qD), bar)).reshape(k.shape)
-  dv = feature_major(_dot("bei,bij->bej", feature_major(dyD), p)).reshape(v.shape)
-  dbias = jnp.sum(dl, -2).reshape(bb, n)
+
+  def diagonal(args):
+    """A diagonal tile: P and its cotangent, Ā = s(w dL + w_t dLᵀ) on the one product X = q_a·k_aᵀ."""
+    qa, ka, va, bias_a, lse_a, dy_a, dd_a = args
+    p = jnp.exp(_diagonal(qa, ka, bias_a, w, w_t, s) - lse_a[..., None])
+    dl = p * (_dot("bie,bje->bij", dy_a, va) - dd_a[..., None])
+    bar = s * (w * dl + w_t * jnp.swapaxes(dl, 1, 2))
+    return (_dot("bij,bjf->bif", bar, ka), feature_major(_dot("bfi,bij->bfj", feature_major(qa), bar)),
+            feature_major(_dot("bei,bij->bej", feature_major(dy_a), p)), jnp.sum(dl, -2))
+
+  dq, dk, dv, dbias = map(_untiles, jax.lax.map(diagonal, tuple(_tiles(x, tiles, t) for x in
+                                                                (q, k, v, bias, lse, dy, dd))))
   q_t, k_t, dy_t = feature_major(q), feature_major(k), feature_major(dy)
 
   def pair(carry, ab):
@@ -174,9 +195,11 @@ def split_paired_attention(q, k, v, *, weights: tuple[float, float], bias=None, 
   b, n, h, d = q.shape
   if q.shape != k.shape:
     raise ValueError(f"split attention is self-attention: q and k must have the same shape; got {q.shape}, {k.shape}")
+  if v.shape[:3] != (b, n, h):
+    raise ValueError(f"v must be [b, n, h, e] = [{b}, {n}, {h}, e] like q; got {v.shape}")
   if not tiles_in_pairs(n, block_size):
-    raise ValueError(f"the paired split kernel needs n = T·t keys in T ≥ 2 tiles of t ≤ block_size = {block_size}; "
-                     f"got n = {n}")
+    raise ValueError(f"the paired split kernel needs n = T·t keys in T ≥ 2 tiles of t ≤ block_size = "
+                     f"{block_size}; got n = {n}")
   w, w_t = weights
   if not (isinstance(w, float) and isinstance(w_t, float)):
     raise ValueError(f"the paired split kernel takes static float weights; got {weights!r}")
