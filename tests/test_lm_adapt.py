@@ -63,7 +63,7 @@ def test_parse_chain_labels_and_one_line_errors():
     (["--core-max-per-task", "0"], "max_per_task must be -1 (every example) or an integer ≥ 1; got 0"),
     (["--lm.seq-len", "32"], "lm.seq_len must be an integer ≥ 63"),
     (["--lm.width", "0"], "lm.width must be an integer ≥ 1 or none"),
-    (["--preset", "inductin"], "--preset must be one of ['induction']; got 'inductin'"),
+    (["--preset", "inductin"], "--preset must be one of ['induction', 'induction-quick']; got 'inductin'"),
     (["--preset", "induction", "--full"], "--preset and --full are two protocols; give one"),
     (["--preset", "induction", "--lm.seq-len", "100"], "2L − 1 ≤ seq_len = 100"),
     (["--preset", "induction", "--source", "/nonexistent/run"], "give --preset or --source, not both"),

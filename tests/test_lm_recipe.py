@@ -177,7 +177,7 @@ def test_train_resume_eval_sample_and_bad_input(tmp_path, capsys):
     (["--copy-mix", "-0.1"], "copy_mix must be a share in [0, 1)"),
     (["--induction-lengths", "32,64"], "induction_lengths must be half-lengths L ≥ 1 with 2L − 1 ≤ seq_len = 64"),
     (["--tokenizer", "bpe", "--vocab-size", "100"], "vocab_size must be an integer ≥ 265 (256 bytes + 9 special"),
-    (["--preset", "nope"], "--preset must be one of ['induction']; got 'nope'"),
+    (["--preset", "nope"], "--preset must be one of ['induction', 'induction-quick']; got 'nope'"),
 ])
 def test_bad_train_settings_are_one_line_before_anything_is_written(tmp_path, capsys, flags, message):
   out = tmp_path / "run"
