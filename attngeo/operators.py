@@ -333,6 +333,7 @@ def transport(q, k, v, *, beta=1.0, alpha=1.0, causal: bool = False, mask=None, 
   mask, beta, scale = _arguments(q, k, v, beta=beta, mask=mask, scale=scale)
   alpha = _coefficient("alpha", alpha, q.shape[2])
 
+  block_size = kernels.check_block_size(block_size)
   split = _runs_split(q, beta, alpha, implementation, mask, causal, block_size)
 
   def run(q, k, v, beta=beta, alpha=alpha):

@@ -145,5 +145,10 @@ def test_bad_calls_are_one_line():
     kernels.split_paired_attention(q, k, v, weights=(0.5, 0.5), scale=1.0, block_size=32)
   with pytest.raises(ValueError, match=r"v must be \[b, n, h, e\] = \[2, 32, 3, e\] like q"):
     kernels.split_paired_attention(q, k, v[:, :-1], weights=(0.5, 0.5), scale=1.0, block_size=8)
+  for bad in (0, 16.5, True):
+    with pytest.raises(ValueError, match=rf"^block_size must be a positive integer; got {bad!r}$"):
+      kernels.split_paired_attention(q, k, v, weights=(0.5, 0.5), scale=1.0, block_size=bad)
+    with pytest.raises(ValueError, match=rf"^block_size must be a positive integer; got {bad!r}$"):
+      op.transport(q, k, v, beta=1.0, alpha=0.0, implementation="blockwise", block_size=bad)
   with pytest.raises(ValueError, match="static float weights"):
     kernels.split_paired_attention(q, k, v, weights=kernels.split_weights(jnp.zeros(H)), scale=1.0, block_size=16)

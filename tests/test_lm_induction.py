@@ -179,11 +179,12 @@ def test_the_induction_preset_is_a_bpe_depth_2_copy_mix_protocol_flags_override(
 def test_protocol_errors_are_one_line_before_jax(tmp_path):
   cases = [(["lm", "train", "--copy-mix", "1", "--out", "o"], "copy_mix must be a share in [0, 1)"),
            (["lm", "train", "--induction-lengths", "128", "--seq-len", "128", "--out", "o"],
-            "induction_lengths must be half-lengths L ≥ 1 with 2L − 1 ≤ seq_len = 128"),
+            "induction_lengths must be distinct half-lengths L ≥ 1 with 2L − 1 ≤ seq_len = 128"),
+           (["lm", "train", "--induction-lengths", "32,32", "--out", "o"], "induction_lengths must be distinct"),
            (["lm", "train", "--tokenizer", "bpe", "--vocab-size", "264", "--out", "o"], "vocab_size must be an integer ≥ 265"),
            (["lm", "table2", "--lm.copy-mix", "-0.5", "--out", "o"], "lm.copy_mix must be a share in [0, 1)"),
            (["lm", "table2", "--preset", "induction", "--lm.induction-lengths", "256", "--out", "o"],
-            "lm.induction_lengths must be half-lengths"),
+            "lm.induction_lengths must be distinct half-lengths"),
            (["lm", "table2", "--preset", "nope", "--out", "o"], "--preset must be one of")]
   assert_errors_before_jax(cases, tmp_path)
   assert os.listdir(tmp_path) == []

@@ -175,7 +175,7 @@ def test_train_resume_eval_sample_and_bad_input(tmp_path, capsys):
     (["--operator", "CMAP", "--head-dim", "15", "--width", "30"], "CMAP needs an even head_dim"),
     (["--copy-mix", "1"], "copy_mix must be a share in [0, 1) of training rows that repeat a random span; got 1.0"),
     (["--copy-mix", "-0.1"], "copy_mix must be a share in [0, 1)"),
-    (["--induction-lengths", "32,64"], "induction_lengths must be half-lengths L ≥ 1 with 2L − 1 ≤ seq_len = 64"),
+    (["--induction-lengths", "32,64"], "induction_lengths must be distinct half-lengths L ≥ 1 with 2L − 1 ≤ seq_len = 64"),
     (["--tokenizer", "bpe", "--vocab-size", "100"], "vocab_size must be an integer ≥ 265 (256 bytes + 9 special"),
     (["--preset", "nope"], "--preset must be one of ['induction', 'induction-quick']; got 'nope'"),
 ])

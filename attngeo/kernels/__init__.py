@@ -25,7 +25,7 @@ Layout of `jax.nn.dot_product_attention`: q `[b, t, h, d]`, k `[b, s, h, d]`, v 
 per-key bias `[b, s, h]`; masks broadcastable to `[b, h, t, s]` (True = attend). Logits and softmax
 accumulate in float32 whatever the input dtype.
 """
-from attngeo.kernels._blocks import NEG, apply_masks, attended_rows
+from attngeo.kernels._blocks import NEG, apply_masks, attended_rows, check_block_size
 from attngeo.kernels.dispatch import (BLOCKWISE_FROM, IMPLEMENTATIONS, KERNELS, PAIRED_FROM_TILES,
                                       PHASE_IMPLEMENTATIONS, choose, default_implementation, runs_split)
 from attngeo.kernels._blocks import levels, pair_tasks, tiling
@@ -37,6 +37,6 @@ from attngeo.kernels.split import split_attention, split_weights
 from attngeo.kernels.split_paired import split_paired_attention
 
 __all__ = ["BLOCKWISE_FROM", "IMPLEMENTATIONS", "KERNELS", "NEG", "PAIRED_FROM_TILES", "PHASE_IMPLEMENTATIONS",
-           "apply_masks", "attended_rows", "attention", "choose", "default_implementation", "layout", "levels",
+           "apply_masks", "attended_rows", "check_block_size", "attention", "choose", "default_implementation", "layout", "levels",
            "log_normaliser", "pair_tasks", "pallas_sdpa", "paired_magnetic", "phase_attention", "runs_split", "sincos",
            "split_attention", "split_paired_attention", "split_weights", "tiling"]

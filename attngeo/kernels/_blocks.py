@@ -54,8 +54,9 @@ def check_mask(mask):
 
 
 def check_block_size(block_size) -> int:
-  if int(block_size) < 1:
-    raise ValueError(f"block_size must be a positive integer; got {block_size}")
+  """`block_size` as an int, or a one-line ValueError unless it is an integer ≥ 1 (not a bool or a float)."""
+  if isinstance(block_size, (bool, np.bool_)) or not isinstance(block_size, (int, np.integer)) or block_size < 1:
+    raise ValueError(f"block_size must be a positive integer; got {block_size!r}")
   return int(block_size)
 
 

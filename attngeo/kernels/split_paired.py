@@ -49,7 +49,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from attngeo.kernels._blocks import NEG, add_slab, feature_major, pair_tasks, slab, tiles_in_pairs, tiling
+from attngeo.kernels._blocks import (NEG, add_slab, check_block_size, feature_major, pair_tasks, slab, tiles_in_pairs,
+                                     tiling)
 
 _dot = functools.partial(jnp.einsum, preferred_element_type=jnp.float32)
 
@@ -192,6 +193,7 @@ def split_paired_attention(q, k, v, *, weights: tuple[float, float], bias=None, 
   Returns:
     [b, n, h, e] in v's dtype, equal to `split.split_attention` without mask or causal order.
   """
+  block_size = check_block_size(block_size)
   b, n, h, d = q.shape
   if q.shape != k.shape:
     raise ValueError(f"split attention is self-attention: q and k must have the same shape; got {q.shape}, {k.shape}")

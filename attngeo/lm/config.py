@@ -102,9 +102,10 @@ class LMConfig:
              ("vocab_size", self.tokenizer != "bpe" or (_positive(self.vocab_size) and self.vocab_size >= MIN_VOCAB),
               f"an integer ≥ {MIN_VOCAB} (256 bytes + {MIN_VOCAB - 256} special tokens)"),
              ("copy_mix", _share(self.copy_mix), "a share in [0, 1) of training rows that repeat a random span"),
-             ("induction_lengths", all(_positive(L) and 2 * L - 1 <= self.seq_len for L in self.induction_lengths),
-              f"half-lengths L ≥ 1 with 2L − 1 ≤ seq_len = {self.seq_len} (the sequence [s; s][:−1] must fit "
-              f"the context)"),
+             ("induction_lengths", all(_positive(L) and 2 * L - 1 <= self.seq_len for L in self.induction_lengths)
+              and len(set(self.induction_lengths)) == len(self.induction_lengths),
+              f"distinct half-lengths L ≥ 1 with 2L − 1 ≤ seq_len = {self.seq_len} (the sequence [s; s][:−1] "
+              f"must fit the context)"),
              ("eval_every", _positive(self.eval_every) or self.eval_every == 0, "an integer ≥ 0 (0: never)"),
              ("eval_rows", _positive(self.eval_rows), "an integer ≥ 1"),
              ("data_dir", bool(self.data_dir), "a folder path"))
