@@ -54,8 +54,10 @@ def check_mask(mask):
 
 
 def check_block_size(block_size) -> int:
-  """`block_size` as an int, or a one-line ValueError unless it is an integer ≥ 1 (not a bool or a float)."""
-  if isinstance(block_size, (bool, np.bool_)) or not isinstance(block_size, (int, np.integer)) or block_size < 1:
+  """`block_size` as an int, or a one-line ValueError unless it is a whole number ≥ 1 (4 and 4.0 are; 16.5
+  and True are not)."""
+  number = isinstance(block_size, (int, float, np.integer, np.floating)) and not isinstance(block_size, (bool, np.bool_))
+  if not (number and np.isfinite(block_size) and float(block_size).is_integer() and block_size >= 1):
     raise ValueError(f"block_size must be a positive integer; got {block_size!r}")
   return int(block_size)
 
