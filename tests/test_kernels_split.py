@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import family_edge, family_edge64
+from helpers import family_edge, family_edge64, product_flops
 
 from attngeo import kernels, operators as op
 
@@ -45,25 +45,6 @@ def test_gradients_match_float64_for_q_k_v_and_alpha():
   for g, r in zip(got, want):
     assert np.abs(r).max() > 1e-3
     np.testing.assert_allclose(g, r, atol=2e-5 * np.abs(r).max(), rtol=1e-4)
-
-
-def product_flops(jaxpr) -> int:
-  """2·(output size)·(contracted size) summed over every dot_general of a jaxpr and its sub-jaxprs, but
-  for `cond` branches: the overflow mend's rerun (`operators._mend_overflow`) runs only on overflow."""
-  total = 0
-  for eqn in jaxpr.eqns:
-    if eqn.primitive.name == "cond":
-      continue
-    if eqn.primitive.name == "dot_general":
-      (lc, _), _ = eqn.params["dimension_numbers"]
-      out, lhs = eqn.outvars[0].aval.shape, eqn.invars[0].aval.shape
-      total += 2 * int(np.prod(out)) * int(np.prod([lhs[i] for i in lc]))
-    for value in eqn.params.values():
-      for sub in value if isinstance(value, (tuple, list)) else (value,):
-        sub = getattr(sub, "jaxpr", sub)
-        if hasattr(sub, "eqns"):
-          total += product_flops(sub)
-  return total
 
 
 def grad_flops(beta, alpha, n=N, dtype=jnp.float32, implementation="einsum"):

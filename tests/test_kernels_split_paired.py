@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import family_edge, family_edge64
+from helpers import family_edge, family_edge64, product_flops
 
 from attngeo import kernels, operators as op
 
@@ -76,31 +76,11 @@ def test_logits_in_the_hundreds_stay_exact_on_both_sides_of_a_pair(calls):
   np.testing.assert_allclose(y, family_edge64(q, k, v, 0.3), atol=1e-5, rtol=1e-4)
 
 
-def scan_flops(jaxpr) -> int:
-  """2·(output size)·(contracted size) over every dot_general, a scan's or map's body counted `length` times;
-  `cond` branches skipped (the overflow mend's rerun runs only on overflow)."""
-  total = 0
-  for eqn in jaxpr.eqns:
-    if eqn.primitive.name == "cond":
-      continue
-    if eqn.primitive.name == "dot_general":
-      (lc, _), _ = eqn.params["dimension_numbers"]
-      out, lhs = eqn.outvars[0].aval.shape, eqn.invars[0].aval.shape
-      total += 2 * int(np.prod(out)) * int(np.prod([lhs[i] for i in lc]))
-    times = eqn.params.get("length", 1) if eqn.primitive.name == "scan" else 1
-    for value in eqn.params.values():
-      for sub in value if isinstance(value, (tuple, list)) else (value,):
-        sub = getattr(sub, "jaxpr", sub)
-        if hasattr(sub, "eqns"):
-          total += times * scan_flops(sub)
-  return total
-
-
 def grad_flops(beta, alpha, n, block_size):
   q, k, v = qkv(6, n)
   loss = lambda q, k, v: jnp.sum(op.transport(q, k, v, beta=beta, alpha=alpha, implementation="blockwise",
                                               block_size=block_size))
-  return scan_flops(jax.make_jaxpr(jax.grad(loss, (0, 1, 2)))(q, k, v).jaxpr)
+  return product_flops(jax.make_jaxpr(jax.grad(loss, (0, 1, 2)))(q, k, v).jaxpr)
 
 
 @pytest.mark.parametrize("n,block_size", [(64, 16), (64, 8)])
