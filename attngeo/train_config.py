@@ -138,16 +138,17 @@ class TrainConfig:
     return check(self, prefix)
 
 
-def check_resumable(workdir: str, *, ignore: tuple[str, ...] = (), **configs):
+def check_resumable(workdir: str, *, ignore: tuple[str, ...] = (), recorded: dict | None = None, **configs):
   """Refuse (one-line ValueError) a workdir whose config.json records another run.
 
   Compares every recorded config with the given ones field by field (`RUN_CONTROL_FIELDS` of the
   train config excepted, and `steps` under a constant schedule, where a longer run extends the
   same trajectory; `ignore` names further "config.field" keys that do not change results) and
   names the fields that differ. A recorded train config without an `ADDED_FIELDS` field compares as
-  holding that field's earlier value.
+  holding that field's earlier value. `recorded` replaces config.json's configs of those names (a record read
+  in a newer layout, e.g. `sit_config.nested_record`).
   """
-  saved = files.read_config(workdir)
+  saved = {**files.read_config(workdir), **(recorded or {})}
   diffs = []
   for name, cfg in configs.items():
     new = dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else cfg

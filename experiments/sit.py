@@ -1,6 +1,6 @@
 """SiT on real images, and the ATTN → DMTN → DMAP transfer (seed "Attention Geometry", Figures 3–5).
 
-    attngeo sit train    [--data mnist] [--steps N] [--operator ATTN] [--out runs/sit_train] ...
+    attngeo sit train    [--data mnist] [--train.steps N] [--operator ATTN] [--out runs/sit_train] ...
     attngeo sit sample   RUN [--sampler heun] [--sample-steps 16] [--guidance 1.5] [--out DIR]
     attngeo sit sample   RUN --bench euler:32,heun:16,dopri5:16 [--eval-samples N]
     attngeo sit transfer [--full] [--seeds 0,1] [--init RUN_OR_CHECKPOINT] [--dry-run] ...
@@ -31,7 +31,7 @@ by slot; every grid's rows are labelled with their class. Outputs in `--out`: tr
 the held-out real / noise reference rows), geometry.{md,csv,json} (per layer per stage),
 figures_seed<S>.png (the five stages side by side), seed<S>/<stage>/samples.png (one per stage) and
 neighbours.png (its samples beside their nearest training images), weights.npz and stage.json per stage
-(a rerun skips finished stages). The ATTN stage's EMA decay is `--ema`, the adaptation stages'
+(a rerun skips finished stages). The ATTN stage's EMA decay is `--train.ema`, the adaptation stages'
 `--adapt-ema` (the average starts at the grafted weights: 0.995^1000 keeps < 1 % of them).
 `sit sample --bench` times samplers (samples/s) and scores them with the run's own metric.
 
@@ -55,8 +55,7 @@ import sys
 
 from attngeo import cli, config as config_lib, errors, files, runlock, sampler_names
 from attngeo.experiments.sit_config import (FULL, FULL_NOTES, HELP, LAUNCH, PLAN_CHIPS, TRAIN_BASE, TRAIN_ONLY,
-                                            TRANSFER_ONLY, SiTConfig, check_fields, check_out_free, check_run_folder,
-                                            options)
+                                            TRANSFER_ONLY, SiTConfig, check_fields, check_out_free, check_run_folder)
 
 def _parser(name: str) -> argparse.ArgumentParser:
   return config_lib.parser(f"attngeo sit {name}", cli.COMMANDS[f"sit {name}"][1] + ".")
@@ -64,7 +63,7 @@ def _parser(name: str) -> argparse.ArgumentParser:
 
 def train_parser() -> argparse.ArgumentParser:
   tr = _parser("train")
-  config_lib.add_arguments(tr, options(TRANSFER_ONLY), help=HELP, base=TRAIN_BASE)
+  config_lib.add_arguments(tr, SiTConfig, help=HELP, base=TRAIN_BASE, skip=TRANSFER_ONLY)
   return tr
 
 
@@ -121,7 +120,7 @@ def transfer_parser() -> argparse.ArgumentParser:
                                                          "launch line; run nothing; default off")
   tf.add_argument("--mfu", type=config_lib.positive_float, default=0.4,
                   help="model FLOPs utilisation assumed by --full --dry-run's cost (default: 0.4)")
-  config_lib.add_arguments(tf, options(TRAIN_ONLY), help=HELP)
+  config_lib.add_arguments(tf, SiTConfig, help=HELP, skip=TRAIN_ONLY)
   return tf
 
 
@@ -186,12 +185,13 @@ def transfer_main(argv=None):
 
 def _train_or_transfer(command: str, sp: argparse.ArgumentParser, argv: list[str]):
   args = sp.parse_args(argv)
-  base = TRAIN_BASE if command == "train" else dataclasses.replace(SiTConfig(), **FULL) if args.full else SiTConfig()
+  base = TRAIN_BASE if command == "train" else config_lib.replaced(SiTConfig(), FULL) if args.full else SiTConfig()
   try:
     cfg = config_lib.from_arguments(args, SiTConfig, base)    # a bad --reg.* value is its one-line ValueError
     check_fields(cfg)
-    if command == "train" and cfg.steps < 1:
-      raise ValueError(f"steps must be >= 1 for sit train (0 steps is the random initialisation); got {cfg.steps}")
+    if command == "train" and cfg.train.steps < 1:
+      raise ValueError(f"train.steps must be >= 1 for sit train (0 steps is the random initialisation); "
+                       f"got {cfg.train.steps}")
     if command == "transfer" and args.dry_run:
       print(json.dumps(dataclasses.asdict(cfg), indent=1))
       if args.full:

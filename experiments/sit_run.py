@@ -22,17 +22,9 @@ from attngeo.data import images as image_data
 from attngeo.experiments import report
 from attngeo.experiments.report import Col
 from attngeo.experiments.sit_config import (FULL_DATA, PLAN_CHIPS, STAGE_OPERATOR, STAGES, SiTConfig,
-                                            check_run_folder, recorded_run, stage_title)
+                                            check_run_folder, from_record, recorded_run, stage_title)
 from attngeo.interop import dit as dit_import
 from attngeo.nn import dit, registry
-
-
-def model_config(cfg: SiTConfig, image_size: int, channels: int, num_classes: int, operator: str):
-  fields = dict(image_size=image_size, channels=channels, num_classes=num_classes, class_dropout_prob=cfg.class_dropout,
-                mlp_ratio=cfg.mlp_ratio, operator=operator)
-  if cfg.preset:
-    return nn.DiTConfig.preset(cfg.preset, **fields)
-  return nn.DiTConfig.create(width=cfg.width, depth=cfg.depth, num_heads=cfg.heads, patch=cfg.patch, **fields)
 
 
 def load_init(cfg: SiTConfig):
@@ -59,7 +51,7 @@ def check_data(cfg: SiTConfig):
     model = load_init(cfg)
     check_compatible(model.cfg, x.shape, k)
   else:
-    mcfg = model_config(cfg, x.shape[1], x.shape[3], k, cfg.operator)
+    mcfg = cfg.model.dit_config(cfg.operator, image_size=x.shape[1], channels=x.shape[3], num_classes=k)
     if x.shape[1] % mcfg.patch:
       raise ValueError(f"patch={mcfg.patch} does not divide the image size {x.shape[1]}")
 
@@ -73,18 +65,18 @@ def loss_fn(model, batch, rng):
   return flow.loss(lambda x, t: model(x, t, y), batch["image"], kf), {}
 
 
-def train_stage(model, cfg: SiTConfig, source, workdir: str, steps: int, lr: float, ema: float, seed: int,
-                desc: str):
-  """Train `model` for `steps` at peak rate `lr` and EMA decay `ema` under its current operator; leaves the EMA
-  weights in `model` (0 steps: as it is).
+def train_stage(model, cfg: SiTConfig, source, workdir: str, seed: int, desc: str, **stage):
+  """Train `model` under its current operator by `cfg.train`, with `stage`'s fields of it replaced (the adaptation
+  stages' `steps`, `lr`, `ema`); leaves the EMA weights in `model` (0 steps: as it is). The warm-up is capped at a
+  quarter of the stage.
   The loss is `loss_fn`, plus the `cfg.reg` terms when one is on (`regularisers.regularised`; logged as
   `reg/<term>` metrics)."""
-  if steps == 0:
+  settings = dataclasses.replace(cfg.train, **stage)
+  if settings.steps == 0:
     return []
-  tcfg = train.TrainConfig(steps=steps, batch_size=cfg.batch_size, lr=lr, warmup=min(cfg.warmup, steps // 4),
-                           schedule=cfg.schedule, ema=ema, mesh=cfg.mesh, seed=seed, workdir=workdir,
-                           ckpt_every=cfg.ckpt_every, log_every=cfg.log_every, progress=cfg.progress)
-  result = train.train(model, regularisers.regularised(cfg.reg, loss_fn), data.loader(source, cfg.batch_size, seed),
+  tcfg = train.TrainConfig(**{**dataclasses.asdict(settings), "warmup": min(settings.warmup, settings.steps // 4)},
+                           seed=seed, workdir=workdir, progress=cfg.progress)
+  result = train.train(model, regularisers.regularised(cfg.reg, loss_fn), data.loader(source, tcfg.batch_size, seed),
                        tcfg, desc=desc)
   if result.ema is not None:
     nnx.update(model, result.ema)
@@ -238,19 +230,20 @@ def run_seed(cfg: SiTConfig, seed: int, train_src, ev: dict) -> list[dict]:
         model = load_init(cfg)
         check_compatible(model.cfg, ev["image_shape"], ev["num_classes"])
       else:
-        mcfg = model_config(cfg, ev["image_shape"][1], ev["image_shape"][3], ev["num_classes"], "ATTN")
+        mcfg = cfg.model.dit_config("ATTN", image_size=ev["image_shape"][1], channels=ev["image_shape"][3],
+                                    num_classes=ev["num_classes"])
         model = nn.DiT(mcfg, rngs=nnx.Rngs(seed))
         if not os.path.exists(done):
-          train_stage(model, cfg, train_src, folder, cfg.steps, cfg.lr, cfg.ema, seed, f"seed{seed} ATTN")
-      extra = {"steps": 0 if cfg.init else cfg.steps}
+          train_stage(model, cfg, train_src, folder, seed, f"seed{seed} ATTN")
+      extra = {"steps": 0 if cfg.init else cfg.train.steps}
     elif stage == "dmtn_graft":
       nn.graft(model, "DMTN")
       model.cfg = model.cfg.with_operator("DMTN")
       extra = {"steps": 0}
     elif stage == "dmtn_adapted":
       if not os.path.exists(done):
-        train_stage(model, cfg, train_src, folder, cfg.adapt_steps, cfg.adapt_lr, cfg.adapt_ema, seed,
-                    f"seed{seed} DMTN")
+        train_stage(model, cfg, train_src, folder, seed, f"seed{seed} DMTN", steps=cfg.adapt_steps, lr=cfg.adapt_lr,
+                    ema=cfg.adapt_ema)
       extra = {"steps": cfg.adapt_steps}
     elif stage == "dmap_fold":
       x = jnp.asarray(ev["probe_images"])
@@ -263,8 +256,8 @@ def run_seed(cfg: SiTConfig, seed: int, train_src, ev: dict) -> list[dict]:
                "fold_scale": float(np.max(np.abs(grafted)))}
     else:
       if not os.path.exists(done):
-        train_stage(model, cfg, train_src, folder, cfg.fold_steps, cfg.adapt_lr, cfg.adapt_ema, seed,
-                    f"seed{seed} DMAP")
+        train_stage(model, cfg, train_src, folder, seed, f"seed{seed} DMAP", steps=cfg.fold_steps, lr=cfg.adapt_lr,
+                    ema=cfg.adapt_ema)
       extra = {"steps": cfg.fold_steps}
     if os.path.exists(done):
       with open(done) as f:
@@ -363,11 +356,12 @@ def train_one(cfg: SiTConfig) -> dict:
   files.write_config(cfg.out, **{**recorded, "sit": cfg})   # before training: a killed run's resume is checked too
   train_src, ev = prepare(cfg)
   seed = cfg.seeds[0]
-  mcfg = model_config(cfg, ev["image_shape"][1], ev["image_shape"][3], ev["num_classes"], cfg.operator)
+  mcfg = cfg.model.dit_config(cfg.operator, image_size=ev["image_shape"][1], channels=ev["image_shape"][3],
+                              num_classes=ev["num_classes"])
   model = nn.DiT(mcfg, rngs=nnx.Rngs(seed))
-  train_stage(model, cfg, train_src, cfg.out, cfg.steps, cfg.lr, cfg.ema, seed, f"SiT {cfg.operator}")
-  row = evaluate_stage(model, "trained", f"{cfg.operator}, {cfg.steps:,} steps", seed, cfg, ev, cfg.out,
-                       {"steps": cfg.steps})
+  train_stage(model, cfg, train_src, cfg.out, seed, f"SiT {cfg.operator}")
+  row = evaluate_stage(model, "trained", f"{cfg.operator}, {cfg.train.steps:,} steps", seed, cfg, ev, cfg.out,
+                       {"steps": cfg.train.steps})
   saved = dict(files.read_config(cfg.out), sit=dataclasses.asdict(cfg), model=registry.config_dict(model))
   files.write_config(cfg.out, **saved)
   report.write(cfg.out, "metric", [row] + ev["reference_rows"], METRIC_COLS[:-1])
@@ -432,9 +426,7 @@ def bench_inputs(model, run: str, args) -> tuple[SiTConfig, dict | None, np.ndar
             else np.arange(max(cfg.eval_samples, cfg.grid_per_class * k)) % k)       # `prepare`'s sample labels
   if not rec or not rec.get("metric", True) or model.cfg.channels not in (1, 3):
     return cfg, None, labels, "no metric: the run records no sit data with a classifier metric (an import, latents)"
-  base = dataclasses.replace(SiTConfig(), **{f: v for f, v in rec.items() if f in SiTConfig.__dataclass_fields__
-                                             and f not in ("reg", "mesh", "seeds", "out", "progress")},
-                             out=root, progress=False)
+  base = dataclasses.replace(from_record(rec), out=root, progress=False)
   try:
     ev = prepare(base, train_classifier=False)[1]
   except (ValueError, FileNotFoundError) as e:
@@ -476,10 +468,10 @@ def full_plan(cfg: SiTConfig, mfu: float) -> dict:
   """The --full protocol's cost: training FLOPs (`nn.dit.flops_per_image` × images) and chip-hours at `mfu`.
 
   Sampling, the probe and the metric are not counted (5 stages × `eval_samples` images)."""
-  mcfg = nn.DiTConfig.preset(cfg.preset, **FULL_DATA)
-  images = (cfg.steps + cfg.adapt_steps + cfg.fold_steps) * cfg.batch_size * len(cfg.seeds)
+  mcfg = nn.DiTConfig.preset(cfg.model.preset, **FULL_DATA)
+  images = (cfg.train.steps + cfg.adapt_steps + cfg.fold_steps) * cfg.train.batch_size * len(cfg.seeds)
   flops = dit.flops_per_image(mcfg)
-  plan = dict(preset=cfg.preset, tokens=(mcfg.image_size // mcfg.patch) ** 2, flops_per_image=flops,
+  plan = dict(preset=cfg.model.preset, tokens=(mcfg.image_size // mcfg.patch) ** 2, flops_per_image=flops,
               images=images, total_flops=images * flops, mfu_assumed=mfu)
   plan["chip_hours"] = {chip: plan["total_flops"] / (train.PEAK_FLOPS[chip] * mfu) / 3600 for chip in PLAN_CHIPS}
   plan["wall_hours"] = {chip: hours / PLAN_CHIPS[chip] for chip, hours in plan["chip_hours"].items()}

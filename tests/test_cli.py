@@ -201,8 +201,8 @@ def test_argument_errors_answer_before_jax_is_imported(tmp_path):
            (["lm", "eval", str(tmp_path / "missing")], "is not a language-model run folder"),
            (["lm", "adapt", "--adapt.lr", "-1", "--out", "o"], "adapt.lr must be a positive finite rate"),
            (["lm", "adapt", "--source", str(tmp_path / "missing"), "--out", "o"], "no such run folder"),
-           (["sit", "train", "--ema", "1", "--out", "o"], "ema must be a decay in [0, 1)"),
-           (["sit", "train", "--steps", "0", "--out", "o"], "steps must be >= 1 for sit train"),
+           (["sit", "train", "--train.ema", "1", "--out", "o"], "ema must be a decay in [0, 1)"),
+           (["sit", "train", "--train.steps", "0", "--out", "o"], "steps must be >= 1 for sit train"),
            (["sit", "sample", str(tmp_path / "missing")], "is not a run folder"),
            # issue 24: these imported grain/JAX (8–10 s) before their one line
            (["mlm", "eval", str(tmp_path / "missing")], "RUN must be a run folder with a config.json"),
@@ -217,8 +217,10 @@ def test_argument_errors_answer_before_jax_is_imported(tmp_path):
            (["sit", "train", "--sampler", "rk4", "--out", "o"], "sampler must be one of ('euler', 'heun', 'dopri5'"),
            (["sit", "sample", str(tmp_path / "gpt"), "--sampler", "rk4"], "sampler must be one of"),
            (["sit", "transfer", "--guidance", "0.5", "--out", "o"], "guidance scale must be >= 1"),
-           (["sit", "transfer", "--preset", "M/3", "--out", "o"], "DiT preset must be one of ['B/2', 'L/2', 'S/2'"),
-           (["sit", "train", "--width", "100", "--heads", "3", "--out", "o"], "num_heads=3 does not divide width=100"),
+           (["sit", "transfer", "--model.preset", "M/3", "--out", "o"],
+            "DiT preset must be one of ['B/2', 'L/2', 'S/2'"),
+           (["sit", "train", "--model.width", "100", "--model.heads", "3", "--out", "o"],
+            "num_heads=3 does not divide width=100"),
            (["study", "connection", "--decoder-aspect", "0"], "decoder_aspect must be positive; got 0"),
            (["probe", str(tmp_path / "pf"), "--data", "swissrol"], "--data must be swiss_roll, sphere, torus or")]
   assert_errors_before_jax(cases, tmp_path)

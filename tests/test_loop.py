@@ -215,10 +215,10 @@ def test_study_connection_model(capsys, tmp_path):
 def test_sit_train_run_and_transfer_stage(capsys, tmp_path):
   from attngeo.experiments import sit
   run = str(tmp_path / "train")
-  sit.main(["train", *SIT_TRAIN_TINY, "--steps", "1", "--metric", "false", "--out", run])
+  sit.main(["train", *SIT_TRAIN_TINY, "--train.steps", "1", "--metric", "false", "--out", run])
   probe(capsys, run, str(tmp_path / "p1"), "--data", "noise")
   out = str(tmp_path / "transfer")
-  sit.main(["transfer", *SIT_TINY, "--steps", "1", "--fold-steps", "1", "--sampler", "euler", "--metric", "false",
+  sit.main(["transfer", *SIT_TINY, "--train.steps", "1", "--fold-steps", "1", "--sampler", "euler", "--metric", "false",
             "--out", out])
   probe(capsys, os.path.join(out, "seed0", "dmap_adapted"), str(tmp_path / "p2"), "--data", "noise")
 

@@ -152,10 +152,10 @@ def test_lm_train_bad_reg_is_one_line(tmp_path, capsys, flags, needle):
 
 # ----------------------------------------------------------------------------- attngeo sit train
 
-SIT = ["--data", "digits", "--width", "16", "--depth", "1", "--heads", "2", "--patch", "2", "--steps", "1",
-       "--eval-samples", "4", "--grid-per-class", "1", "--sample-steps", "1", "--sampler", "euler", "--seeds", "0",
-       "--progress", "false", "--log-every", "1", "--probe-images", "2", "--batch-size", "8", "--warmup", "0",
-       "--metric", "false", "--ckpt-every", "0"]
+SIT = ["--data", "digits", "--model.width", "16", "--model.depth", "1", "--model.heads", "2", "--model.patch", "2",
+       "--train.steps", "1", "--eval-samples", "4", "--grid-per-class", "1", "--sample-steps", "1", "--sampler", "euler",
+       "--seeds", "0", "--progress", "false", "--train.log-every", "1", "--probe-images", "2", "--train.batch-size", "8",
+       "--train.warmup", "0", "--metric", "false", "--train.ckpt-every", "0"]
 
 
 def sit_train_config(flags, out):
@@ -170,9 +170,9 @@ def sit_train(cfg, prepared):
 
   from attngeo import nn
   train_src, ev = prepared
-  mcfg = sit_run.model_config(cfg, ev["image_shape"][1], ev["image_shape"][3], ev["num_classes"], cfg.operator)
-  sit_run.train_stage(nn.DiT(mcfg, rngs=nnx.Rngs(cfg.seeds[0])), cfg, train_src, cfg.out, cfg.steps, cfg.lr, cfg.seeds[0],
-                  "sit")
+  mcfg = cfg.model.dit_config(cfg.operator, image_size=ev["image_shape"][1], channels=ev["image_shape"][3],
+                              num_classes=ev["num_classes"])
+  sit_run.train_stage(nn.DiT(mcfg, rngs=nnx.Rngs(cfg.seeds[0])), cfg, train_src, cfg.out, cfg.seeds[0], "sit")
   return cfg.out
 
 

@@ -82,7 +82,8 @@ def test_train_refuses_a_busy_run_folder_before_writing_anything(holder):
 
 
 @pytest.mark.parametrize("argv", [
-    ["sit", "train", "--data", "digits", "--width", "16", "--depth", "1", "--heads", "2", "--patch", "2", "--steps", "1",
+    ["sit", "train", "--data", "digits", "--model.width", "16", "--model.depth", "1", "--model.heads", "2",
+     "--model.patch", "2", "--train.steps", "1",
      "--metric", "false", "--out", "RUN"],
     ["swissroll", "--operators", "ATTN", "--orders", "ffn_first", "--train.steps", "1", "--out", "RUN"],
 ])

@@ -1,5 +1,6 @@
 """The SiT experiment: the distance-form fold is exact, the transfer protocol runs end to end (smoke),
 official checkpoints import as runs, and bad input fails in one line before any training."""
+import dataclasses
 import glob
 import json
 import math
@@ -15,7 +16,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from attngeo import nn, runs
+from attngeo import config as config_lib, nn, runs
 from attngeo.experiments import sit, sit_config, sit_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -96,10 +97,12 @@ def test_grid_rows_hold_one_class():
   assert (labels[idx].reshape(10, 3) == np.arange(10)[:, None]).all()
 
 
-TINY = ["--data", "digits", "--width", "16", "--depth", "1", "--heads", "2", "--patch", "2", "--steps", "4",
+TINY = ["--data", "digits", "--model.width", "16", "--model.depth", "1", "--model.heads", "2", "--model.patch", "2",
+        "--train.steps", "4",
         "--adapt-steps", "0", "--fold-steps", "2", "--eval-samples", "20", "--grid-per-class", "1",
-        "--classifier-steps", "20", "--sample-steps", "2", "--seeds", "0", "--progress", "false", "--log-every", "3",
-        "--probe-images", "2", "--batch-size", "16", "--warmup", "0"]
+        "--classifier-steps", "20", "--sample-steps", "2", "--seeds", "0", "--progress", "false",
+        "--train.log-every", "3",
+        "--probe-images", "2", "--train.batch-size", "16", "--train.warmup", "0"]
 TRANSFER_ONLY = ("--adapt-steps", "--fold-steps")
 TRAIN_TINY = [a for i, a in enumerate(TINY) if a not in TRANSFER_ONLY and TINY[i - 1] not in TRANSFER_ONLY]
 
@@ -107,7 +110,7 @@ TRAIN_TINY = [a for i, a in enumerate(TINY) if a not in TRANSFER_ONLY and TINY[i
 def test_transfer_smoke_without_metric(tmp_path):
   """Smoke test of the protocol (one ATTN step, no adaptation, no classifier): stages, tables, figures."""
   out = str(tmp_path / "quick")
-  sit.main(["transfer", *TINY, "--steps", "1", "--fold-steps", "0", "--sampler", "euler", "--metric", "false",
+  sit.main(["transfer", *TINY, "--train.steps", "1", "--fold-steps", "0", "--sampler", "euler", "--metric", "false",
             "--out", out])
   rows = read_json(os.path.join(out, "transfer.json"))["rows"]
   assert [r["stage"] for r in rows] == list(sit_config.STAGES) and "fd" not in rows[0]
@@ -195,16 +198,17 @@ def test_import_then_sample_then_transfer_refuses_mismatched_data(tmp_path, caps
     (["--guidance", "-2"], r"guidance scale must be >= 1 \(1 = no guidance\); got -2\.0"),
     (["--sampler", "rk4"], "sampler must be one of"),
     (["--sample-steps", "0"], "sample_steps must be positive; got 0"),
-    (["--width", "0"], "width must be positive; got 0"),          # was a ZeroDivisionError after data and classifier
-    (["--heads", "-1"], "heads must be positive; got -1"),
-    (["--patch", "3"], "patch=3 does not divide the image size 8"),
+    (["--model.width", "0"], "model.width must be positive; got 0"),    # was a ZeroDivisionError after data and
+                                                                       # classifier
+    (["--model.heads", "-1"], "model.heads must be positive; got -1"),
+    (["--model.patch", "3"], "patch=3 does not divide the image size 8"),
     (["--data", "NPY_SQUARE"], "H = W"),
     (["--data", "NPY_RANGE"], r"float images of .* must lie in \[0, 1\]"),
     (["--data", "MIXED"], r"one size and channel count; .*a/0\.png is 8x8 grey but .*b/0\.png is 6x6 grey"),
     (["--data", "imagenet"], "data must be one of"),
-    (["--lr", "-1"], r"^.*: lr must be a positive finite rate; got -1\.0"),   # were TrainConfig's, after data and
-    (["--ema", "1"], r"ema must be a decay in \[0, 1\)"),                      # classifier (issue 25: JAX-free)
-    (["--log-every", "0"], "log_every must be an integer ≥ 1"),
+    (["--train.lr", "-1"], r"^.*: train\.lr must be a positive finite rate; got -1\.0"),   # were TrainConfig's,
+    (["--train.ema", "1"], r"train\.ema must be a decay in \[0, 1\)"),       # after data and classifier (issue 25)
+    (["--train.log-every", "0"], "train.log_every must be an integer ≥ 1"),
 ])
 def test_bad_input_fails_before_training(tmp_path, capsys, args, message):
   from PIL import Image
@@ -227,6 +231,42 @@ def test_bad_input_fails_before_training(tmp_path, capsys, args, message):
   assert not os.path.exists(tmp_path / "out")
 
 
+# `sit train`'s default config as run folders recorded it before `model` and `train` were nested (issue 25).
+FLAT_RECORD = {
+    "data": "mnist", "test_fraction": 0.1, "preset": None, "width": 96, "depth": 4, "heads": 4, "patch": 4,
+    "mlp_ratio": 4.0, "operator": "ATTN", "class_dropout": 0.1, "steps": 12000, "adapt_steps": 1000,
+    "fold_steps": 1000, "batch_size": 64, "lr": 0.001, "adapt_lr": 0.0003, "warmup": 100, "schedule": "cosine",
+    "ema": 0.999, "adapt_ema": 0.995, "mesh": [1, 1, 1], "sampler": "heun", "sample_steps": 16, "guidance": 1.5,
+    "eval_samples": 300, "grid_per_class": 6, "probe_images": 4, "classifier_steps": 1500, "metric": True,
+    "seeds": [0, 1], "init": None, "num_heads": None, "out": "runs/sit_train", "log_every": 50, "ckpt_every": 200,
+    "progress": True, "reg": json.loads(json.dumps(dataclasses.asdict(sit_config.TRAIN_BASE.reg)))}
+
+
+def test_a_flat_record_reads_as_the_nested_config():
+  """A config.json written before the nesting reads as the same settings: every old field lands in its group."""
+  nested = json.loads(json.dumps(dataclasses.asdict(sit_config.TRAIN_BASE)))
+  assert sit_config.nested_record(FLAT_RECORD) == nested
+  assert sit_config.nested_record(nested) == nested
+  assert sit_config.from_record(FLAT_RECORD) == sit_config.TRAIN_BASE
+  assert sit_config.from_record({**FLAT_RECORD, "retired_field": 1}) == sit_config.TRAIN_BASE   # an older version's
+
+
+def test_a_flat_run_folder_resumes_under_the_same_settings_only(tmp_path):
+  """`check_run_folder` compares a flat record with the nested config field by field: the same settings pass,
+  another rate is refused naming the nested field, a control field may change."""
+  out = str(tmp_path / "old")
+  os.makedirs(out)
+  with open(os.path.join(out, "config.json"), "w") as f:
+    json.dump({"sit": {**FLAT_RECORD, "out": out}}, f)
+  base = dataclasses.replace(sit_config.TRAIN_BASE, out=out)
+  sit_config.check_run_folder(base, "train")
+  sit_config.check_run_folder(config_lib.replaced(base, {"train.log_every": 7, "sampler": "euler"}), "train")
+  with pytest.raises(ValueError, match=r"sit\.train\.lr 0\.001 → 0\.002"):
+    sit_config.check_run_folder(config_lib.replaced(base, {"train.lr": 0.002}), "train")
+  with pytest.raises(ValueError, match=r"sit\.model\.width 96 → 32"):
+    sit_config.check_run_folder(config_lib.replaced(base, {"model.width": 32}), "transfer")
+
+
 def test_adapt_ema_outside_0_1_is_one_line(tmp_path, capsys):
   err = one_error_line(capsys, ["transfer", "--data", "digits", "--adapt-ema", "1.5", "--out", str(tmp_path / "t")],
                        "transfer")
@@ -236,7 +276,8 @@ def test_adapt_ema_outside_0_1_is_one_line(tmp_path, capsys):
 def test_full_protocol_dry_run_and_launch_line(capsys):
   cfg = sit.main(["transfer", "--full", "--dry-run"])
   out = capsys.readouterr().out
-  assert (cfg.preset, cfg.adapt_steps, cfg.fold_steps, cfg.batch_size, cfg.ema) == ("XL/2", 40_000, 80_000, 256, 0.9999)
+  assert (cfg.model.preset, cfg.adapt_steps, cfg.fold_steps, cfg.train.batch_size, cfg.train.ema) == ("XL/2", 40_000, 80_000,
+                                                                                               256, 0.9999)
   assert "stabilityai/sd-vae-ft-ema" in out and "launch: tpu/launch_tpu.sh" in out
   launch = out.split("launch: ")[1].strip().replace(" -- ", " --dry-run -- ").split()
   res = subprocess.run(["bash", os.path.join(ROOT, launch[0]), *launch[1:]], capture_output=True, text=True, timeout=60)
@@ -330,8 +371,8 @@ def test_labels_outside_the_classes_are_refused():
 
 
 def test_dry_run_local_line_and_help(capsys):
-  sit.main(["transfer", "--dry-run", "--steps", "3", "--seeds", "0"])
-  assert capsys.readouterr().out.strip().splitlines()[-1] == "local: attngeo sit transfer --steps 3 --seeds 0"
+  sit.main(["transfer", "--dry-run", "--train.steps", "3", "--seeds", "0"])
+  assert capsys.readouterr().out.strip().splitlines()[-1] == "local: attngeo sit transfer --train.steps 3 --seeds 0"
   helps = {"train": sit.train_parser().format_help(), "transfer": sit.transfer_parser().format_help()}
   assert "(default: runs/sit_train)" in helps["train"] and "(default: runs/sit)" in helps["transfer"]
   for flag in ("--adapt-steps", "--fold-steps", "--adapt-lr", "--init", "--num-heads"):
@@ -346,7 +387,7 @@ def test_dry_run_local_line_and_help(capsys):
 
 def test_argument_errors_and_the_dry_run_answer_without_importing_jax():
   code = ("import sys\nfrom attngeo.experiments import sit\n"
-          "sit.main(['transfer', '--dry-run', '--preset', 'S/2'])\n"
+          "sit.main(['transfer', '--dry-run', '--model.preset', 'S/2'])\n"
           "try:\n  sit.main(['train', '--sampler', 'bogus', '--out', '/nonexistent/x'])\nexcept SystemExit:\n  pass\n"
           "print('JAX', 'jax' in sys.modules)")
   run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -366,7 +407,7 @@ def test_full_dry_run_prints_its_cost(capsys):
   per_token = sum(matrices.values()) - per_image
   tokens, width = shapes["pos_embed"][1], shapes["pos_embed"][2]
   flops = 6 * (tokens * per_token + per_image) + 12 * mcfg.depth * tokens ** 2 * width
-  images = (cfg.steps + cfg.adapt_steps + cfg.fold_steps) * cfg.batch_size * len(cfg.seeds)
+  images = (cfg.train.steps + cfg.adapt_steps + cfg.fold_steps) * cfg.train.batch_size * len(cfg.seeds)
   hours = images * flops / (train.PEAK_FLOPS["TPU v5e"] * 0.4) / 3600
   assert f"{flops / 1e9:.0f} GFLOPs per training image" in out and f"{images:,} images" in out
   assert f"TPU v5e: {hours:,.0f} chip-hours at 40% MFU ({hours / 8:.1f} h on 8 chips" in out
@@ -385,17 +426,17 @@ def test_sample_grid_rows_are_labelled_with_their_class(imported_run, monkeypatc
 def test_transfer_refuses_a_folder_made_under_other_settings(tmp_path, capsys):
   """Finished stages are read back: a re-run under other settings would report them as its own."""
   out = str(tmp_path / "run")
-  sit.main(["transfer", *TINY, "--steps", "1", "--fold-steps", "0", "--sampler", "euler", "--metric", "false",
+  sit.main(["transfer", *TINY, "--train.steps", "1", "--fold-steps", "0", "--sampler", "euler", "--metric", "false",
             "--out", out])
   before = {p: os.path.getmtime(os.path.join(out, p)) for p in ("config.json", "transfer.json")}
   with pytest.raises(SystemExit):
-    sit.main(["transfer", *TINY, "--steps", "2", "--fold-steps", "0", "--sampler", "euler", "--metric", "false",
+    sit.main(["transfer", *TINY, "--train.steps", "2", "--fold-steps", "0", "--sampler", "euler", "--metric", "false",
               "--out", out])
-  assert "sit.steps 1 → 2" in capsys.readouterr().err
+  assert "sit.train.steps 1 → 2" in capsys.readouterr().err
   assert before == {p: os.path.getmtime(os.path.join(out, p)) for p in before}      # nothing rewritten
   capsys.readouterr()
-  sit.main(["transfer", *TINY, "--steps", "1", "--fold-steps", "0", "--sampler", "euler", "--metric", "false",
-            "--seeds", "0", "--log-every", "7", "--out", out])                          # control fields may change
+  sit.main(["transfer", *TINY, "--train.steps", "1", "--fold-steps", "0", "--sampler", "euler", "--metric", "false",
+            "--seeds", "0", "--train.log-every", "7", "--out", out])                          # control fields may change
   assert capsys.readouterr().out.count("done earlier") == 5
 
 
@@ -416,11 +457,12 @@ def test_train_resume_under_another_loss_or_model_is_refused(tmp_path, capsys):
   """A `sit train` folder resumes only the run its checkpoints hold: another --reg.skew or width is one line,
   nothing rewritten; what is only evaluated (sampler steps) may change."""
   out = str(tmp_path / "train")
-  args = ["train", *TRAIN_TINY, "--steps", "2", "--metric", "false", "--sampler", "euler", "--out", out]
+  args = ["train", *TRAIN_TINY, "--train.steps", "2", "--metric", "false", "--sampler", "euler", "--out", out]
   sit.main(args)
   listing = {p: os.path.getmtime(p) for p in glob.glob(os.path.join(out, "**"), recursive=True)}
-  for extra, field in ((["--reg.skew", "0.1"], "sit.reg.skew 0.0 → 0.1"), (["--width", "32"], "sit.width 16 → 32"),
-                       (["--steps", "3"], "sit.steps 2 → 3")):              # cosine: another trajectory
+  for extra, field in ((["--reg.skew", "0.1"], "sit.reg.skew 0.0 → 0.1"),
+                       (["--model.width", "32"], "sit.model.width 16 → 32"),
+                       (["--train.steps", "3"], "sit.train.steps 2 → 3")):       # cosine: another trajectory
     with pytest.raises(SystemExit):
       sit.main(args + extra)
     assert field in capsys.readouterr().err
