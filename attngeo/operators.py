@@ -484,8 +484,8 @@ def magnetic_transport(q, k, v, *, beta=0.0, coupling=1.0, causal: bool = False,
     coupling: γ, scalar or per-head [h], any finite real; 0 gives exactly `transport(..., alpha=0)`
       (on the paired kernel, to float32 rounding).
     causal, mask, scale: as in `transport`.
-    implementation: "einsum" | "blockwise" | "paired" | None (`kernels.choose`: einsum below 512 keys, else
-      blockwise).
+    implementation: "einsum" | "blockwise" | "pallas" | "paired" | None (`kernels.choose`: einsum below 512
+      keys, else blockwise; "pallas", `kernels.pallas_phase`, only when named).
       "paired" (`attngeo.kernels.paired`) needs β = 0 as a Python float, no mask and causal=False;
       a call with far tokens (as in `transport`) runs on the one-sided blockwise kernel instead.
     block_size: the blockwise kernel's block, or the paired kernel's tile bound (`kernels.tiling`);

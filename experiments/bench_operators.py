@@ -28,7 +28,8 @@ the note under the table gives its ratio to ATTN per sequence length. `--long N`
 path at batch 1, seq N, where a materialised P alone would need b·h·N²·4 bytes. Writes
 bench_operators.{md,csv,json}.
 
-"pallas" (`attngeo.kernels.pallas`, the family only) is timed by default on GPU (Triton) and TPU (Mosaic);
+"pallas" (`attngeo.kernels.pallas`) is timed by default for the family on GPU (Triton) and TPU (Mosaic), for
+CMAP (`attngeo.kernels.pallas_phase`) only when named;
 on CPU it runs only when named with `--interpret` (interpret mode: a dry run of the script, not a timing).
 When it is timed, the note gives each operator's Pallas time ÷ its xla / cudnn / blockwise time.
 
@@ -100,7 +101,7 @@ def available_impls(name="ATTN", chosen=None, causal=False):
 
   from attngeo import operators
   if name in OPERATORS[len(CORNERS):]:
-    impls = list(operators.MAGNETIC_IMPLEMENTATIONS)
+    impls = [i for i in operators.MAGNETIC_IMPLEMENTATIONS if i != "pallas" or chosen is not None]   # only named
   else:
     impls = ["einsum", "xla", "blockwise"]
     if jax.default_backend() == "gpu":

@@ -151,15 +151,13 @@ def test_transport_gradient_through_pallas_matches_blockwise():
 
 
 def test_the_dispatcher_selects_pallas_by_name_only(monkeypatch):
-  """"pallas" is a softmax kernel name, kept as it is on every backend; never the default (CPU above all),
-  and not one of the phase / magnetic kernels (lenient: another kind's name falls back to the default)."""
+  """"pallas" is a softmax, phase and magnetic kernel name (`pallas_phase`), kept as it is on every backend;
+  never the default of any kind (CPU above all)."""
   for backend in ("cpu", "gpu", "tpu"):
     monkeypatch.setattr(jax, "default_backend", lambda backend=backend: backend)
-    assert kernels.choose("softmax", "pallas", 8) == "pallas"
-    assert "pallas" not in {kernels.choose("softmax", None, n) for n in (None, 8, 10 ** 6)}
-  assert kernels.choose("magnetic", "pallas", 8, strict=False) == "einsum"
-  with pytest.raises(ValueError, match="for phase attention; got 'pallas'"):
-    kernels.choose("phase", "pallas", 8)
+    for kind in ("softmax", "phase", "magnetic"):
+      assert kernels.choose(kind, "pallas", 8) == "pallas"
+      assert "pallas" not in {kernels.choose(kind, None, n) for n in (None, 8, 10 ** 6)}
 
 
 @pytest.mark.parametrize("backend,t,d,want", [

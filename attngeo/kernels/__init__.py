@@ -11,6 +11,7 @@ chooses; callers pass `implementation` through):
 * `pallas` — `pallas_sdpa`, the same attention as one Pallas flash kernel (forward and backward; Triton,
   Mosaic, or interpret mode on CPU), implementation "pallas"; `layout`: the blocks and head-dim padding
   each backend needs.
+* `pallas_phase` — `pallas_phase_attention`, phase attention as Pallas flash kernels (`phase_attention`'s "pallas").
 * `split` — `split_attention`, the dense kernel of the β = 1 edge (ATAP) on one product and its transpose
   (d wide, where the augmented heads are 2·d).
 * `split_paired` — `split_paired_attention`, the same edge blockwise: each pair of tiles' two products once
@@ -31,6 +32,7 @@ from attngeo.kernels.dispatch import (BLOCKWISE_FROM, IMPLEMENTATIONS, KERNELS, 
 from attngeo.kernels._blocks import levels, pair_tasks, tiling
 from attngeo.kernels.paired import paired_magnetic
 from attngeo.kernels.pallas import layout, pallas_sdpa
+from attngeo.kernels.pallas_phase import pallas_phase_attention
 from attngeo.kernels.phase import phase_attention, sincos
 from attngeo.kernels.softmax import attention, log_normaliser
 from attngeo.kernels.split import split_attention, split_weights
@@ -38,5 +40,5 @@ from attngeo.kernels.split_paired import split_paired_attention
 
 __all__ = ["BLOCKWISE_FROM", "IMPLEMENTATIONS", "KERNELS", "NEG", "PAIRED_FROM_TILES", "PHASE_IMPLEMENTATIONS",
            "apply_masks", "attended_rows", "check_block_size", "attention", "choose", "default_implementation", "layout", "levels",
-           "log_normaliser", "pair_tasks", "pallas_sdpa", "paired_magnetic", "phase_attention", "runs_split", "sincos",
-           "split_attention", "split_paired_attention", "split_weights", "tiling"]
+           "log_normaliser", "pair_tasks", "pallas_phase_attention", "pallas_sdpa", "paired_magnetic",
+           "phase_attention", "runs_split", "sincos", "split_attention", "split_paired_attention", "split_weights", "tiling"]

@@ -5,7 +5,7 @@ Three kinds of attention run on these kernels, each with its own set of names (`
 * `"softmax"` — `softmax(s·q·kᵀ + bias_j, masked)·v` (`attention`; every member of the (β, α) family):
   einsum, XLA's and cuDNN's fused SDPA, blockwise, and the Pallas flash kernel `"pallas"`
   (`attngeo.kernels.pallas`: Triton on GPU, Mosaic on TPU, interpret mode on CPU).
-* `"phase"` — the same with a U(1) phase on the values (`phase_attention`): einsum, blockwise.
+* `"phase"` — the same with a U(1) phase on the values (`phase_attention`): einsum, blockwise, Pallas (`pallas_phase`).
 * `"magnetic"` — the magnetic operator CMAP (`operators.magnetic_transport`): the phase kernels, and the
   Hermitian pairing `"paired"` (β = 0, no mask, not causal; `attngeo.kernels.paired`), which is never a
   default — it is run only when named.
@@ -34,7 +34,7 @@ import jax
 from attngeo.kernels._blocks import tiles_in_pairs, tiling
 
 IMPLEMENTATIONS = ("einsum", "xla", "cudnn", "blockwise", "pallas")
-PHASE_IMPLEMENTATIONS = ("einsum", "blockwise")
+PHASE_IMPLEMENTATIONS = ("einsum", "blockwise", "pallas")
 KERNELS = {"softmax": IMPLEMENTATIONS, "phase": PHASE_IMPLEMENTATIONS, "magnetic": PHASE_IMPLEMENTATIONS + ("paired",)}
 _WHAT = {"softmax": "", "phase": " for phase attention", "magnetic": " for the magnetic operator"}
 

@@ -75,15 +75,15 @@ from jax.experimental.pallas import triton as pl_triton
 
 from attngeo.kernels._blocks import NEG, pad_mask
 
-_NT = (((1,), (1,)), ((), ()))   # a·bᵀ
-_TN = (((0,), (0,)), ((), ()))   # aᵀ·b
+NT = (((1,), (1,)), ((), ()))   # a·bᵀ
+TN = (((0,), (0,)), ((), ()))   # aᵀ·b
 
 
 def _next_pow2(n: int) -> int:
   return 1 << max(0, int(n) - 1).bit_length()
 
 
-def _round_up(n: int, m: int) -> int:
+def round_up(n: int, m: int) -> int:
   return -(-int(n) // m) * m
 
 
@@ -96,14 +96,14 @@ def layout(backend: str, t: int, s: int, d: int, e: int, block_size: int):
     width = lambda x: max(16, _next_pow2(x))
     return blk(t), blk(s), width(d), width(e)
   if backend == "tpu":
-    blk = lambda n: min(_round_up(max(block_size, 128), 128), _round_up(n, 128))
+    blk = lambda n: min(round_up(max(block_size, 128), 128), round_up(n, 128))
     return blk(t), blk(s), d, e
   return min(block_size, t), min(block_size, s), d, e
 
 
 # ----------------------------------------------------------------------------- the kernels
 
-def _tile_masks(s, m_ref, causal, row0, col0, mask_rows: bool, mask_keys: bool, bq: int, bk: int, rows_at, cols_at):
+def tile_masks(s, m_ref, causal, row0, col0, mask_rows: bool, mask_keys: bool, bq: int, bk: int, rows_at, cols_at):
   """The logit tile s [bq, bk] with the causal order (key > query) and the int8 mask (0) set to NEG."""
   if causal:
     rows = row0 + jax.lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
@@ -126,9 +126,9 @@ def _fwd_kernel(*refs, causal, scale, bq, bk, nk, has_mask, mask_keys):
     o, mx, l = carry
     start = pl.multiple_of(ik * bk, bk)
     cols = pl.ds(start, bk)
-    s = jax.lax.dot_general(q, k_ref[cols, :], _NT, preferred_element_type=jnp.float32) * scale
+    s = jax.lax.dot_general(q, k_ref[cols, :], NT, preferred_element_type=jnp.float32) * scale
     s = s + b_ref[:, cols]
-    s = _tile_masks(s, m_ref, causal, iq * bq, start, False, mask_keys, bq, bk, None, cols)
+    s = tile_masks(s, m_ref, causal, iq * bq, start, False, mask_keys, bq, bk, None, cols)
     mx_new = jnp.maximum(mx, s.max(-1, keepdims=True))
     p = jnp.exp(s - mx_new)
     corr = jnp.exp(mx - mx_new)
@@ -155,13 +155,13 @@ def _dkv_kernel(*refs, causal, scale, bq, bk, nq, has_mask, mask_rows):
     start = pl.multiple_of(iq * bq, bq)
     rows = pl.ds(start, bq)
     qb, dob = q_ref[rows, :], do_ref[rows, :]
-    s = jax.lax.dot_general(qb, kb, _NT, preferred_element_type=jnp.float32) * scale + bias
-    s = _tile_masks(s, m_ref, causal, start, ik * bk, mask_rows, False, bq, bk, rows, None)
+    s = jax.lax.dot_general(qb, kb, NT, preferred_element_type=jnp.float32) * scale + bias
+    s = tile_masks(s, m_ref, causal, start, ik * bk, mask_rows, False, bq, bk, rows, None)
     p = jnp.exp(s - lse_ref[rows, :])
-    dv = dv + jax.lax.dot_general(p.astype(dob.dtype), dob, _TN, preferred_element_type=jnp.float32)
-    dp = jax.lax.dot_general(dob, vb, _NT, preferred_element_type=jnp.float32)
+    dv = dv + jax.lax.dot_general(p.astype(dob.dtype), dob, TN, preferred_element_type=jnp.float32)
+    dp = jax.lax.dot_general(dob, vb, NT, preferred_element_type=jnp.float32)
     ds = p * (dp - delta_ref[rows, :])
-    dk = dk + jax.lax.dot_general(ds.astype(qb.dtype), qb, _TN, preferred_element_type=jnp.float32)
+    dk = dk + jax.lax.dot_general(ds.astype(qb.dtype), qb, TN, preferred_element_type=jnp.float32)
     return dk, dv, db + ds.sum(0, keepdims=True)
 
   init = (jnp.zeros(kb.shape, jnp.float32), jnp.zeros(vb.shape, jnp.float32), jnp.zeros((1, bk), jnp.float32))
@@ -181,10 +181,10 @@ def _dq_kernel(*refs, causal, scale, bq, bk, nk, has_mask, mask_keys):
     start = pl.multiple_of(ik * bk, bk)
     cols = pl.ds(start, bk)
     kb = k_ref[cols, :]
-    s = jax.lax.dot_general(q, kb, _NT, preferred_element_type=jnp.float32) * scale + b_ref[:, cols]
-    s = _tile_masks(s, m_ref, causal, iq * bq, start, False, mask_keys, bq, bk, None, cols)
+    s = jax.lax.dot_general(q, kb, NT, preferred_element_type=jnp.float32) * scale + b_ref[:, cols]
+    s = tile_masks(s, m_ref, causal, iq * bq, start, False, mask_keys, bq, bk, None, cols)
     p = jnp.exp(s - lse)
-    dp = jax.lax.dot_general(do, v_ref[cols, :], _NT, preferred_element_type=jnp.float32)
+    dp = jax.lax.dot_general(do, v_ref[cols, :], NT, preferred_element_type=jnp.float32)
     ds = p * (dp - delta)
     return dq + jnp.dot(ds.astype(kb.dtype), kb, preferred_element_type=jnp.float32)
 
@@ -195,21 +195,21 @@ def _dq_kernel(*refs, causal, scale, bq, bk, nk, has_mask, mask_keys):
 
 # ----------------------------------------------------------------------------- pallas_call wiring
 
-def _call(kernel, target, **kw):
+def pallas_call(kernel, target, **kw):
   """`pl.pallas_call` for `target`: "cpu" (interpret mode), "gpu" (Triton, named: jax 0.10's default GPU
   lowering is Mosaic GPU, which has no `dot_general` on this kernel's lane semantics) or "tpu" (Mosaic)."""
   params = pl_triton.CompilerParams(num_warps=4, num_stages=2) if target == "gpu" else None
   return pl.pallas_call(kernel, interpret=target == "cpu", compiler_params=params, **kw)
 
 
-def _spec(shape, index_map):
+def block_spec(shape, index_map):
   return pl.BlockSpec(shape, index_map)
 
 
-def _mask_spec(mask, rows, cols, row_index, col_index):
+def mask_spec(mask, rows, cols, row_index, col_index):
   """The int8 mask's block: batch / head squeezed, query and key axes blocked where not broadcast."""
   mb, mh, mt, ms = mask.shape
-  return _spec((None, None, rows if mt > 1 else 1, cols if ms > 1 else 1),
+  return block_spec((None, None, rows if mt > 1 else 1, cols if ms > 1 else 1),
                lambda b, h, i: (b if mb > 1 else 0, h if mh > 1 else 0, row_index(i) if mt > 1 else 0,
                                 col_index(i) if ms > 1 else 0))
 
@@ -218,19 +218,19 @@ def _forward(q, k, v, bias, mask, causal, scale, bq, bk, target):
   """q [b,h,T,D], k [b,h,S,D], v [b,h,S,E], bias [b,h,1,S] f32, mask int8 or None -> (out, lse [b,h,T,1])."""
   b, h, tp, dd = q.shape
   sp, e = k.shape[2], v.shape[-1]
-  whole = lambda width: _spec((None, None, sp, width), lambda bb, hh, i: (bb, hh, 0, 0))
-  in_specs = [_spec((None, None, bq, dd), lambda bb, hh, i: (bb, hh, i, 0)), whole(dd), whole(e),
-              _spec((None, None, 1, sp), lambda bb, hh, i: (bb, hh, 0, 0))]
+  whole = lambda width: block_spec((None, None, sp, width), lambda bb, hh, i: (bb, hh, 0, 0))
+  in_specs = [block_spec((None, None, bq, dd), lambda bb, hh, i: (bb, hh, i, 0)), whole(dd), whole(e),
+              block_spec((None, None, 1, sp), lambda bb, hh, i: (bb, hh, 0, 0))]
   args = [q, k, v, bias]
   if mask is not None:
-    in_specs.append(_mask_spec(mask, bq, sp, lambda i: i, lambda i: 0))
+    in_specs.append(mask_spec(mask, bq, sp, lambda i: i, lambda i: 0))
     args.append(mask)
   kernel = functools.partial(_fwd_kernel, causal=causal, scale=scale, bq=bq, bk=bk, nk=sp // bk,
                              has_mask=mask is not None, mask_keys=mask is not None and mask.shape[3] > 1)
-  return _call(
+  return pallas_call(
       kernel, target, grid=(b, h, tp // bq), in_specs=in_specs,
-      out_specs=[_spec((None, None, bq, e), lambda bb, hh, i: (bb, hh, i, 0)),
-                 _spec((None, None, bq, 1), lambda bb, hh, i: (bb, hh, i, 0))],
+      out_specs=[block_spec((None, None, bq, e), lambda bb, hh, i: (bb, hh, i, 0)),
+                 block_spec((None, None, bq, 1), lambda bb, hh, i: (bb, hh, i, 0))],
       out_shape=[jax.ShapeDtypeStruct((b, h, tp, e), v.dtype), jax.ShapeDtypeStruct((b, h, tp, 1), jnp.float32)],
       name="attngeo_flash_fwd")(*args)
 
@@ -240,36 +240,36 @@ def _backward(q, k, v, bias, mask, out, lse, dout, causal, scale, bq, bk, target
   sp, e = k.shape[2], v.shape[-1]
   delta = jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), -1, keepdims=True)   # [b,h,T,1]
   has_mask = mask is not None
-  full_q = lambda width: _spec((None, None, tp, width), lambda bb, hh, i: (bb, hh, 0, 0))
-  blk_k = lambda width: _spec((None, None, bk, width), lambda bb, hh, i: (bb, hh, i, 0))
-  in_specs = [full_q(dd), blk_k(dd), blk_k(e), _spec((None, None, 1, bk), lambda bb, hh, i: (bb, hh, 0, i))]
+  full_q = lambda width: block_spec((None, None, tp, width), lambda bb, hh, i: (bb, hh, 0, 0))
+  blk_k = lambda width: block_spec((None, None, bk, width), lambda bb, hh, i: (bb, hh, i, 0))
+  in_specs = [full_q(dd), blk_k(dd), blk_k(e), block_spec((None, None, 1, bk), lambda bb, hh, i: (bb, hh, 0, i))]
   args = [q, k, v, bias]
   if has_mask:
-    in_specs.append(_mask_spec(mask, tp, bk, lambda i: 0, lambda i: i))
+    in_specs.append(mask_spec(mask, tp, bk, lambda i: 0, lambda i: i))
     args.append(mask)
   in_specs += [full_q(e), full_q(1), full_q(1)]
   args += [dout, lse, delta]
   kernel = functools.partial(_dkv_kernel, causal=causal, scale=scale, bq=bq, bk=bk, nq=tp // bq,
                              has_mask=has_mask, mask_rows=has_mask and mask.shape[2] > 1)
-  dk, dv, dbias = _call(
+  dk, dv, dbias = pallas_call(
       kernel, target, grid=(b, h, sp // bk), in_specs=in_specs,
-      out_specs=[blk_k(dd), blk_k(e), _spec((None, None, 1, bk), lambda bb, hh, i: (bb, hh, 0, i))],
+      out_specs=[blk_k(dd), blk_k(e), block_spec((None, None, 1, bk), lambda bb, hh, i: (bb, hh, 0, i))],
       out_shape=[jax.ShapeDtypeStruct(k.shape, jnp.float32), jax.ShapeDtypeStruct(v.shape, jnp.float32),
                  jax.ShapeDtypeStruct(bias.shape, jnp.float32)],
       name="attngeo_flash_dkv")(*args)
 
-  whole = lambda width: _spec((None, None, sp, width), lambda bb, hh, i: (bb, hh, 0, 0))
-  blk_q = lambda width: _spec((None, None, bq, width), lambda bb, hh, i: (bb, hh, i, 0))
-  in_specs = [blk_q(dd), whole(dd), whole(e), _spec((None, None, 1, sp), lambda bb, hh, i: (bb, hh, 0, 0))]
+  whole = lambda width: block_spec((None, None, sp, width), lambda bb, hh, i: (bb, hh, 0, 0))
+  blk_q = lambda width: block_spec((None, None, bq, width), lambda bb, hh, i: (bb, hh, i, 0))
+  in_specs = [blk_q(dd), whole(dd), whole(e), block_spec((None, None, 1, sp), lambda bb, hh, i: (bb, hh, 0, 0))]
   args = [q, k, v, bias]
   if has_mask:
-    in_specs.append(_mask_spec(mask, bq, sp, lambda i: i, lambda i: 0))
+    in_specs.append(mask_spec(mask, bq, sp, lambda i: i, lambda i: 0))
     args.append(mask)
   in_specs += [blk_q(e), blk_q(1), blk_q(1)]
   args += [dout, lse, delta]
   kernel = functools.partial(_dq_kernel, causal=causal, scale=scale, bq=bq, bk=bk, nk=sp // bk,
                              has_mask=has_mask, mask_keys=has_mask and mask.shape[3] > 1)
-  dq = _call(
+  dq = pallas_call(
       kernel, target, grid=(b, h, tp // bq), in_specs=in_specs, out_specs=blk_q(dd),
       out_shape=jax.ShapeDtypeStruct(q.shape, jnp.float32), name="attngeo_flash_dq")(*args)
   return dq, dk, dv, dbias
@@ -299,6 +299,32 @@ def _backend() -> str:
   return "gpu" if backend in ("gpu", "cuda", "rocm") else backend
 
 
+# ----------------------------------------------------------------------------- shared with `pallas_phase`
+
+# The phase kernel's Pallas twin (`attngeo.kernels.pallas_phase`) also builds on the dot layouts `NT`/`TN`,
+# `round_up`, `tile_masks`, `block_spec`, `mask_spec` and `pallas_call` above.
+
+
+def backend() -> str:
+  """The lowering target of the default backend: "gpu" (CUDA, ROCm), "tpu" or "cpu" (tests patch `_backend`)."""
+  return _backend()
+
+
+def key_bias_and_mask(bias, mask, b, h, t, s, tp, sp):
+  """The kernels' key bias `[b, h, 1, sp]` float32 and int8 mask (padded to tp × sp, or None) from a bias
+  `[b, s, h]` (None: zeros) and a bool mask broadcastable to `[b, h, t, s]` (or None): a key mask
+  `[b|1, h|1, 1, s]` is folded into the bias (`NEG` where False), padded keys get `NEG`, any other mask is
+  padded on its non-broadcast axes (`pad_mask`) and cast to int8."""
+  bias_t = jnp.zeros((b, h, s), jnp.float32) if bias is None else jnp.transpose(bias, (0, 2, 1)).astype(jnp.float32)
+  if mask is not None and mask.shape[2] == 1:          # a key mask: folded into the key bias
+    bias_t = jnp.where(jnp.broadcast_to(mask[:, :, 0, :], (b, h, s)), bias_t, NEG)
+    mask = None
+  bias_t = jnp.pad(bias_t, ((0, 0), (0, 0), (0, sp - s)), constant_values=NEG)[:, :, None, :]
+  if mask is not None:
+    mask = pad_mask(jnp.asarray(mask), tp - t, sp - s).astype(jnp.int8)
+  return bias_t, mask
+
+
 def pallas_sdpa(q, k, v, bias, mask, causal, scale, block_size, *, interpret=None):
   """`softmax(scale·q·kᵀ + bias_j, masked)·v` by the Pallas flash kernel; the blockwise kernel's call.
 
@@ -314,16 +340,10 @@ def pallas_sdpa(q, k, v, bias, mask, causal, scale, block_size, *, interpret=Non
   s, e = k.shape[1], v.shape[-1]
   target = "cpu" if interpret else backend
   bq, bk, dp, ep = layout(target, t, s, d, e, int(block_size))
-  tp, sp = _round_up(t, bq), _round_up(s, bk)
+  tp, sp = round_up(t, bq), round_up(s, bk)
   head_major = lambda x, n, width: jnp.pad(jnp.transpose(x, (0, 2, 1, 3)),
                                            ((0, 0), (0, 0), (0, n - x.shape[1]), (0, width - x.shape[-1])))
   qt, kt, vt = head_major(q, tp, dp), head_major(k, sp, dp), head_major(v, sp, ep)
-  bias_t = jnp.zeros((b, h, s), jnp.float32) if bias is None else jnp.transpose(bias, (0, 2, 1)).astype(jnp.float32)
-  if mask is not None and mask.shape[2] == 1:          # a key mask: folded into the key bias
-    bias_t = jnp.where(jnp.broadcast_to(mask[:, :, 0, :], (b, h, s)), bias_t, NEG)
-    mask = None
-  bias_t = jnp.pad(bias_t, ((0, 0), (0, 0), (0, sp - s)), constant_values=NEG)[:, :, None, :]
-  if mask is not None:
-    mask = pad_mask(jnp.asarray(mask), tp - t, sp - s).astype(jnp.int8)
+  bias_t, mask = key_bias_and_mask(bias, mask, b, h, t, s, tp, sp)
   out = _flash(qt, kt, vt, bias_t, mask, bool(causal), float(scale), bq, bk, target)
   return jnp.transpose(out[:, :, :t, :e], (0, 2, 1, 3))

@@ -12,10 +12,11 @@ Backward, with G = dy = G_re + i·G_im, `ga = [G_re, G_im]`, `gb = [G_im, −G_r
   dv_j = Σ_i P_ij e^{−iθ_ij} G_i = (P cos θ)ᵀ·ga + (P sin θ)ᵀ·gb   (layout [re, im]).
 dL gives dq, dk, dbias exactly as in `softmax._flash_bwd`; dθ gives dqt = c·dθ·kt, dkt = c·dθᵀ·qt, dc = Σ dθ ⊙ (qt·kt) = Σ_i qt_i·(dθ·kt)_i.
 
-Two kernels (chosen by `attngeo.kernels.dispatch.choose`, kind "phase"): `"einsum"` (dense, a custom
+Two kernels here (chosen by `attngeo.kernels.dispatch.choose`, kind "phase"): `"einsum"` (dense, a custom
 VJP from the saved P, P cos θ and P sin θ) and `"blockwise"` (the online softmax of
 `_blocks.online_softmax` with the phase in its accumulation, and a recomputing custom VJP: O(n) memory;
-under the causal order both passes skip the blocks wholly above the diagonal, `_blocks.live_block`).
+under the causal order both passes skip the blocks wholly above the diagonal, `_blocks.live_block`);
+`"pallas"`, the blockwise kernel in Pallas, is `attngeo.kernels.pallas_phase` (run only when named).
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from attngeo.kernels._blocks import (apply_masks, block_logits, check_block_size
                                      live_block, online_softmax, split_blocks, tile, untile, when_live,
                                      zero_empty_rows)
 from attngeo.kernels.dispatch import choose
+from attngeo.kernels.pallas_phase import pallas_phase_attention
 
 _TWO_PI_HI = 6.28125                     # 2π = HI + LO, HI exact in 9 bits: n·HI is exact (Cody–Waite)
 _TWO_PI_LO = 2 * math.pi - _TWO_PI_HI
@@ -243,7 +245,8 @@ def phase_attention(q, k, v, qt, kt, coupling, *, bias=None, mask=None, causal=F
   coupling: scalar or [h]; bias: [b, s, h] or None; mask: bool, broadcastable to [b, h, t, s].
   implementation: "einsum" (materialises [b, h, t, s]; custom VJP from the saved P, P cos θ and
   P sin θ, nothing recomputed) | "blockwise" (online softmax, recomputing custom VJP, O(n) memory) |
-  None (`dispatch.choose`: einsum below 512 keys, else blockwise). Both give gradients for q, k, v,
+  "pallas" (`attngeo.kernels.pallas_phase`: the blockwise kernel as Pallas flash kernels; only when named) |
+  None (`dispatch.choose`: einsum below 512 keys, else blockwise). All give gradients for q, k, v,
   bias, qt, kt and the coupling, in reverse mode only (custom VJPs: `jax.jvp` through them raises).
   Returns [b, t, h, e] in v's dtype, float32 accumulation; a query row whose keys are all masked (by
   the mask and the causal order together) returns 0.
@@ -254,6 +257,8 @@ def phase_attention(q, k, v, qt, kt, coupling, *, bias=None, mask=None, causal=F
   c = jnp.broadcast_to(jnp.asarray(coupling, jnp.float32), (q.shape[2],))
   if implementation == "einsum":
     out = _einsum_phase(q, k, v, bias, qt, kt, c, mask, causal, scale)
+  elif implementation == "pallas":
+    out = pallas_phase_attention(q, k, v, bias, qt, kt, c, mask, causal, scale, check_block_size(block_size))
   else:
     out = _blockwise_phase(q, k, v, bias, qt, kt, c, mask, causal, scale, check_block_size(block_size))
   return zero_empty_rows(out, mask, causal, k.shape[1])
