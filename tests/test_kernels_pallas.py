@@ -108,8 +108,8 @@ def test_outputs_and_gradients_match_float64_and_the_blockwise_kernel(kind, caus
 
 def test_bf16_inputs_accumulate_in_float32():
   """bf16 q, k, v (key mask, causal): against float64 on the same bf16-rounded inputs, y within 1e-2·max|y|
-  and the gradients within 3e-2·max (bf16 operands, P and dS rounded to bf16 before their products; float32
-  accumulation — a bf16 accumulation over 45 keys would be off by more); the same tolerance to blockwise."""
+  and the gradients within 3e-2·max (bf16 operands, P and dS rounded to bf16 before their products); the same
+  tolerance to blockwise. A bf16 running sum passes these tolerances (tried); the next test catches it."""
   q, k, v, bias, w = inputs(2, jnp.bfloat16)
   mask = make_mask("key")
   got = run("pallas", q, k, v, bias, w, mask, True, 0.25)
@@ -118,6 +118,29 @@ def test_bf16_inputs_accumulate_in_float32():
   for name, a, b, tol in zip(NAMES, got, want, (1e-2, 3e-2, 3e-2, 3e-2, 3e-2)):
     size = np.abs(b).max()
     np.testing.assert_allclose(a, b, atol=tol * size, rtol=0, err_msg=name)
+
+
+def test_bf16_running_sums_are_float32():
+  """The running sums stay float32 with bf16 operands, where a bf16 one would drop terms: q = k = 0, v ≡ 1, so
+  y ≡ 1 whatever P. The first key block's bias is 0, the others' −6: after it each later block of 4 (23 of them)
+  adds 4e^{−6} ≈ 0.01 to a running sum of 4, under half a bf16 ulp there (0.0156), so a bf16 `o` drops them all
+  (y ≈ 0.95) where a float32 one gives 1 exactly. Likewise dv_j = Σ_i P_ij G_i with G = 1 on the first query
+  block and 2⁻⁹ after it (dk/dv kernel: a sum over query blocks): dv 4 % low in bf16."""
+  n, block = 96, 4
+  zeros = jnp.zeros((1, n, 1, D), jnp.bfloat16)
+  v = jnp.ones((1, n, 1, E), jnp.bfloat16)
+  bias = jnp.where(jnp.arange(n) < block, 0.0, -6.0)[None, :, None]
+  w = jnp.where(jnp.arange(n) < block, 1.0, 2.0 ** -9)[None, :, None, None] * jnp.ones((1, 1, 1, E))
+
+  def loss(v):
+    y = pallas.pallas_sdpa(zeros, zeros, v, bias, None, False, 1.0, block)
+    return jnp.sum(w * y.astype(jnp.float32)), y
+  (_, y), dv = jax.jit(jax.value_and_grad(loss, has_aux=True))(v)
+  np.testing.assert_array_equal(np.asarray(y, np.float32), 1.0)
+  p = np.exp(np.asarray(bias[0, :, 0], np.float64))
+  p = p / p.sum()                                                        # every row's P (q = k = 0)
+  want = p[:, None] * np.asarray(w[0, :, 0], np.float64).sum(0)[None, :]   # dv_j = P_j Σ_i G_i, per channel
+  np.testing.assert_allclose(np.asarray(dv, np.float64)[0, :, 0], want, rtol=2 ** -8, atol=0)
 
 
 def test_transport_runs_dmtn_and_atap_by_the_dispatcher_name():
