@@ -115,7 +115,7 @@ def pallas_ratios(rows) -> list[str]:
   """'OP pallas ÷ xla/cudnn/blockwise a/b/c at seq n' for every operator the Pallas kernel was timed on."""
   out = []
   for n in dict.fromkeys(r["seq"] for r in rows):
-    for name in CORNERS:
+    for name in OPERATORS:
       t = {r["implementation"]: r["seconds"] for r in rows if r["seq"] == n and r["operator"] == name}
       if "pallas" in t and math.isfinite(t["pallas"]):
         other = [i for i in ("xla", "cudnn", "blockwise") if i in t]

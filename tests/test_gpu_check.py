@@ -52,4 +52,7 @@ def test_dry_run_writes_the_pallas_rows(tmp_path):
   for r in num:
     assert r["f32_y"] <= 1e-5 and r["f32_grad"] <= 1e-5
     assert 1e-4 < r["bf16_y"] <= 4 * 2**-8 and 1e-4 < r["bf16_grad"] <= 4 * 2**-8
+  cmap = json.loads((tmp_path / "cmap_pallas" / "bench_operators.json").read_text())
+  assert {r["implementation"] for r in cmap} == {"blockwise", "pallas"} and all(r["seconds"] > 0 for r in cmap)
+  assert "CMAP pallas ÷ blockwise" in (tmp_path / "cmap_pallas" / "bench_operators.md").read_text()
   assert (tmp_path / "bench_train.json").exists()
