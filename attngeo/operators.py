@@ -291,17 +291,18 @@ def _mend_overflow(y, rerun, hot):
   return jnp.where(hot, fixed, y)
 
 
-def _runs_split(q, beta, alpha, implementation, mask, causal, block_size) -> str | None:
-  """The split kernel this member runs on instead of the 2·d-wide augmented heads — "dense"
+def split_kernel(beta, alpha, implementation: str | None, n_keys: int, *, dtype="float32", masked: bool = False,
+                 causal: bool = False, block_size: int = 512) -> str | None:
+  """The split kernel `transport` runs member (β, α) on instead of the 2·d-wide augmented heads — "dense"
   (`kernels.split_attention`, one d-wide product and its transpose) or "paired"
   (`kernels.split_paired_attention`) — or None: the β = 1 edge but ATTN (β a Python float 1.0; ATAP at
   α = 0), inputs of ≥ 32 bits, where the dispatcher says so (`kernels.runs_split`: einsum below
   `BLOCKWISE_FROM` keys; blockwise, unmasked, not causal, α static, keys that cut into pairs of tiles)."""
   edge = isinstance(beta, float) and beta == 1.0 and not (isinstance(alpha, float) and alpha == 1.0)
-  if not (edge and jnp.finfo(q.dtype).bits >= 32):
+  if not (edge and jnp.finfo(dtype).bits >= 32):
     return None
-  return kernels.runs_split(implementation, q.shape[1], masked=mask is not None, causal=causal,
-                            static=isinstance(alpha, float), block_size=block_size)
+  return kernels.runs_split(implementation, n_keys, masked=masked, causal=causal, static=isinstance(alpha, float),
+                            block_size=block_size)
 
 
 # ----------------------------------------------------------------------------- public API
@@ -334,7 +335,8 @@ def transport(q, k, v, *, beta=1.0, alpha=1.0, causal: bool = False, mask=None, 
   alpha = _coefficient("alpha", alpha, q.shape[2])
 
   block_size = kernels.check_block_size(block_size)
-  split = _runs_split(q, beta, alpha, implementation, mask, causal, block_size)
+  split = split_kernel(beta, alpha, implementation, q.shape[1], dtype=q.dtype, masked=mask is not None, causal=causal,
+                       block_size=block_size)
 
   def run(q, k, v, beta=beta, alpha=alpha):
     bias = lambda: key_bias(q, k, beta=beta, alpha=alpha, scale=scale)

@@ -20,7 +20,9 @@ limit (its row says so). XLA's analysis is a floor, not a bound (XLA's SDPA at 4
 analysis, 22 GiB held), so on the CPU the process's data segment is capped too while the cells run
 (RLIMIT_DATA: it may grow by the room left under that limit): a program that allocates past it fails with a
 runtime error and its row says so; "RSS growth" is how far the process's resident memory rose during the
-cell's first run. `--implementations` restricts the kernels (the ratios are then
+cell's first run. "Runs on" names the kernel that ran: the implementation, or ATAP's split kernel where
+`transport` takes it instead of the augmented heads (`operators.split_kernel`: "split" on the einsum path
+below 512 keys, "split_paired" blockwise from 4 tiles, unmasked, not causal). `--implementations` restricts the kernels (the ratios are then
 to the fastest ATTN among them). CMAP, the magnetic operator
 (`operators.magnetic_transport`, coupling 1, β = 0), runs on its own kernels (einsum, blockwise and
 the Hermitian pairing "paired", which computes each unordered token pair once: `attngeo.kernels.paired`);
@@ -86,6 +88,16 @@ def compiled_call(name, impl, b, n, h, d, block_size=None, dtype="float32", qkv=
 
   compiled = jax.jit(jax.grad(loss, (0, 1, 2))).lower(q, k, v).compile()
   return (lambda: compiled(q, k, v)), timing.peak_bytes(compiled)
+
+
+def runs_on(name, impl, n, dtype="float32", causal=False) -> str:
+  """The kernel a cell runs on: `impl`, or ATAP's split kernel where `operators.split_kernel` takes it instead of
+  the augmented heads (einsum below 512 keys: "split"; blockwise from 4 tiles of pairs: "split_paired")."""
+  from attngeo import operators as op
+  if op.is_magnetic(name):
+    return impl
+  split = op.split_kernel(*op.corner(name), impl, n, dtype=dtype, causal=causal)
+  return {"dense": "split", "paired": "split_paired"}.get(split, impl)
 
 
 def measure(name, impl, b, n, h, d, repeats, block_size=None, dtype="float32", causal=False):
@@ -290,8 +302,8 @@ def run(seqs, batch, heads, head_dim, repeats, long_seq, dtype="float32", operat
     impls = dict.fromkeys(i for name in names for i in available_impls(name, implementations, causal))
     for impl in impls:                                                              # by kernel, ATTN first
       for name in (x for x in names if impl in available_impls(x, implementations, causal)):
-        row = dict(seq=n, batch=batch, operator=name, implementation=impl, causal=causal, seconds=float("nan"),
-                   peak_bytes=None)
+        row = dict(seq=n, batch=batch, operator=name, implementation=impl, kernel=runs_on(name, impl, n, dtype, causal),
+                   causal=causal, seconds=float("nan"), peak_bytes=None)
         try:
           calls[name, impl], row["peak_bytes"] = compiled_call(name, impl, batch, n, heads, head_dim, dtype=dtype,
                                                                qkv=qkv, causal=causal)
@@ -321,13 +333,14 @@ def run(seqs, batch, heads, head_dim, repeats, long_seq, dtype="float32", operat
   if long_seq:
     t, mem = measure("DMTN", "blockwise", 1, long_seq, heads, head_dim, 1, block_size=1024, dtype=dtype,
                      causal=causal)
-    rows.append(dict(seq=long_seq, batch=1, operator="DMTN", implementation="blockwise", causal=causal, seconds=t,
+    rows.append(dict(seq=long_seq, batch=1, operator="DMTN", implementation="blockwise", kernel="blockwise",
+                     causal=causal, seconds=t,
                      peak_bytes=mem,
                      ratio_to_best_attn=float("nan"), dense_p_bytes=heads * long_seq * long_seq * 4))
   return rows
 
 
-COLUMNS = [Col("seq"), Col("batch"), Col("operator"), Col("implementation"),
+COLUMNS = [Col("seq"), Col("batch"), Col("operator"), Col("implementation"), Col("kernel", "runs on"),
            Col("seconds", "fwd+bwd ms", lambda t: f"{1e3 * t:.1f}"), Col("ratio_to_best_attn", "× best ATTN", ".2f"),
            Col("peak_bytes", "peak MiB", lambda b: f"{b / 2**20:.0f}"),
            Col("rss_growth_bytes", "RSS growth MiB", lambda b: f"{b / 2**20:.0f}")]

@@ -18,6 +18,22 @@ def test_bench_operators_smoke(tmp_path):
   assert len(rows) == 4 * 3 + 3 + 1 and all(r["seconds"] > 0 for r in rows)     # CMAP: einsum, blockwise, paired
   assert min(r["ratio_to_best_attn"] for r in rows if r["operator"] == "ATTN") == 1.0
   assert {r["interleaved_with"] for r in rows if r["seq"] == 64} == {1, 4, 5}  # xla: 4 corners; einsum, blockwise: + CMAP
+  kernel = {(r["operator"], r["implementation"]): r["kernel"] for r in rows if r["seq"] == 64}
+  assert kernel["ATAP", "einsum"] == "split" and kernel["ATAP", "blockwise"] == "blockwise"   # 64 keys: one tile
+  assert all(k == impl for (name, impl), k in kernel.items() if name != "ATAP")
+  assert "| runs on |" in (tmp_path / "bench_operators.md").read_text()
+
+
+def test_bench_rows_name_the_kernel_atap_runs_on():
+  """ATAP's rows name the split kernel `transport` takes instead of the augmented heads (`operators.split_kernel`):
+  pairs of tiles from 4 tiles of 512, blockwise, not causal; the augmented heads under causal order or bf16."""
+  assert bench_operators.runs_on("ATAP", "blockwise", 4096) == "split_paired"
+  assert bench_operators.runs_on("ATAP", "blockwise", 1024) == "blockwise"                # 2 tiles
+  assert bench_operators.runs_on("ATAP", "blockwise", 4096, causal=True) == "blockwise"
+  assert bench_operators.runs_on("ATAP", "einsum", 256) == "split"
+  assert bench_operators.runs_on("ATAP", "einsum", 256, dtype="bfloat16") == "einsum"
+  assert bench_operators.runs_on("DMTN", "blockwise", 4096) == "blockwise"
+  assert bench_operators.runs_on("CMAP", "paired", 4096) == "paired"
 
 
 def test_bench_operators_kernel_choice_and_programs_too_big_for_the_machine(tmp_path, monkeypatch, capsys):
