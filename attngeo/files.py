@@ -40,10 +40,16 @@ def read_json(path: str):
 
 
 def read_config(workdir: str) -> dict:
+  """`workdir/config.json` as written by `write_config`: a JSON object. A missing file is a FileNotFoundError, any
+  other value (null, a list, …) a one-line ValueError naming the file."""
   path = os.path.join(workdir, "config.json")
   if not os.path.exists(path):
     raise FileNotFoundError(f"{workdir} is not a run folder: no config.json")
-  return read_json(path)
+  record = read_json(path)
+  if not isinstance(record, dict):
+    raise ValueError(f"{path} is not a run's config (a JSON object of configs; it holds {type(record).__name__}): "
+                     f"the file is damaged or was edited by hand")
+  return record
 
 
 def file_sha256(path: str) -> str:
