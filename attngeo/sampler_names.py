@@ -6,6 +6,8 @@ error is one `ValueError` line naming the argument.
 """
 from __future__ import annotations
 
+import math
+
 SAMPLERS = ("euler", "heun", "dopri5", "sde")
 
 
@@ -18,8 +20,10 @@ def check_sampler(solver: str, steps: int):
 
 
 def check_guidance(scale: float, null_label: int | None = None):
-  """One-line errors for a guidance scale < 1, or > 1 without a null label."""
+  """One-line errors for a guidance scale < 1 or infinite, or > 1 without a null label."""
   if not scale >= 1.0:
     raise ValueError(f"guidance scale must be >= 1 (1 = no guidance); got {scale}")
+  if not math.isfinite(scale):
+    raise ValueError(f"guidance scale must be finite (an infinite scale makes every sample NaN); got {scale}")
   if scale > 1.0 and null_label is None:
     raise ValueError("guidance scale > 1 needs a null label (a model built with class_dropout_prob > 0)")

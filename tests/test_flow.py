@@ -136,6 +136,7 @@ def test_optimal_field_transports_noise_to_a_point():
     (lambda: flow.sample(lambda x, t: x, jnp.ones((1, 2)), steps=0), "steps must be positive"),
     (lambda: flow.sample(lambda x, t: x, jnp.ones((1, 2)), solver="sde"), "needs rng"),
     (lambda: flow.guided(lambda x, t, y: x, 0.5, null_label=3), "guidance scale must be >= 1"),
+    (lambda: flow.guided(lambda x, t, y: x, float("inf"), null_label=3), "guidance scale must be finite"),  # NaNs
     (lambda: flow.guided(lambda x, t, y: x, 2.0, null_label=None), "needs a null label"),
     (lambda: flow.drop_labels(jnp.zeros(3, jnp.int32), jax.random.PRNGKey(0), 0.1, None), "needs a null label"),
 ])
