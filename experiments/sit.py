@@ -54,8 +54,8 @@ import shlex
 import sys
 
 from attngeo import cli, config as config_lib, errors, files, runlock, sampler_names
-from attngeo.experiments.sit_config import (FULL, FULL_NOTES, HELP, LAUNCH, PLAN_CHIPS, TRAIN_BASE, TRAIN_ONLY,
-                                            TRANSFER_ONLY, SiTConfig, check_fields, check_out_free, check_run_folder)
+from attngeo.experiments.sit_config import (FULL, FULL_NOTES, HELP, LAUNCH, MOVED, PLAN_CHIPS, TRAIN_BASE,
+                                            TRAIN_ONLY, TRANSFER_ONLY, SiTConfig, check_fields, check_out_free, check_run_folder)
 
 def _parser(name: str) -> argparse.ArgumentParser:
   return config_lib.parser(f"attngeo sit {name}", cli.COMMANDS[f"sit {name}"][1] + ".")
@@ -118,10 +118,18 @@ def transfer_parser() -> argparse.ArgumentParser:
   tf.add_argument("--full", action="store_true", help="the seed's SiT-XL/2 protocol (print it with --dry-run); default off")
   tf.add_argument("--dry-run", action="store_true", help="print the configuration (with --full: its cost) and the "
                                                          "launch line; run nothing; default off")
-  tf.add_argument("--mfu", type=config_lib.positive_float, default=0.4,
-                  help="model FLOPs utilisation assumed by --full --dry-run's cost (default: 0.4)")
+  tf.add_argument("--mfu", type=mfu_fraction, default=0.4,
+                  help="model FLOPs utilisation assumed by --full --dry-run's cost, in (0, 1] (default: 0.4)")
   config_lib.add_arguments(tf, SiTConfig, help=HELP, skip=TRAIN_ONLY)
   return tf
+
+
+def mfu_fraction(text: str) -> float:
+  """argparse type: a model FLOPs utilisation in (0, 1]."""
+  value = config_lib.positive_float(text)
+  if value > 1:
+    raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1] of the chips' peak; got {text!r}")
+  return value
 
 
 def import_parser() -> argparse.ArgumentParser:
@@ -184,10 +192,17 @@ def transfer_main(argv=None):
 
 
 def _train_or_transfer(command: str, sp: argparse.ArgumentParser, argv: list[str]):
+  for arg in argv:                    # a flag of the flat layout (before `model` and `train` were nested)
+    name = arg.split("=")[0][2:].replace("-", "_") if arg.startswith("--") else ""
+    if name in MOVED:
+      sp.error(f"{arg.split('=')[0]} is now --{MOVED[name]}.{name.replace('_', '-')} (the model's and the "
+               f"optimisation's settings are nested)")
   args = sp.parse_args(argv)
   base = TRAIN_BASE if command == "train" else config_lib.replaced(SiTConfig(), FULL) if args.full else SiTConfig()
   try:
     cfg = config_lib.from_arguments(args, SiTConfig, base)    # a bad --reg.* value is its one-line ValueError
+    if getattr(cfg, "init", None) and getattr(args, "train.steps", None) is None:
+      cfg = config_lib.replaced(cfg, {"train.steps": 0})      # --init: the checkpoint is the ATTN stage
     check_fields(cfg)
     if command == "train" and cfg.train.steps < 1:
       raise ValueError(f"train.steps must be >= 1 for sit train (0 steps is the random initialisation); "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import glob
 import os
 
 from attngeo import config as config_lib, files, operator_names, sampler_names, train_config
@@ -95,6 +96,8 @@ MOVED = {**{f.name: "model" for f in dataclasses.fields(SiTModel)},
 def nested_record(record: dict) -> dict:
   """A recorded `sit` config (config.json) in the nested layout: a flat record, written before `model` and
   `train` were nested, has its fields moved under them (`MOVED`); a nested one is returned as it is."""
+  if not isinstance(record, dict):
+    raise ValueError(f"the recorded sit settings are damaged (a JSON object expected; got {type(record).__name__})")
   if isinstance(record.get("model"), dict) or isinstance(record.get("train"), dict):
     return record
   out = {k: v for k, v in record.items() if k not in MOVED}
@@ -111,7 +114,8 @@ def from_record(record: dict) -> SiTConfig:
   fields = {k: v for k, v in record.items() if k in known}
   for name, cls in (("model", SiTModel), ("train", SiTTrain)):
     sub = {f.name for f in dataclasses.fields(cls)}
-    fields[name] = {k: v for k, v in fields.get(name, {}).items() if k in sub}
+    group = fields.get(name)
+    fields[name] = {k: v for k, v in (group if isinstance(group, dict) else {}).items() if k in sub}
   return config_lib.from_dict(SiTConfig, fields)
 
 
@@ -216,6 +220,16 @@ def check_fields(cfg: SiTConfig):
     raise ValueError(f"adapt_ema must lie in [0, 1) (0: no EMA); got {cfg.adapt_ema!r}")
   if not cfg.seeds:
     raise ValueError("seeds must name at least one seed")
+  bad = [x for x in cfg.seeds if not (train_config.is_integer(x) and 0 <= x < 2**32)]
+  if bad:
+    raise ValueError(f"seeds must be integers in [0, 2³²) (numpy's and JAX's seeds); got {bad[0]!r}")
+  if cfg.init and cfg.train.steps != 0:
+    raise ValueError(f"train.steps must be 0 with --init (the checkpoint is the ATTN stage; 0 when not given); "
+                     f"got {cfg.train.steps}")
+  if cfg.init and dataclasses.replace(cfg.model, preset=None) != SiTModel():
+    given = {k: v for k, v in dataclasses.asdict(cfg.model).items() if k != "preset" and v != getattr(SiTModel(), k)}
+    raise ValueError(f"--model.* settings do not apply with --init (the model is the checkpoint's); got "
+                     f"{', '.join(f'model.{k}={v}' for k, v in given.items())}")
   if cfg.metric and cfg.classifier_steps < 1:
     raise ValueError(f"classifier_steps must be ≥ 1 (the metric's classifier trains that long; --metric false "
                      f"skips it); got {cfg.classifier_steps}")
@@ -224,7 +238,10 @@ def check_fields(cfg: SiTConfig):
   cfg.reg.validate()
   sampler_names.check_sampler(cfg.sampler, cfg.sample_steps)
   sampler_names.check_guidance(cfg.guidance, 0 if cfg.model.class_dropout > 0 else None)
-  cfg.model.dit_config(cfg.operator)          # the preset's name, heads dividing the width, …
+  try:
+    cfg.model.dit_config(cfg.operator)        # the preset's name, heads dividing the width, …
+  except ValueError as e:
+    raise ValueError(f"--model.*: {e}") from None
 
 
 def stage_title(stage: str, cfg: SiTConfig) -> str:
@@ -244,11 +261,33 @@ def check_run_folder(cfg: SiTConfig, command: str) -> None:
     kinds = sorted(k for k in recorded if k != "classes")
     raise ValueError(f"--out {cfg.out} holds another kind of run (its config.json records {', '.join(kinds)}); "
                      f"use a new --out")
+  made_by = recorded_command(cfg.out, recorded)
+  if made_by not in (None, command):
+    raise ValueError(f"--out {cfg.out} holds a `sit {made_by}` run; `sit {command}` needs a folder of its own: "
+                     f"use a new --out")
   record = nested_record(recorded["sit"])
+  if command == "train" and record.get("seeds") and record["seeds"][0] != cfg.seeds[0]:
+    raise ValueError(f"{cfg.out} holds a run with another config (sit.seeds[0] {record['seeds'][0]!r} → "
+                     f"{cfg.seeds[0]!r}: `sit train` trains its first seed); resume with the same seed or use a new "
+                     f"--out")
   constant = record.get("train", {}).get("schedule") == cfg.train.schedule == "constant"   # a longer run extends it
   ignore = TRANSFER_CONTROL + (EVALUATION + TRANSFER_ONLY + (("train.steps",) if constant else ())
                                if command == "train" else ())
   train_config.check_resumable(cfg.out, ignore=tuple(f"sit.{k}" for k in ignore), recorded={"sit": record}, sit=cfg)
+
+
+def recorded_command(out: str, recorded: dict) -> str | None:
+  """"train" or "transfer": the sit command that made the folder `out` whose config.json is `recorded` — its
+  `sit_command` record, or for a folder written before that was recorded, what it holds (a `sit train` folder
+  records its trainer's `train` and `model` configs beside `sit`; a transfer holds transfer.json or seed
+  folders); None when nothing says (a run killed before either was written)."""
+  if recorded.get("sit_command") in ("train", "transfer"):
+    return recorded["sit_command"]
+  if "train" in recorded or "model" in recorded:
+    return "train"
+  if os.path.exists(os.path.join(out, "transfer.json")) or glob.glob(os.path.join(out, "seed*", "")):
+    return "transfer"
+  return None
 
 
 def check_out_free(out: str, overwrite: bool):

@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import json
 import os
+import re
 import time
 
 import jax
@@ -46,9 +47,15 @@ def check_compatible(mcfg, images_shape, num_classes: int):
 
 def check_data(cfg: SiTConfig):
   """Data-dependent argument errors, before any training: the images load and fit the model."""
+  devices = int(np.prod(cfg.train.mesh))                  # the trainer's own check, before anything is written
+  if devices != jax.device_count():
+    raise ValueError(f"train.mesh {tuple(cfg.train.mesh)} needs {devices} devices; {jax.device_count()} are available")
   x, y, k = data.load_images(cfg.data)
   if cfg.init:
     model = load_init(cfg)
+    if model.cfg.block.operator != "ATTN":
+      raise ValueError(f"--init {cfg.init} runs operator {model.cfg.block.operator!r}; the transfer starts from an "
+                       f"ATTN model (a `sit train --operator ATTN` run, its stage `attn`, or a SiT/DiT checkpoint)")
     check_compatible(model.cfg, x.shape, k)
   else:
     mcfg = cfg.model.dit_config(cfg.operator, image_size=x.shape[1], channels=x.shape[3], num_classes=k)
@@ -324,7 +331,7 @@ def transfer(cfg: SiTConfig) -> dict:
   t0 = time.perf_counter()
   check_run_folder(cfg, "transfer")
   os.makedirs(cfg.out, exist_ok=True)
-  files.write_config(cfg.out, sit=cfg)
+  files.write_config(cfg.out, sit=cfg, sit_command="transfer")
   train_src, ev = prepare(cfg)
   rows = []
   for seed in cfg.seeds:
@@ -353,7 +360,8 @@ def train_one(cfg: SiTConfig) -> dict:
   t0 = time.perf_counter()
   check_run_folder(cfg, "train")                      # again, under the run folder's lock
   recorded = files.read_config(cfg.out) if os.path.exists(os.path.join(cfg.out, "config.json")) else {}
-  files.write_config(cfg.out, **{**recorded, "sit": cfg})   # before training: a killed run's resume is checked too
+  files.write_config(cfg.out, **{**recorded, "sit": cfg, "sit_command": "train"})   # before training: a killed
+                                                                                     # run's resume is checked too
   train_src, ev = prepare(cfg)
   seed = cfg.seeds[0]
   mcfg = cfg.model.dit_config(cfg.operator, image_size=ev["image_shape"][1], channels=ev["image_shape"][3],
@@ -418,6 +426,9 @@ def bench_inputs(model, run: str, args) -> tuple[SiTConfig, dict | None, np.ndar
   saying why there is no metric when there is none."""
   root, rec = recorded_run(run)
   fields = {k: v for k, v in rec.items() if k in ("guidance", "eval_samples", "grid_per_class", "seeds")}
+  stage_seed = re.fullmatch(r"seed(\d+)", os.path.basename(os.path.dirname(os.path.abspath(run))))
+  if root and os.path.abspath(root) != os.path.abspath(run) and stage_seed:
+    fields["seeds"] = (int(stage_seed.group(1)),)        # a transfer stage: its own seed, not the transfer's first
   given = {k: getattr(args, k) for k in ("guidance", "seeds", "eval_samples") if getattr(args, k) is not None}
   cfg = dataclasses.replace(SiTConfig(), **{**fields, **given, "seeds": tuple(given.get("seeds", fields.get("seeds",
                                                                                                   (0,))))})

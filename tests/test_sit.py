@@ -209,6 +209,12 @@ def test_import_then_sample_then_transfer_refuses_mismatched_data(tmp_path, caps
     (["--train.lr", "-1"], r"^.*: train\.lr must be a positive finite rate; got -1\.0"),   # were TrainConfig's,
     (["--train.ema", "1"], r"train\.ema must be a decay in \[0, 1\)"),       # after data and classifier (issue 25)
     (["--train.log-every", "0"], "train.log_every must be an integer ≥ 1"),
+    (["--guidance", "inf"], r"guidance scale must be finite .*; got inf"),     # every sample was NaN, FD printed
+    (["--seeds", "0,-1"], r"seeds must be integers in \[0, 2³²\) .*; got -1"),  # failed after seed 0's whole run
+    (["--train.mesh", "1,1,2"], r"train\.mesh \(1, 1, 2\) needs 2 devices; 1 are available"),   # after data written
+    (["--steps", "3"], r"--steps is now --train\.steps"),                      # the flat layout's flags
+    (["--ema=0.9"], r"--ema is now --train\.ema"),
+    (["--mlp-ratio", "2"], r"--mlp-ratio is now --model\.mlp-ratio"),
 ])
 def test_bad_input_fails_before_training(tmp_path, capsys, args, message):
   from PIL import Image
@@ -265,6 +271,100 @@ def test_a_flat_run_folder_resumes_under_the_same_settings_only(tmp_path):
     sit_config.check_run_folder(config_lib.replaced(base, {"train.lr": 0.002}), "train")
   with pytest.raises(ValueError, match=r"sit\.model\.width 96 → 32"):
     sit_config.check_run_folder(config_lib.replaced(base, {"model.width": 32}), "transfer")
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--init", "RUN", "--train.steps", "5"], r"train\.steps must be 0 with --init .*; got 5"),   # recorded 5, ran 0
+    (["--init", "RUN", "--train.steps", "0", "--model.width", "32"],
+     r"--model\.\* settings do not apply with --init .*; got model\.width=32"),      # recorded 32, ran the checkpoint's
+])
+def test_init_refuses_settings_it_would_ignore(tmp_path, capsys, args, message):
+  args = [str(tmp_path / "run") if a == "RUN" else a for a in args]
+  err = one_error_line(capsys, ["transfer", "--data", "digits", *args, "--out", str(tmp_path / "t")], "transfer")
+  assert re.search(message, err), err
+  assert not os.path.exists(tmp_path / "t")
+
+
+def test_init_from_a_model_that_is_not_attn_is_refused(tmp_path, capsys):
+  """The transfer's first stage is ATTN: a DMTN model was labelled `attn | ATTN` (or failed after its stage)."""
+  from test_interop_dit import official_state_dict
+
+  from attngeo.interop import safetensors_io
+  ckpt = str(tmp_path / "tiny_sit.safetensors")
+  safetensors_io.write(ckpt, official_state_dict(np.random.default_rng(0), channels=1))
+  run = str(tmp_path / "imported")
+  sit.main(["import", ckpt, "--out", run, "--num-heads", "4"])
+  model, _, _ = runs.load_run(run)
+  nn.graft(model, "DMTN")
+  model.cfg = model.cfg.with_operator("DMTN")
+  dmtn = str(tmp_path / "dmtn")
+  runs.write_weights_run(dmtn, model)
+  capsys.readouterr()
+  err = one_error_line(capsys, ["transfer", "--data", "digits", "--init", dmtn, "--train.steps", "0",
+                                "--out", str(tmp_path / "t")], "transfer")
+  assert "runs operator 'DMTN'; the transfer starts from an ATTN model" in err and not os.path.exists(tmp_path / "t")
+
+
+@pytest.mark.parametrize("made_by, other", [("train", "transfer"), ("transfer", "train")])
+@pytest.mark.parametrize("legacy", [False, True])
+def test_a_sit_folder_serves_only_the_command_that_made_it(tmp_path, capsys, made_by, other, legacy):
+  """`sit train` into a transfer folder took it over (and the transfer into a train folder dropped its model
+  record): refused in one line, nothing written. A folder from before `sit_command` was recorded is told by what
+  it holds (a train folder's trainer and model records; a transfer's transfer.json)."""
+  out = tmp_path / "run"
+  out.mkdir()
+  record = {"sit": {**json.loads(json.dumps(dataclasses.asdict(sit_config.TRAIN_BASE))), "out": str(out)}}
+  if legacy and made_by == "train":
+    record.update(train={"steps": 1}, model={"class": "DiTConfig"})
+  elif legacy:
+    (out / "transfer.json").write_text("{}")
+  else:
+    record["sit_command"] = made_by
+  (out / "config.json").write_text(json.dumps(record))
+  before = snapshot(out)
+  err = one_error_line(capsys, [other, "--data", "digits", "--out", str(out)], other)
+  assert f"holds a `sit {made_by}` run; `sit {other}` needs a folder of its own" in err, err
+  assert snapshot(out) == before
+
+
+def test_sit_train_resumes_only_its_own_seed(tmp_path):
+  """`sit train` trains `seeds[0]`: another first seed was refused by the trainer only after the classifier and
+  a rewritten record (which then misled `sit sample --bench`); now before anything, naming it."""
+  out = str(tmp_path / "run")
+  os.makedirs(out)
+  with open(os.path.join(out, "config.json"), "w") as f:
+    json.dump({"sit": {**FLAT_RECORD, "out": out}, "sit_command": "train"}, f)
+  base = dataclasses.replace(sit_config.TRAIN_BASE, out=out)
+  sit_config.check_run_folder(dataclasses.replace(base, seeds=(0, 7)), "train")          # the first seed counts
+  with pytest.raises(ValueError, match=r"sit\.seeds\[0\] 0 → 5"):
+    sit_config.check_run_folder(dataclasses.replace(base, seeds=(5,)), "train")
+
+
+@pytest.mark.parametrize("content", ["null", "[1]", '{"sit": [1]}'])
+def test_a_config_json_that_is_not_a_record_is_one_line(tmp_path, capsys, content):
+  out = tmp_path / "run"
+  out.mkdir()
+  (out / "config.json").write_text(content)
+  err = one_error_line(capsys, ["train", "--data", "digits", "--out", str(out)], "train")
+  assert "config.json is not a run's config" in err or "the recorded sit settings are damaged" in err, err
+  assert sorted(os.listdir(out)) == ["config.json"]
+
+
+def test_bench_on_a_transfer_stage_uses_that_stage_s_seed(tmp_path):
+  """`sit sample OUT/seed1/<stage> --bench` drew seed 0's noise (the transfer's first seed), so it did not
+  reproduce the stage's own metric row; a stage's seed is its folder's, the flag still wins."""
+  import argparse
+  import types
+  out = tmp_path / "transfer"
+  (out / "seed1" / "dmap_adapted").mkdir(parents=True)
+  record = {**json.loads(json.dumps(dataclasses.asdict(sit_config.SiTConfig()))), "metric": False, "seeds": [0, 1]}
+  (out / "config.json").write_text(json.dumps({"sit": record, "sit_command": "transfer"}))
+  model = types.SimpleNamespace(cfg=types.SimpleNamespace(num_classes=10, channels=1))
+  args = argparse.Namespace(guidance=None, seeds=None, eval_samples=None)
+  stage = str(out / "seed1" / "dmap_adapted")
+  assert sit_run.bench_inputs(model, stage, args)[0].seeds == (1,)
+  assert sit_run.bench_inputs(model, stage, argparse.Namespace(guidance=None, seeds=(3,), eval_samples=None))[0].seeds \
+      == (3,)
 
 
 def test_adapt_ema_outside_0_1_is_one_line(tmp_path, capsys):
