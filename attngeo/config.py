@@ -27,7 +27,14 @@ def value_parser(tp):
     return lambda s: None if s.lower() == "none" else parse(s)
   if origin in (tuple, list):
     elem = value_parser(args[0]) if args else str
-    return lambda s: origin(elem(x) for x in s.split(",") if x)
+
+    def to_sequence(s):
+      try:
+        return origin(elem(x) for x in s.split(",") if x)
+      except (ValueError, argparse.ArgumentTypeError):
+        name = getattr(elem, "__name__", "value")
+        raise argparse.ArgumentTypeError(f"expected comma-separated {name} values; got {s!r}") from None
+    return to_sequence
   if tp is bool:
     def to_bool(s):
       if s.lower() not in ("true", "false", "1", "0", "yes", "no"):

@@ -83,7 +83,7 @@ def sample_parser() -> argparse.ArgumentParser:
   for name in ("sampler", "sample_steps", "guidance", "seeds"):
     f = SiTConfig.__dataclass_fields__[name]
     sa.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
-                    type=(lambda s: tuple(int(x) for x in s.split(","))) if name == "seeds" else type(f.default),
+                    type=config_lib.value_parser(tuple[int, ...]) if name == "seeds" else type(f.default),
                     help=f"{HELP.get(name, name)} (default: {f.default})")
   return sa
 

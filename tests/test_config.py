@@ -40,3 +40,13 @@ def test_replaced_takes_dotted_names_as_the_flags_do():
   for bad in ({"inner.height": 1}, {"innr.width": 1}):
     with pytest.raises((ValueError, TypeError), match="no field"):
       config.replaced(Outer(), bad)
+
+
+@pytest.mark.parametrize("tp, text, name", [(tuple[int, ...], "1,x", "int"), (tuple[float, ...], "0.5,y", "float")])
+def test_a_bad_list_item_names_the_type_not_a_lambda(tp, text, name):
+  """argparse printed `invalid <lambda> value: 'x'` for a list flag (`--train.mesh x`, `--seeds x`)."""
+  import argparse
+  parse = config.value_parser(tp)
+  assert parse("1,2") == (1, 2) if name == "int" else parse("0.5") == (0.5,)
+  with pytest.raises(argparse.ArgumentTypeError, match=f"expected comma-separated {name} values; got '{text}'"):
+    parse(text)
