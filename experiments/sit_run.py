@@ -177,6 +177,9 @@ def evaluate_stage(model, stage: str, title: str, seed: int, cfg: SiTConfig, ev:
     save_neighbours(grid, ev["train_images"], ev["grid_rows"], os.path.join(folder, "neighbours.png"), title,
                     ev["row_labels"], heldout=row["nn_heldout"])
   runs.save_weights(model, os.path.join(folder, "weights.npz"))
+  recorded = files.read_config(folder) if os.path.exists(os.path.join(folder, "config.json")) else {}
+  files.write_config(folder, **{**recorded, "model": registry.config_dict(model)})   # a run folder `sit sample`,
+                                                                                    # `probe` and --init can load
   files.atomic_write(os.path.join(folder, "stage.json"), json.dumps(dict(row, per_layer=layers), indent=1, default=float))
   return dict(row, per_layer=layers)
 

@@ -123,6 +123,10 @@ def test_transfer_smoke_without_metric(tmp_path):
   for r in rows:
     assert r["nn_ratio"] > 0
     assert os.path.getsize(os.path.join(out, "seed0", r["stage"], "neighbours.png")) > 0
+  # Every stage is a run folder (`sit sample`, `probe`, --init): the graft and the fold held weights but no config.
+  for stage, operator in (("dmtn_graft", "DMTN"), ("dmap_fold", "DMAP")):
+    model, _, mcfg = runs.load_run(os.path.join(out, "seed0", stage))
+    assert mcfg.block.operator == operator and mcfg.block.distance_form == (stage == "dmap_fold")
 
 
 @pytest.fixture(scope="module")
