@@ -211,6 +211,8 @@ def _train_or_transfer(command: str, sp: argparse.ArgumentParser, argv: list[str
       print(json.dumps(dataclasses.asdict(cfg), indent=1))
       if args.full:
         print(FULL_NOTES)
+        if cfg != config_lib.replaced(SiTConfig(), FULL):
+          print("  (settings given on the command line override these notes: the JSON above is what would run)")
         print_plan(_work().full_plan(cfg, args.mfu))
         print("launch: " + LAUNCH)
       else:

@@ -498,6 +498,16 @@ def test_argument_errors_and_the_dry_run_answer_without_importing_jax():
   assert run.stdout.strip().endswith("JAX False") and "sampler" in run.stderr
 
 
+def test_full_dry_run_says_when_flags_override_its_notes(capsys):
+  """The notes describe SiT-XL/2 at batch 256 whatever the flags; with --model.preset S/2 they now say the JSON
+  rules (break-it pass)."""
+  sit.main(["transfer", "--full", "--dry-run"])
+  assert "override these notes" not in capsys.readouterr().out
+  cfg = sit.main(["transfer", "--full", "--dry-run", "--model.preset", "S/2"])
+  assert cfg.model.preset == "S/2" and "override these notes: the JSON above is what would run" in \
+      capsys.readouterr().out
+
+
 def test_full_dry_run_prints_its_cost(capsys):
   """Training FLOPs from the official SiT-XL/2 layout's weight shapes (interop.dit), chip-hours at 40 % MFU."""
   from attngeo import train
