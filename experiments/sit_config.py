@@ -230,6 +230,13 @@ def check_fields(cfg: SiTConfig):
     given = {k: v for k, v in dataclasses.asdict(cfg.model).items() if k != "preset" and v != getattr(SiTModel(), k)}
     raise ValueError(f"--model.* settings do not apply with --init (the model is the checkpoint's); got "
                      f"{', '.join(f'model.{k}={v}' for k, v in given.items())}")
+  if cfg.num_heads is not None and not cfg.init:
+    raise ValueError(f"num_heads applies only with --init (the heads of its checkpoint); got {cfg.num_heads}")
+  if cfg.num_heads is not None and cfg.num_heads < 1:
+    raise ValueError(f"num_heads must be positive; got {cfg.num_heads}")
+  if cfg.metric and cfg.eval_samples < 4:
+    raise ValueError(f"eval_samples must be >= 4 with the metric (its precision/recall need more than 3 samples; "
+                     f"--metric false skips it); got {cfg.eval_samples}")
   if cfg.metric and cfg.classifier_steps < 1:
     raise ValueError(f"classifier_steps must be ≥ 1 (the metric's classifier trains that long; --metric false "
                      f"skips it); got {cfg.classifier_steps}")

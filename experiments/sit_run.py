@@ -270,8 +270,7 @@ def run_seed(cfg: SiTConfig, seed: int, train_src, ev: dict) -> list[dict]:
                     ema=cfg.adapt_ema)
       extra = {"steps": cfg.fold_steps}
     if os.path.exists(done):
-      with open(done) as f:
-        row = json.load(f)
+      row = files.read_json(done)                  # a damaged one is one line naming it
       if stage in ("attn", "dmtn_adapted", "dmap_adapted"):
         runs.load_weights(model, os.path.join(folder, "weights.npz"))
       print(f"[seed {seed}] {stage}: done earlier", flush=True)

@@ -127,6 +127,12 @@ def test_transfer_smoke_without_metric(tmp_path):
   for stage, operator in (("dmtn_graft", "DMTN"), ("dmap_fold", "DMAP")):
     model, _, mcfg = runs.load_run(os.path.join(out, "seed0", stage))
     assert mcfg.block.operator == operator and mcfg.block.distance_form == (stage == "dmap_fold")
+  # A damaged stage record is one line naming it on the rerun (was json's "Expecting value: line 1 column 1").
+  with open(os.path.join(out, "seed0", "dmtn_graft", "stage.json"), "w"):
+    pass
+  with pytest.raises(ValueError, match=r"dmtn_graft/stage\.json is not valid JSON"):
+    sit.main(["transfer", *TINY, "--train.steps", "1", "--fold-steps", "0", "--sampler", "euler", "--metric",
+              "false", "--out", out])
 
 
 @pytest.fixture(scope="module")
@@ -219,6 +225,7 @@ def test_import_then_sample_then_transfer_refuses_mismatched_data(tmp_path, caps
     (["--steps", "3"], r"--steps is now --train\.steps"),                      # the flat layout's flags
     (["--ema=0.9"], r"--ema is now --train\.ema"),
     (["--mlp-ratio", "2"], r"--mlp-ratio is now --model\.mlp-ratio"),
+    (["--eval-samples", "3"], r"eval_samples must be >= 4 with the metric"),  # `sit sample` refused it already
 ])
 def test_bad_input_fails_before_training(tmp_path, capsys, args, message):
   from PIL import Image
@@ -287,6 +294,11 @@ def test_init_refuses_settings_it_would_ignore(tmp_path, capsys, args, message):
   err = one_error_line(capsys, ["transfer", "--data", "digits", *args, "--out", str(tmp_path / "t")], "transfer")
   assert re.search(message, err), err
   assert not os.path.exists(tmp_path / "t")
+
+
+def test_num_heads_without_init_is_refused(tmp_path, capsys):
+  err = one_error_line(capsys, ["transfer", "--num-heads", "3", "--out", str(tmp_path / "t")], "transfer")
+  assert "num_heads applies only with --init" in err and not os.path.exists(tmp_path / "t")
 
 
 def test_init_from_a_model_that_is_not_attn_is_refused(tmp_path, capsys):
