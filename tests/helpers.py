@@ -171,3 +171,29 @@ def huge_and_plain_tokens(seed=0, n=16, h=2, d=8, e=6, size=1e20):
   q, k, v = (rng.standard_normal((1, n, h, w)).astype(np.float32) for w in (d, d, e))
   q[:, : n // 2] *= np.float32(size)
   return q, k, v
+
+
+def check_float32_running_sums(attend, batch: int, heads: int, width: int, n: int = 96, block: int = 4):
+  """Assert a flash kernel keeps its running sums in float32 under bf16 operands, where bf16 ones drop terms.
+
+  `attend(v, bias, block)` → y `[batch, n, heads, width]`: attention with q = k = 0 (every row's P is
+  softmax(bias)) over values v ≡ 1 (bf16) and key bias `[batch, n, heads]`, in key blocks of `block`. The
+  first block's bias is 0, the others' −6: after it each later block adds 4e^{−6} ≈ 0.01 to a running sum of
+  4, under half a bf16 ulp there (0.0156), so a bf16 running output drops them all (y ≈ 0.95) where a float32
+  one gives y = 1 exactly. Likewise dv_j = Σ_i P_ij G_i (a sum over query blocks) with G = 1 on the first
+  query block and 2⁻⁹ after it: 4 % low in bf16, within dv's own bf16 rounding (2⁻⁸) of float64 otherwise."""
+  import jax
+  import jax.numpy as jnp
+  v = jnp.ones((batch, n, heads, width), jnp.bfloat16)
+  bias = jnp.where(jnp.arange(n) < block, 0.0, -6.0)[None, :, None] * jnp.ones((batch, 1, heads))
+  w = jnp.where(jnp.arange(n) < block, 1.0, 2.0 ** -9)[None, :, None, None] * jnp.ones((batch, 1, heads, width))
+
+  def loss(v):
+    y = attend(v, bias, block)
+    return jnp.sum(w * y.astype(jnp.float32)), y
+  (_, y), dv = jax.jit(jax.value_and_grad(loss, has_aux=True))(v)
+  np.testing.assert_array_equal(np.asarray(y, np.float32), 1.0)
+  p = np.exp(np.asarray(bias[0, :, 0], np.float64))
+  p = p / p.sum()                                                        # every row's P (q = k = 0)
+  want = p[:, None] * np.asarray(w[0, :, 0], np.float64).sum(0)[None, :]   # dv_j = P_j Σ_i G_i, per channel
+  np.testing.assert_allclose(np.asarray(dv, np.float64)[0, :, 0], want, rtol=2 ** -8, atol=0)

@@ -13,6 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from helpers import check_float32_running_sums
+
 from attngeo import kernels, operators as op
 from attngeo.kernels import pallas
 
@@ -121,26 +123,11 @@ def test_bf16_inputs_accumulate_in_float32():
 
 
 def test_bf16_running_sums_are_float32():
-  """The running sums stay float32 with bf16 operands, where a bf16 one would drop terms: q = k = 0, v ≡ 1, so
-  y ≡ 1 whatever P. The first key block's bias is 0, the others' −6: after it each later block of 4 (23 of them)
-  adds 4e^{−6} ≈ 0.01 to a running sum of 4, under half a bf16 ulp there (0.0156), so a bf16 `o` drops them all
-  (y ≈ 0.95) where a float32 one gives 1 exactly. Likewise dv_j = Σ_i P_ij G_i with G = 1 on the first query
-  block and 2⁻⁹ after it (dk/dv kernel: a sum over query blocks): dv 4 % low in bf16."""
-  n, block = 96, 4
-  zeros = jnp.zeros((1, n, 1, D), jnp.bfloat16)
-  v = jnp.ones((1, n, 1, E), jnp.bfloat16)
-  bias = jnp.where(jnp.arange(n) < block, 0.0, -6.0)[None, :, None]
-  w = jnp.where(jnp.arange(n) < block, 1.0, 2.0 ** -9)[None, :, None, None] * jnp.ones((1, 1, 1, E))
-
-  def loss(v):
-    y = pallas.pallas_sdpa(zeros, zeros, v, bias, None, False, 1.0, block)
-    return jnp.sum(w * y.astype(jnp.float32)), y
-  (_, y), dv = jax.jit(jax.value_and_grad(loss, has_aux=True))(v)
-  np.testing.assert_array_equal(np.asarray(y, np.float32), 1.0)
-  p = np.exp(np.asarray(bias[0, :, 0], np.float64))
-  p = p / p.sum()                                                        # every row's P (q = k = 0)
-  want = p[:, None] * np.asarray(w[0, :, 0], np.float64).sum(0)[None, :]   # dv_j = P_j Σ_i G_i, per channel
-  np.testing.assert_allclose(np.asarray(dv, np.float64)[0, :, 0], want, rtol=2 ** -8, atol=0)
+  """The running sums (forward `o`, backward dv over query blocks) stay float32 under bf16 operands
+  (`helpers.check_float32_running_sums`); planted bf16 sums in either fail it."""
+  zeros = jnp.zeros((1, 96, 1, D), jnp.bfloat16)
+  check_float32_running_sums(lambda v, bias, block: pallas.pallas_sdpa(zeros, zeros, v, bias, None, False, 1.0, block),
+                             1, 1, E)
 
 
 def test_transport_runs_dmtn_and_atap_by_the_dispatcher_name():
