@@ -197,3 +197,28 @@ def check_float32_running_sums(attend, batch: int, heads: int, width: int, n: in
   p = p / p.sum()                                                        # every row's P (q = k = 0)
   want = p[:, None] * np.asarray(w[0, :, 0], np.float64).sum(0)[None, :]   # dv_j = P_j Σ_i G_i, per channel
   np.testing.assert_allclose(np.asarray(dv, np.float64)[0, :, 0], want, rtol=2 ** -8, atol=0)
+
+
+def attention_mask(kind: str, batch: int, heads: int, n: int, keep: int):
+  """The kernel tests' masks over n tokens: "none" → None; "key" → a key-padding mask [b, 1, 1, n] (batch 1
+  keeps its first `keep` keys); "full" → a random [b, h, n, n] mask (70 % kept, seed 1) in which query row 7
+  of batch 0 / head 1 has no key at all (0 on every kernel) and every other row keeps key 0 (so it has a key
+  under the causal order too)."""
+  if kind == "none":
+    return None
+  if kind == "key":
+    return np.arange(n)[None, None, None, :] < np.array([n, keep])[:, None, None, None]
+  full = np.random.default_rng(1).random((batch, heads, n, n)) > 0.3
+  full[:, :, :, 0] |= (np.arange(n) != 7)[None, None, :]
+  full[0, 1, 7] = False
+  return full
+
+
+def masked_softmax(s, keep):
+  """softmax_j(s) over the kept entries (`keep`, broadcastable to s), with a row that keeps none 0: the float64
+  references' P (jax.numpy, differentiable; call it under `jax.enable_x64`)."""
+  import jax.numpy as jnp
+  rows = keep.any(-1, keepdims=True)
+  top = jnp.where(rows, jnp.max(jnp.where(keep, s, -1e300), -1, keepdims=True), 0.0)
+  e = jnp.where(keep, jnp.exp(jnp.where(keep, s, top) - top), 0.0)
+  return e / jnp.where(rows, e.sum(-1, keepdims=True), 1.0)

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import check_float32_running_sums
+from helpers import attention_mask, check_float32_running_sums, masked_softmax
 
 from attngeo import kernels, operators as op
 from attngeo.kernels import pallas
@@ -31,16 +31,8 @@ def inputs(seed=0, dtype=jnp.float32):
 
 
 def make_mask(kind):
-  """None; a key-padding mask [b, 1, 1, s] (batch 1 keeps its first 30 keys); a full [b, h, t, s] mask with
-  query row 7 of batch 0 / head 1 masked out entirely (a row with no keys: 0 on every kernel)."""
-  if kind == "none":
-    return None
-  if kind == "key":
-    return np.arange(N)[None, None, None, :] < np.array([N, 30])[:, None, None, None]
-  full = np.random.default_rng(1).random((B, H, N, N)) > 0.3
-  full[0, 1, 7] = False
-  full[:, :, :, 0] = full[:, :, :, 0] | (np.arange(N) != 7)[None, None, :]  # causal rows keep a key, but row 7
-  return full
+  """`helpers.attention_mask` at this file's shapes (batch 1 keeps its first 30 keys)."""
+  return attention_mask(kind, B, H, N, keep=30)
 
 
 def reference(q, k, v, bias, w, mask, causal, scale):
@@ -48,17 +40,12 @@ def reference(q, k, v, bias, w, mask, causal, scale):
   keep = np.ones((B, H, N, N), bool) if mask is None else np.broadcast_to(mask, (B, H, N, N))
   if causal:
     keep = keep & np.tril(np.ones((N, N), bool))
-  rows = keep.any(-1, keepdims=True)
   with jax.enable_x64(True):
     x64 = lambda x: jnp.asarray(np.asarray(x, np.float64))
 
     def y(q, k, v, b):
       s = scale * jnp.einsum("bthd,bshd->bhts", q, k) + jnp.transpose(b, (0, 2, 1))[:, :, None, :]
-      top = jnp.max(jnp.where(keep, s, -1e300), -1, keepdims=True)
-      top = jnp.where(rows, top, 0.0)
-      e = jnp.where(keep, jnp.exp(jnp.where(keep, s, top) - top), 0.0)
-      p = e / jnp.where(rows, e.sum(-1, keepdims=True), 1.0)
-      return jnp.einsum("bhts,bshe->bthe", p, v)
+      return jnp.einsum("bhts,bshe->bthe", masked_softmax(s, keep), v)
     loss = lambda *a: (jnp.sum(x64(w) * y(*a)), y(*a))
     (_, out), grads = jax.jit(jax.value_and_grad(loss, range(4), has_aux=True))(*(x64(x) for x in (q, k, v, bias)))
     return [np.asarray(x) for x in (out, *grads)]

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import check_float32_running_sums
+from helpers import attention_mask, check_float32_running_sums, masked_softmax
 
 from attngeo import kernels, operators as op
 from attngeo.kernels import pallas, pallas_phase
@@ -37,16 +37,8 @@ def inputs(seed=0, dtype=jnp.float32):
 
 
 def make_mask(kind):
-  """None; a key-padding mask [b, 1, 1, s] (batch 1 keeps its first 50 keys); a full [b, h, t, s] mask with
-  query row 7 of batch 0 / head 1 masked out entirely (a row with no keys: 0 on every kernel)."""
-  if kind == "none":
-    return None
-  if kind == "key":
-    return np.arange(N)[None, None, None, :] < np.array([N, 50])[:, None, None, None]
-  full = np.random.default_rng(1).random((B, H, N, N)) > 0.3
-  full[:, :, :, 0] |= (np.arange(N) != 7)[None, None, :]               # causal rows keep a key, but row 7
-  full[0, 1, 7] = False
-  return full
+  """`helpers.attention_mask` at this file's shapes (batch 1 keeps its first 50 keys)."""
+  return attention_mask(kind, B, H, N, keep=50)
 
 
 def reference(q, k, v, bias, qt, kt, c, w, mask, causal, scale):
@@ -55,15 +47,12 @@ def reference(q, k, v, bias, qt, kt, c, w, mask, causal, scale):
   keep = np.ones((B, H, N, N), bool) if mask is None else np.broadcast_to(mask, (B, H, N, N))
   if causal:
     keep = keep & np.tril(np.ones((N, N), bool))
-  rows = keep.any(-1, keepdims=True)
   with jax.enable_x64(True):
     x64 = lambda x: jnp.asarray(np.asarray(x, np.float64))
 
     def y(q, k, v, b, qt, kt, c):
       s = scale * jnp.einsum("bthd,bshd->bhts", q, k) + jnp.transpose(b, (0, 2, 1))[:, :, None, :]
-      top = jnp.where(rows, jnp.max(jnp.where(keep, s, -1e300), -1, keepdims=True), 0.0)
-      e = jnp.where(keep, jnp.exp(jnp.where(keep, s, top) - top), 0.0)
-      p = e / jnp.where(rows, e.sum(-1, keepdims=True), 1.0)
+      p = masked_softmax(s, keep)
       theta = c[None, :, None, None] * jnp.einsum("bthf,bshf->bhts", qt, kt)
       pc, ps = p * jnp.cos(theta), p * jnp.sin(theta)
       mix = lambda a, x: jnp.einsum("bhts,bshe->bthe", a, x)
