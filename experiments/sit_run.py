@@ -11,6 +11,7 @@ import functools
 import json
 import os
 import re
+import shutil
 import time
 
 import jax
@@ -405,8 +406,20 @@ def sample_run(model, cfg: SiTConfig, out: str, n_per_class: int, class_names=No
 
 
 def import_run(checkpoint: str, out: str, num_heads: int | None, num_classes: int | None) -> str:
+  """`sit import`: the checkpoint as a weights-only run folder `out`. The run is written beside `out` and moved
+  into place, so an `out` replaced under --overwrite holds the new run alone (no samples, probe or bench of the
+  old one), and a kill leaves the old run or the new one (an interrupted swap: the old one in `out.replaced-PID`)."""
   model = dit_import.import_checkpoint(checkpoint, num_heads=num_heads, num_classes=num_classes)
-  runs.write_weights_run(out, model, source=os.path.abspath(checkpoint))
+  base = os.path.abspath(out).rstrip(os.sep)
+  fresh, old = f"{base}.importing-{os.getpid()}", f"{base}.replaced-{os.getpid()}"
+  shutil.rmtree(fresh, ignore_errors=True)
+  runs.write_weights_run(fresh, model, source=os.path.abspath(checkpoint))
+  if os.path.isdir(base):                     # --overwrite (`sit_config.check_out_free` refused it otherwise)
+    os.rename(base, old)
+    os.rename(fresh, base)
+    shutil.rmtree(old)
+  else:
+    os.rename(fresh, base)
   c = model.cfg
   print(f"imported {checkpoint}: DiT depth {c.depth}, width {c.block.width}, {c.block.num_heads} heads, "
         f"patch {c.patch}, "

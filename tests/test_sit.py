@@ -448,8 +448,12 @@ def test_import_refuses_an_existing_run_unless_overwrite(imported_run, capsys):
   err = one_error_line(capsys, ["import", ckpt, "--out", run, "--num-heads", "2"], "import")
   assert f"--out {run} already holds files (config.json, weights.npz)" in err and "--overwrite" in err
   assert snapshot(run) == before                                      # nothing changed on disk
+  os.makedirs(os.path.join(run, "probe"), exist_ok=True)              # outputs of the old run (break-it pass:
+  open(os.path.join(run, "samples_euler_2_g1.5.png"), "wb").close()    # they stayed beside the new weights)
   sit.main(["import", ckpt, "--out", run, "--num-heads", "2", "--overwrite"])
   assert runs.load_run(run)[0].cfg.block.num_heads == 2
+  assert sorted(os.listdir(run)) == ["config.json", "weights.npz"]
+  assert not glob.glob(run.rstrip(os.sep) + ".*")                     # no staging folder left beside it
 
 
 @pytest.mark.parametrize("args,message", [(["--per-class", "0"], "argument --per-class: expected a positive integer"),
