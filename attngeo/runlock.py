@@ -108,8 +108,9 @@ def _acquire(workdir: str) -> int:
     try:
       os.makedirs(workdir, exist_ok=True)
     except OSError as e:                       # a file in its place, a read-only or denied parent
-      if e.errno == errno.EEXIST and not os.path.lexists(workdir):
+      if e.errno == errno.EEXIST and (not os.path.lexists(workdir) or os.path.isdir(workdir)):
         continue                               # a holder leaving removed the folder between mkdir and its check
+                                               # (and another process may have made it again since)
       raise _unusable(workdir, e) from None
     try:
       fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
