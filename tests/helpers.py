@@ -222,3 +222,14 @@ def masked_softmax(s, keep):
   top = jnp.where(rows, jnp.max(jnp.where(keep, s, -1e300), -1, keepdims=True), 0.0)
   e = jnp.where(keep, jnp.exp(jnp.where(keep, s, top) - top), 0.0)
   return e / jnp.where(rows, e.sum(-1, keepdims=True), 1.0)
+
+
+def assert_matches_both(names, got, want, other, ref_tol: float = 2e-5, other_tol: float = 1e-5):
+  """Each output/gradient in `got` against the float64 reference `want` (atol `ref_tol`·max|want|) and another
+  kernel's `other` (atol `other_tol`·max|want|), rtol 1e-4; each reference must be a real signal (max > 1e-2),
+  so a vanishing gradient cannot pass by being compared with zero."""
+  for name, a, b, c in zip(names, got, want, other):
+    size = np.abs(b).max()
+    assert size > 1e-2, name
+    np.testing.assert_allclose(a, b, atol=ref_tol * size, rtol=1e-4, err_msg=name)
+    np.testing.assert_allclose(a, c, atol=other_tol * size, rtol=1e-4, err_msg=name)
