@@ -29,7 +29,8 @@ checked the same way (`check_law`: a probability vector, used as π/Σπ).
   bound is the condition times the residual, so a slowly mixing chain in float32 reports a large
   bound and `converged = False` instead of a wrong π; pass float64 P (under `jax.enable_x64`) to
   resolve it. For float32 P the float64 steps are `jax.pure_callback`s to the host (jit- and
-  vmap-compatible); float64 P keeps them on the device. π's gradient is the LU solve's, with the
+  vmap-compatible); float64 P keeps them on the device; a concrete float32 P (not traced) runs them
+  between programs, so that every program stays in JAX's persistent compilation cache. π's gradient is the LU solve's, with the
   refinement's residuals held constant.
 * damped law `π_τ` (`damped_law`): the stationary law of P with restarts to uniform at rate τ, unique
   and well conditioned for every stochastic P (the read-outs' π where a walk is nearly reducible).
@@ -117,12 +118,26 @@ def _solve_pi(p, refine: int = 2, residual=None):
   """(π, lu_factor(M)) for P [..., n, n] in its working dtype: one LU solve plus `refine` refinement
   steps, each from `residual(p, π)` (default `_residual`, in the working dtype)."""
   residual = residual or _residual
-  lu = _factor(p)
-  pi = _lu_solve(lu, jnp.full(p.shape[:-1], 1.0 / p.shape[-1], p.dtype))
+  pi, lu = _first_solve(p)
   for _ in range(refine):
-    pi = pi - _lu_solve(lu, residual(p, pi))
+    pi = _refined(lu, pi, residual(p, pi))
+  return _normalised(pi), lu
+
+
+def _first_solve(p):
+  """(π₀ = 𝟙ᵀM⁻¹/n, lu_factor(M)): the solve before any refinement."""
+  lu = _factor(p)
+  return _lu_solve(lu, jnp.full(p.shape[:-1], 1.0 / p.shape[-1], p.dtype)), lu
+
+
+def _refined(lu, pi, r):
+  """One refinement step from the residual r = π − πP: π − r M⁻¹."""
+  return pi - _lu_solve(lu, r)
+
+
+def _normalised(pi):
   pi = jnp.maximum(pi, 0.0)
-  return pi / pi.sum(-1, keepdims=True), lu
+  return pi / pi.sum(-1, keepdims=True)
 
 
 def _lu_solve(lu, b):
@@ -178,8 +193,8 @@ def _host_bound(xp, p, pi, delta, cond):
 
 
 def _on_host(fn, like, *args):
-  """`fn(xp, *args)` in float64, its result shaped and typed as `like`: on the host
-  (`jax.pure_callback`, numpy) unless `like` is float64 already (jax.numpy, where it is). The
+  """`fn(xp, *args)` in float64, its result shaped and typed as `like` (anything with a shape and a dtype):
+  on the host (`jax.pure_callback`, numpy) unless `like` is float64 already (jax.numpy, where it is). The
   arguments carry no gradient (a bound and a refinement step are not differentiated)."""
   args = tuple(jax.lax.stop_gradient(a) for a in args)
   if like.dtype == jnp.float64:
@@ -188,26 +203,69 @@ def _on_host(fn, like, *args):
                            *args, vmap_method="broadcast_all")
 
 
-def _host_refinement(p, pi):
-  return _on_host(_host_residual, pi, p, pi)
+def _on_host_now(fn, like, *args):
+  """`_on_host` for concrete arguments: `fn(numpy, *args)` called here, between programs."""
+  return jnp.asarray(fn(np, *(np.asarray(a) for a in args)))
 
 
-def _bound(p, pi, lu):
+def _traced(piece):
+  return piece
+
+
+# The device steps of the staged route, one program each, which JAX's persistent cache keeps (a program that
+# holds a host callback it never keeps: `_stationary` is compiled anew in every process, 0.3–1.4 s a shape).
+_STAGED = {}
+
+
+def _staged(piece):
+  if piece not in _STAGED:
+    _STAGED[piece] = jax.jit(piece)
+  return _STAGED[piece]
+
+
+def _start(p):
+  """(P in its working dtype, π₀, lu_factor(M))."""
+  p = _working(p)
+  return (p, *_first_solve(p))
+
+
+def _bound_start(p, pi):
+  """(P in its working dtype, π in it, lu_factor(M)): `error_bound`'s first step."""
+  p = _working(p)
+  return p, pi.astype(p.dtype), _factor(p)
+
+
+def _correction(lu, r):
+  """(δ̂ = r M⁻¹, κ̂ ≈ ‖M⁻¹‖_∞) from the float64 residual r rounded to the working dtype."""
+  return _lu_solve(lu, r), _inverse_norm_1(lu, r.shape[-1], r.dtype)
+
+
+def _bound(p, pi, lu, host=_on_host, run=_traced):
   """(‖π − πP̃‖₁, ‖M⁻¹‖ estimate κ̂, a posteriori bound ≥ ‖π − π_true‖₁) for any π [..., n]:
   δ̂ ≈ r M⁻¹ by one solve from the float64 residual r (rounded to the working dtype), then r₂ = r − δ̂M
-  and the bound on the host (module docstring)."""
-  cond = _inverse_norm_1(lu, p.shape[-1], p.dtype)
-  delta = _lu_solve(lu, _host_refinement(p, pi))
-  out = _on_host(_host_bound, jnp.zeros(pi.shape[:-1] + (2,), p.dtype), p, pi, delta, cond)
+  and the bound on the host (module docstring). `host` runs the float64 steps and `run(piece)` the
+  device ones: inside one program (`_on_host`, `_traced`) or between programs (`_on_host_now`, `_staged`)."""
+  delta, cond = run(_correction)(lu, host(_host_residual, pi, p, pi))
+  out = host(_host_bound, jax.ShapeDtypeStruct(pi.shape[:-1] + (2,), p.dtype), p, pi, delta, cond)
   return out[..., 0], cond, out[..., 1]
 
 
-@functools.partial(jax.jit, static_argnames=("tol", "refine"))
-def _stationary(p, tol: float, refine: int = 2) -> Stationary:
-  p = _working(p)
-  pi, lu = _solve_pi(p, refine, _host_refinement)
-  r, cond, bound = _bound(p, pi, lu)
+def _stationary_steps(p, tol: float, refine: int, host=_on_host, run=_traced) -> Stationary:
+  """The solve, its refinement from float64 residuals and the bound (module docstring); `host`, `run` as in `_bound`."""
+  p, pi, lu = run(_start)(p)
+  for _ in range(refine):
+    pi = run(_refined)(lu, pi, host(_host_residual, pi, p, pi))
+  pi = run(_normalised)(pi)
+  r, cond, bound = _bound(p, pi, lu, host, run)
   return Stationary(pi, r, bound, cond, refine, jnp.isfinite(bound) & (bound <= tol))
+
+
+_stationary = jax.jit(_stationary_steps, static_argnames=("tol", "refine", "host", "run"))
+
+
+def _concrete_low_precision(p) -> bool:
+  """True for a P with values (not traced) that is not float64: the staged route serves it."""
+  return _checks.is_concrete(p) and jnp.asarray(p).dtype != jnp.float64
 
 
 def error_bound(p, pi) -> jax.Array:
@@ -217,13 +275,15 @@ def error_bound(p, pi) -> jax.Array:
   check_chain(p)
   pi = jnp.asarray(pi)
   law = check_law(p, pi)
-  return _error_bound(p, jnp.where(jnp.isnan(law), law, pi))
+  pi = jnp.where(jnp.isnan(law), law, pi)
+  if _concrete_low_precision(p) and _checks.is_concrete(pi):
+    return _bound(*_staged(_bound_start)(p, pi), _on_host_now, _staged)[2]
+  return _error_bound(p, pi)
 
 
 @jax.jit
 def _error_bound(p, pi):
-  p = _working(p)
-  return _bound(p, pi.astype(p.dtype), _factor(p))[2]
+  return _bound(*_bound_start(p, pi))[2]
 
 
 def stationary(p, *, tol: float = 1e-4, refine: int = 2) -> Stationary:
@@ -243,6 +303,8 @@ def stationary(p, *, tol: float = 1e-4, refine: int = 2) -> Stationary:
     raise ValueError(f"tol must be positive; got {tol}")
   if isinstance(refine, bool) or not isinstance(refine, numbers.Integral) or refine < 0:
     raise ValueError(f"refine must be an integer ≥ 0 (refinement steps); got {refine!r}")
+  if _concrete_low_precision(p):
+    return _stationary_steps(jnp.asarray(p), float(tol), int(refine), _on_host_now, _staged)
   return _stationary(p, float(tol), int(refine))
 
 

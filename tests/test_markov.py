@@ -376,6 +376,29 @@ def test_diagnostics_are_jittable_and_batched():
   np.testing.assert_allclose(st_jit.pi, markov.stationary(p).pi, atol=1e-6)
 
 
+def test_concrete_float32_chains_take_no_host_callback_and_agree_with_the_traced_route(monkeypatch):
+  """A concrete float32 P runs the float64 steps between programs (every program stays in JAX's persistent
+  cache); traced, they are callbacks inside one program. Same steps, same values: π and κ̂ to float32
+  rounding, the float64 residual and bound to their own size, `converged` equal — a non-unique chain too."""
+  q, k = random_qk(2, h=2)
+  p = np.array(op.markov_matrix(q, k, beta=0.5, alpha=0.5))                       # [1, 2, 24, 24]
+  p[0, 1] = np.kron(np.eye(2), np.full((p.shape[-1] // 2, p.shape[-1] // 2), 2.0 / p.shape[-1]))  # two classes
+  traced = jax.jit(markov.stationary)(p)
+  traced_bound = jax.jit(markov.error_bound)(p, traced.pi)
+  monkeypatch.setattr(jax, "pure_callback", lambda *a, **k: pytest.fail("a host callback on a concrete P"))
+  steps = []
+  monkeypatch.setattr(markov, "_on_host_now", lambda fn, *a, on_host=markov._on_host_now: steps.append(fn) or on_host(fn, *a))
+  staged = markov.stationary(p)
+  assert len(steps) == 2 + 2                           # two refinement residuals, the bound's residual, the bound
+  np.testing.assert_allclose(staged.pi, traced.pi, rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(staged.condition, traced.condition, rtol=1e-4)
+  for a, b in ((staged.residual, traced.residual), (staged.error_bound, traced.error_bound),
+               (markov.error_bound(p, traced.pi), traced_bound)):
+    assert np.array_equal(np.isfinite(a), np.isfinite(b))
+    np.testing.assert_allclose(np.where(np.isfinite(a), a, 0), np.where(np.isfinite(b), b, 0), rtol=0.05, atol=1e-9)
+  assert np.array_equal(staged.converged, traced.converged) and staged.converged.tolist() == [[True, False]]
+
+
 @pytest.mark.parametrize("bad,match", [
     (np.ones((3, 4)), "square"),
     (np.ones((3, 3)), "row sums"),
