@@ -1,5 +1,6 @@
 """The suite's own process setup (conftest.py, tests/process_setup/): JAX's shared compilation cache is written
-atomically in every process, one BLAS thread per process, bytecode kept, memory maps bounded."""
+atomically in every process (each process of a distributed run too), one BLAS thread per process, bytecode
+kept, memory maps bounded."""
 import os
 import subprocess
 import sys
@@ -9,18 +10,18 @@ import pytest
 
 from conftest import MAP_BUDGET
 
-PROBE = ("import jax\nfrom jax._src import lru_cache\nimport threadpoolctl\n"
-         "print(getattr(lru_cache.LRUCache.put, 'atomic', False), "
+PROBE = ("import jax\nfrom jax._src import compiler, lru_cache\nimport threadpoolctl\n"
+         "print(getattr(lru_cache.LRUCache.put, 'atomic', False), getattr(compiler._cache_write, 'every_process', False), "
          "max(p['num_threads'] for p in threadpoolctl.threadpool_info()))")
 
 
 def test_every_process_writes_the_cache_atomically_with_one_blas_thread():
-  from jax._src import lru_cache
+  from jax._src import compiler, lru_cache
   import threadpoolctl
-  assert getattr(lru_cache.LRUCache.put, "atomic", False)
+  assert getattr(lru_cache.LRUCache.put, "atomic", False) and getattr(compiler._cache_write, "every_process", False)
   assert max(p["num_threads"] for p in threadpoolctl.threadpool_info()) == 1
   out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=120, check=True)
-  assert out.stdout.split() == ["True", "1"], out.stderr
+  assert out.stdout.split() == ["True", "True", "1"], out.stderr
 
 
 def test_an_entry_appears_whole_by_a_rename_and_is_written_once(tmp_path, monkeypatch):
