@@ -14,9 +14,11 @@ import pytest
 from attngeo import cli, hugepages
 from helpers import assert_errors_before_jax
 
+# `python -c HELP_SCRIPT JSON`: `attngeo COMMAND --help` for each command of the JSON list, one after another in
+# this one interpreter (a process each cost 0.15 s of start-up a command); prints, for each, its exit status,
+# the help, the (option strings, help) of the parser it printed and whether JAX is imported by then.
 HELP_SCRIPT = """
-import argparse, json, sys, time
-t0 = time.perf_counter()
+import argparse, contextlib, io, json, sys
 printed = []                                  # (option strings, help) of each parser whose help is printed
 format_help = argparse.ArgumentParser.format_help
 def recording(self):
@@ -25,14 +27,28 @@ def recording(self):
   return format_help(self)
 argparse.ArgumentParser.format_help = recording
 from attngeo import cli
-try:
-  cli.main(sys.argv[1:] + ["--help"])
-except SystemExit as e:
-  assert e.code in (0, None), e.code
-print("ACTIONS", json.dumps(printed[-1] if printed else []))
-print("JAX_IMPORTED" if "jax" in sys.modules else "NO_JAX", f"{time.perf_counter() - t0:.3f}")
+out = {}
+for command in json.loads(sys.argv[1]):
+  printed.clear()
+  text = io.StringIO()
+  with contextlib.redirect_stdout(text):
+    try:
+      code = cli.main(command.split() + ["--help"])
+    except SystemExit as e:
+      code = e.code
+  out[command] = [code, text.getvalue(), printed[-1] if printed else [], "jax" in sys.modules]
+print(json.dumps(out))
 """
+COMMANDS = sorted(cli.COMMANDS) + sorted(cli.GROUPS)
 
+
+@pytest.fixture(scope="module")
+def helps():
+  """{command: [exit status, help, actions, JAX imported]} of every command, from one fresh interpreter."""
+  out = subprocess.run([sys.executable, "-c", HELP_SCRIPT, json.dumps(COMMANDS)], capture_output=True, text=True,
+                       timeout=120, env=dict(os.environ, COLUMNS="200"))
+  assert out.returncode == 0, out.stderr[-2000:]
+  return json.loads(out.stdout.splitlines()[-1])
 
 
 def description(text: str | None) -> str:
@@ -40,19 +56,17 @@ def description(text: str | None) -> str:
   return re.sub(r"[\s(;,]*\bdefault\b.*$", "", text or "", flags=re.I | re.S).strip()
 
 
-@pytest.mark.parametrize("command", sorted(cli.COMMANDS) + sorted(cli.GROUPS))
-def test_help_documents_every_option_without_importing_jax(command):
-  out = subprocess.run([sys.executable, "-c", HELP_SCRIPT, *command.split()], capture_output=True, text=True,
-                       timeout=60, env=dict(os.environ, COLUMNS="200"))
-  assert out.returncode == 0, out.stderr[-2000:]
-  assert f"usage: attngeo {command}" in out.stdout
-  assert "NO_JAX" in out.stdout, f"`attngeo {command} --help` imported JAX"
-  actions = json.loads(out.stdout.split("ACTIONS ")[-1].splitlines()[0])
-  undescribed = [opts[0] for opts, text in actions if not description(text)]
+@pytest.mark.parametrize("command", COMMANDS)
+def test_help_documents_every_option_without_importing_jax(command, helps):
+  code, text, actions, jax_imported = helps[command]
+  assert code in (0, None), code
+  assert f"usage: attngeo {command}" in text
+  assert not jax_imported, f"`attngeo {command} --help` imported JAX (or a command's help before it did)"
+  undescribed = [opts[0] for opts, option_help in actions if not description(option_help)]
   assert not undescribed, f"`attngeo {command} --help`: options without a description: {undescribed}"
   if command in cli.GROUPS:                             # a group lists its sub-commands (checked below)
     return
-  for line in out.stdout.split("options:")[1].split("\n  -")[1:]:
+  for line in text.split("options:")[1].split("\n  -")[1:]:
     if not line.startswith("h, --help"):
       assert "default" in line.lower() or "required" in line.lower(), f"option without its default: -{line[:60]}"
 
