@@ -287,6 +287,10 @@ def _mend_overflow(y, rerun, hot):
   def mend():
     ys = jax.lax.stop_gradient(y)
     return jnp.where(jnp.all(jnp.isfinite(ys), -1, keepdims=True), ys, rerun())
+  if _checks.is_concrete(hot) and _checks.is_concrete(y):
+    # called eagerly: a Python branch, not a `lax.cond` whose fresh closures were traced and lowered anew
+    # every call (a whole forward kernel inside: 313 lowerings, 12 s of the suite's)
+    return jnp.where(hot, mend(), y) if bool(jnp.any(hot)) else y
   fixed = jax.lax.cond(jnp.any(hot), mend, lambda: jax.lax.stop_gradient(y))
   return jnp.where(hot, fixed, y)
 
