@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 import sys
 import types
 import typing
@@ -152,6 +153,24 @@ class Parser(argparse.ArgumentParser):
   exception instead under `ATTNGEO_DEBUG`, so the traceback shows where the error arose (argparse's
   own parse errors stay one line).
   """
+
+  # A value that starts with "-" but is no option: numbers and comma lists (`--train.mesh -1,1,1`, `--lr -1e-3`),
+  # which argparse reads as an unknown option and answers "expected one argument" for.
+  _NEGATIVE_VALUE = re.compile(r"-(\d|\.\d)[\d.eE+-]*(,-?[\d.eE+-]*)*")
+
+  def parse_known_args(self, args=None, namespace=None):
+    """argparse's, after joining `--option VALUE` into `--option=VALUE` where VALUE looks like a negative number
+    or a list starting with one and the option takes a value: its own check then names what was expected."""
+    args = list(sys.argv[1:] if args is None else args)
+    joined = []
+    for arg in args:
+      action = self._option_string_actions.get(joined[-1]) if joined else None
+      if (action is not None and action.nargs is None and self._NEGATIVE_VALUE.fullmatch(arg)
+              and arg not in self._option_string_actions):
+        joined[-1] = f"{joined[-1]}={arg}"
+      else:
+        joined.append(arg)
+    return super().parse_known_args(joined, namespace)
 
   def error(self, message):
     handled = sys.exc_info()[1]

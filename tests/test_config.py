@@ -50,3 +50,23 @@ def test_a_bad_list_item_names_the_type_not_a_lambda(tp, text, name):
   assert parse("1,2") == (1, 2) if name == "int" else parse("0.5") == (0.5,)
   with pytest.raises(argparse.ArgumentTypeError, match=f"expected comma-separated {name} values; got '{text}'"):
     parse(text)
+
+
+@dataclasses.dataclass
+class Signed:
+  mesh: tuple[int, ...] = (1, 1, 1)
+  lr: float = 1e-3
+  verbose: bool = False
+
+
+def test_a_negative_value_after_its_flag_is_read_as_the_value(capsys):
+  """`--train.mesh -1,1,1` read as an unknown option ("expected one argument"); now the value, whose own
+  check answers. An option never becomes a value, and a flag that takes none is left alone."""
+  ap = config.parser("prog")
+  config.add_arguments(ap, Signed)
+  got = config.from_arguments(ap.parse_args(["--mesh", "-1,1,1", "--lr", "-1e-3", "--verbose", "true"]), Signed)
+  assert got == Signed(mesh=(-1, 1, 1), lr=-1e-3, verbose=True)
+  assert config.from_arguments(ap.parse_args(["--lr", "-.5"]), Signed).lr == -0.5
+  with pytest.raises(SystemExit):
+    ap.parse_args(["--mesh", "--lr", "2"])
+  assert "--mesh: expected one argument" in capsys.readouterr().err
