@@ -247,9 +247,13 @@ def main(argv=None):
       _exit_at_once(code)
     return code
   except Exception as e:                           # a full disk where no writer names it (a library's own write)
-    reason, unwritable = storage_full(e), not_writable(e)
-    if os.environ.get("ATTNGEO_DEBUG") or (reason is None and unwritable is None):
+    reason, unwritable, memory = storage_full(e), not_writable(e), out_of_memory(e)
+    if os.environ.get("ATTNGEO_DEBUG") or (reason is None and unwritable is None and memory is None):
       raise
+    if memory is not None:
+      print(f"attngeo {name}: error: {memory}; ask for less at once (batch, samples, sequence length, model size) "
+            "and run the same command again (finished steps and cached results are kept)", file=sys.stderr)
+      return 2
     where = f" writing {e.filename}" if getattr(e, "filename", None) else ""
     advice = ("choose a folder this user can write (--out, --data-dir)" if reason is None else
               "free space (or raise the limit) and run the same command again (finished steps and cached results "
@@ -281,6 +285,17 @@ def storage_full(e: BaseException) -> str | None:
   for code, (reason, text) in STORAGE_FULL.items():
     if (isinstance(e, OSError) and e.errno == code) or (getattr(e, "errno", None) is None and text in str(e)):
       return reason
+  return None
+
+
+def out_of_memory(e: BaseException) -> str | None:
+  """What the one line says when the memory ran out (None for any other error): numpy's MemoryError, or XLA's
+  RESOURCE_EXHAUSTED (an allocation a program could not get; the error's first line names its size)."""
+  if isinstance(e, MemoryError):
+    return f"out of memory ({str(e).strip().splitlines()[0] if str(e).strip() else 'MemoryError'})"
+  first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+  if "RESOURCE_EXHAUSTED" in first:
+    return f"out of memory ({first[:200]})"
   return None
 
 

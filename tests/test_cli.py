@@ -310,6 +310,25 @@ def test_a_full_disk_no_writer_names_is_one_line(monkeypatch, capsys):
     cli.main(["heat"])
 
 
+def test_running_out_of_memory_is_one_line(monkeypatch, capsys):
+  """`sit sample --bench --eval-samples 100000` ended in XLA's RESOURCE_EXHAUSTED traceback: a real one (an
+  allocation no machine holds) and numpy's MemoryError are one line, exit 2; any other RuntimeError is raised."""
+  import jax.numpy as jnp
+
+  from attngeo.experiments import heat_swissroll
+  monkeypatch.setattr(heat_swissroll, "main", lambda argv: jnp.zeros((1 << 45,), jnp.float32).block_until_ready())
+  assert cli.main(["heat"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("attngeo heat: error: out of memory (RESOURCE_EXHAUSTED: Out of memory "
+                                             "allocating 140737488355328 bytes"), err
+  monkeypatch.setattr(heat_swissroll, "main", lambda argv: (_ for _ in ()).throw(MemoryError("Unable to allocate")))
+  assert cli.main(["heat"]) == 2
+  assert capsys.readouterr().err.startswith("attngeo heat: error: out of memory (Unable to allocate); ask for less")
+  monkeypatch.setattr(heat_swissroll, "main", lambda argv: (_ for _ in ()).throw(RuntimeError("INTERNAL: a bug")))
+  with pytest.raises(RuntimeError, match="INTERNAL"):
+    cli.main(["heat"])
+
+
 def test_the_file_size_limit_and_a_wrapped_full_disk_are_one_line(monkeypatch, capsys):
   """EFBIG (`ulimit -f`) and safetensors' SafetensorError('… (os error 28)') escaped the disk-full handler, which
   took only an OSError/RuntimeError naming ENOSPC: tracebacks."""
