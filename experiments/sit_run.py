@@ -450,7 +450,9 @@ def bench_inputs(model, run: str, args) -> tuple[SiTConfig, dict | None, np.ndar
   k = model.cfg.num_classes
   labels = (np.arange(cfg.eval_samples) % k if "eval_samples" in given
             else np.arange(max(cfg.eval_samples, cfg.grid_per_class * k)) % k)       # `prepare`'s sample labels
-  if not rec or not rec.get("metric", True) or model.cfg.channels not in (1, 3):
+  if rec and not rec.get("metric", True):
+    return cfg, None, labels, "no metric: the run was made with --metric false"
+  if not rec or model.cfg.channels not in (1, 3):
     return cfg, None, labels, "no metric: the run records no sit data with a classifier metric (an import, latents)"
   base = dataclasses.replace(from_record(rec), out=root, progress=False)
   try:

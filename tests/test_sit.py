@@ -127,6 +127,10 @@ def test_transfer_smoke_without_metric(tmp_path):
   for stage, operator in (("dmtn_graft", "DMTN"), ("dmap_fold", "DMAP")):
     model, _, mcfg = runs.load_run(os.path.join(out, "seed0", stage))
     assert mcfg.block.operator == operator and mcfg.block.distance_form == (stage == "dmap_fold")
+  # --bench on a stage of a --metric false run says so (it named imports and latents)
+  sit.main(["sample", os.path.join(out, "seed0", "attn"), "--bench", "euler:1", "--eval-samples", "4",
+            "--out", str(tmp_path / "bench")])
+  assert "no metric: the run was made with --metric false" in (tmp_path / "bench" / "sample_bench.md").read_text()
   # A damaged stage record is one line naming it on the rerun (was json's "Expecting value: line 1 column 1").
   with open(os.path.join(out, "seed0", "dmtn_graft", "stage.json"), "w"):
     pass
