@@ -52,12 +52,15 @@ def _import_class(name: str):
 def train_config(workdir: str, saved: dict | None = None):
   """The training config of a run folder (`saved`: its config.json, read if not given), rebuilt as the
   class recorded under "classes" — a subclass of `attngeo.train.TrainConfig` — or, for a run written
-  before classes were recorded, as the first of `LEGACY_TRAIN_CLASSES` that has every saved field."""
+  before classes were recorded, as the first of `LEGACY_TRAIN_CLASSES` that has every saved field. Its
+  `workdir` is the folder it was read from, not the one recorded: a moved or copied run folder trains on,
+  and writes, where it now lies."""
   from attngeo import train
   saved = files.read_config(workdir) if saved is None else saved
   fields = saved.get("train")
   if not isinstance(fields, dict):
     raise ValueError(f"{workdir}/config.json records no train config; runs written by attngeo.train record one")
+  fields = {**fields, "workdir": workdir}
   recorded = (saved.get("classes") or {}).get("train")
   if recorded:
     cls = _import_class(recorded)

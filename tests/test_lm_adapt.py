@@ -304,7 +304,7 @@ def test_load_run_reads_every_lm_run_folder(chain, tmp_path):
   assert type(runs.train_config(str(legacy))) is TrainConfig
   saved["classes"] = {"train": "attngeo.lm.recipe.LMTrainConfig"}        # the class LM runs recorded before
   (legacy / "config.json").write_text(json.dumps(saved))
-  assert runs.train_config(str(legacy)) == runs.train_config(chain["src"])
+  assert runs.train_config(str(legacy)) == dataclasses.replace(runs.train_config(chain["src"]), workdir=str(legacy))
 
 
 # ----------------------------------------------------------------------------- summary, data, plan

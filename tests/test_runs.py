@@ -64,11 +64,11 @@ def test_write_config_records_each_dataclass_config_class_and_train_config_rebui
   files.write_config(wd, train=LMTrain(steps=3, embedding_lr=0.5), model={"kind": "gpt"})
   saved = files.read_config(wd)
   assert saved["classes"] == {"train": "attngeo.lm.config.LMTrain"}
-  assert runs.train_config(wd) == LMTrain(steps=3, embedding_lr=0.5)
+  assert runs.train_config(wd) == LMTrain(steps=3, embedding_lr=0.5, workdir=wd)
   files.write_config(wd, **saved, extra={"a": 1})                       # read and written back: the record stays
   assert files.read_config(wd)["classes"] == {"train": "attngeo.lm.config.LMTrain"}
   files.write_config(wd, train=saved["train"], classes={"train": "attngeo.lm.recipe.LMTrainConfig"})
-  assert runs.train_config(wd) == train.TrainConfig(**{**saved["train"], "mesh": (1, 1, 1)})   # renamed since
+  assert runs.train_config(wd) == train.TrainConfig(**{**saved["train"], "mesh": (1, 1, 1), "workdir": wd})  # renamed
   files.write_config(wd, train=train.TrainConfig(steps=2))
   assert type(runs.train_config(wd)) is train.TrainConfig
   for name, message in (("os.path", "not an attngeo class"), ("attngeo.train.Nothing", "does not exist"),
@@ -105,6 +105,9 @@ def test_checkpoint_run_folders_round_trip_and_refuse_a_second_write(tmp_path):
   with pytest.raises(ValueError, match="already holds checkpoints"):
     runs.write_checkpoint_run(wd, model)
   assert sorted(os.listdir(wd)) == listing
+  moved = str(tmp_path / "moved")                                   # a moved folder is read where it lies
+  os.rename(wd, moved)
+  assert runs.load_run(moved)[1].workdir == moved and runs.train_config(moved).workdir == moved
 
 
 def test_weights_run_folders_round_trip_and_damage_is_one_line(tmp_path):

@@ -264,10 +264,10 @@ def test_a_run_folder_that_names_the_old_train_class_still_loads(tmp_path):
   old.mkdir()
   (old / "config.json").write_text(json.dumps({"train": dataclasses.asdict(train.TrainConfig(steps=3)),
                                                "classes": {"train": "attngeo.train.TrainConfig"}}))
-  assert runs.train_config(str(old)) == train.TrainConfig(steps=3)
+  assert runs.train_config(str(old)) == train.TrainConfig(steps=3, workdir=str(old))
   files.write_config(str(new), train=train.TrainConfig(steps=4))
   assert files.read_config(str(new))["classes"] == {"train": "attngeo.train_config.TrainConfig"}
-  assert runs.train_config(str(new)) == train.TrainConfig(steps=4)
+  assert runs.train_config(str(new)) == train.TrainConfig(steps=4, workdir=str(new))
 
 
 def test_logical_rules_skip_indivisible_dimensions():
