@@ -40,8 +40,9 @@ def test_pallas_needs_a_gpu_or_tpu_unless_interpret_on_cpu(capsys):
 def test_dry_run_writes_the_pallas_rows(tmp_path):
   """The whole script on CPU: Pallas timed beside xla and blockwise (its ratios in the note), and its bf16 and
   float32 numerics against float32 einsum: float32 ≤ 1e-5 (the same sums), bf16 within 4 × 2⁻⁸."""
+  env = dict(os.environ, PATH=os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]))
   out = subprocess.run(["bash", SCRIPT, "--dry-run", str(tmp_path)], capture_output=True, text=True, timeout=900,
-                       cwd=ROOT)
+                       cwd=ROOT, env=env)                 # the script's python3 and attngeo: this interpreter's
   assert out.returncode == 0, out.stderr[-2000:]
   rows = json.loads((tmp_path / "bench_operators.json").read_text())
   pallas = [r for r in rows if r["implementation"] == "pallas"]
