@@ -299,14 +299,36 @@ def split_kernel(beta, alpha, implementation: str | None, n_keys: int, *, dtype=
                  causal: bool = False, block_size: int = 512) -> str | None:
   """The split kernel `transport` runs member (β, α) on instead of the 2·d-wide augmented heads — "dense"
   (`kernels.split_attention`, one d-wide product and its transpose) or "paired"
-  (`kernels.split_paired_attention`) — or None: the β = 1 edge but ATTN (β a Python float 1.0; ATAP at
-  α = 0), inputs of ≥ 32 bits, where the dispatcher says so (`kernels.runs_split`: einsum below
-  `BLOCKWISE_FROM` keys; blockwise, unmasked, not causal, α static, keys that cut into pairs of tiles)."""
-  edge = isinstance(beta, float) and beta == 1.0 and not (isinstance(alpha, float) and alpha == 1.0)
-  if not (edge and jnp.finfo(dtype).bits >= 32):
+  (`kernels.split_paired_attention`) — or None. Inputs of ≥ 32 bits, β a Python float, where the dispatcher
+  says so (`kernels.runs_split`: einsum below `BLOCKWISE_FROM` keys; blockwise, unmasked, not causal, α
+  static, keys that cut into pairs of tiles), on two edges of the square:
+  * β = 1 but ATTN (ATAP at α = 0): "dense" or "paired", products of q and k;
+  * β = 0 but DMAP (DMTN at α = 1; a static α > 0): "paired" only, from `kernels.PAIRED_BETA0_FROM_TILES`
+    tiles (8192 keys at the default block size), products of m and n (`_beta0_split`)."""
+  if not (isinstance(beta, float) and jnp.finfo(dtype).bits >= 32):
     return None
-  return kernels.runs_split(implementation, n_keys, masked=masked, causal=causal, static=isinstance(alpha, float),
-                            block_size=block_size)
+  static = isinstance(alpha, float)
+  if beta == 1.0 and not (static and alpha == 1.0):
+    return kernels.runs_split(implementation, n_keys, masked=masked, causal=causal, static=static,
+                              block_size=block_size)
+  if beta == 0.0 and static and alpha != 0.0:
+    paired = kernels.runs_split(implementation, n_keys, masked=masked, causal=causal, static=True,
+                                block_size=block_size, from_tiles=kernels.PAIRED_BETA0_FROM_TILES) == "paired"
+    return "paired" if paired else None
+  return None
+
+
+def _beta0_split(q, k, v, alpha: float, bias, scale: float, block_size: int):
+  """Member (0, α), α a float, on pairs of tiles. With m = (q + k)/√2, n = (q − k)/√2 its logits are
+
+      L_ij = s·[½ m_i·m_j + α·½(n_i·m_j − m_i·n_j)] + bias_j        (½(q_i·k_j − k_i·q_j) = ½(n_i·m_j − m_i·n_j)),
+
+  the paired kernel's `s·(w X + w_t Xᵀ + c G)` on (q, k) := (m, n) with w = −α/2, w_t = α/2, c = ½: three
+  d-wide products per pair of tiles (X_ab, X_ba, the Gram G_ab) where the augmented heads take two 2·d wide
+  (kernels/split_paired.py: 9 product units per tile against their 11 and ATTN's 7)."""
+  m, n = (q + k) * (1 / math.sqrt(2)), (q - k) * (1 / math.sqrt(2))
+  return kernels.split_paired_attention(m, n, v, weights=(-alpha / 2, alpha / 2), gram=0.5, bias=bias, scale=scale,
+                                        block_size=block_size)
 
 
 # ----------------------------------------------------------------------------- public API
@@ -326,7 +348,8 @@ def transport(q, k, v, *, beta=1.0, alpha=1.0, causal: bool = False, mask=None, 
       backend and length, `kernels.choose`); passed through to the kernel. Where "einsum" runs below
       `kernels.BLOCKWISE_FROM` keys, the β = 1 edge (ATAP) runs on `kernels.split_attention` instead, and
       where "blockwise" runs unmasked, not causal, with a static α and keys that cut into
-      `kernels.PAIRED_FROM_TILES` or more tiles, on `kernels.split_paired_attention`.
+      `kernels.PAIRED_FROM_TILES` or more tiles the β = 1 edge (ATAP), and from `kernels.PAIRED_BETA0_FROM_TILES`
+      the β = 0 edge (DMTN; not DMAP), run on `kernels.split_paired_attention` (`split_kernel`).
   Returns:
     [b, n, h, e], `P` never materialised on the fused/blockwise paths. At β = α = 0 (DMAP, Python
     floats) a token with ¼ s‖m‖² ≥ 2^110, whose logits float32 cannot form, is isolated: its row is
@@ -347,6 +370,8 @@ def transport(q, k, v, *, beta=1.0, alpha=1.0, causal: bool = False, mask=None, 
     if split == "dense":
       return kernels.split_attention(q, k, v, weights=kernels.split_weights(alpha), mask=mask, causal=causal,
                                      bias=bias(), scale=scale), None
+    if split == "paired" and beta == 0.0:
+      return _beta0_split(q, k, v, alpha, bias(), scale, block_size), None
     if split == "paired":
       return kernels.split_paired_attention(q, k, v, weights=kernels.split_weights(alpha), bias=bias(), scale=scale,
                                             block_size=block_size), None

@@ -20,9 +20,9 @@ limit (its row says so). XLA's analysis is a floor, not a bound (XLA's SDPA at 4
 analysis, 22 GiB held), so on the CPU the process's data segment is capped too while the cells run
 (RLIMIT_DATA: it may grow by the room left under that limit): a program that allocates past it fails with a
 runtime error and its row says so; "RSS growth" is how far the process's resident memory rose during the
-cell's first run. "Runs on" names the kernel that ran: the implementation, or ATAP's split kernel where
-`transport` takes it instead of the augmented heads (`operators.split_kernel`: "split" on the einsum path
-below 512 keys, "split_paired" blockwise from 4 tiles, unmasked, not causal). `--implementations` restricts the kernels (the ratios are then
+cell's first run. "Runs on" names the kernel that ran: the implementation, or a split kernel where
+`transport` takes it instead of the augmented heads (`operators.split_kernel`: ATAP "split" on the einsum path
+below 512 keys; "split_paired" blockwise, unmasked, not causal, for ATAP from 4 tiles and DMTN from 16). `--implementations` restricts the kernels (the ratios are then
 to the fastest ATTN among them). CMAP, the magnetic operator
 (`operators.magnetic_transport`, coupling 1, β = 0), runs on its own kernels (einsum, blockwise and
 the Hermitian pairing "paired", which computes each unordered token pair once: `attngeo.kernels.paired`);
@@ -91,8 +91,9 @@ def compiled_call(name, impl, b, n, h, d, block_size=None, dtype="float32", qkv=
 
 
 def runs_on(name, impl, n, dtype="float32", causal=False) -> str:
-  """The kernel a cell runs on: `impl`, or ATAP's split kernel where `operators.split_kernel` takes it instead of
-  the augmented heads (einsum below 512 keys: "split"; blockwise from 4 tiles of pairs: "split_paired")."""
+  """The kernel a cell runs on: `impl`, or a split kernel where `operators.split_kernel` takes it instead of the
+  augmented heads (ATAP on einsum below 512 keys: "split"; blockwise pairs of tiles, ATAP from 4 tiles and DMTN
+  from 16: "split_paired")."""
   from attngeo import operators as op
   if op.is_magnetic(name):
     return impl

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from attngeo.experiments import bench_geometry, bench_operators, bench_train, curvature, heat_swissroll
@@ -24,15 +25,18 @@ def test_bench_operators_smoke(tmp_path):
   assert "| runs on |" in (tmp_path / "bench_operators.md").read_text()
 
 
-def test_bench_rows_name_the_kernel_atap_runs_on():
-  """ATAP's rows name the split kernel `transport` takes instead of the augmented heads (`operators.split_kernel`):
-  pairs of tiles from 4 tiles of 512, blockwise, not causal; the augmented heads under causal order or bf16."""
+def test_bench_rows_name_the_split_kernel_atap_and_dmtn_run_on():
+  """ATAP's and DMTN's rows name the split kernel `transport` takes instead of the augmented heads
+  (`operators.split_kernel`): pairs of tiles from 4 (ATAP) or 16 (DMTN) tiles of 512, blockwise, not causal; the
+  augmented heads under causal order or bf16."""
   assert bench_operators.runs_on("ATAP", "blockwise", 4096) == "split_paired"
   assert bench_operators.runs_on("ATAP", "blockwise", 1024) == "blockwise"                # 2 tiles
   assert bench_operators.runs_on("ATAP", "blockwise", 4096, causal=True) == "blockwise"
   assert bench_operators.runs_on("ATAP", "einsum", 256) == "split"
   assert bench_operators.runs_on("ATAP", "einsum", 256, dtype="bfloat16") == "einsum"
-  assert bench_operators.runs_on("DMTN", "blockwise", 4096) == "blockwise"
+  assert bench_operators.runs_on("DMTN", "blockwise", 4096) == "blockwise"                # 8 tiles
+  assert bench_operators.runs_on("DMTN", "blockwise", 8192) == "split_paired"
+  assert bench_operators.runs_on("DMAP", "blockwise", 8192) == "blockwise"
   assert bench_operators.runs_on("CMAP", "paired", 4096) == "paired"
 
 
@@ -192,3 +196,19 @@ def test_bench_geometry_refuses_sizes_below_two_in_one_line(capsys):
   with pytest.raises(SystemExit) as e:
     bench_geometry.main(["--sizes", "0"])
   assert e.value.code == 2 and "--sizes and --estimators must be at least 2 points each; got [0]" in capsys.readouterr().err
+
+
+def test_bench_pairs_times_two_routes_of_one_operator(monkeypatch, capsys):
+  """experiments/bench_pairs: DMTN's augmented heads and its pairs of tiles are the same operator (gradients
+  agree), and its table prints one row per length."""
+  from attngeo import hugepages
+  from attngeo.experiments import bench_pairs
+  grads = {name: call() for name, call in bench_pairs.routes(1024, 1, heads=2, head_dim=8).items()}
+  for a, b in zip(grads["DMTN augmented"], grads["DMTN pairs"]):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6 * float(np.abs(b).max()))
+  monkeypatch.setattr(hugepages, "reexec", lambda: None)
+  bench_pairs.main(["--seqs", "1024", "--batches", "1", "--repeats", "1"])
+  rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 1024 | 1 |")]
+  assert len(rows) == 1
+  with pytest.raises(SystemExit):
+    bench_pairs.main(["--seqs", "1024,2048", "--batches", "1"])

@@ -1,10 +1,11 @@
-"""attngeo.kernels.split_paired: the β = 1 edge (ATAP) blockwise, each pair of tiles' two products once.
+"""attngeo.kernels.split_paired: the β = 1 edge (ATAP) and the β = 0 edge (DMTN) blockwise, each pair of tiles'
+products once.
 
 Values and gradients (q, k, v, the key bias) against the float64 formula at two, four and eight tiles,
 logits large enough that only a running max on both sides of a pair keeps them finite, the product count
-of the gradient program (ATTN's blockwise 7 units per tile, not the augmented heads' 11), and the routing:
-`operators.transport` takes this kernel only on the blockwise kernel, unmasked, not causal, with a static α
-and keys that cut into pairs of tiles.
+of the gradient program (ATAP: ATTN's blockwise 7 units per tile; DMTN: 9 + 1/T; the augmented heads: 11),
+and the routing: `operators.transport` takes this kernel only on the blockwise kernel, unmasked, not causal,
+with a static α and keys that cut into pairs of tiles.
 """
 import jax
 import jax.numpy as jnp
@@ -90,7 +91,65 @@ def test_the_edge_runs_attention_s_blockwise_product_count(n, block_size):
   unit = 2 * B * H * n * n * D
   assert grad_flops(*op.ATTN, n, block_size) == 7 * unit
   assert abs(grad_flops(*op.ATAP, n, block_size) - 7 * unit) < 0.01 * unit
-  assert grad_flops(*op.DMTN, n, block_size) >= 11 * unit                # off the edge: the augmented heads
+  assert grad_flops(0.5, 0.5, n, block_size) >= 11 * unit                # off both edges: the augmented heads
+
+
+@pytest.mark.parametrize("n,block_size", [(64, 4), (96, 4)])                 # 16 and 32 tiles
+def test_the_beta0_edge_runs_nine_units_per_tile(n, block_size):
+  """DMTN on (m, n): X_ab, X_ba and the Gram G_ab per pair of tiles. A pair: forward 3 + 2 value products,
+  backward 3 + 2 dP + 2 dv + 6 gradients = 18 units over two tiles' area; a diagonal tile 10 (its Gram is its
+  own). So (9·T(T − 1) + 10·T)/T² = 9 + 1/T units of n × n × d, against the augmented heads' 11."""
+  unit, tiles = 2 * B * H * n * n * D, kernels.tiling(n, block_size)[0]
+  assert abs(grad_flops(*op.DMTN, n, block_size) - (9 + 1 / tiles) * unit) < 0.01 * unit
+  assert abs(grad_flops(0.0, 0.4, n, block_size) - (9 + 1 / tiles) * unit) < 0.01 * unit
+
+
+def family_beta0(q, k, v, alpha):
+  """P(β = 0, α)·v from the module formula of `attngeo.operators`, written in q and k (float64 below):
+  s·[¼(q_i + k_i)·(q_j + k_j) + α·½(q_i·k_j − k_i·q_j)] + s·(1 − α)·½·(g_i − g_j), g = ¼‖q + k‖²."""
+  qk = jnp.einsum("bihd,bjhd->bhij", q, k)
+  mm = jnp.einsum("bihd,bjhd->bhij", q + k, q + k) / 4
+  g = jnp.sum((q + k) ** 2, -1).transpose(0, 2, 1) / 4
+  lg = (mm + alpha * 0.5 * (qk - jnp.swapaxes(qk, -1, -2)) + (1 - alpha) * 0.5 * (g[..., :, None] - g[..., None, :]))
+  p = jax.nn.softmax(lg / np.sqrt(q.shape[-1]), -1)
+  return jnp.einsum("bhij,bjhe->bihe", p, v)
+
+
+@pytest.mark.parametrize("n,block_size,alpha", [(64, 4, 1.0), (48, 3, 0.4), (32, 2, 1.0)])   # 16 tiles each
+def test_the_beta0_edge_matches_float64(n, block_size, alpha, calls):
+  q, k, v = qkv(n + 1, n)
+  w = jax.random.normal(jax.random.PRNGKey(2), v.shape)
+  run = lambda q, k, v: op.transport(q, k, v, beta=0.0, alpha=alpha, implementation="blockwise", block_size=block_size)
+  y, grads = run(q, k, v), jax.grad(lambda *a: jnp.sum(w * run(*a)), (0, 1, 2))(q, k, v)
+  assert calls[0] > 0
+  with jax.enable_x64(True):
+    x64 = [jnp.asarray(np.asarray(x), jnp.float64) for x in (q, k, v, w)]
+    want_y = family_beta0(*x64[:3], alpha)
+    want = jax.grad(lambda *a: jnp.sum(x64[3] * family_beta0(*a, alpha)), (0, 1, 2))(*x64[:3])
+  np.testing.assert_allclose(y, np.asarray(want_y), atol=2e-6, rtol=1e-5)
+  for g, r in zip(grads, want):
+    r = np.asarray(r)
+    np.testing.assert_allclose(g, r, atol=2e-5 * np.abs(r).max(), rtol=1e-4)
+
+
+def test_the_gram_term_and_its_bias_gradient_match_the_einsum_kernel():
+  """The kernel's values and (q, k, v, bias) cotangents with a Gram weight, against the softmax of the same
+  logits written out densely."""
+  q, k, v = qkv(3, 32)
+  bias = jax.random.normal(jax.random.PRNGKey(5), (B, 32, H)) * 3
+  w = jax.random.normal(jax.random.PRNGKey(6), v.shape)
+  s, (wx, wt, c) = 0.3, (0.2, -0.45, 0.7)
+
+  def dense(q, k, v, bias):
+    qk, qq = jnp.einsum("bihd,bjhd->bhij", q, k), jnp.einsum("bihd,bjhd->bhij", q, q)
+    lg = s * (wx * qk + wt * jnp.swapaxes(qk, -1, -2) + c * qq) + jnp.transpose(bias, (0, 2, 1))[:, :, None, :]
+    return jnp.einsum("bhij,bjhe->bihe", jax.nn.softmax(lg, -1), v)
+  paired = lambda q, k, v, bias: kernels.split_paired_attention(q, k, v, weights=(wx, wt), gram=c, bias=bias, scale=s,
+                                                                block_size=8)
+  np.testing.assert_allclose(paired(q, k, v, bias), dense(q, k, v, bias), atol=2e-6, rtol=1e-5)
+  grad = lambda fn: jax.grad(lambda *a: jnp.sum(w * fn(*a)), (0, 1, 2, 3))(q, k, v, bias)
+  for g, r in zip(grad(paired), grad(dense)):
+    np.testing.assert_allclose(g, r, atol=2e-5 * np.abs(r).max(), rtol=1e-4)
 
 
 def test_routing_keeps_the_augmented_heads_off_its_domain(calls):
@@ -102,6 +161,15 @@ def test_routing_keeps_the_augmented_heads_off_its_domain(calls):
   assert runs("blockwise", 2048, static=False) is None                   # a per-head α array
   assert runs("blockwise", 2049, static=True) is None                    # one tile of 2049: n × n memory
   assert runs("einsum", 2048, static=True) is None and runs("einsum", 256, static=True) == "dense"
+  split = op.split_kernel
+  assert split(*op.DMTN, "blockwise", 8192) == "paired" and split(0.0, 0.3, "blockwise", 8192) == "paired"
+  assert split(*op.DMTN, "blockwise", 4096) is None                    # 8 tiles: the augmented heads are as fast
+  assert split(*op.DMTN, "blockwise", 64, block_size=4) == "paired" and split(*op.ATAP, "blockwise", 4096) == "paired"
+  assert split(*op.DMTN, "einsum", 256) is None                        # the dense split is the β = 1 edge's only
+  for args, kw in (((*op.DMAP, "blockwise", 8192), {}), ((*op.ATTN, "blockwise", 8192), {}),
+                   ((*op.DMTN, "blockwise", 8192), dict(causal=True)), ((*op.DMTN, "blockwise", 8192), dict(masked=True)),
+                   ((*op.DMTN, "blockwise", 8192), dict(dtype="bfloat16")), ((0.0, jnp.ones(3), "blockwise", 8192), {})):
+    assert split(*args, **kw) is None, (args, kw)
   q, k, v = qkv(7, 64)
   edge(q, k, v, 0.0, 16)
   paired = calls[0]
@@ -132,3 +200,5 @@ def test_bad_calls_are_one_line():
       op.transport(q, k, v, beta=1.0, alpha=0.0, implementation="blockwise", block_size=bad)
   with pytest.raises(ValueError, match="static float weights"):
     kernels.split_paired_attention(q, k, v, weights=kernels.split_weights(jnp.zeros(H)), scale=1.0, block_size=16)
+  with pytest.raises(ValueError, match="static float gram weight"):
+    kernels.split_paired_attention(q, k, v, weights=(0.5, 0.5), gram=jnp.float32(0.5), scale=1.0, block_size=16)

@@ -15,7 +15,7 @@ chooses; callers pass `implementation` through):
 * `split` — `split_attention`, the dense kernel of the β = 1 edge (ATAP) on one product and its transpose
   (d wide, where the augmented heads are 2·d).
 * `split_paired` — `split_paired_attention`, the same edge blockwise: each pair of tiles' two products once
-  (no mask, not causal; ATTN's product count).
+  (no mask, not causal; ATTN's product count); with its Gram term, the β = 0 edge (DMTN) on m and n.
 * `paired` — `paired_magnetic`, CMAP at β = 0 on its Hermitian pairing (each unordered token pair once).
 * `_blocks` — what they share: the mask conventions (`NEG`, `apply_masks`, `attended_rows`; a fully
   masked row is 0 on every kernel), the blockwise tiling and the one online-softmax scan, the paired
@@ -27,7 +27,7 @@ per-key bias `[b, s, h]`; masks broadcastable to `[b, h, t, s]` (True = attend).
 accumulate in float32 whatever the input dtype.
 """
 from attngeo.kernels._blocks import NEG, apply_masks, attended_rows, check_block_size
-from attngeo.kernels.dispatch import (BLOCKWISE_FROM, IMPLEMENTATIONS, KERNELS, PAIRED_FROM_TILES,
+from attngeo.kernels.dispatch import (BLOCKWISE_FROM, IMPLEMENTATIONS, KERNELS, PAIRED_BETA0_FROM_TILES, PAIRED_FROM_TILES,
                                       PHASE_IMPLEMENTATIONS, choose, default_implementation, runs_split)
 from attngeo.kernels._blocks import levels, pair_tasks, tiling
 from attngeo.kernels.paired import paired_magnetic
@@ -38,7 +38,7 @@ from attngeo.kernels.softmax import attention, log_normaliser
 from attngeo.kernels.split import split_attention, split_weights
 from attngeo.kernels.split_paired import split_paired_attention
 
-__all__ = ["BLOCKWISE_FROM", "IMPLEMENTATIONS", "KERNELS", "NEG", "PAIRED_FROM_TILES", "PHASE_IMPLEMENTATIONS",
+__all__ = ["BLOCKWISE_FROM", "IMPLEMENTATIONS", "KERNELS", "NEG", "PAIRED_BETA0_FROM_TILES", "PAIRED_FROM_TILES", "PHASE_IMPLEMENTATIONS",
            "apply_masks", "attended_rows", "check_block_size", "attention", "choose", "default_implementation", "layout", "levels",
            "log_normaliser", "pair_tasks", "pallas_phase_attention", "pallas_sdpa", "paired_magnetic",
            "phase_attention", "runs_split", "sincos", "split_attention", "split_paired_attention", "split_weights", "tiling"]

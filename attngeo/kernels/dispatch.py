@@ -21,7 +21,8 @@ one 2·d wide (ATAP ÷ ATTN at 256 keys, two runs each: 1.66, 1.67 before it; 1.
 1.28 with the input-side overflow check too — docs/benchmarks.md; from 1024 keys the transposes cost more).
 On the blockwise kernel the same edge, unmasked, not causal and from `PAIRED_FROM_TILES` tiles, runs
 `attngeo.kernels.split_paired`: the two products of each pair of tiles (a, b), (b, a) at once, 7 product units
-per tile like ATTN's instead of 11.
+per tile like ATTN's instead of 11; the β = 0 edge (DMTN) runs there too from `PAIRED_BETA0_FROM_TILES` tiles
+(three products a pair, 9 + 1/T units).
 `"pallas"` runs only when named: never a default on CPU (interpret mode is a test harness, not a kernel),
 and not yet on GPU/TPU either — it has passed its interpret-mode tests but has not been compiled by
 Triton or Mosaic on a device; the GPU/TPU default moves to it (from `BLOCKWISE_FROM` keys) once
@@ -43,6 +44,11 @@ BLOCKWISE_FROM = 512   # keys: the portable kernels' switch from the dense einsu
 # need a transpose each way, are 1/T of the area. ATAP ÷ ATTN blockwise, with the CLI's huge pages: augmented
 # heads 1.33 / 1.45, pairs 1.48 / 1.14 at 1024 / 2048 keys (2 / 4 tiles of 512), pairs 0.98–1.02 at 4096.
 PAIRED_FROM_TILES = 4
+# Tiles from which the β = 0 edge (DMTN) runs on pairs of tiles: three d-wide products per pair (9 + 1/T units per
+# tile) against the augmented heads' two 2·d wide (11), whose wider contraction runs faster per unit on XLA:CPU.
+# DMTN ÷ ATTN blockwise, fwd + bwd, 8 heads of 64: augmented 1.33 / 1.25 / 1.28 / 1.27, pairs 1.61 / 1.29 / 1.18 /
+# 1.13 at 2048 / 4096 / 8192 / 16 384 keys (batch 8 / 4 / 1 / 1; `python -m attngeo.experiments.bench_pairs`).
+PAIRED_BETA0_FROM_TILES = 16
 
 
 def choose(kind: str, implementation: str | None = None, n_keys: int | None = None, *, strict: bool = True) -> str:
@@ -74,17 +80,17 @@ def default_implementation(seq_len: int | None = None) -> str:
 
 
 def runs_split(implementation: str | None, n_keys: int, *, masked: bool = False, causal: bool = False,
-               static: bool = False, block_size: int = 512) -> str | None:
+               static: bool = False, block_size: int = 512, from_tiles: int = PAIRED_FROM_TILES) -> str | None:
   """The kernel a β = 1 member of the family (not ATTN) runs on over `n_keys` keys, instead of the augmented
   heads: `"dense"` (`attngeo.kernels.split`) where the softmax kernel is einsum and `n_keys < BLOCKWISE_FROM`;
   `"paired"` (`attngeo.kernels.split_paired`) where it is blockwise, with no mask, no causal order, `static`
-  weights (a Python-float α) and keys that cut into `PAIRED_FROM_TILES` or more tiles (`_blocks.tiling`); else
-  None. The caller checks the member and the dtype (`operators.transport`: a static β = 1.0, inputs of ≥ 32
+  weights (a Python-float α) and keys that cut into `from_tiles` (default `PAIRED_FROM_TILES`) or more tiles
+  (`_blocks.tiling`); else None. The caller checks the member and the dtype (`operators.transport`: a static β = 1.0, inputs of ≥ 32
   bits)."""
   kernel = choose("softmax", implementation, n_keys)
   if kernel == "einsum" and n_keys < BLOCKWISE_FROM:
     return "dense"
   if (kernel == "blockwise" and static and not (masked or causal) and tiles_in_pairs(n_keys, block_size)
-      and tiling(n_keys, block_size)[0] >= PAIRED_FROM_TILES):
+      and tiling(n_keys, block_size)[0] >= from_tiles):
     return "paired"
   return None

@@ -1,4 +1,5 @@
-"""The β = 1 edge of the family (ATAP) blockwise, on pairs of tiles: each unordered tile pair's two products once.
+"""Two edges of the family blockwise, on pairs of tiles: each unordered tile pair's products once — the β = 1
+edge (ATAP) on two, and the β = 0 edge (DMTN) on three (the Gram term below).
 
 On the edge the logits are (`attngeo.kernels.split`, w = (1 + α)/2, w_t = (1 − α)/2, s the scale)
 
@@ -30,6 +31,23 @@ Backward (recomputing each tile from q, k and the saved lse; D_i = dy_i·y_i):
 Cost, in t × t × d products per pair of tiles (two tiles' area): forward 4 (X, Y, two value products),
 backward 10 (X, Y again, two dv, two dP, four gradients) — 7 per tile, ATTN's blockwise count (its
 forward 2, backward 5), against 11 on the augmented heads (logits and their two gradients 2·d wide).
+
+**The Gram term** (`gram` = c ≠ 0): `L_ij = s·(w q_i·k_j + w_t k_i·q_j + c q_i·q_j) + bias_j`. G = q_a·q_bᵀ is
+the same on both sides of a pair (G_ba = G_abᵀ), so it costs one more product in each pass and two gradients,
+Ḡ = s·c(dL_ab + dL_baᵀ): dq_a += Ḡ q_b, dq_b += Ḡᵀ q_a. The β = 0 edge is this form on (q, k) := (m, n),
+m = (q + k)/√2, n = (q − k)/√2, w = −α/2, w_t = α/2, c = ½ (`operators._beta0_split`): a pair costs 5 + 13
+= 18 units, a diagonal tile 10 (its Gram is its own), so 9 + 1/T per tile against the augmented heads' 11.
+Its products are d wide where the augmented heads' are 2·d, and on XLA:CPU a d-wide unit runs slower than half
+a 2·d-wide one, so the pairing pays only on long sequences. DMTN ÷ ATTN blockwise, fwd + bwd, 8 heads of 64,
+the routes interleaved on one set of inputs (`python -m attngeo.experiments.bench_pairs`, 2026-12-06):
+
+| keys (batch) | 2048 (8) | 4096 (4) | 8192 (1) | 16 384 (1) |
+|---|---:|---:|---:|---:|
+| augmented heads | 1.33 | 1.25 | 1.28 | 1.27 |
+| pairs of tiles | 1.61 | 1.29 | 1.18 | 1.13 |
+
+so the dispatcher takes the pairs for DMTN from `dispatch.PAIRED_BETA0_FROM_TILES` = 16 tiles (8192 keys at
+the default block size); `attngeo bench` prints the ratios it then runs at (docs/benchmarks.md).
 
 Scope: static float weights (ATAP's α = 0, or any fixed α), no mask, not causal (a causal order keeps
 one tile of each pair, which still needs both products: no saving), and n = T·t with t ≤ block_size
@@ -66,28 +84,32 @@ def _untiles(x):
   return x.reshape((x.shape[0], -1) + x.shape[3:])
 
 
-def _diagonal(qa, ka, bias_a, w, w_t, s):
-  """A diagonal tile's logits [B, t, t]: s(w X + w_t Xᵀ) + bias, X = q_a·k_aᵀ."""
+def _diagonal(qa, ka, bias_a, w, w_t, c, s):
+  """A diagonal tile's logits [B, t, t]: s(w X + w_t Xᵀ + c G) + bias, X = q_a·k_aᵀ, G = q_a·q_aᵀ (c ≠ 0)."""
   x = _dot("bid,bjd->bij", qa, ka)
-  return s * (w * x + w_t * jnp.swapaxes(x, 1, 2)) + bias_a[:, None, :]
+  logits = w * x + w_t * jnp.swapaxes(x, 1, 2)
+  if c:
+    logits = logits + c * _dot("bid,bjd->bij", qa, qa)
+  return s * logits + bias_a[:, None, :]
 
 
-def _pair_logits(q, k, bias, w, w_t, s, t, a, b):
+def _pair_logits(q, k, bias, w, w_t, c, s, t, a, b):
   """(L_ab, L_baᵀ) of the pair (a, b): [B, t, t] each, rows a."""
   qa, ka, qb, kb = slab(q, a, t), slab(k, a, t), slab(q, b, t), slab(k, b, t)
   x, y = _dot("bid,bjd->bij", qa, kb), _dot("bid,bjd->bij", ka, qb)
-  return (s * (w * x + w_t * y) + slab(bias, b, t)[:, None, :],
-          s * (w_t * x + w * y) + slab(bias, a, t)[:, :, None])
+  both = c * _dot("bid,bjd->bij", qa, qb) if c else 0.0          # G = q_a·q_bᵀ: the same on both sides
+  return (s * (w * x + w_t * y + both) + slab(bias, b, t)[:, None, :],
+          s * (w_t * x + w * y + both) + slab(bias, a, t)[:, :, None])
 
 
-def _forward(q, k, v, bias, w, w_t, s, block_size):
+def _forward(q, k, v, bias, w, w_t, c, s, block_size):
   """(y [B, n, e], lse [B, n]) from q, k [B, n, d], v [B, n, e], bias [B, n], all float32."""
   bb, n, e = v.shape
   tiles, t = tiling(n, block_size)
 
   def diagonal(args):
     qa, ka, va, bias_a = args
-    logits = _diagonal(qa, ka, bias_a, w, w_t, s)
+    logits = _diagonal(qa, ka, bias_a, w, w_t, c, s)
     mx = jnp.max(logits, -1)
     p = jnp.exp(logits - mx[..., None])
     return _dot("bij,bje->bie", p, va), mx, jnp.sum(p, -1)
@@ -98,7 +120,7 @@ def _forward(q, k, v, bias, w, w_t, s, block_size):
   def pair(carry, ab):
     o, mx, l, ok, mk, lk = carry
     a, b = ab[0], ab[1]
-    l_ab, l_ba_t = _pair_logits(q, k, bias, w, w_t, s, t, a, b)
+    l_ab, l_ba_t = _pair_logits(q, k, bias, w, w_t, c, s, t, a, b)
     m_a, m_b = slab(mx, a, t), slab(mk, b, t)
     new_a, new_b = jnp.maximum(m_a, jnp.max(l_ab, -1)), jnp.maximum(m_b, jnp.max(l_ba_t, -2))
     p_ab, p_ba_t = jnp.exp(l_ab - new_a[..., None]), jnp.exp(l_ba_t - new_b[:, None, :])
@@ -123,17 +145,17 @@ def _forward(q, k, v, bias, w, w_t, s, block_size):
   return y, top + jnp.log(total)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
-def _split_paired(q, k, v, bias, w, w_t, s, block_size):
-  return _forward(q, k, v, bias, w, w_t, s, block_size)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7, 8))
+def _split_paired(q, k, v, bias, w, w_t, c, s, block_size):
+  return _forward(q, k, v, bias, w, w_t, c, s, block_size)[0]
 
 
-def _split_paired_fwd(q, k, v, bias, w, w_t, s, block_size):
-  y, lse = _forward(q, k, v, bias, w, w_t, s, block_size)
+def _split_paired_fwd(q, k, v, bias, w, w_t, c, s, block_size):
+  y, lse = _forward(q, k, v, bias, w, w_t, c, s, block_size)
   return y, (q, k, v, bias, y, lse)
 
 
-def _split_paired_bwd(w, w_t, s, block_size, res, dy):
+def _split_paired_bwd(w, w_t, c, s, block_size, res, dy):
   """The module docstring's backward."""
   q, k, v, bias, y, lse = res
   bb, n, e = v.shape
@@ -141,12 +163,16 @@ def _split_paired_bwd(w, w_t, s, block_size, res, dy):
   dd = jnp.sum(dy * y, -1)
 
   def diagonal(args):
-    """A diagonal tile: P and its cotangent, Ā = s(w dL + w_t dLᵀ) on the one product X = q_a·k_aᵀ."""
+    """A diagonal tile: P and its cotangent, Ā = s(w dL + w_t dLᵀ) on the one product X = q_a·k_aᵀ (and
+    Ḡ = s·c(dL + dLᵀ) on G = q_a·q_aᵀ)."""
     qa, ka, va, bias_a, lse_a, dy_a, dd_a = args
-    p = jnp.exp(_diagonal(qa, ka, bias_a, w, w_t, s) - lse_a[..., None])
+    p = jnp.exp(_diagonal(qa, ka, bias_a, w, w_t, c, s) - lse_a[..., None])
     dl = p * (_dot("bie,bje->bij", dy_a, va) - dd_a[..., None])
     bar = s * (w * dl + w_t * jnp.swapaxes(dl, 1, 2))
-    return (_dot("bij,bjf->bif", bar, ka), feature_major(_dot("bfi,bij->bfj", feature_major(qa), bar)),
+    dq_a = _dot("bij,bjf->bif", bar, ka)
+    if c:
+      dq_a = dq_a + _dot("bij,bjf->bif", s * c * (dl + jnp.swapaxes(dl, 1, 2)), qa)
+    return (dq_a, feature_major(_dot("bfi,bij->bfj", feature_major(qa), bar)),
             feature_major(_dot("bei,bij->bej", feature_major(dy_a), p)), jnp.sum(dl, -2))
 
   dq, dk, dv, dbias = map(_untiles, jax.lax.map(diagonal, tuple(_tiles(x, tiles, t) for x in
@@ -156,7 +182,7 @@ def _split_paired_bwd(w, w_t, s, block_size, res, dy):
   def pair(carry, ab):
     dq, dk, dv, dq_k, dk_k, dv_k, dbias = carry
     a, b = ab[0], ab[1]
-    l_ab, l_ba_t = _pair_logits(q, k, bias, w, w_t, s, t, a, b)
+    l_ab, l_ba_t = _pair_logits(q, k, bias, w, w_t, c, s, t, a, b)
     p_ab = jnp.exp(l_ab - slab(lse, a, t)[..., None])
     p_ba_t = jnp.exp(l_ba_t - slab(lse, b, t)[:, None, :])
     dy_a, dy_b, v_a, v_b = slab(dy, a, t), slab(dy, b, t), slab(v, a, t), slab(v, b, t)
@@ -169,6 +195,10 @@ def _split_paired_bwd(w, w_t, s, block_size, res, dy):
     dk_k = add_slab(dk_k, b, t, _dot("bfi,bij->bfj", slab(q_t, a, t, 2), x_bar), 2)
     dq_k = add_slab(dq_k, b, t, _dot("bfi,bij->bfj", slab(k_t, a, t, 2), y_bar), 2)
     dv_k = add_slab(dv_k, b, t, _dot("bei,bij->bej", slab(dy_t, a, t, 2), p_ab), 2)
+    if c:                                                            # G = q_a·q_bᵀ: Ḡ = s·c(dL_ab + dL_baᵀ)
+      g_bar = s * c * (dl_ab + dl_ba_t)
+      dq = add_slab(dq, a, t, _dot("bij,bjf->bif", g_bar, slab(q, b, t)))
+      dq_k = add_slab(dq_k, b, t, _dot("bfi,bij->bfj", slab(q_t, a, t, 2), g_bar), 2)
     dbias = add_slab(add_slab(dbias, b, t, jnp.sum(dl_ab, -2)), a, t, jnp.sum(dl_ba_t, -1))
     return (dq, dk, dv, dq_k, dk_k, dv_k, dbias), None
 
@@ -181,12 +211,15 @@ def _split_paired_bwd(w, w_t, s, block_size, res, dy):
 _split_paired.defvjp(_split_paired_fwd, _split_paired_bwd)
 
 
-def split_paired_attention(q, k, v, *, weights: tuple[float, float], bias=None, scale: float, block_size: int = 512):
-  """`softmax(s·(w q·kᵀ + w_t k·qᵀ) + bias_j)·v` for self-attention, on pairs of tiles (module docstring).
+def split_paired_attention(q, k, v, *, weights: tuple[float, float], gram: float = 0.0, bias=None, scale: float,
+                           block_size: int = 512):
+  """`softmax(s·(w q·kᵀ + w_t k·qᵀ + c q·qᵀ) + bias_j)·v` for self-attention, on pairs of tiles (module docstring).
 
   Args:
     q, k: [b, n, h, d] (the same n tokens); v: [b, n, h, e].
     weights: (w, w_t) as Python floats (`split.split_weights` of a static α).
+    gram: c, a Python float: the weight of the symmetric Gram q·qᵀ (0: none, and no product for it; the
+      β = 0 edge passes q := m, k := n with `beta0_weights`).
     bias: [b, n, h] per-key logit bias (differentiable) or None.
     scale: the logit scale s.
     block_size: the largest tile; n must cut into ≥ 2 tiles of at most it (`_blocks.tiles_in_pairs`).
@@ -205,9 +238,11 @@ def split_paired_attention(q, k, v, *, weights: tuple[float, float], bias=None, 
   w, w_t = weights
   if not (isinstance(w, float) and isinstance(w_t, float)):
     raise ValueError(f"the paired split kernel takes static float weights; got {weights!r}")
+  if not isinstance(gram, float):
+    raise ValueError(f"the paired split kernel takes a static float gram weight; got {gram!r}")
   e = v.shape[-1]
   folded = lambda x: jnp.transpose(x.astype(jnp.float32), (0, 2, 1, 3)).reshape(b * h, n, x.shape[-1])
   bias_f = (jnp.zeros((b * h, n), jnp.float32) if bias is None else
             jnp.transpose(bias.astype(jnp.float32), (0, 2, 1)).reshape(b * h, n))
-  y = _split_paired(folded(q), folded(k), folded(v), bias_f, w, w_t, float(scale), int(block_size))
+  y = _split_paired(folded(q), folded(k), folded(v), bias_f, w, w_t, gram, float(scale), int(block_size))
   return jnp.transpose(y.reshape(b, h, n, e), (0, 2, 1, 3)).astype(v.dtype)

@@ -1,0 +1,70 @@
+"""DMTN's two blockwise routes timed on one set of inputs: the crossover behind `kernels.PAIRED_BETA0_FROM_TILES`.
+
+    python -m attngeo.experiments.bench_pairs [--seqs 2048,4096,8192,16384] [--batches 8,4,1,1] [--repeats 2]
+
+For each length: forward + backward (a jitted grad of Σ y²) of ATTN on the blockwise kernel, of DMTN on the
+augmented heads (`operators.augment`, then the blockwise softmax kernel: the route below the crossover) and of
+DMTN on pairs of tiles (`operators.transport`'s β = 0 route, `kernels.split_paired_attention` with its Gram
+term), 8 heads of 64, float32, block size 512, the three timed in alternation (`timing.interleaved_seconds`),
+fastest run. Prints a Markdown table of each DMTN route ÷ ATTN. Runs with glibc's huge pages, as `attngeo` does.
+"""
+from __future__ import annotations
+
+import argparse
+
+
+def ints(text: str) -> list[int]:
+  try:
+    values = [int(x) for x in text.split(",")]
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"expected comma-separated positive integers; got {text!r}") from None
+  if not values or min(values) < 1:
+    raise argparse.ArgumentTypeError(f"expected comma-separated positive integers; got {text!r}")
+  return values
+
+
+def routes(n: int, batch: int, heads: int = 8, head_dim: int = 64):
+  """{route: a no-argument call} for ATTN blockwise and DMTN's two routes at `n` keys."""
+  import jax
+  import jax.numpy as jnp
+
+  from attngeo import kernels, operators as op
+  ks = jax.random.split(jax.random.PRNGKey(0), 3)
+  q, k, v = (0.3 * jax.random.normal(key, (batch, n, heads, head_dim)) for key in ks)
+  scale = head_dim ** -0.5
+
+  def augmented(q, k, v):
+    aug = op.augment(q, k, beta=0.0, alpha=1.0, scale=scale)
+    return kernels.attention(aug.q, aug.k, v, bias=aug.bias, implementation="blockwise", scale=scale)
+
+  paired = lambda q, k, v: op._beta0_split(q, k, v, 1.0, None, scale, 512)
+  attn = lambda q, k, v: op.transport(q, k, v, implementation="blockwise")
+  step = lambda f: jax.jit(jax.grad(lambda q, k, v: jnp.sum(f(q, k, v) ** 2), (0, 1, 2)))
+  return {name: (lambda g=step(f): g(q, k, v)) for name, f in
+          (("ATTN", attn), ("DMTN augmented", augmented), ("DMTN pairs", paired))}
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(prog="python -m attngeo.experiments.bench_pairs", description=__doc__,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--seqs", type=ints, default=[2048, 4096, 8192, 16384], help="key counts (default 2048,4096,8192,16384)")
+  ap.add_argument("--batches", type=ints, default=[8, 4, 1, 1], help="batch per length (default 8,4,1,1)")
+  ap.add_argument("--repeats", type=int, default=2, help="timed runs of each call, interleaved (default 2)")
+  a = ap.parse_args(argv)
+  if len(a.batches) != len(a.seqs):
+    ap.error(f"--batches must give one batch per --seqs length ({len(a.seqs)}); got {len(a.batches)}")
+  if a.repeats < 1:
+    ap.error(f"--repeats must be a positive integer; got {a.repeats}")
+  from attngeo import hugepages
+  hugepages.reexec()
+  from attngeo.experiments import timing
+  print("| keys | batch | ATTN blockwise (ms) | DMTN augmented ÷ ATTN | DMTN pairs ÷ ATTN |")
+  print("|---:|---:|---:|---:|---:|")
+  for n, batch in zip(a.seqs, a.batches):
+    best = {name: min(t) for name, t in timing.interleaved_seconds(routes(n, batch), a.repeats).items()}
+    print(f"| {n} | {batch} | {best['ATTN'] * 1e3:.1f} | {best['DMTN augmented'] / best['ATTN']:.2f} | "
+          f"{best['DMTN pairs'] / best['ATTN']:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+  main()
