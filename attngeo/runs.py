@@ -121,34 +121,35 @@ def write_weights_run(workdir: str, model, **configs) -> None:
 def write_checkpoint_run(workdir: str, model, **configs):
   """A training run folder at step 0 holding `model`: config.json (the model's config, a default TrainConfig
   and `configs`) and an orbax train state `ckpt/0` with a fresh optimizer state, which `load_run`, the probe
-  and a resumed training read as any run's. `workdir` must hold no checkpoint yet (one ValueError line).
-  Returns the TrainConfig."""
-  from attngeo import checkpoint, sharding, train
+  and a resumed training read as any run's. `workdir` must hold no finished checkpoint step yet (one ValueError
+  line); the caller holds its lock (`runlock.hold`), so an unfinished step a failed write left is removed. A full
+  disk is one `checkpoint.DiskFull`. Returns the TrainConfig."""
+  from attngeo import checkpoint, runlock, sharding, train
   from attngeo.nn import registry
   tcfg = train.TrainConfig(workdir=workdir, progress=False)
-  if os.path.isdir(os.path.join(workdir, "ckpt")) and os.listdir(os.path.join(workdir, "ckpt")):
+  if runlock.has_checkpoint(workdir):
     raise ValueError(f"{workdir} already holds checkpoints ({os.path.join(workdir, 'ckpt')}); choose an empty folder")
   _, state, _ = train.init_state(model, tcfg, sharding.make_mesh(tcfg.mesh))
   files.write_config(workdir, train=tcfg, model=registry.config_dict(model), **configs)
-  mngr = checkpoint.manager(workdir, tcfg.keep)
+  mngr = checkpoint.manager(workdir, tcfg.keep, clean=True)
   try:
-    if mngr.latest_step() is not None:
-      raise ValueError(f"{workdir} already holds a checkpoint (step {mngr.latest_step()}); choose an empty folder")
     checkpoint.save(mngr, 0, state, {})
-    mngr.wait_until_finished()
-  finally:
+  except BaseException:
     mngr.close()
+    raise
+  checkpoint.finish(mngr)
   return tcfg
 
 
-def load_run(workdir: str, step: int | None = None):
+def load_run(workdir: str, step: int | None = None, *, with_step: bool = False):
   """Rebuild the model of a run folder from its config.json and load its weights.
 
   A folder with `WEIGHTS` (written by `write_weights_run` or `save_weights`: SiT stages keep the EMA
   weights they sample from there, SiT/DiT imports their weights) loads those unless a checkpoint `step`
   of its `ckpt/` is asked for; a training run (`ckpt/`, orbax) loads checkpoint `step` (default the
   newest intact one). Returns (model, train config as the class that wrote it (`train_config`) or None for
-  a weights-only run that records none, model config).
+  a weights-only run that records none, model config), and with `with_step` the checkpoint step loaded
+  (None for `WEIGHTS`): a newer step skipped as corrupt makes it older than the newest on disk.
   """
   from attngeo.nn import registry
   saved = files.read_config(workdir)
@@ -160,7 +161,8 @@ def load_run(workdir: str, step: int | None = None):
     if step is not None:
       raise ValueError(f"{workdir} holds one set of weights ({WEIGHTS}), not checkpoint steps; drop --step")
     tcfg = train_config(workdir, saved) if isinstance(saved.get("train"), dict) else None
-    return load_weights(registry.build(mcfg), weights), tcfg, mcfg
+    loaded = (load_weights(registry.build(mcfg), weights), tcfg, mcfg)
+    return (*loaded, None) if with_step else loaded
   tcfg = train_config(workdir, saved)
-  model = load_model(registry.build(mcfg), workdir, step)
-  return model, tcfg, mcfg
+  model, loaded_step = load_model(registry.build(mcfg), workdir, step, with_step=True)
+  return (model, tcfg, mcfg, loaded_step) if with_step else (model, tcfg, mcfg)

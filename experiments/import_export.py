@@ -65,8 +65,7 @@ def import_main(argv=None):
   a = ap.parse_args(argv)
   if not os.path.exists(a.path):
     ap.error(f"PATH {a.path} does not exist (files must be local; nothing is downloaded)")
-  ckpt = os.path.join(a.out, "ckpt")
-  if os.path.isdir(ckpt) and os.listdir(ckpt):
+  if runlock.has_checkpoint(a.out):
     ap.error(f"--out {a.out} already holds checkpoints; choose an empty run folder")
   try:
     overrides = parse_set(a.set)
@@ -80,19 +79,24 @@ def import_main(argv=None):
     return _import_encoder(ap, a, overrides)
 
   try:
-    if a.kind == "nanochat":
-      model, info = interop.load("nanochat", a.path, meta=a.meta, arch=a.arch, fill_missing=a.fill_missing, **overrides)
-      source = {"arch": info["arch"], "commit": info["commit"], "repository": "karpathy/nanochat",
-                "meta": info["meta"], "fill_missing": a.fill_missing, "rope_tables": info["rope_tables"]}
-    else:
-      model, info = interop.load("gpt2", a.path, hf_config_path=a.config, **overrides)
-      source = {"matched": info["source"], "config": info["config"]}
+    # held before the load (a busy or unusable --out is refused at once); a failed write removes what it added
+    with runlock.hold(a.out, started=runlock.has_checkpoint):
+      if runlock.has_checkpoint(a.out):                    # another import finished there since the check above
+        raise ValueError(f"--out {a.out} already holds checkpoints; choose an empty run folder")
+      if a.kind == "nanochat":
+        model, info = interop.load("nanochat", a.path, meta=a.meta, arch=a.arch, fill_missing=a.fill_missing,
+                                   **overrides)
+        source = {"arch": info["arch"], "commit": info["commit"], "repository": "karpathy/nanochat",
+                  "meta": info["meta"], "fill_missing": a.fill_missing, "rope_tables": info["rope_tables"]}
+      else:
+        model, info = interop.load("gpt2", a.path, hf_config_path=a.config, **overrides)
+        source = {"matched": info["source"], "config": info["config"]}
+      weights = info["file"]
+      imported = {"kind": a.kind, "file": os.path.abspath(weights), "sha256": files.file_sha256(weights),
+                  "overrides": overrides, **source}
+      runs.write_checkpoint_run(a.out, model, imported=imported)
   except (ValueError, errors.InputTypeError, FileNotFoundError, ImportError) as e:
     ap.error(str(e))
-  weights = info["file"]
-  imported = {"kind": a.kind, "file": os.path.abspath(weights), "sha256": files.file_sha256(weights), "overrides": overrides,
-              **source}
-  runs.write_checkpoint_run(a.out, model, imported=imported)
   cfg = model.cfg
   n_params = nn.param_count(model)
   print(f"imported {a.kind} {weights}: depth {cfg.depth}, width {cfg.width}, heads {cfg.block.num_heads} "
@@ -132,12 +136,13 @@ def export_main(argv=None):
                   help="layout to write: gpt2 | nanochat | bert | albert (required)")
   ap.add_argument("--out", required=True, help="the .safetensors file, required (gpt2: config.json beside it; nanochat: "
                                                "meta_NNNNNN.json beside model_NNNNNN.safetensors)")
-  ap.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
+  ap.add_argument("--step", type=int, default=None,
+                  help="checkpoint step (default: the newest intact one; printed, and in nanochat meta as attngeo_step)")
   a = ap.parse_args(argv)
   if not a.out.endswith(".safetensors"):
     ap.error(f"--out must end in .safetensors; got {a.out}")
   try:
-    model, _, mcfg = runs.load_run(a.run_dir, a.step)
+    model, _, mcfg, step = runs.load_run(a.run_dir, a.step, with_step=True)
   except (FileNotFoundError, ValueError) as e:
     ap.error(str(e))
   want = "EncoderConfig" if a.format in ("bert", "albert") else "GPTConfig"
@@ -148,6 +153,7 @@ def export_main(argv=None):
     imported = files.read_config(a.run_dir).get("imported") or {}
     meta = dict(imported.get("meta") or {})   # its model_config is rewritten from the model (window_pattern kept)
     meta["attngeo_run"] = os.path.abspath(a.run_dir)
+    meta["attngeo_step"] = step
   options = {"meta": meta} if a.format == "nanochat" else {}
   vocab = os.path.join(a.run_dir, "vocab.txt")
   if a.format in ("bert", "albert") and os.path.isfile(vocab):
@@ -157,7 +163,8 @@ def export_main(argv=None):
   except ValueError as e:
     ap.error(str(e))
   block = dataclasses.asdict(mcfg.block)
-  print(f"wrote {a.out} ({a.format}; operator {block['operator']}) and its "
+  source = "weights.npz" if step is None else f"checkpoint step {step}"
+  print(f"wrote {a.out} ({a.format}; operator {block['operator']}; from {source}) and its "
         f"{'meta json' if a.format == 'nanochat' else 'config.json'}: {json.dumps(written)[:200]}")
   return written
 

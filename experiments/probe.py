@@ -273,7 +273,8 @@ def parser() -> argparse.ArgumentParser:
   ap.add_argument("--seq-len", type=int, default=None,
                   help=f"tokens per sequence, GPT runs only (refused on others), in [2, the model's context] "
                        f"(default: {DEFAULTS['seq_len']})")
-  ap.add_argument("--step", type=int, default=None, help="checkpoint step to load (default: the latest)")
+  ap.add_argument("--step", type=int, default=None,
+                  help="checkpoint step to load (default: the newest intact one; probe.json records the step loaded)")
   ap.add_argument("--layers", default=None, help="comma-separated attention-layer indices as applied (ALBERT: one per "
                        "application of its shared layer; default: all)")
   ap.add_argument("--heads", default=None, help="comma-separated head indices kept in every layer (default: all)")
@@ -306,7 +307,7 @@ def main(argv=None):
     ap.error(str(e))
   from attngeo import nn, probe
   try:
-    model, _, mcfg = runs.load_run(a.run_dir, a.step)
+    model, _, mcfg, step = runs.load_run(a.run_dir, a.step, with_step=True)
   except (FileNotFoundError, ValueError) as e:
     ap.error(str(e))
   mods, depth = nn.attention_modules(model), applied_layers(model)
@@ -325,12 +326,13 @@ def main(argv=None):
   out = a.out or os.path.join(a.run_dir, "probe")
   shared = f" ({len(mods)} shared, applied {depth // len(mods)} times)" if depth != len(mods) else ""
   title = f"{os.path.basename(os.path.abspath(a.run_dir))} — {type(model).__name__}, {depth} attention layers{shared}"
-  note = (f"{title}; inputs: {what}; heads {heads if heads is not None else 'all'}. "
+  weights = "weights.npz" if step is None else f"checkpoint step {step}"
+  note = (f"{title}; weights: {weights}; inputs: {what}; heads {heads if heads is not None else 'all'}. "
           "Per-head quantities are head means (per head in probe.json); δ effective ± its standard error "
           "where edges with a partial gate support were sampled. CMAP layers: walk read-outs of the magnitude, "
           "transport defects not defined (blank), phase read-outs in the CMAP columns.")
   report.write(out, "probe", table_rows(rows), columns(rows), note=note,
-               payload={"run": os.path.abspath(a.run_dir), "model": type(mcfg).__name__, "data": a.data,
+               payload={"run": os.path.abspath(a.run_dir), "step": step, "model": type(mcfg).__name__, "data": a.data,
                         "inputs": what, "batch": a.batch, "heads": heads, "layers": rows})
   plot(rows, os.path.join(out, "probe.png"), title)
   print()

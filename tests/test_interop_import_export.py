@@ -142,3 +142,47 @@ def test_a_non_finite_weight_is_refused_naming_the_tensor_and_writes_nothing(tmp
     import_export.import_main(["gpt2", src, "--out", str(run)])
   assert e.value.code == 2 and "the weights of blocks.1.mlp.w1 (attngeo parameter) hold NaN or Inf" in capsys.readouterr().err
   assert not run.exists()
+
+
+def test_gpt2_import_holds_its_folder_and_a_failed_write_leaves_it_reusable(tmp_path, capsys, monkeypatch):
+  """Two imports into one folder: the second is refused while the first holds it (they had both said "wrote",
+  leaving one model). A write that fails part-way (a full disk) is one line and removes what it added, and an
+  unfinished step left in ckpt/ does not block the next import. Export names the step it read."""
+  import subprocess
+  import sys
+
+  from attngeo import checkpoint
+  src = write_model(tmp_path / "hub", random_state(seed=17))
+  run = tmp_path / "run"
+  code = "import sys, time\nfrom attngeo import runlock\nwith runlock.hold(sys.argv[1]):\n  print('held', flush=True)\n  time.sleep(60)"
+  holder = subprocess.Popen([sys.executable, "-c", code, str(run)], stdout=subprocess.PIPE, text=True)
+  try:
+    assert holder.stdout.readline().strip() == "held"
+    with pytest.raises(SystemExit) as e:
+      import_export.import_main(["gpt2", src, "--out", str(run)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and "is in use by pid" in err[0], err
+    assert sorted(os.listdir(run)) == [".lock"]
+  finally:
+    holder.kill()
+    holder.wait()
+    holder.stdout.close()
+  save = checkpoint.save
+
+  def full_disk(mngr, step, *args):
+    os.makedirs(os.path.join(str(mngr.directory), f"{step}.orbax-checkpoint-tmp-1"))
+    raise checkpoint.disk_full(str(mngr.directory), 1 << 20, f"checkpoint step {step}")
+  monkeypatch.setattr(checkpoint, "save", full_disk)
+  with pytest.raises(SystemExit) as e:
+    import_export.import_main(["gpt2", src, "--out", str(run)])
+  err = capsys.readouterr().err.strip().splitlines()
+  assert e.value.code == 2 and len(err) == 1 and "no space left" in err[0], err
+  assert not run.exists() or os.listdir(run) == []                     # (the killed holder's folder stays, empty)
+  monkeypatch.setattr(checkpoint, "save", save)
+  os.makedirs(run / "ckpt" / "0.orbax-checkpoint-tmp-7")                # a killed write's unfinished step
+  import_export.import_main(["gpt2", src, "--out", str(run)])
+  assert sorted(os.listdir(run / "ckpt")) == ["0"]
+  assert runs.load_run(str(run), with_step=True)[3] == 0
+  capsys.readouterr()
+  import_export.export_main([str(run), "--format", "gpt2", "--out", str(tmp_path / "x" / "model.safetensors")])
+  assert "from checkpoint step 0" in capsys.readouterr().out

@@ -127,6 +127,8 @@ def test_probe_cli_writes_all_outputs(gpt_run, tmp_path, capsys):
   for name in ("probe.json", "probe.md", "probe.csv", "probe.png"):
     assert os.path.getsize(tmp_path / "p" / name) > 0
   saved = json.loads((tmp_path / "p" / "probe.json").read_text())
+  assert saved["step"] == max(int(n) for n in os.listdir(os.path.join(wd, "ckpt")) if n.isdigit())   # the step read
+  assert f"checkpoint step {saved['step']}" in (tmp_path / "p" / "probe.md").read_text()
   layer = saved["layers"][0]
   for key, _, _ in probe_cli.QUANTITIES:
     assert key in layer
