@@ -237,6 +237,12 @@ def main(argv=None):
     msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     print(f"attngeo {name}: error: {msg}", file=sys.stderr)
     return 2
+  except FileExistsError as e:                     # a file where the command makes a folder (--out, --data-dir)
+    if os.environ.get("ATTNGEO_DEBUG"):
+      raise
+    print(f"attngeo {name}: error: {e.filename or e} is a file where a folder was expected (--out, --data-dir); "
+          "choose a folder's path", file=sys.stderr)
+    return 2
   except KeyboardInterrupt as e:                   # Ctrl-C, or SIGTERM (`Terminated`)
     if os.environ.get("ATTNGEO_DEBUG"):
       raise
@@ -250,7 +256,7 @@ def main(argv=None):
     reason, unwritable, memory = storage_full(e), not_writable(e), out_of_memory(e)
     if os.environ.get("ATTNGEO_DEBUG") or (reason is None and unwritable is None and memory is None):
       raise
-    if memory is not None:
+    if memory is not None and reason is None:     # TensorStore's RESOURCE_EXHAUSTED of a full disk is the disk's
       print(f"attngeo {name}: error: {memory}; ask for less at once (batch, samples, sequence length, model size) "
             "and run the same command again (finished steps and cached results are kept)", file=sys.stderr)
       return 2

@@ -329,6 +329,26 @@ def test_running_out_of_memory_is_one_line(monkeypatch, capsys):
     cli.main(["heat"])
 
 
+def test_a_file_where_a_folder_is_made_is_one_line(monkeypatch, capsys, tmp_path):
+  """`probe RUN --out FILE`, `import … --out FILE`, `lm train --data-dir FILE` ended in FileExistsError's traceback."""
+  from attngeo.experiments import heat_swissroll
+  (tmp_path / "afile").write_text("x")
+  monkeypatch.setattr(heat_swissroll, "main", lambda argv: os.makedirs(tmp_path / "afile", exist_ok=True))
+  assert cli.main(["heat"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err == [f"attngeo heat: error: {tmp_path / 'afile'} is a file where a folder was expected (--out, "
+                 "--data-dir); choose a folder's path"], err
+
+
+def test_a_full_disk_that_tensorstore_calls_resource_exhausted_is_not_out_of_memory(monkeypatch, capsys):
+  from attngeo.experiments import heat_swissroll
+  full = RuntimeError("RESOURCE_EXHAUSTED: Error writing \"x/0.0\" in OCDBT database: [OS error: No space left on device]")
+  monkeypatch.setattr(heat_swissroll, "main", lambda argv: (_ for _ in ()).throw(full))
+  assert cli.main(["heat"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("attngeo heat: error: no space left on device; free space"), err
+
+
 def test_the_file_size_limit_and_a_wrapped_full_disk_are_one_line(monkeypatch, capsys):
   """EFBIG (`ulimit -f`) and safetensors' SafetensorError('… (os error 28)') escaped the disk-full handler, which
   took only an OSError/RuntimeError naming ENOSPC: tracebacks."""
