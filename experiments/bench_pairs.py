@@ -45,8 +45,8 @@ def routes(n: int, batch: int, heads: int = 8, head_dim: int = 64):
 
 
 def main(argv=None):
-  ap = argparse.ArgumentParser(prog="python -m attngeo.experiments.bench_pairs", description=__doc__,
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  from attngeo import config
+  ap = config.parser("python -m attngeo.experiments.bench_pairs", __doc__)
   ap.add_argument("--seqs", type=ints, default=[2048, 4096, 8192, 16384], help="key counts (default 2048,4096,8192,16384)")
   ap.add_argument("--batches", type=ints, default=[8, 4, 1, 1], help="batch per length (default 8,4,1,1)")
   ap.add_argument("--repeats", type=int, default=2, help="timed runs of each call, interleaved (default 2)")
