@@ -96,6 +96,9 @@ class StudyConfig:
       raise ValueError(f"families must be a non-empty subset of {FAMILIES}; got {self.families}")
     if not self.seeds:
       raise ValueError("seeds must name at least one seed")
+    from attngeo.train_config import is_integer
+    if not all(is_integer(s) and 0 <= s < 2**32 for s in self.seeds) or len(set(self.seeds)) != len(self.seeds):
+      raise ValueError(f"seeds must be distinct integers in [0, 2³²) (numpy's and JAX's seeds); got {list(self.seeds)}")
     if not (len(self.encoder_widths) == len(self.encoder_depths) == len(self.encoder_heads)):
       raise ValueError("encoder_widths, encoder_depths and encoder_heads must have the same length (zipped sizes)")
     for name in ("decoder_depths", "encoder_depths"):

@@ -236,6 +236,8 @@ def test_argument_errors_answer_before_jax_is_imported(tmp_path):
            (["sit", "train", "--model.width", "100", "--model.heads", "3", "--out", "o"],
             "num_heads=3 does not divide width=100"),
            (["study", "connection", "--decoder-aspect", "0"], "decoder_aspect must be positive; got 0"),
+           (["study", "connection", "--seeds", "-1"], "seeds must be distinct integers in [0, 2³²)"),
+           (["study", "connection", "--seeds", "0,0"], "seeds must be distinct integers"),
            (["probe", str(tmp_path / "pf"), "--data", "swissrol"], "--data must be swiss_roll, sphere, torus or")]
   assert_errors_before_jax(cases, tmp_path)
   assert sorted(os.listdir(tmp_path)) == ["gpt", "pf"]                           # nothing written
