@@ -75,6 +75,15 @@ def test_model_config_shape_rule_operator_and_overrides():
   assert mcfg.block.mlp_ratio == 2.0 and mcfg.block.qk_norm is False
   with pytest.raises(ValueError, match="model override 'colour=red' must be name=value"):
     recipe.model_config(LMConfig(model=("colour=red",)), 265)
+  # a field of lm train's own flags had raised TypeError ("multiple values") or silently beaten the flag
+  for item, flag in (("num_heads=1", "--width and --head-dim"), ("depth=2", "--depth"), ("operator=DMTN", "--operator"),
+                     ("seq_len=128", "--seq-len"), ("width=64", "--width")):
+    with pytest.raises(ValueError, match=f"^model override '{item}': .* is set by {flag}"):
+      recipe.model_config(LMConfig(model=(item,)), 265)
+  for item, said in (("qk_norm=maybe", "expected true/false; got 'maybe'"), ("mlp_ratio=abc", "abc")):
+    with pytest.raises(ValueError, match=f"^model override '{item}': .*{said}") as e:
+      recipe.model_config(LMConfig(model=(item,)), 265)
+    assert "\n" not in str(e.value) and not str(e.value).split(": ", 1)[1].startswith('"')
   tcfg = recipe.train_config(LMConfig(), 768, None)
   assert tcfg.embedding_lr == pytest.approx(0.3) and tcfg.unembedding_lr == pytest.approx(0.008)
   assert type(tcfg) is TrainConfig and tcfg.workdir is None

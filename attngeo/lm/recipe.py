@@ -29,16 +29,31 @@ from attngeo.lm.config import LMConfig, parse_operator
 from attngeo.train_config import TrainConfig, check_resumable
 
 
+# GPTConfig/BlockConfig fields `lm train` sets from its own flags: a `--model` override of one had raised a
+# TypeError ("multiple values") or silently won over the flag while lm.json recorded the flag.
+OWN_FLAGS = {"depth": "--depth", "width": "--width", "head_dim": "--head-dim",
+             "num_heads": "--width and --head-dim (heads = width / head_dim)", "seq_len": "--seq-len",
+             "operator": "--operator", "learnable_operator": "--learnable-operator", "vocab_size": "the tokenizer"}
+
+
 def _overrides(items) -> dict:
+  import argparse
+
   from attngeo import nn
   hints = {**typing.get_type_hints(nn.BlockConfig), **typing.get_type_hints(nn.GPTConfig)}
   out = {}
   for item in items:
     name, sep, value = item.partition("=")
+    if name in OWN_FLAGS:
+      raise ValueError(f"model override {item!r}: {name} is set by {OWN_FLAGS[name]}, not --model")
     if not sep or name not in hints or name == "block":
       raise ValueError(f"model override {item!r} must be name=value with a GPTConfig/BlockConfig field "
-                       f"({sorted(k for k in hints if k != 'block')})")
-    out[name] = config_lib.value_parser(hints[name])(value)
+                       f"({sorted(k for k in hints if k != 'block' and k not in OWN_FLAGS)})")
+    try:
+      out[name] = config_lib.value_parser(hints[name])(value)
+    except (ValueError, TypeError, argparse.ArgumentTypeError) as e:
+      said = str(e.args[0]) if e.args else type(e).__name__
+      raise ValueError(f"model override {item!r}: {said.strip().splitlines()[0] if said.strip() else said}") from None
   return out
 
 
