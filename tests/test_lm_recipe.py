@@ -215,6 +215,15 @@ def test_a_run_resumes_only_on_its_own_corpus(tmp_path):
   cfg = LMConfig(data="pydoc", data_dir=str(tmp_path / "data"))
   with pytest.raises(ValueError, match="its corpus changed since the run started"):
     recipe.train(cfg, str(out))
+  (out / "corpus.json").unlink()                       # deleted beside checkpoints: nothing left to check against
+  (out / "ckpt" / "2").mkdir(parents=True)
+  (out / "lm.json").write_text(json.dumps({}))
+  with pytest.raises(ValueError, match=r"holds checkpoints but no corpus\.json, which records what the run trained on"):
+    recipe.train(cfg, str(out))
+  (out / "lm.json").unlink()
+  with pytest.raises(ValueError, match=r"holds checkpoints but no lm\.json"):
+    recipe.train(cfg, str(out))
+  assert sorted(os.listdir(out)) == ["ckpt"]
 
 
 OFFSET = {"ATTN": 0.0, "0.5,0.5": 0.03}

@@ -124,8 +124,9 @@ def recorded_corpus(run_dir: str) -> str | None:
 
 def check_folder(out: str, tok, corpus, tcfg, mcfg, copy_mix: float = 0.0, reg=None) -> None:
   """Refuse (one-line ValueError) to write this run into `out` when `out` holds another run: another
-  tokenizer, another corpus (corpus.json), another CopyMix share or `reg` (lm.json; absent: 0 and every
-  term off, the runs before them), or another trainer/model config (`train_config.check_resumable`)."""
+  tokenizer, another corpus (corpus.json), another CopyMix share or `reg` (lm.json; a key absent: 0 and every
+  term off, the runs before them), or another trainer/model config (`train_config.check_resumable`); or
+  when it holds checkpoints without lm.json or corpus.json (deleted: nothing left to check against)."""
   from attngeo.regularisers_config import Regularisers
   from attngeo.lm import tokenizer as tok_lib
   from attngeo.nn import registry
@@ -133,6 +134,11 @@ def check_folder(out: str, tok, corpus, tcfg, mcfg, copy_mix: float = 0.0, reg=N
   if os.path.exists(os.path.join(tdir, tok_lib.FILE)) and tok_lib.load(tdir).to_dict() != tok.to_dict():
     raise ValueError(f"{tdir}: the run's tokenizer differs from this one (another process wrote it?); "
                      f"use another --out")
+  from attngeo import runlock
+  missing = [name for name in ("lm.json", "corpus.json") if not os.path.exists(os.path.join(out, name))]
+  if missing and runlock.has_checkpoint(out):        # deleted: its settings and corpus could not be checked
+    raise ValueError(f"{out} holds checkpoints but no {missing[0]}, which records what the run trained on; "
+                     f"restore it, or use another --out")
   before = recorded_corpus(out)
   if before is not None and before != corpus.key:
     raise ValueError(f"{out}: its corpus changed since the run started (key {before} → {corpus.key}); "
