@@ -1,5 +1,6 @@
 """attngeo.data.text: sources, UTF-8 handling, the split, the tokenised cache and packed rows."""
 import os
+import re
 import threading
 import time
 
@@ -116,6 +117,27 @@ def test_tokenised_streams_and_packed_rows_match_a_reference(tmp_path):
   assert again.key == corpus.key
   bpe = text.open_corpus(spec, tok_lib.BPETokenizer.train(DOCS, 280), str(tmp_path / "cache"), chunk=64)
   assert bpe.key != corpus.key and bpe.tokens["train"] < corpus.tokens["train"]
+
+
+def test_a_damaged_token_cache_is_one_line_and_rebuilds_once_deleted(tmp_path):
+  """A truncated or deleted array_record file of the cache had ended in array_record's RuntimeError traceback
+  (or failed mid-training): now opening it names the folder; deleting that folder rebuilds it."""
+  import glob
+  import shutil
+  spec, tok = text.TextSpec(write_corpus(tmp_path / "c", DOCS * 20), val_every=3), tok_lib.ByteTokenizer()
+  corpus = text.open_corpus(spec, tok, str(tmp_path / "cache"), chunk=64)
+  want = corpus.rows("train", 10)[5]["tokens"]
+  (train_file,) = glob.glob(str(tmp_path / "cache" / "**" / "*train.array_record*"), recursive=True)
+  folder = os.path.dirname(train_file)
+  os.truncate(train_file, os.path.getsize(train_file) // 4)
+  for damage in ("truncated", "deleted"):
+    with pytest.raises(ValueError, match=rf"^the token cache {re.escape(folder)} is damaged \(.+\); delete that "
+                                         r"folder and run again to rebuild it$"):
+      text.open_corpus(spec, tok, str(tmp_path / "cache"), chunk=64)
+    os.remove(train_file) if damage == "truncated" else None
+  shutil.rmtree(folder)
+  np.testing.assert_array_equal(text.open_corpus(spec, tok, str(tmp_path / "cache"), chunk=64).rows("train", 10)[5]["tokens"],
+                                want)
 
 
 def test_loader_state_resumes_the_same_rows(tmp_path):

@@ -380,9 +380,41 @@ def open_corpus(spec: TextSpec, tokenizer, data_dir: str, chunk: int = 4096, ver
   finally:
     absl_logging.set_verbosity(verbosity)
   meta = dict(builder.info.metadata)
-  sources = {split: builder.as_data_source(split=split) for split in ("train", "val")}
+  folder = str(builder.data_dir)
+  try:
+    sources = {split: builder.as_data_source(split=split) for split in ("train", "val")}
+    for source in sources.values():                # a deleted or truncated file fails here, not mid-training
+      for c in sorted({0, len(source) - 1}):
+        source[c]
+  except (RuntimeError, OSError, ValueError) as e:
+    raise damaged_cache(folder, e) from None
   tokens = {split: int(meta[split]["tokens"]) for split in sources}
-  return Corpus(spec, tokenizer, key, sources, tokens, meta, chunk)
+  return Corpus(spec, tokenizer, key, {split: _Checked(source, folder) for split, source in sources.items()},
+                tokens, meta, chunk)
+
+
+def damaged_cache(folder: str, e: BaseException) -> ValueError:
+  """The one line of a token cache whose files cannot be read (array_record's RuntimeError: a file
+  deleted, truncated or with a chunk whose hash does not match)."""
+  said = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+  return ValueError(f"the token cache {folder} is damaged ({said[:160]}); delete that folder and run again to "
+                    f"rebuild it")
+
+
+class _Checked:
+  """A split's data source whose read errors are `damaged_cache`'s one line (a chunk read mid-training)."""
+
+  def __init__(self, source, folder: str):
+    self.source, self.folder = source, folder
+
+  def __len__(self) -> int:
+    return len(self.source)
+
+  def __getitem__(self, c):
+    try:
+      return self.source[c]
+    except (RuntimeError, OSError) as e:
+      raise damaged_cache(self.folder, e) from None
 
 
 # ----------------------------------------------------------------------------- packed rows
