@@ -39,6 +39,7 @@ import errno
 import hashlib
 import json
 import logging
+import re
 import os
 import shutil
 import sys
@@ -408,6 +409,19 @@ def _quiet_leftovers():
   _leftovers_quiet_until = time.monotonic() + _LEFTOVER_WINDOW_S
   if not getattr(sys.unraisablehook, "_attngeo_read_leftovers", False):
     sys.unraisablehook = _leftover_filter(sys.unraisablehook)
+  asyncio_logs = logging.getLogger("asyncio")
+  if not any(isinstance(f, _DropUnretrievedLogs) for f in asyncio_logs.filters):
+    asyncio_logs.addFilter(_DropUnretrievedLogs())
+
+
+class _DropUnretrievedLogs(logging.Filter):
+  """asyncio's "<Future class> exception was never retrieved" records (each with an orbax traceback, ~160 lines
+  in one resume of three from a corrupt step) of the failed reads' futures, collected after the restore
+  gave up on them: dropped inside the leftover window, logged outside it."""
+
+  def filter(self, record):
+    unretrieved = re.match(r"\w+ exception was never retrieved", record.getMessage()) is not None  # _GatheringFuture…
+    return not (unretrieved and time.monotonic() < _leftovers_quiet_until)
 
 
 _LEFTOVER_WINDOW_S = 120.0
