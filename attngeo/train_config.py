@@ -62,7 +62,7 @@ OPTIMIZER_RULES = (
     ("unembedding_lr", _positive_or_none, "a positive finite rate or None"),
     ("scalar_lr", _positive_or_none, "a positive finite rate or None"),
     ("warmdown_ratio", lambda v: is_real(v) and 0 <= v <= 1, "a fraction in [0, 1] (of the steps)"),
-    ("final_lr_frac", lambda v: is_real(v) and v >= 0, "a finite fraction ≥ 0 (of the peak rate)"),
+    ("final_lr_frac", lambda v: is_real(v) and 0 <= v <= 1, "a fraction in [0, 1] (of the peak rate)"),
 )
 TRAINER_RULES = (
     ("steps", lambda v: _positive_int(v) and v < 2**31, "an integer in [1, 2³¹) (the step counter is int32)"),

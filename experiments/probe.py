@@ -295,6 +295,8 @@ def main(argv=None):
                            ("--samples", a.samples, 2), ("--triangles", a.triangles, 2)):
     if value is not None and value < low:
       ap.error(f"{name} must be at least {low}; got {value}")
+  if not 0 <= a.seed < 2**32:
+    ap.error(f"--seed must be an integer in [0, 2³²) (numpy's and JAX's seeds); got {a.seed}")
   layers, heads = _indices(a.layers), _indices(a.heads)
   if layers == "bad" or heads == "bad":
     ap.error(f"--layers and --heads take comma-separated integers; got {a.layers!r}, {a.heads!r}")

@@ -236,6 +236,8 @@ def test_argument_errors_answer_before_jax_is_imported(tmp_path):
            (["sit", "train", "--model.width", "100", "--model.heads", "3", "--out", "o"],
             "num_heads=3 does not divide width=100"),
            (["study", "connection", "--decoder-aspect", "0"], "decoder_aspect must be positive; got 0"),
+           (["probe", str(tmp_path / "pf"), "--seed", "-1"], "--seed must be an integer in [0, 2³²)"),
+           (["lm", "train", "--train.final-lr-frac", "2", "--out", "o"], "train.final_lr_frac must be a fraction in [0, 1]"),
            (["study", "connection", "--seeds", "-1"], "seeds must be distinct integers in [0, 2³²)"),
            (["study", "connection", "--seeds", "0,0"], "seeds must be distinct integers"),
            (["probe", str(tmp_path / "pf"), "--data", "swissrol"], "--data must be swiss_roll, sphere, torus or")]
