@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 
 from attngeo import config, errors, files, interop, nn, runlock, runs
 from attngeo.interop import bert
@@ -158,6 +159,9 @@ def export_main(argv=None):
   vocab = os.path.join(a.run_dir, "vocab.txt")
   if a.format in ("bert", "albert") and os.path.isfile(vocab):
     options["vocab"] = vocab                   # beside the safetensors, as in HF folders: import reads it back
+  elif a.format in ("bert", "albert"):
+    print(f"attngeo export: warning: {vocab} is absent: the export holds the weights and config.json, no "
+          f"vocab.txt (a tokenizer must come from elsewhere)", file=sys.stderr)
   try:
     written = interop.save(model, a.format, a.out, **options)
   except ValueError as e:

@@ -365,6 +365,13 @@ def test_export_carries_vocab_txt_and_import_reads_it_back(tmp_path, capsys):
   assert (exp.parent / "vocab.txt").read_bytes() == vocab
   assert cli.main(["import", "albert", str(exp.parent), "--out", str(tmp_path / "again")]) == 0
   assert (tmp_path / "again" / "vocab.txt").read_bytes() == vocab
+  os.remove(os.path.join(run, "vocab.txt"))               # a run without one: exported, and said so
+  capsys.readouterr()
+  assert cli.main(["export", run, "--format", "albert", "--out", str(tmp_path / "bare" / "model.safetensors")]) == 0
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err == [f"attngeo export: warning: {os.path.join(run, 'vocab.txt')} is absent: the export holds the weights "
+                 "and config.json, no vocab.txt (a tokenizer must come from elsewhere)"], err
+  assert not (tmp_path / "bare" / "vocab.txt").exists()
 
 
 SAFETENSORS_FULL = "Error while serializing: I/O error: No space left on device (os error 28)"
