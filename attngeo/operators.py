@@ -304,7 +304,7 @@ def split_kernel(beta, alpha, implementation: str | None, n_keys: int, *, dtype=
   static, keys that cut into pairs of tiles), on two edges of the square:
   * β = 1 but ATTN (ATAP at α = 0): "dense" or "paired", products of q and k;
   * β = 0 but DMAP (DMTN at α = 1; a static α > 0): "paired" only, from `kernels.PAIRED_BETA0_FROM_TILES`
-    tiles (8192 keys at the default block size), products of m and n (`_beta0_split`)."""
+    tiles (8192 keys at the default block size), products of m and n (`beta0_paired`)."""
   if not (isinstance(beta, float) and jnp.finfo(dtype).bits >= 32):
     return None
   static = isinstance(alpha, float)
@@ -318,14 +318,27 @@ def split_kernel(beta, alpha, implementation: str | None, n_keys: int, *, dtype=
   return None
 
 
-def _beta0_split(q, k, v, alpha: float, bias, scale: float, block_size: int):
+def beta0_paired(q, k, v, alpha: float, bias, scale: float, block_size: int = 512):
   """Member (0, α), α a float, on pairs of tiles. With m = (q + k)/√2, n = (q − k)/√2 its logits are
 
       L_ij = s·[½ m_i·m_j + α·½(n_i·m_j − m_i·n_j)] + bias_j        (½(q_i·k_j − k_i·q_j) = ½(n_i·m_j − m_i·n_j)),
 
   the paired kernel's `s·(w X + w_t Xᵀ + c G)` on (q, k) := (m, n) with w = −α/2, w_t = α/2, c = ½: three
   d-wide products per pair of tiles (X_ab, X_ba, the Gram G_ab) where the augmented heads take two 2·d wide
-  (kernels/split_paired.py: 9 product units per tile against their 11 and ATTN's 7)."""
+  (kernels/split_paired.py: 9 product units per tile against their 11 and ATTN's 7).
+
+  The kernel `transport` runs this member on from `kernels.PAIRED_BETA0_FROM_TILES` tiles; called directly it
+  runs at any length that cuts into pairs of tiles (`experiments/bench_pairs.py` times it against the augmented
+  heads), with no mask, no causal order and no overflow mend (`transport`'s `_mend_overflow`).
+
+  Args:
+    q, k: [b, n, h, d] (self-attention); v: [b, n, h, e].
+    alpha: α of the member, a Python float (DMTN: 1.0).
+    bias: its key bias [b, n, h] (`key_bias(q, k, beta=0.0, alpha=alpha, scale=scale)`), None at α = 1.
+    scale: the logit scale s; block_size: the largest tile.
+  Returns:
+    [b, n, h, e] in v's dtype.
+  """
   m, n = (q + k) * (1 / math.sqrt(2)), (q - k) * (1 / math.sqrt(2))
   return kernels.split_paired_attention(m, n, v, weights=(-alpha / 2, alpha / 2), gram=0.5, bias=bias, scale=scale,
                                         block_size=block_size)
@@ -371,7 +384,7 @@ def transport(q, k, v, *, beta=1.0, alpha=1.0, causal: bool = False, mask=None, 
       return kernels.split_attention(q, k, v, weights=kernels.split_weights(alpha), mask=mask, causal=causal,
                                      bias=bias(), scale=scale), None
     if split == "paired" and beta == 0.0:
-      return _beta0_split(q, k, v, alpha, bias(), scale, block_size), None
+      return beta0_paired(q, k, v, alpha, bias(), scale, block_size), None
     if split == "paired":
       return kernels.split_paired_attention(q, k, v, weights=kernels.split_weights(alpha), bias=bias(), scale=scale,
                                             block_size=block_size), None

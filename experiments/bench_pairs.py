@@ -37,7 +37,7 @@ def routes(n: int, batch: int, heads: int = 8, head_dim: int = 64):
     aug = op.augment(q, k, beta=0.0, alpha=1.0, scale=scale)
     return kernels.attention(aug.q, aug.k, v, bias=aug.bias, implementation="blockwise", scale=scale)
 
-  paired = lambda q, k, v: op._beta0_split(q, k, v, 1.0, None, scale, 512)
+  paired = lambda q, k, v: op.beta0_paired(q, k, v, 1.0, None, scale)
   attn = lambda q, k, v: op.transport(q, k, v, implementation="blockwise")
   step = lambda f: jax.jit(jax.grad(lambda q, k, v: jnp.sum(f(q, k, v) ** 2), (0, 1, 2)))
   return {name: (lambda g=step(f): g(q, k, v)) for name, f in

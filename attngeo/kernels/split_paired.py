@@ -35,7 +35,7 @@ forward 2, backward 5), against 11 on the augmented heads (logits and their two 
 **The Gram term** (`gram` = c ≠ 0): `L_ij = s·(w q_i·k_j + w_t k_i·q_j + c q_i·q_j) + bias_j`. G = q_a·q_bᵀ is
 the same on both sides of a pair (G_ba = G_abᵀ), so it costs one more product in each pass and two gradients,
 Ḡ = s·c(dL_ab + dL_baᵀ): dq_a += Ḡ q_b, dq_b += Ḡᵀ q_a. The β = 0 edge is this form on (q, k) := (m, n),
-m = (q + k)/√2, n = (q − k)/√2, w = −α/2, w_t = α/2, c = ½ (`operators._beta0_split`): a pair costs 5 + 13
+m = (q + k)/√2, n = (q − k)/√2, w = −α/2, w_t = α/2, c = ½ (`operators.beta0_paired`): a pair costs 5 + 13
 = 18 units, a diagonal tile 10 (its Gram is its own), so 9 + 1/T per tile against the augmented heads' 11.
 Its products are d wide where the augmented heads' are 2·d, and on XLA:CPU a d-wide unit runs slower than half
 a 2·d-wide one, so the pairing pays only on long sequences. DMTN ÷ ATTN blockwise, fwd + bwd, 8 heads of 64,
