@@ -259,6 +259,8 @@ def main(argv=None):
     if memory is not None and reason is None:     # TensorStore's RESOURCE_EXHAUSTED of a full disk is the disk's
       print(f"attngeo {name}: error: {memory}; ask for less at once (batch, samples, sequence length, model size) "
             "and run the same command again (finished steps and cached results are kept)", file=sys.stderr)
+      if from_shell:                 # JAX's exit handlers, after a failed allocation, printed 18 lines of tracebacks
+        _exit_at_once(2)
       return 2
     where = f" writing {e.filename}" if getattr(e, "filename", None) else ""
     advice = ("choose a folder this user can write (--out, --data-dir)" if reason is None else
