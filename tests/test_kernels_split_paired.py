@@ -165,6 +165,8 @@ def test_routing_keeps_the_augmented_heads_off_its_domain(calls):
   assert split(*op.DMTN, "blockwise", 8192) == "paired" and split(0.0, 0.3, "blockwise", 8192) == "paired"
   assert split(*op.DMTN, "blockwise", 4096) is None                    # 8 tiles: the augmented heads are as fast
   assert split(*op.DMTN, "blockwise", 64, block_size=4) == "paired" and split(*op.ATAP, "blockwise", 4096) == "paired"
+  assert split(*op.DMTN, "blockwise", 64, block_size=8) is None        # 8 tiles (tiles halve: 8, then 16)
+  assert split(*op.DMTN, "blockwise", 8192, block_size=256) == "paired"              # 32 tiles
   assert split(*op.DMTN, "einsum", 256) is None                        # the dense split is the β = 1 edge's only
   for args, kw in (((*op.DMAP, "blockwise", 8192), {}), ((*op.ATTN, "blockwise", 8192), {}),
                    ((*op.DMTN, "blockwise", 8192), dict(causal=True)), ((*op.DMTN, "blockwise", 8192), dict(masked=True)),

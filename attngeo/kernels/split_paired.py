@@ -219,12 +219,12 @@ def split_paired_attention(q, k, v, *, weights: tuple[float, float], gram: float
     q, k: [b, n, h, d] (the same n tokens); v: [b, n, h, e].
     weights: (w, w_t) as Python floats (`split.split_weights` of a static α).
     gram: c, a Python float: the weight of the symmetric Gram q·qᵀ (0: none, and no product for it; the
-      β = 0 edge passes q := m, k := n with `beta0_weights`).
+      β = 0 edge passes q := m, k := n, c = ½: `operators.beta0_paired`).
     bias: [b, n, h] per-key logit bias (differentiable) or None.
     scale: the logit scale s.
     block_size: the largest tile; n must cut into ≥ 2 tiles of at most it (`_blocks.tiles_in_pairs`).
   Returns:
-    [b, n, h, e] in v's dtype, equal to `split.split_attention` without mask or causal order.
+    [b, n, h, e] in v's dtype; at gram = 0 equal to `split.split_attention` without mask or causal order.
   """
   block_size = check_block_size(block_size)
   b, n, h, d = q.shape
