@@ -208,6 +208,28 @@ def test_a_refused_new_run_leaves_no_folder(tmp_path, capsys):
   assert not out.exists()
 
 
+@pytest.mark.parametrize("layout", ["nanochat", "gpt2"])
+def test_compat_builds_a_gpt_that_export_takes(layout, tmp_path):
+  """A default `lm train` GPT exports to neither layout (8 --model overrides each, the break-it pass found); with
+  --compat it is built in the layout, and the export writes it; --model still changes it (and export refuses)."""
+  from attngeo import interop
+  options = {"meta": {}} if layout == "nanochat" else {}
+  out = lambda name: str(tmp_path / name / ("model_000001.safetensors" if layout == "nanochat" else "model.safetensors"))
+  default = nn.GPT(recipe.model_config(LMConfig(depth=2, head_dim=16), 265), rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match=f"not a {'nanochat' if layout == 'nanochat' else 'GPT-2'}-family GPT|cannot export"):
+    interop.save(default, layout, out("default"), **options)
+  model = nn.GPT(recipe.model_config(LMConfig(depth=2, head_dim=16, compat=layout), 265), rngs=nnx.Rngs(0))
+  interop.save(model, layout, out("compat"), **options)
+  assert os.path.getsize(out("compat")) > 0
+  flip = "mlp_bias=true" if layout == "nanochat" else "mlp_bias=false"
+  changed = nn.GPT(recipe.model_config(LMConfig(depth=2, head_dim=16, compat=layout, model=(flip,)), 265),
+                   rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match="mlp_bias"):
+    interop.save(changed, layout, out("changed"), **options)
+  with pytest.raises(ValueError, match=r"compat must be one of \('', 'nanochat', 'gpt2'\)"):
+    LMConfig(compat="bert").validate()
+
+
 def test_a_run_resumes_only_on_its_own_corpus(tmp_path):
   out = tmp_path / "run"
   out.mkdir()

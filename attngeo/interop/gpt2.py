@@ -72,9 +72,8 @@ def config(hf: dict, **overrides):
   if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < math.inf:
     raise ValueError(f"GPT-2 config.json layer_norm_epsilon must be a finite number >= 0; got {eps!r}")
   fields = dict(depth=depth, vocab_size=vocab, seq_len=positions, width=d,
-                num_heads=h, head_dim=d // h, mlp_ratio=inner / d, **presets.fields("gpt2"),
-                norm_eps=float(eps), learned_positions=True,
-                tie_embeddings=bool(hf.get("tie_word_embeddings", True)))
+                num_heads=h, head_dim=d // h, **family_fields(), mlp_ratio=inner / d,
+                norm_eps=float(eps), tie_embeddings=bool(hf.get("tie_word_embeddings", True)))
   fields.update(overrides)
   cfg = GPTConfig.create(**fields)
   if int(cfg.width * cfg.block.mlp_ratio) != inner:
@@ -91,6 +90,13 @@ def hf_config(cfg) -> dict:
           "layer_norm_epsilon": b.norm_eps, "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False,
           "reorder_and_upcast_attn": False, "tie_word_embeddings": cfg.tie_embeddings,
           "bos_token_id": 50256, "eos_token_id": 50256}
+
+
+def family_fields() -> dict:
+  """The GPTConfig/BlockConfig fields every GPT-2 has: the block preset and learned positions (ε and the MLP
+  width come from its config.json). What `attngeo lm train --compat gpt2` builds on, so that
+  `attngeo export --format gpt2` takes the run."""
+  return dict(**presets.fields("gpt2"), learned_positions=True)
 
 
 def _check_family(cfg):

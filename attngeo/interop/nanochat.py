@@ -138,9 +138,7 @@ def config(model_config: dict, arch: str = "2025-10", **overrides):
     raise ValueError(f"nanochat needs n_head | n_embd and n_kv_head | n_head; got n_embd={d}, n_head={h}, "
                      f"n_kv_head={g}")
   fields = dict(depth=depth, vocab_size=vocab, seq_len=seq, width=d, num_heads=h, head_dim=d // h,
-                num_kv_heads=None if g == h else g, mlp_ratio=4.0, **presets.fields("nanochat"),
-                rope_sign=-1, rope_base=10_000.0, norm_eps=TORCH_FLOAT32_EPS, embed_norm=True,
-                logit_softcap=SOFTCAP)
+                num_kv_heads=None if g == h else g, **family_fields())
   if arch == "2026-07":
     padded = -(-vocab // PAD_VOCAB_TO) * PAD_VOCAB_TO
     wins = windows(model_config.get("window_pattern", "L"), seq, depth)   # nanochat patches a missing pattern to L
@@ -153,6 +151,15 @@ def config(model_config: dict, arch: str = "2025-10", **overrides):
   if "rope_dtype" not in overrides:
     fields["rope_dtype"] = rope_tables(arch)[0]
   return GPTConfig.create(**fields)
+
+
+def family_fields() -> dict:
+  """The GPTConfig/BlockConfig fields every nanochat GPT has (the 2025-10 layout; 2026-07 adds its extras in
+  `convert`): the block preset, nanochat's rotary sign, base and bfloat16 tables (its GPU default; `convert`
+  sets the tables of this machine, `rope_tables`), ε, embedding norm and logit soft-cap. What
+  `attngeo lm train --compat nanochat` builds on, so that `attngeo export --format nanochat` takes the run."""
+  return dict(mlp_ratio=4.0, **presets.fields("nanochat"), rope_sign=-1, rope_base=10_000.0, rope_dtype="bfloat16",
+              norm_eps=TORCH_FLOAT32_EPS, embed_norm=True, logit_softcap=SOFTCAP)
 
 
 def window_pattern(cfg, prefer: str | None = None) -> str:

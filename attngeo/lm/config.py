@@ -51,6 +51,9 @@ class LMTrain(train_config.TrainConfig):
     pass
 
 
+COMPAT_LAYOUTS = ("", "nanochat", "gpt2")   # `LMConfig.compat`: the public layouts `attngeo export` writes
+
+
 @dataclasses.dataclass
 class LMConfig:
   data: str = "shakespeare"            # shakespeare | pydoc | a text/parquet file, directory or glob
@@ -68,6 +71,7 @@ class LMConfig:
   seq_len: int = 256
   operator: str = "ATTN"               # ATTN | DMTN | ATAP | DMAP | CMAP | "beta,alpha"
   learnable_operator: bool = False
+  compat: str = ""                     # "" (attngeo's blocks) | nanochat | gpt2: a layout `attngeo export` takes
   model: tuple[str, ...] = ()          # other GPTConfig/BlockConfig fields, "name=value"
   eval_every: int = 0                  # log validation bpb every N steps (0: never)
   eval_rows: int = 64
@@ -108,7 +112,8 @@ class LMConfig:
               f"must fit the context)"),
              ("eval_every", _positive(self.eval_every) or self.eval_every == 0, "an integer ≥ 0 (0: never)"),
              ("eval_rows", _positive(self.eval_rows), "an integer ≥ 1"),
-             ("data_dir", bool(self.data_dir), "a folder path"))
+             ("data_dir", bool(self.data_dir), "a folder path"),
+             ("compat", self.compat in COMPAT_LAYOUTS, f"one of {COMPAT_LAYOUTS} ('': attngeo's own blocks)"))
     for name, ok, expected in rules:
       if not ok:
         raise ValueError(f"{prefix}{name} must be {expected}; got {getattr(self, name)!r}")
@@ -174,6 +179,8 @@ HELP = {
     "head_dim": "head dimension", "width": "explicit width (overrides aspect*depth)", "seq_len": "context length",
     "operator": "ATTN | DMTN | ATAP | DMAP | CMAP (magnetic) or 'beta,alpha' in [0,1]",
     "learnable_operator": "train per-head (beta, alpha), starting at --operator",
+    "compat": "build the GPT in a public layout so that `attngeo export --format` takes it: nanochat | gpt2 "
+              "(default '': attngeo's own blocks, which export to neither)",
     "model": "other GPTConfig/BlockConfig fields as name=value, comma-separated (e.g. mlp_ratio=2,qk_norm=false)",
     "eval_every": "log validation bpb (and induction at --induction-lengths) every N steps (0: never)",
     "eval_rows": "validation rows per periodic eval",

@@ -62,6 +62,9 @@ def model_config(cfg: LMConfig, vocab_size: int):
   from attngeo import nn
   fields = dict(vocab_size=vocab_size, seq_len=cfg.seq_len, operator=parse_operator(cfg.operator),
                 learnable_operator=cfg.learnable_operator)
+  if cfg.compat:                                 # a public layout (export takes it); --model may still change it
+    from attngeo.interop import gpt2, nanochat
+    fields.update({"nanochat": nanochat, "gpt2": gpt2}[cfg.compat].family_fields())
   fields.update(_overrides(cfg.model))
   return nn.GPTConfig.from_depth(cfg.depth, aspect=cfg.aspect, head_dim=cfg.head_dim, width=cfg.width, **fields)
 

@@ -69,7 +69,7 @@ def condition_config(lm: LMConfig, name: str, seed: int | None = None) -> LMConf
 
 # LMConfig fields added after runs were keyed, with the value every earlier run had: left out of the key
 # at that value, so earlier runs keep their folders; any other value keys a new run.
-ADDED_FIELDS = {"copy_mix": 0.0, "induction_lengths": (), "reg": dataclasses.asdict(LMConfig().reg)}
+ADDED_FIELDS = {"copy_mix": 0.0, "induction_lengths": (), "reg": dataclasses.asdict(LMConfig().reg), "compat": ""}
 
 
 def run_key(lm: LMConfig) -> str:
