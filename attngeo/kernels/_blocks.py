@@ -159,6 +159,15 @@ def live_block(causal: bool, iq, ik, bq: int, bk: int):
   return None if not causal else ik * bk <= iq * bq + bq - 1
 
 
+def column_sum(x_t, block):
+  """`Σ_q x_q ⊗ block_qk` feature-major: x_t [b, h, f, bq] (x's block transposed) and block [b, h, bq, bk] ->
+  [b, h, f, bk] float32. A blockwise backward's key-side sums (dv = Pᵀ·dO, dk = dSᵀ·q) run over a block's
+  rows; written "bhqk,bhqf->bhkf" the product contracts the block's row axis, which XLA:CPU runs 1.8× slower
+  than this form, which reads the block untransposed (`[8, 8, 512, 512]` blocks, f = 64: 16 against 8.7 ms).
+  The accumulators are transposed back once, at the end."""
+  return jnp.einsum("bhfq,bhqk->bhfk", x_t, block, preferred_element_type=jnp.float32)
+
+
 def when_live(live, update, skipped, carry):
   """`update(carry)` where `live` is None or true, else `skipped(carry)` (same structure): one branch runs."""
   return update(carry) if live is None else jax.lax.cond(live, update, skipped, carry)

@@ -26,7 +26,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from attngeo.kernels._blocks import (apply_masks, block_logits, check_block_size, check_mask, join_blocks,
+from attngeo.kernels._blocks import (apply_masks, block_logits, check_block_size, check_mask, column_sum, join_blocks,
                                      live_block, online_softmax, split_blocks, tile, untile, when_live,
                                      zero_empty_rows)
 from attngeo.kernels.dispatch import choose
@@ -176,6 +176,8 @@ def _phase_flash_bwd(causal, scale, bq, bk, res, dout):
   va, vb = jnp.concatenate([vr, vi], -1), jnp.concatenate([-vi, vr], -1)
   qbs, qtbs, lses, deltas = split_blocks(q, bq), split_blocks(qt, bq), split_blocks(lse, bq), split_blocks(delta, bq)
   gabs, gbbs = split_blocks(ga, bq), split_blocks(gb, bq)
+  # key-side sums accumulate feature-major (`_blocks.column_sum`): the query side's blocks transposed once
+  qbs_t, qtbs_t, gabs_t, gbbs_t = (jnp.swapaxes(x, -1, -2).astype(jnp.float32) for x in (qbs, qtbs, gabs, gbbs))
   nq = qbs.shape[0]
 
   def per_key_block(carry, args):
@@ -184,31 +186,32 @@ def _phase_flash_bwd(causal, scale, bq, bk, res, dout):
 
     def step(carry, iq):
       def update(carry):
-        dk, dkt, dv, dbias = carry
-        qb, qtb, gab, gbb = qbs[iq], qtbs[iq], gabs[iq], gbbs[iq]
+        dk_t, dkt_t, dv_t, dbias = carry
+        qb, qtb, gab = qbs[iq], qtbs[iq], gabs[iq]
         s, theta = _phase_block(qb, kb, biasb, qtb, ktb, c, mask, causal, scale, iq, ik, bq, bk)
         p = jnp.exp(s - lses[iq][..., None])
         sin, cos = sincos(theta)
         pc, ps = p * cos, p * sin
-        dv = dv + jnp.einsum("bhqk,bhqe->bhke", pc, gab) + jnp.einsum("bhqk,bhqe->bhke", ps, gbb)
+        dv_t = dv_t + column_sum(gabs_t[iq], pc) + column_sum(gbbs_t[iq], ps)
         are = jnp.einsum("bhqe,bhke->bhqk", gab, vab)
         aim = -jnp.einsum("bhqe,bhke->bhqk", gab, vbb)
         ds = p * (cos * are - sin * aim - deltas[iq][..., None])
         dtheta = -(ps * are + pc * aim)
         dq_blk = jnp.einsum("bhqk,bhkd->bhqd", ds, f32(kb)) * scale
-        dk = dk + jnp.einsum("bhqk,bhqd->bhkd", ds, f32(qb)) * scale
+        dk_t = dk_t + column_sum(qbs_t[iq], ds) * scale
         dqt_blk = jnp.einsum("bhqk,bhkf->bhqf", dtheta, f32(ktb))                # without c: dc needs it raw
-        dkt = dkt + jnp.einsum("bhqk,bhqf->bhkf", dtheta, f32(qtb))
-        return (dk, dkt, dv, dbias + ds.sum(2)), (dq_blk, dqt_blk)
+        dkt_t = dkt_t + column_sum(qtbs_t[iq], dtheta)
+        return (dk_t, dkt_t, dv_t, dbias + ds.sum(2)), (dq_blk, dqt_blk)
       zeros = lambda x: jnp.zeros(x.shape[1:], jnp.float32)
       skipped = lambda carry: (carry, (zeros(qbs), zeros(qtbs)))
       return when_live(live_block(causal, iq, ik, bq, bk), update, skipped, carry)
 
     b, h = kb.shape[:2]
-    init = (jnp.zeros(kb.shape, jnp.float32), jnp.zeros(ktb.shape, jnp.float32), jnp.zeros(vab.shape, jnp.float32),
-            jnp.zeros((b, h, bk), jnp.float32))
-    (dk, dkt, dv, dbias), (dq_blocks, dqt_blocks) = jax.lax.scan(step, init, jnp.arange(nq))
-    return (dq_acc + join_blocks(dq_blocks), dqt_acc + join_blocks(dqt_blocks)), (dk, dkt, dv, dbias)
+    zeros_t = lambda x: jnp.zeros((b, h, x.shape[-1], bk), jnp.float32)
+    init = (zeros_t(kb), zeros_t(ktb), zeros_t(vab), jnp.zeros((b, h, bk), jnp.float32))
+    (dk_t, dkt_t, dv_t, dbias), (dq_blocks, dqt_blocks) = jax.lax.scan(step, init, jnp.arange(nq))
+    back = lambda x: jnp.swapaxes(x, -1, -2)
+    return (dq_acc + join_blocks(dq_blocks), dqt_acc + join_blocks(dqt_blocks)), (back(dk_t), back(dkt_t), back(dv_t), dbias)
 
   (dq, dqt_raw), (dks, dkts_raw, dvs, dbiases) = jax.lax.scan(
       per_key_block, (jnp.zeros(q.shape, jnp.float32), jnp.zeros(qt.shape, jnp.float32)),

@@ -17,7 +17,8 @@ Implementations:
 * `"blockwise"` — flash-style pure JAX: an online softmax over key blocks (running max `m`,
   normaliser `l`, output `o ← o·e^{m−m'} + e^{s−m'}v`: `_blocks.online_softmax`) and a `custom_vjp`
   backward that recomputes each block of P from the saved log-normaliser `lse = m + log l`, using
-  `dS = P ⊙ (dP − rowsum(dO ⊙ O))`. Never more than one block of P exists: O(n) memory. Under the causal
+  `dS = P ⊙ (dP − rowsum(dO ⊙ O))`; the key side's sums `dv = Pᵀ·dO`, `dk = dSᵀ·q` accumulate feature-major
+  (`_blocks.column_sum`). Never more than one block of P exists: O(n) memory. Under the causal
   order both passes skip the blocks wholly above the diagonal (`_blocks.live_block`: 6 of 16 at 2048 keys).
 
 Edge case: a query row whose keys are all masked — by the mask and the causal order together, as
@@ -33,7 +34,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from attngeo.kernels._blocks import (apply_masks, block_logits, check_block_size, check_mask, join_blocks,
+from attngeo.kernels._blocks import (apply_masks, block_logits, check_block_size, check_mask, column_sum, join_blocks,
                                      live_block, online_softmax, split_blocks, tile, untile, when_live,
                                      zero_empty_rows)
 from attngeo.kernels.dispatch import choose
@@ -105,6 +106,9 @@ def _flash_bwd(causal, scale, bq, bk, res, dout):
   q, k, v, bias, mask, out, lse = res
   delta = jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), -1)          # [b,h,T]
   qbs, dobs, lses, deltas = (split_blocks(x, bq) for x in (q, dout, lse, delta))
+  # the key side's sums run over a block's rows: accumulated feature-major ([b, h, d, bk]), their products
+  # read the block untransposed ("bhfq,bhqk->bhfk", `_blocks.column_sum`)
+  qbs_t, dobs_t = (jnp.swapaxes(x, -1, -2).astype(jnp.float32) for x in (qbs, dobs))
   nq = qbs.shape[0]
 
   def per_key_block(dq_acc, args):
@@ -112,23 +116,24 @@ def _flash_bwd(causal, scale, bq, bk, res, dout):
 
     def step(carry, iq):
       def update(carry):
-        dk, dv, dbias = carry
+        dk_t, dv_t, dbias = carry
         qb, dob = qbs[iq], dobs[iq]
         s = block_logits(qb, kb, biasb, mask, causal, scale, iq, ik, bq, bk)
         p = jnp.exp(s - lses[iq][..., None])
-        dv = dv + jnp.einsum("bhqk,bhqe->bhke", p, dob.astype(jnp.float32))
+        dv_t = dv_t + column_sum(dobs_t[iq], p)
         dp = jnp.einsum("bhqe,bhke->bhqk", dob.astype(jnp.float32), vb.astype(jnp.float32))
         ds = p * (dp - deltas[iq][..., None])
         dq_blk = jnp.einsum("bhqk,bhkd->bhqd", ds, kb.astype(jnp.float32)) * scale
-        dk = dk + jnp.einsum("bhqk,bhqd->bhkd", ds, qb.astype(jnp.float32)) * scale
-        return (dk, dv, dbias + ds.sum(2)), dq_blk
+        dk_t = dk_t + column_sum(qbs_t[iq], ds) * scale
+        return (dk_t, dv_t, dbias + ds.sum(2)), dq_blk
       skipped = lambda carry: (carry, jnp.zeros(qbs.shape[1:4] + (kb.shape[-1],), jnp.float32))
       return when_live(live_block(causal, iq, ik, bq, bk), update, skipped, carry)
 
     b, h = kb.shape[:2]
-    init = (jnp.zeros(kb.shape, jnp.float32), jnp.zeros(vb.shape, jnp.float32), jnp.zeros((b, h, bk), jnp.float32))
-    (dk, dv, dbias), dq_blocks = jax.lax.scan(step, init, jnp.arange(nq))
-    return dq_acc + join_blocks(dq_blocks), (dk, dv, dbias)
+    init = (jnp.zeros((b, h, kb.shape[-1], bk), jnp.float32), jnp.zeros((b, h, vb.shape[-1], bk), jnp.float32),
+            jnp.zeros((b, h, bk), jnp.float32))
+    (dk_t, dv_t, dbias), dq_blocks = jax.lax.scan(step, init, jnp.arange(nq))
+    return dq_acc + join_blocks(dq_blocks), (jnp.swapaxes(dk_t, -1, -2), jnp.swapaxes(dv_t, -1, -2), dbias)
 
   dq, (dks, dvs, dbiases) = jax.lax.scan(
       per_key_block, jnp.zeros(q.shape, jnp.float32),
