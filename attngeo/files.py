@@ -8,6 +8,8 @@ nothing of attngeo, so every layer (data, interop, the trainer, experiments) can
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import json
 import os
@@ -85,26 +87,60 @@ def fingerprint(*objects) -> str:
   return h.hexdigest()[:16]
 
 
+# (temporary, path) pairs of the `staged` block running in this context, or None outside one
+_STAGE: contextvars.ContextVar[list | None] = contextvars.ContextVar("attngeo_files_stage", default=None)
+
+
 def atomic_write(path: str, data) -> None:
   """Write `data` to `path` through a temporary file and a rename: never half-written.
 
   `data`: text, or a callable `write(tmp_path)` that writes exactly that path (through a file object
   for writers such as `np.save` that would append a suffix). The temporary is a hidden file beside
   `path` (`.name.tmp-PID`), so a kill mid-write leaves nothing a `*.json`/`*.npy` glob picks up; a
-  failed write leaves no temporary.
+  failed write leaves no temporary. Inside a `staged` block the rename waits for the block's end.
   """
   folder, name = os.path.split(path)
   tmp = os.path.join(folder, f".{name}.tmp-{os.getpid()}")
+  stage = _STAGE.get()
   try:
     if callable(data):
       data(tmp)
     else:
       with open(tmp, "w") as f:
         f.write(data)
-    os.replace(tmp, path)
-  finally:
+    if stage is None:
+      os.replace(tmp, path)
+  except BaseException:
     if os.path.exists(tmp):
       os.remove(tmp)
+    raise
+  if stage is not None and (tmp, path) not in stage:       # a second write of one path replaced the temporary
+    stage.append((tmp, path))
+
+
+@contextlib.contextmanager
+def staged():
+  """A block whose `atomic_write`s land together: each writes its temporary, and all are renamed into place
+  when the block ends; if it raises (a full disk on the third file, a kill as Ctrl-C) none is and the
+  temporaries are removed, so a command's outputs (a table's .md/.csv/.json and its figure) are all of one
+  run, old or new. Renames need no space. A block inside another joins it."""
+  if _STAGE.get() is not None:
+    yield
+    return
+  stage: list = []
+  token = _STAGE.set(stage)
+  try:
+    yield
+  except BaseException:
+    for tmp, _ in stage:
+      if os.path.exists(tmp):
+        os.remove(tmp)
+    raise
+  else:
+    for tmp, path in stage:
+      os.replace(tmp, path)
+  finally:
+    _STAGE.reset(token)
 
 
 def atomic_json(path: str, obj) -> None:

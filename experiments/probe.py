@@ -255,7 +255,7 @@ def plot(rows: list[dict], path: str, title: str):
     ax.axis("off")
   fig.suptitle(title, fontsize=11)
   fig.tight_layout()
-  fig.savefig(path, dpi=110)
+  fig.savefig(path, dpi=110, format="png")          # `path` may be a temporary (`files.atomic_write`)
   plt.close(fig)
 
 
@@ -333,10 +333,11 @@ def main(argv=None):
           "Per-head quantities are head means (per head in probe.json); δ effective ± its standard error "
           "where edges with a partial gate support were sampled. CMAP layers: walk read-outs of the magnitude, "
           "transport defects not defined (blank), phase read-outs in the CMAP columns.")
-  report.write(out, "probe", table_rows(rows), columns(rows), note=note,
-               payload={"run": os.path.abspath(a.run_dir), "step": step, "model": type(mcfg).__name__, "data": a.data,
-                        "inputs": what, "batch": a.batch, "heads": heads, "layers": rows})
-  plot(rows, os.path.join(out, "probe.png"), title)
+  with files.staged():              # the tables and the figure land together, or none of them (a full disk)
+    report.write(out, "probe", table_rows(rows), columns(rows), note=note,
+                 payload={"run": os.path.abspath(a.run_dir), "step": step, "model": type(mcfg).__name__,
+                          "data": a.data, "inputs": what, "batch": a.batch, "heads": heads, "layers": rows})
+    files.atomic_write(os.path.join(out, "probe.png"), lambda tmp: plot(rows, tmp, title))
   print()
   report.wrote(out, "probe.md", "probe.csv", "probe.json", "probe.png")
   return rows

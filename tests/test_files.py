@@ -1,4 +1,7 @@
-"""attngeo.files: a run's config.json is read as a JSON object of configs, or refused in one line naming it."""
+"""attngeo.files: a run's config.json is read as a JSON object of configs, or refused in one line naming it; staged
+writes land together."""
+import os
+
 import pytest
 
 from attngeo import files
@@ -18,3 +21,35 @@ def test_a_written_config_reads_back_and_a_missing_one_is_not_a_run(tmp_path):
   assert files.read_config(str(tmp_path / "run")) == {"sit": {"seeds": [0]}, "sit_command": "train"}
   with pytest.raises(FileNotFoundError, match="is not a run folder: no config.json"):
     files.read_config(str(tmp_path / "none"))
+
+
+def write(path, text):
+  with open(path, "w") as f:
+    f.write(text)
+
+
+def test_staged_writes_land_together_or_not_at_all(tmp_path):
+  """Inside `staged`, `atomic_write` renames nothing until the block ends: a failure on a later file (a full disk)
+  leaves every earlier one as it was and no temporary; a clean block renames all; a nested block joins the outer."""
+  a, b = tmp_path / "t.md", tmp_path / "t.png"
+  a.write_text("old")
+  with pytest.raises(OSError, match="No space"):
+    with files.staged():
+      files.atomic_write(str(a), "new")
+      assert a.read_text() == "old"                          # not yet renamed
+
+      def full(tmp):
+        write(tmp, "half")
+        raise OSError(28, "No space left on device")
+      files.atomic_write(str(b), full)
+  assert sorted(os.listdir(tmp_path)) == ["t.md"] and a.read_text() == "old"
+  with files.staged():
+    files.atomic_write(str(a), "first")
+    with files.staged():
+      files.atomic_write(str(b), lambda tmp: write(tmp, "png"))
+    assert not b.exists()                                    # the inner block waits for the outer one
+    files.atomic_write(str(a), "second")                     # one path written twice: the last write lands
+  assert sorted(os.listdir(tmp_path)) == ["t.md", "t.png"]
+  assert (a.read_text(), b.read_text()) == ("second", "png")
+  files.atomic_write(str(a), "plain")                        # outside a block: renamed at once
+  assert a.read_text() == "plain"

@@ -137,6 +137,28 @@ def test_probe_cli_writes_all_outputs(gpt_run, tmp_path, capsys):
   assert "| layer |" in capsys.readouterr().out
 
 
+def test_a_probe_whose_figure_meets_a_full_disk_leaves_the_last_outputs_whole(gpt_run, tmp_path, monkeypatch):
+  """The tables and the figure land together (`files.staged`): a full disk while the figure is written left new
+  tables beside an old (or no) figure."""
+  import errno
+  wd, _, _ = gpt_run
+  ids = tmp_path / "ids.npy"
+  np.save(ids, np.random.default_rng(0).integers(0, 32, (1, 12)))
+  args = [wd, "--data", str(ids), "--batch", "1", "--seq-len", "12", "--out", str(tmp_path / "p"), "--no-progress"]
+  probe_cli.main(args + ["--layers", "0,2"])
+  before = {n: (tmp_path / "p" / n).read_bytes() for n in os.listdir(tmp_path / "p")}
+  assert sorted(before) == ["probe.csv", "probe.json", "probe.md", "probe.png"]
+
+  def full(rows, path, title):
+    with open(path, "wb") as f:
+      f.write(b"\x89PNG half")
+    raise OSError(errno.ENOSPC, "No space left on device")
+  monkeypatch.setattr(probe_cli, "plot", full)
+  with pytest.raises(OSError, match="No space left"):
+    probe_cli.main(args + ["--layers", "1"])
+  assert {n: (tmp_path / "p" / n).read_bytes() for n in os.listdir(tmp_path / "p")} == before   # no temporary either
+
+
 def test_probe_cli_rejects_bad_arguments(gpt_run, tmp_path, capsys):
   wd, _, _ = gpt_run
   for argv in ([str(tmp_path)], [wd, "--layers", "7"], [wd, "--heads", "x"], [wd, "--samples", "1"],
