@@ -1,12 +1,15 @@
-"""DMTN's two blockwise routes timed on one set of inputs: the crossover behind `kernels.PAIRED_BETA0_FROM_TILES`.
+"""The two blockwise routes of DMTN or ATAP timed on one set of inputs: the crossovers behind
+`kernels.PAIRED_BETA0_FROM_TILES` (DMTN) and `kernels.PAIRED_FROM_TILES` (ATAP).
 
-    python -m attngeo.experiments.bench_pairs [--seqs 2048,4096,8192,16384] [--batches 8,4,1,1] [--repeats 2]
+    python -m attngeo.experiments.bench_pairs [--operator DMTN|ATAP] [--seqs 2048,4096,8192,16384]
+                                              [--batches 8,4,1,1] [--repeats 2]
 
-For each length: forward + backward (a jitted grad of Σ y²) of ATTN on the blockwise kernel, of DMTN on the
-augmented heads (`operators.augment`, then the blockwise softmax kernel: the route below the crossover) and of
-DMTN on pairs of tiles (`operators.transport`'s β = 0 route, `kernels.split_paired_attention` with its Gram
-term), 8 heads of 64, float32, block size 512, the three timed in alternation (`timing.interleaved_seconds`),
-fastest run. Prints a Markdown table of each DMTN route ÷ ATTN. Runs with glibc's huge pages, as `attngeo` does.
+For each length: forward + backward (a jitted grad of Σ y²) of ATTN on the blockwise kernel, of the member on
+the augmented heads (`operators.augment`, then the blockwise softmax kernel: the route below the crossover) and
+on pairs of tiles (`kernels.split_paired_attention`: DMTN through `operators.beta0_paired`, with its Gram term;
+ATAP on q and k with its key bias), 8 heads of 64, float32, block size 512, the three timed in alternation
+(`timing.interleaved_seconds`), fastest run. Prints a Markdown table of each route ÷ ATTN. Runs with glibc's huge
+pages, as `attngeo` does.
 """
 from __future__ import annotations
 
@@ -23,8 +26,8 @@ def ints(text: str) -> list[int]:
   return values
 
 
-def routes(n: int, batch: int, heads: int = 8, head_dim: int = 64):
-  """{route: a no-argument call} for ATTN blockwise and DMTN's two routes at `n` keys."""
+def routes(n: int, batch: int, heads: int = 8, head_dim: int = 64, operator: str = "DMTN"):
+  """{route: a no-argument call} for ATTN blockwise and the two routes of `operator` (DMTN, ATAP) at `n` keys."""
   import jax
   import jax.numpy as jnp
 
@@ -33,20 +36,29 @@ def routes(n: int, batch: int, heads: int = 8, head_dim: int = 64):
   q, k, v = (0.3 * jax.random.normal(key, (batch, n, heads, head_dim)) for key in ks)
   scale = head_dim ** -0.5
 
+  beta, alpha = op.corner(operator)
+
   def augmented(q, k, v):
-    aug = op.augment(q, k, beta=0.0, alpha=1.0, scale=scale)
+    aug = op.augment(q, k, beta=beta, alpha=alpha, scale=scale)
     return kernels.attention(aug.q, aug.k, v, bias=aug.bias, implementation="blockwise", scale=scale)
 
-  paired = lambda q, k, v: op.beta0_paired(q, k, v, 1.0, None, scale)
+  def paired(q, k, v):
+    if beta == 0.0:
+      return op.beta0_paired(q, k, v, alpha, None, scale)
+    bias = op.key_bias(q, k, beta=beta, alpha=alpha, scale=scale)
+    return kernels.split_paired_attention(q, k, v, weights=kernels.split_weights(alpha), bias=bias, scale=scale)
+
   attn = lambda q, k, v: op.transport(q, k, v, implementation="blockwise")
   step = lambda f: jax.jit(jax.grad(lambda q, k, v: jnp.sum(f(q, k, v) ** 2), (0, 1, 2)))
   return {name: (lambda g=step(f): g(q, k, v)) for name, f in
-          (("ATTN", attn), ("DMTN augmented", augmented), ("DMTN pairs", paired))}
+          (("ATTN", attn), ("augmented", augmented), ("pairs", paired))}
 
 
 def main(argv=None):
   from attngeo import config
   ap = config.parser("python -m attngeo.experiments.bench_pairs", __doc__)
+  ap.add_argument("--operator", choices=("DMTN", "ATAP"), default="DMTN",
+                  help="the member whose routes are timed (default DMTN)")
   ap.add_argument("--seqs", type=ints, default=[2048, 4096, 8192, 16384], help="key counts (default 2048,4096,8192,16384)")
   ap.add_argument("--batches", type=ints, default=[8, 4, 1, 1], help="batch per length (default 8,4,1,1)")
   ap.add_argument("--repeats", type=int, default=2, help="timed runs of each call, interleaved (default 2)")
@@ -58,12 +70,13 @@ def main(argv=None):
   from attngeo import hugepages
   hugepages.reexec()
   from attngeo.experiments import timing
-  print("| keys | batch | ATTN blockwise (ms) | DMTN augmented ÷ ATTN | DMTN pairs ÷ ATTN |")
+  print(f"| keys | batch | ATTN blockwise (ms) | {a.operator} augmented ÷ ATTN | {a.operator} pairs ÷ ATTN |")
   print("|---:|---:|---:|---:|---:|")
   for n, batch in zip(a.seqs, a.batches):
-    best = {name: min(t) for name, t in timing.interleaved_seconds(routes(n, batch), a.repeats).items()}
-    print(f"| {n} | {batch} | {best['ATTN'] * 1e3:.1f} | {best['DMTN augmented'] / best['ATTN']:.2f} | "
-          f"{best['DMTN pairs'] / best['ATTN']:.2f} |", flush=True)
+    calls = routes(n, batch, operator=a.operator)
+    best = {name: min(t) for name, t in timing.interleaved_seconds(calls, a.repeats).items()}
+    print(f"| {n} | {batch} | {best['ATTN'] * 1e3:.1f} | {best['augmented'] / best['ATTN']:.2f} | "
+          f"{best['pairs'] / best['ATTN']:.2f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -198,16 +198,18 @@ def test_bench_geometry_refuses_sizes_below_two_in_one_line(capsys):
   assert e.value.code == 2 and "--sizes and --estimators must be at least 2 points each; got [0]" in capsys.readouterr().err
 
 
-def test_bench_pairs_times_two_routes_of_one_operator(monkeypatch, capsys):
-  """experiments/bench_pairs: DMTN's augmented heads and its pairs of tiles are the same operator (gradients
-  agree), and its table prints one row per length."""
+@pytest.mark.parametrize("operator", ["DMTN", "ATAP"])
+def test_bench_pairs_times_two_routes_of_one_operator(monkeypatch, capsys, operator):
+  """experiments/bench_pairs: a member's augmented heads and its pairs of tiles are the same operator (gradients
+  agree, and differ from ATTN's), and its table prints one row per length."""
   from attngeo import hugepages
   from attngeo.experiments import bench_pairs
-  grads = {name: call() for name, call in bench_pairs.routes(1024, 1, heads=2, head_dim=8).items()}
-  for a, b in zip(grads["DMTN augmented"], grads["DMTN pairs"]):
+  grads = {name: call() for name, call in bench_pairs.routes(1024, 1, heads=2, head_dim=8, operator=operator).items()}
+  for a, b, c in zip(grads["augmented"], grads["pairs"], grads["ATTN"]):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6 * float(np.abs(b).max()))
+    assert float(np.abs(b - c).max()) > 1e-3 * float(np.abs(c).max())
   monkeypatch.setattr(hugepages, "reexec", lambda: None)
-  bench_pairs.main(["--seqs", "1024", "--batches", "1", "--repeats", "1"])
+  bench_pairs.main(["--operator", operator, "--seqs", "1024", "--batches", "1", "--repeats", "1"])
   rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 1024 | 1 |")]
   assert len(rows) == 1
   with pytest.raises(SystemExit):
