@@ -13,8 +13,9 @@ Three kinds of attention run on these kernels, each with its own set of names (`
 Default rule (see `attngeo bench`, docs/benchmarks.md): softmax attention runs cuDNN's flash kernel on
 GPU and XLA's fused SDPA on TPU; on CPU, and for the phase kernels on every backend, the einsum path
 below `BLOCKWISE_FROM` keys (or an unknown length) and the blockwise path from there on — O(n) memory
-(361 MiB against einsum's 1,153 at 1024 keys, batch 8 × 8 heads), within 7 % of einsum's time at
-1024 keys and 4–17 % slower at 2048 (with the CLI's huge pages; without them 1.6× faster at 1024).
+(393 MiB against einsum's 1,153 at 1024 keys, batch 8 × 8 heads) and, since its backward sums the key side
+feature-major (`_blocks.column_sum`), the faster of the two: einsum ÷ blockwise 1.26–1.31 at 1024 keys and
+1.46–1.55 at 2048 (`attngeo bench --operators ATTN,CMAP --seqs 1024,2048`, two runs, huge pages).
 On the einsum kernel below `BLOCKWISE_FROM` keys the family's β = 1 edge (ATAP; `runs_split`) runs
 `attngeo.kernels.split` instead of the augmented heads: one d-wide product and its transpose instead of
 one 2·d wide (ATAP ÷ ATTN at 256 keys, two runs each: 1.66, 1.67 before it; 1.41, 1.55 with it; 1.23,
@@ -41,13 +42,16 @@ _WHAT = {"softmax": "", "phase": " for phase attention", "magnetic": " for the m
 
 BLOCKWISE_FROM = 512   # keys: the portable kernels' switch from the dense einsum path to the blockwise one
 # Tiles from which the β = 1 edge runs on pairs of tiles (`runs_split`): with T tiles the diagonal ones, which
-# need a transpose each way, are 1/T of the area. ATAP ÷ ATTN blockwise, with the CLI's huge pages: augmented
-# heads 1.33 / 1.45, pairs 1.48 / 1.14 at 1024 / 2048 keys (2 / 4 tiles of 512), pairs 0.98–1.02 at 4096.
+# need a transpose each way, are 1/T of the area. ATAP ÷ ATTN blockwise, fwd + bwd, 8 heads of 64, huge pages
+# (`python -m attngeo.experiments.bench_pairs --operator ATAP --seqs 1024,2048,4096 --batches 8,8,4`, after the
+# key side went feature-major): augmented heads 1.46 / 1.39 / 1.32, pairs 1.51 / 1.38 / 1.17 at 1024 / 2048 / 4096
+# keys (2 / 4 / 8 tiles of 512).
 PAIRED_FROM_TILES = 4
 # Tiles from which the β = 0 edge (DMTN) runs on pairs of tiles: three d-wide products per pair (9 + 1/T units per
 # tile) against the augmented heads' two 2·d wide (11), whose wider contraction runs faster per unit on XLA:CPU.
-# DMTN ÷ ATTN blockwise, fwd + bwd, 8 heads of 64: augmented 1.33 / 1.25 / 1.28 / 1.27, pairs 1.61 / 1.29 / 1.18 /
-# 1.13 at 2048 / 4096 / 8192 / 16 384 keys (batch 8 / 4 / 1 / 1; `python -m attngeo.experiments.bench_pairs`).
+# DMTN ÷ ATTN blockwise (`bench_pairs`, batch 8 / 4 / 1 / 1): augmented 1.44 / 1.33 / 1.35 / 1.33, pairs 1.97 / 1.62
+# / 1.36 / 1.33 at 2048 / 4096 / 8192 / 16 384 keys — a tie from 16 tiles since the augmented heads' key side went
+# feature-major (before it the pairs won there, 1.18 / 1.13 against 1.28 / 1.27). Kept: neither route is faster.
 PAIRED_BETA0_FROM_TILES = 16
 
 

@@ -58,7 +58,9 @@ visited one at a time (`lax.map`, `lax.scan`), so memory is O(n·(d + e)) beside
 
 Measured (`attngeo bench --operators ATTN,DMAP,DMTN,ATAP --implementations blockwise --long 0 --repeats 2`,
 batch 8, 8 heads of 64, two runs, ÷ ATTN blockwise): 0.98–1.02 at 4096 keys and 0.83–0.85 at 16 384
-(batch 1), against the augmented heads' 1.32–1.39 and 1.33 (docs/benchmarks.md).
+(batch 1), against the augmented heads' 1.32–1.39 and 1.33 (docs/benchmarks.md). Since ATTN's blockwise
+backward sums its key side feature-major too (11–20 % faster), ATAP on pairs reads 1.17–1.31 at 4096 keys
+(`bench_pairs --operator ATAP`, `attngeo bench`, docs/benchmarks.md).
 """
 from __future__ import annotations
 
