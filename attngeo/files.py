@@ -118,6 +118,14 @@ def atomic_write(path: str, data) -> None:
     stage.append((tmp, path))
 
 
+def save_figure(fig, path: str, **kwargs) -> None:
+  """`fig.savefig(path, **kwargs)` through `atomic_write`: a kill mid-write leaves the old figure or the new one,
+  never a truncated file, and inside `staged` the figure lands with its tables. The format is `path`'s extension
+  (the temporary's name has another)."""
+  fmt = os.path.splitext(path)[1].lstrip(".").lower() or "png"
+  atomic_write(path, lambda tmp: fig.savefig(tmp, format=fmt, **kwargs))
+
+
 @contextlib.contextmanager
 def staged():
   """A block whose `atomic_write`s land together: each writes its temporary, and all are renamed into place

@@ -14,6 +14,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib import colors  # noqa: E402
 
+from attngeo import files  # noqa: E402
+
 DPI = 110
 
 
@@ -50,7 +52,7 @@ def point_panels(rows: list[tuple[str, list[tuple[str, np.ndarray]]]], path: str
       ax = _ax3d(fig, len(rows), ncols, r * ncols + c + 1, f"{label}\n{title}" if c == 0 else title)
       ax.scatter(pts[:, 0], pts[:, 1], pts[:, 2], s=0.3, c=pts[:, 2], cmap="viridis", alpha=0.6)
   fig.tight_layout()
-  fig.savefig(path, dpi=DPI)
+  files.save_figure(fig, path, dpi=DPI)
   plt.close(fig)
 
 
@@ -117,7 +119,7 @@ def sample_grid(path: str, rows: list[tuple[str, list[tuple[np.ndarray, np.ndarr
       _wrap(colour_label, 0.9 * rows_box.height * fig.get_figheight(), 9), fontsize=9)
   if title:
     fig.suptitle(title, fontsize=10)
-  fig.savefig(path, dpi=DPI)
+  files.save_figure(fig, path, dpi=DPI)
   plt.close(fig)
 
 
@@ -165,7 +167,7 @@ def heat_panels(points: np.ndarray, rows: list[tuple[str, list[tuple[str, np.nda
                frameon=False)
   if title:
     fig.suptitle("\n".join(textwrap.wrap(title, 110)), fontsize=9)
-  fig.savefig(path, dpi=DPI)
+  files.save_figure(fig, path, dpi=DPI)
   plt.close(fig)
 
 
@@ -199,5 +201,5 @@ def image_panels(panels: list[tuple[str, np.ndarray]], rows: int, path: str, tit
   fig.tight_layout(rect=(0, 0, 1, 1 - 0.11 * title.count("\n") - (0.1 if title else 0)))   # room for the title
   if title:
     fig.suptitle(title, fontsize=9)
-  fig.savefig(path, dpi=130)
+  files.save_figure(fig, path, dpi=130)
   plt.close(fig)

@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from attngeo import config
+from attngeo import config, files
 from attngeo.data import load_cloud
 from attngeo.experiments import report
 from attngeo.experiments.report import Col
@@ -76,7 +76,7 @@ def _plot(x, coords, dm, path):
   ax.set_xlabel("eigenpair c"), ax.legend(fontsize=8)
   ax.set_title("spectrum and residuals", fontsize=9)
   fig.tight_layout()
-  fig.savefig(path, dpi=110)
+  files.save_figure(fig, path, dpi=110)
   plt.close(fig)
 
 
@@ -115,9 +115,6 @@ def main(argv=None):
   dm = diffmap.diffusion_map(x, eps, a.k, alpha=a.alpha, t=a.t, tol=a.tol, seed=a.seed)
   coords = np.asarray(dm.coordinates)
   seconds = time.perf_counter() - t0
-  os.makedirs(a.out, exist_ok=True)
-  np.save(os.path.join(a.out, "coordinates.npy"), coords)
-  _plot(x, coords, dm, os.path.join(a.out, "diffmap.png"))
   rows = [dict(c=c, value=float(dm.values[c]), rate=float(dm.rates[c]), residual=float(dm.residuals[c]),
                value_bound=float(dm.value_bounds[c]),
                angle_bound_deg=float(np.degrees(np.arcsin(min(1.0, float(dm.vector_bounds[c]))))))
@@ -129,7 +126,11 @@ def main(argv=None):
           Col("value_bound", "|λ error| ≤", ".1e"), Col("angle_bound_deg", "angle error ≤ (°)", ".3g")]
   payload = dict(rows=rows, n=len(x), dim=int(x.shape[1]), eps=eps, eps_rule=rule, alpha=a.alpha, t=a.t, tol=a.tol,
                  converged=bool(dm.converged), matvecs=int(dm.matvecs), seconds=seconds)
-  report.write(a.out, "diffmap", rows, cols, payload=payload, note=note)
+  os.makedirs(a.out, exist_ok=True)
+  with files.staged():                      # coordinates, tables and figure land together (a full disk: none)
+    files.atomic_npy(os.path.join(a.out, "coordinates.npy"), coords)
+    _plot(x, coords, dm, os.path.join(a.out, "diffmap.png"))
+    report.write(a.out, "diffmap", rows, cols, payload=payload, note=note)
   report.wrote(a.out, "coordinates.npy", "diffmap.md", "diffmap.csv", "diffmap.json", "diffmap.png")
 
 

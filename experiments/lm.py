@@ -26,7 +26,7 @@ import time
 
 import numpy as np
 
-from attngeo import cli, config as config_lib, stats
+from attngeo import cli, config as config_lib, files, stats
 from attngeo.data import text
 from attngeo.experiments import report
 from attngeo.experiments.report import Col
@@ -205,7 +205,7 @@ def loss_figure(rows: list[dict], path: str) -> None:
   ax.set_title("Training loss per operator (every seed)")
   ax.legend()
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
+  files.save_figure(fig, path, dpi=120)
   plt.close(fig)
 
 
@@ -229,7 +229,7 @@ def induction_figure(rows: list[dict], path: str) -> bool:
   ax.set_title("Induction vs step (solid: corpus tokens, dashed: uniform)")
   ax.legend()
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
+  files.save_figure(fig, path, dpi=120)
   plt.close(fig)
   return True
 
@@ -371,10 +371,11 @@ def cmd_table2(args, ap) -> dict:
           f"CopyMix share {cfg.lm.copy_mix}. "
           f"Seed paper: depth 12, FineWeb-edu, 65,536-token BPE, one seed. Wall time {wall:.0f} s.")
   payload = dict(config=dataclasses.asdict(cfg), table=summarise(rows, cfg.conditions), runs=rows, wall_seconds=wall)
-  md = report.write(cfg.out, "table2", table, TABLE2_COLS, payload=payload, note=note)
+  with files.staged():                      # the tables and the figures land together (a full disk: none of them)
+    md = report.write(cfg.out, "table2", table, TABLE2_COLS, payload=payload, note=note)
+    loss_figure(rows, os.path.join(cfg.out, "loss_curves.png"))
+    curves = ", induction_curves.png" if induction_figure(rows, os.path.join(cfg.out, "induction_curves.png")) else ""
   os.replace(os.path.join(cfg.out, "table2.json"), os.path.join(cfg.out, "results.json"))
-  loss_figure(rows, os.path.join(cfg.out, "loss_curves.png"))
-  curves = ", induction_curves.png" if induction_figure(rows, os.path.join(cfg.out, "induction_curves.png")) else ""
   print(f"\nwrote {cfg.out}/table2.md, table2.csv, results.json, loss_curves.png{curves}; wall time {wall:.0f} s")
   return {"markdown": md, **payload}
 
@@ -430,7 +431,7 @@ def ladder_figure(table: list[dict], path: str) -> None:
   left.legend(loc="upper left", bbox_to_anchor=(0.0, -0.2), ncol=2, fontsize=8, frameon=False)
   right.legend(loc="upper left", bbox_to_anchor=(0.0, -0.2), ncol=3, fontsize=8, frameon=False)
   fig.tight_layout()
-  fig.savefig(path, dpi=120, bbox_inches="tight")
+  files.save_figure(fig, path, dpi=120, bbox_inches="tight")
   plt.close(fig)
 
 
@@ -479,8 +480,9 @@ def cmd_ladder(args, ap) -> dict:
           f"contrast: the antisymmetric logit on induction edges against offsets −2…2, max over layers and heads. "
           f"Wall time {wall:.0f} s.")
   payload = dict(config=dataclasses.asdict(cfg), table=table, runs=rows, wall_seconds=wall)
-  md = report.write(cfg.out, "ladder", shown, LADDER_COLS, payload=payload, note=note)
-  ladder_figure(table, os.path.join(cfg.out, "ladder.png"))
+  with files.staged():                      # the tables and the figure land together (a full disk: none of them)
+    md = report.write(cfg.out, "ladder", shown, LADDER_COLS, payload=payload, note=note)
+    ladder_figure(table, os.path.join(cfg.out, "ladder.png"))
   print(f"\nwrote {cfg.out}/ladder.md, ladder.csv, ladder.json, ladder.png; wall time {wall:.0f} s")
   return {"markdown": md, **payload}
 

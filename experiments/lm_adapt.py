@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 
-from attngeo import config as config_lib, runlock, stats
+from attngeo import config as config_lib, files, runlock, stats
 from attngeo.experiments import report
 from attngeo.experiments.report import Col
 from attngeo.interop import nanochat
@@ -200,7 +200,7 @@ def figure(result: dict, summary: list[dict], path: str, seed: dict, control: li
   fig.suptitle("Sequential adaptation: red = right after the graft, blue = after adaptation (mean ± sd over seeds)",
                fontsize=10)
   fig.tight_layout()
-  fig.savefig(path, dpi=120, bbox_inches="tight")        # the legends outside the axes stay in the figure
+  files.save_figure(fig, path, dpi=120, bbox_inches="tight")        # the legends outside the axes stay in the figure
   plt.close(fig)
 
 
@@ -336,9 +336,11 @@ def finish(cfg: AdaptConfig, ops, source, t0: float) -> dict:
           + (" Seed paper: nanochat d32, sequentially adapted (its Table 3)." if seed else ""))
   payload = dict(config=dataclasses.asdict(cfg), summary=summary, control=control, control_summary=control_summary,
                  wall_seconds=wall, **result)
-  md = report.write(cfg.out, "table3", table_rows(summary, seed, control_summary), COLS, payload=payload, note=note)
+  with files.staged():                      # the tables and the figure land together (a full disk: none of them)
+    md = report.write(cfg.out, "table3", table_rows(summary, seed, control_summary), COLS, payload=payload,
+                      note=note)
+    figure(result, summary, os.path.join(cfg.out, "chain.png"), seed, control_summary)
   os.replace(os.path.join(cfg.out, "table3.json"), os.path.join(cfg.out, "results.json"))
-  figure(result, summary, os.path.join(cfg.out, "chain.png"), seed, control_summary)
   print(f"\nwrote {cfg.out}/table3.md, table3.csv, results.json, chain.png; wall time {wall:.0f} s")
   return {"markdown": md, **payload}
 

@@ -208,7 +208,7 @@ def figure(results: dict, path: str) -> None:
   ax.set_ylabel("held-out masked-token loss (nats)")
   ax.set_yscale("log")
   ax.set_title("graft (red) → adapt (blue) on bert_pretrained; grey: ATTN; dashed: the checkpoint", fontsize=9)
-  fig.savefig(path, dpi=130)
+  files.save_figure(fig, path, dpi=130)
   plt.close(fig)
 
 

@@ -255,7 +255,7 @@ def plot(rows: list[dict], path: str, title: str):
     ax.axis("off")
   fig.suptitle(title, fontsize=11)
   fig.tight_layout()
-  fig.savefig(path, dpi=110, format="png")          # `path` may be a temporary (`files.atomic_write`)
+  files.save_figure(fig, path, dpi=110)
   plt.close(fig)
 
 
@@ -337,7 +337,7 @@ def main(argv=None):
     report.write(out, "probe", table_rows(rows), columns(rows), note=note,
                  payload={"run": os.path.abspath(a.run_dir), "step": step, "model": type(mcfg).__name__,
                           "data": a.data, "inputs": what, "batch": a.batch, "heads": heads, "layers": rows})
-    files.atomic_write(os.path.join(out, "probe.png"), lambda tmp: plot(rows, tmp, title))
+    plot(rows, os.path.join(out, "probe.png"), title)
   print()
   report.wrote(out, "probe.md", "probe.csv", "probe.json", "probe.png")
   return rows

@@ -504,7 +504,7 @@ def figure(results: list[dict], path: str):
                        loc="upper center", bbox_to_anchor=(0.5, -0.32))        # below the panels: no data hidden
   fig.suptitle("Connection-walk stability and isometry defects across sizes", fontsize=11)
   fig.tight_layout()
-  fig.savefig(path, dpi=110, bbox_inches="tight")
+  files.save_figure(fig, path, dpi=110, bbox_inches="tight")
   plt.close(fig)
 
 
@@ -527,17 +527,16 @@ def run(cfg: StudyConfig) -> dict:
       fam = fams.setdefault(size.family, Family(size.family, cfg))
       print(f"[{i + 1}/{total}] {size.family} {size.label} seed {seed}", flush=True)
       results.append(model_result(cfg, fam, size, seed))
-  md = tables(results, cfg.out)
-  figure(results, os.path.join(cfg.out, "study.png"))
   wall = time.perf_counter() - t0
   note = (f"Wall time {wall:.0f} s ({sum(r['train_seconds'] for r in results):.0f} s in model runs; cached models "
           f"count their original time). Trained models: {len(results)}; each also probed at initialisation.")
-  with open(os.path.join(cfg.out, "study.md"), "w") as f:
-    f.write(md + "\n\n" + note + "\n")
   payload = dict(config=dataclasses.asdict(cfg), wall_seconds=wall, summary=summary_rows(results),
                  scale=scale_rows(results), models=results)
-  with open(os.path.join(cfg.out, "study.json"), "w") as f:
-    json.dump(payload, f, indent=1)
+  with files.staged():                      # every table and the figure land together (a full disk: none of them)
+    md = tables(results, cfg.out)
+    figure(results, os.path.join(cfg.out, "study.png"))
+    files.atomic_write(os.path.join(cfg.out, "study.md"), md + "\n\n" + note + "\n")
+    files.atomic_write(os.path.join(cfg.out, "study.json"), json.dumps(payload, indent=1, default=str))
   print(md + "\n\n" + note)
   print()
   report.wrote(cfg.out, "study.md", "study.json", "study.png", *(f"study_{t}.{{md,csv,json}}" for t in TABLES),

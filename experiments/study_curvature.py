@@ -160,7 +160,7 @@ def figure(result: dict, path: str) -> None:
     ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
     ax.set_title(label, fontsize=9)
     ax.tick_params(labelsize=7)
-  fig.savefig(path, dpi=120)
+  files.save_figure(fig, path, dpi=120)
   plt.close(fig)
 
 
@@ -181,11 +181,12 @@ def _run(cfg: CurvatureStudyConfig) -> dict:
   result = compare(per_seed)
   md = markdown(cfg, result)
   os.makedirs(cfg.out, exist_ok=True)
-  files.atomic_write(os.path.join(cfg.out, "study.md"), md)
-  files.atomic_write(os.path.join(cfg.out, "study.json"),
-                     json.dumps(dict(config=dataclasses.asdict(cfg), settings=result,
-                                     wall_seconds=time.perf_counter() - t0), indent=1))
-  figure(result, os.path.join(cfg.out, "study.png"))
+  with files.staged():                      # the tables and the figure land together (a full disk: none of them)
+    files.atomic_write(os.path.join(cfg.out, "study.md"), md)
+    files.atomic_write(os.path.join(cfg.out, "study.json"),
+                       json.dumps(dict(config=dataclasses.asdict(cfg), settings=result,
+                                       wall_seconds=time.perf_counter() - t0), indent=1))
+    figure(result, os.path.join(cfg.out, "study.png"))
   print(md)
   print(f"wrote {cfg.out}/study.md, study.json, study.png; wall time {time.perf_counter() - t0:.0f} s")
   return result

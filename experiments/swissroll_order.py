@@ -28,7 +28,7 @@ import time
 
 import numpy as np
 
-from attngeo import config, data, runlock
+from attngeo import config, data, files, runlock
 from attngeo.experiments import report, swissroll_config
 from attngeo.experiments.report import Col
 
@@ -101,8 +101,9 @@ def summarise(rows: list[dict], protocols, operators, out: str, seconds: float) 
              Col("d_nn_ratio", "d_NN ÷ floor", ".3f")])
   note = ("e^H̄ = exp(mean row entropy of P), mean over heads and layers (per layer: first and last columns) "
           "of the trained model at t = 1 on sets of n training points; the seed states no set size for its value.")
-  report.write(out, "order", rows, cols, payload=rows, note=note)
-  figure(rows, os.path.join(out, "order.png"))
+  with files.staged():                      # the tables and the figure land together (a full disk: none of them)
+    report.write(out, "order", rows, cols, payload=rows, note=note)
+    figure(rows, os.path.join(out, "order.png"))
   models = ", ".join(dict.fromkeys(protocol_config(p, operators, out).out for p in protocols))
   print()
   report.wrote(out, "order.md", "order.csv", "order.json", "order.png",
@@ -158,7 +159,7 @@ def figure(rows: list[dict], path: str) -> None:
                "dashed MHSA → FFN; black: the seed's Table 1, FFN → MHSA / MHSA → FFN, set size not stated)",
                fontsize=9)
   fig.tight_layout(rect=(0, 0.22 * ((len(handles) + 1) // 2) / fig.get_figheight() + 0.02, 1, 0.93))
-  fig.savefig(path, dpi=110)
+  files.save_figure(fig, path, dpi=110)
   plt.close(fig)
 
 

@@ -53,3 +53,21 @@ def test_staged_writes_land_together_or_not_at_all(tmp_path):
   assert (a.read_text(), b.read_text()) == ("second", "png")
   files.atomic_write(str(a), "plain")                        # outside a block: renamed at once
   assert a.read_text() == "plain"
+
+
+def test_save_figure_writes_the_format_of_its_name_and_never_half_a_file(tmp_path):
+  """`save_figure` goes through a temporary whose name has no image extension: the format comes from the path,
+  and a savefig that fails leaves the earlier figure."""
+  import matplotlib
+  matplotlib.use("Agg")
+  from matplotlib.figure import Figure
+  fig = Figure()
+  fig.add_subplot().plot([0, 1], [1, 0])
+  files.save_figure(fig, str(tmp_path / "a.png"))
+  files.save_figure(fig, str(tmp_path / "a.svg"))
+  assert (tmp_path / "a.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  assert b"<svg" in (tmp_path / "a.svg").read_bytes()[:400]
+  before = (tmp_path / "a.png").read_bytes()
+  with pytest.raises(TypeError):                          # fails mid-savefig, after the temporary was opened
+    files.save_figure(fig, str(tmp_path / "a.png"), dpi="not a number")
+  assert (tmp_path / "a.png").read_bytes() == before and sorted(os.listdir(tmp_path)) == ["a.png", "a.svg"]

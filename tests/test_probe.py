@@ -149,11 +149,13 @@ def test_a_probe_whose_figure_meets_a_full_disk_leaves_the_last_outputs_whole(gp
   before = {n: (tmp_path / "p" / n).read_bytes() for n in os.listdir(tmp_path / "p")}
   assert sorted(before) == ["probe.csv", "probe.json", "probe.md", "probe.png"]
 
-  def full(rows, path, title):
+  from matplotlib.figure import Figure
+
+  def full(fig, path, **kwargs):
     with open(path, "wb") as f:
       f.write(b"\x89PNG half")
     raise OSError(errno.ENOSPC, "No space left on device")
-  monkeypatch.setattr(probe_cli, "plot", full)
+  monkeypatch.setattr(Figure, "savefig", full)
   with pytest.raises(OSError, match="No space left"):
     probe_cli.main(args + ["--layers", "1"])
   assert {n: (tmp_path / "p" / n).read_bytes() for n in os.listdir(tmp_path / "p")} == before   # no temporary either
