@@ -21,6 +21,7 @@ See `attngeo.probe` for the definitions.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import pathlib
 
@@ -28,7 +29,7 @@ import numpy as np
 
 from attngeo import config, data, files, nn, runs
 from attngeo.data import molecules, points
-from attngeo.experiments import report
+from attngeo.experiments import report, timing
 from attngeo.experiments.report import Col
 from attngeo.lm import tokenizer as tok_lib
 from attngeo.lm.smiles import SmilesTokenizer
@@ -259,6 +260,34 @@ def plot(rows: list[dict], path: str, title: str):
   plt.close(fig)
 
 
+# Share of the host's memory the probe's programs may bring this process to on the CPU. Its tables grow with
+# --batch (per-edge transports, [b, n, n, ·]): `--batch 100000` on a small GPT was ended by the kernel's OOM killer,
+# exit 137 and no message. Past the cap an allocation fails as XLA's RESOURCE_EXHAUSTED (numpy's MemoryError),
+# which the command reports in one line.
+MEMORY_SHARE = 0.85
+
+
+@contextlib.contextmanager
+def bounded():
+  """`timing.bounded_data` at `MEMORY_SHARE` of the host's memory on the CPU; nothing elsewhere. XLA:CPU's YNNPACK
+  kernels report an allocation refused at the cap as "INTERNAL: YNNPACK operation failed" (after "allocate of <N>
+  failed."); raised where the process's peak reached the cap, that error is a MemoryError naming the cap."""
+  import jax
+  if jax.default_backend() != "cpu":
+    yield
+    return
+  limit = int(MEMORY_SHARE * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+  with timing.bounded_data(limit) as cap:
+    try:
+      yield
+    except Exception as e:
+      peak = timing.status_bytes("VmPeak")
+      if cap is None or "YNNPACK operation failed" not in str(e) or peak is None or peak < 0.9 * cap:
+        raise
+      raise MemoryError(f"the probe reached its cap, a {cap / 2**30:.1f} GiB data segment, at most {MEMORY_SHARE:.0%} "
+                        "of this machine's memory; its tables grow with --batch and --seq-len") from e
+
+
 def parser() -> argparse.ArgumentParser:
   ap = config.parser("attngeo probe", __doc__)
   ap.add_argument("run_dir", help="run folder with config.json and ckpt/ (written by attngeo.train or an import)")
@@ -323,8 +352,9 @@ def main(argv=None):
     ap.error(str(e))
   print(f"inputs: {what}" + (f" (the default for a {type(model).__name__} run; choose with --data)" if default_data
                              else ""), flush=True)
-  rows = probe.model_report(model, run, layers=layers, heads=heads, samples=a.samples, seed=a.seed,
-                            triangles=a.triangles, progress=not a.no_progress)
+  with bounded():
+    rows = probe.model_report(model, run, layers=layers, heads=heads, samples=a.samples, seed=a.seed,
+                              triangles=a.triangles, progress=not a.no_progress)
   out = a.out or os.path.join(a.run_dir, "probe")
   shared = f" ({len(mods)} shared, applied {depth // len(mods)} times)" if depth != len(mods) else ""
   title = f"{os.path.basename(os.path.abspath(a.run_dir))} — {type(model).__name__}, {depth} attention layers{shared}"

@@ -476,3 +476,33 @@ def test_probe_cli_probes_albert_s_applications_by_call_index(tmp_path):
     np.testing.assert_allclose(row["head_isometry_defect"], ref[0]["head"], rtol=2e-5)
   assert abs(rows[0]["spectral_gap"] - rows[1]["spectral_gap"]) > 1e-4
   assert "3 attention layers (1 shared, applied 3 times)" in (tmp_path / "p" / "probe.md").read_text()
+
+
+def test_a_probe_past_its_memory_cap_is_a_memory_error_naming_the_cap(monkeypatch):
+  """`--batch 100000` on a small GPT was ended by the OOM killer (exit 137, no message). The report now runs with the
+  data segment capped; XLA:CPU reports a refused allocation as "INTERNAL: YNNPACK operation failed", which
+  `bounded` turns into a MemoryError (the CLI's one line) only where the process's peak reached the cap."""
+  import contextlib
+
+  from attngeo import cli
+  from attngeo.experiments import timing
+  caps = []
+
+  @contextlib.contextmanager
+  def capped(limit):
+    caps.append(limit)
+    yield 8 * 2**30
+  monkeypatch.setattr(timing, "bounded_data", capped)
+  ynn = RuntimeError("INTERNAL: YNNPACK operation failed: error")
+  for peak, error, expected in ((9 * 2**30, ynn, MemoryError), (2 * 2**30, ynn, RuntimeError),
+                                (9 * 2**30, ValueError("a bug"), ValueError)):
+    monkeypatch.setattr(timing, "status_bytes", lambda field, peak=peak: peak if field == "VmPeak" else None)
+    with pytest.raises(expected) as e:
+      with probe_cli.bounded():
+        raise error
+    if expected is MemoryError:
+      assert "the probe reached its cap, a 8.0 GiB data segment, at most 85%" in str(e.value)
+      assert cli.out_of_memory(e.value).startswith("out of memory (the probe reached its cap")
+  assert caps[0] == int(0.85 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+  with probe_cli.bounded():                                 # nothing raised: nothing changed
+    pass
