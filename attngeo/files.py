@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import itertools
 import json
 import os
 
@@ -87,8 +88,43 @@ def fingerprint(*objects) -> str:
   return h.hexdigest()[:16]
 
 
-# (temporary, path) pairs of the `staged` block running in this context, or None outside one
-_STAGE: contextvars.ContextVar[list | None] = contextvars.ContextVar("attngeo_files_stage", default=None)
+class _Stage:
+  """The writes of one `staged` block: {real path: (temporary, path)} in write order; `open` until the block ends."""
+
+  def __init__(self):
+    self.writes: dict = {}
+    self.open = True
+
+  def add(self, tmp: str, path: str) -> None:
+    """Stage `tmp` for `path`; a path staged before (under any spelling) drops its older temporary."""
+    key = os.path.realpath(path)
+    old = self.writes.pop(key, None)
+    if old is not None and os.path.exists(old[0]):
+      os.remove(old[0])
+    self.writes[key] = (tmp, path)
+
+  def discard(self) -> None:
+    """Remove every staged temporary that is still there."""
+    for tmp, _ in self.writes.values():
+      if os.path.exists(tmp):
+        os.remove(tmp)
+
+  def commit(self) -> None:
+    """Rename every temporary into place, in write order; if one rename fails, remove the ones left and raise."""
+    pending = list(self.writes.values())
+    try:
+      while pending:
+        os.replace(*pending[0])
+        pending.pop(0)
+    finally:
+      for tmp, _ in pending:
+        if os.path.exists(tmp):
+          os.remove(tmp)
+
+
+# The `staged` block running in this context, or None outside one
+_STAGE: contextvars.ContextVar[_Stage | None] = contextvars.ContextVar("attngeo_files_stage", default=None)
+_WRITES = itertools.count()
 
 
 def atomic_write(path: str, data) -> None:
@@ -96,12 +132,14 @@ def atomic_write(path: str, data) -> None:
 
   `data`: text, or a callable `write(tmp_path)` that writes exactly that path (through a file object
   for writers such as `np.save` that would append a suffix). The temporary is a hidden file beside
-  `path` (`.name.tmp-PID`), so a kill mid-write leaves nothing a `*.json`/`*.npy` glob picks up; a
-  failed write leaves no temporary. Inside a `staged` block the rename waits for the block's end.
+  `path` (`.name.tmp-PID-N`, N counting this process's writes), so a kill mid-write leaves nothing a
+  `*.json`/`*.npy` glob picks up; a failed write leaves no temporary. Inside a `staged` block the rename
+  waits for the block's end (a write from a context copied inside the block and run after it renames at once).
   """
   folder, name = os.path.split(path)
-  tmp = os.path.join(folder, f".{name}.tmp-{os.getpid()}")
+  tmp = os.path.join(folder, f".{name}.tmp-{os.getpid()}-{next(_WRITES)}")
   stage = _STAGE.get()
+  stage = stage if stage is not None and stage.open else None
   try:
     if callable(data):
       data(tmp)
@@ -110,12 +148,12 @@ def atomic_write(path: str, data) -> None:
         f.write(data)
     if stage is None:
       os.replace(tmp, path)
+    else:
+      stage.add(tmp, path)
   except BaseException:
     if os.path.exists(tmp):
       os.remove(tmp)
     raise
-  if stage is not None and (tmp, path) not in stage:       # a second write of one path replaced the temporary
-    stage.append((tmp, path))
 
 
 def save_figure(fig, path: str, **kwargs) -> None:
@@ -131,22 +169,23 @@ def staged():
   """A block whose `atomic_write`s land together: each writes its temporary, and all are renamed into place
   when the block ends; if it raises (a full disk on the third file, a kill as Ctrl-C) none is and the
   temporaries are removed, so a command's outputs (a table's .md/.csv/.json and its figure) are all of one
-  run, old or new. Renames need no space. A block inside another joins it."""
+  run, old or new. Renames need no space; if one fails all the same (a folder where a file goes), the files
+  renamed before it stay new and the temporaries left are removed. A path written twice lands its last write.
+  A block inside another joins it; threads started inside do not inherit it (their writes land at once)."""
   if _STAGE.get() is not None:
     yield
     return
-  stage: list = []
+  stage = _Stage()
   token = _STAGE.set(stage)
   try:
     yield
   except BaseException:
-    for tmp, _ in stage:
-      if os.path.exists(tmp):
-        os.remove(tmp)
+    stage.open = False
+    stage.discard()
     raise
   else:
-    for tmp, path in stage:
-      os.replace(tmp, path)
+    stage.open = False
+    stage.commit()
   finally:
     _STAGE.reset(token)
 

@@ -71,3 +71,37 @@ def test_save_figure_writes_the_format_of_its_name_and_never_half_a_file(tmp_pat
   with pytest.raises(TypeError):                          # fails mid-savefig, after the temporary was opened
     files.save_figure(fig, str(tmp_path / "a.png"), dpi="not a number")
   assert (tmp_path / "a.png").read_bytes() == before and sorted(os.listdir(tmp_path)) == ["a.png", "a.svg"]
+
+
+def test_staged_survives_a_caught_failed_rewrite_a_failed_rename_and_a_late_writer(tmp_path):
+  """Found by review: a rewrite of a staged path that failed (caught inside the block) deleted the shared temporary,
+  and the block's end then raised FileNotFoundError and left the others' temporaries; two spellings of one path
+  did the same; a failed rename left the remaining temporaries; a write from a context copied inside the block
+  and run after it vanished."""
+  import contextvars
+  a, b = tmp_path / "a.md", tmp_path / "b.md"
+
+  def failing(tmp):
+    write(tmp, "half")
+    raise OSError(28, "No space left on device")
+  with files.staged():
+    files.atomic_write(str(a), "first")
+    files.atomic_write(str(b), "new")
+    with pytest.raises(OSError):
+      files.atomic_write(str(a), failing)                    # caught: the first write of a still lands
+    files.atomic_write(str(tmp_path / "." / "b.md"), "newer")   # another spelling of b: the last write lands
+  assert (a.read_text(), b.read_text()) == ("first", "newer") and sorted(os.listdir(tmp_path)) == ["a.md", "b.md"]
+
+  (tmp_path / "dir.md").mkdir()
+  with pytest.raises(OSError):
+    with files.staged():
+      files.atomic_write(str(a), "second")
+      files.atomic_write(str(tmp_path / "dir.md"), "a folder is in the way")
+      files.atomic_write(str(b), "never")
+  assert (a.read_text(), b.read_text()) == ("second", "newer")        # renamed before the failure; not after it
+  assert sorted(os.listdir(tmp_path)) == ["a.md", "b.md", "dir.md"]   # no temporary left
+
+  with files.staged():
+    late = contextvars.copy_context()
+  late.run(files.atomic_write, str(a), "late")
+  assert a.read_text() == "late" and sorted(os.listdir(tmp_path)) == ["a.md", "b.md", "dir.md"]
