@@ -551,8 +551,11 @@ def test_sample_grid_rows_are_labelled_with_their_class(imported_run, monkeypatc
   import matplotlib.figure
   _, run = imported_run
   shown = []
-  monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, path, **kw: shown.append(
-      [t.get_text() for t in fig.axes[0].get_yticklabels()]))
+
+  def savefig(fig, path, **kw):                     # records the rows' labels; writes the (atomic) file, empty
+    shown.append([t.get_text() for t in fig.axes[0].get_yticklabels()])
+    open(path, "wb").close()
+  monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
   sit.main(["sample", run, "--per-class", "2", "--sampler", "euler", "--sample-steps", "1"])
   assert shown == [[f"class {c}" for c in range(5)]]
 
