@@ -28,7 +28,7 @@ import sys
 import threading
 import warnings
 
-from attngeo import errors, hugepages
+from attngeo import errors, files, hugepages
 
 # One table of every command: "name" or "group sub" -> ("module" (runs its main) or "module:function", what it
 # does). Each function takes the argument list after the command's name and builds its own parser (prog
@@ -231,17 +231,16 @@ def main(argv=None):
   try:
     with _sigterm_as_interrupt(), _one_line_warnings(name):
       command(rest)
+  except (FileExistsError, NotADirectoryError, IsADirectoryError) as e:   # a file where a folder goes, or the reverse
+    if os.environ.get("ATTNGEO_DEBUG"):
+      raise
+    print(f"attngeo {name}: error: {misplaced(e)}", file=sys.stderr)
+    return 2
   except USER_ERRORS as e:
     if os.environ.get("ATTNGEO_DEBUG"):
       raise
     msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     print(f"attngeo {name}: error: {msg}", file=sys.stderr)
-    return 2
-  except FileExistsError as e:                     # a file where the command makes a folder (--out, --data-dir)
-    if os.environ.get("ATTNGEO_DEBUG"):
-      raise
-    print(f"attngeo {name}: error: {e.filename or e} is a file where a folder was expected (--out, --data-dir); "
-          "choose a folder's path", file=sys.stderr)
     return 2
   except KeyboardInterrupt as e:                   # Ctrl-C, or SIGTERM (`Terminated`)
     if os.environ.get("ATTNGEO_DEBUG"):
@@ -262,7 +261,7 @@ def main(argv=None):
       if from_shell:                 # JAX's exit handlers, after a failed allocation, printed 18 lines of tracebacks
         _exit_at_once(2)
       return 2
-    where = f" writing {e.filename}" if getattr(e, "filename", None) else ""
+    where = f" writing {files.target(e.filename)}" if getattr(e, "filename", None) else ""
     advice = ("choose a folder this user can write (--out, --data-dir)" if reason is None else
               "free space (or raise the limit) and run the same command again (finished steps and cached results "
               "are kept)")
@@ -279,6 +278,18 @@ STORAGE_FULL = {errno.ENOSPC: ("no space left on device", "No space left on devi
 # errno -> the one line of a folder the command cannot write (a mount the user chose). EACCES stays a
 # traceback: a wrong path inside the code raises it as readily as a user's folder does.
 NOT_WRITABLE = {errno.EROFS: "read-only file system"}
+
+
+def misplaced(e: OSError) -> str:
+  """The one line of a file where a folder goes (`--out FILE`, `--out FILE/sub`) or a folder where a file goes, named
+  as the user knows it (`files.target`: not the hidden temporary); an error raised with a message of its own
+  keeps it."""
+  if not e.filename or e.errno not in (errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+  if e.errno == errno.EISDIR:
+    return f"{files.target(e.filename)} is a folder where the command writes a file; move it or choose another --out"
+  return (f"{files.target(e.filename)} is, or lies under, a file where a folder was expected (--out, --data-dir); "
+          "choose a folder's path")
 
 
 def not_writable(e: BaseException) -> str | None:
@@ -298,11 +309,12 @@ def storage_full(e: BaseException) -> str | None:
 
 def out_of_memory(e: BaseException) -> str | None:
   """What the one line says when the memory ran out (None for any other error): numpy's MemoryError, or XLA's
-  RESOURCE_EXHAUSTED (an allocation a program could not get; the error's first line names its size)."""
+  RESOURCE_EXHAUSTED or "INTERNAL: Error dispatching computation: Out of memory allocating N bytes" (an allocation
+  a program could not get; the error's first line names its size)."""
   if isinstance(e, MemoryError):
     return f"out of memory ({str(e).strip().splitlines()[0] if str(e).strip() else 'MemoryError'})"
   first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-  if "RESOURCE_EXHAUSTED" in first:
+  if "RESOURCE_EXHAUSTED" in first or "Out of memory allocating" in first:    # XLA also says INTERNAL: … Out of memory
     return f"out of memory ({first[:200]})"
   return None
 

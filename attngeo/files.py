@@ -3,17 +3,22 @@
 `atomic_write` (and `atomic_json`, `atomic_npy`) write through a hidden temporary and a rename, so a
 kill or a full disk leaves the old file or the new one, never a part; `write_config`/`read_config`
 are a run folder's `config.json`; `fingerprint` keys a cached result by the content and every
-setting that produced it, and `cached_result` reads one back only under its key. This module imports
-nothing of attngeo, so every layer (data, interop, the trainer, experiments) can use it.
+setting that produced it, and `cached_result` reads one back only under its key; `staged` makes a command's
+outputs land together, `save_figure` writes a figure atomically. This module imports nothing of attngeo but
+`interrupts` (itself a leaf), so every layer (data, interop, the trainer, experiments) can use it.
 """
 from __future__ import annotations
 
 import contextlib
 import contextvars
 import dataclasses
+import errno
 import itertools
 import json
 import os
+import re
+
+from attngeo import interrupts
 
 
 def write_config(workdir: str, **configs):
@@ -110,12 +115,18 @@ class _Stage:
         os.remove(tmp)
 
   def commit(self) -> None:
-    """Rename every temporary into place, in write order; if one rename fails, remove the ones left and raise."""
+    """Rename every temporary into place, in write order, with SIGINT and SIGTERM deferred until the last rename
+    (`interrupts.deferred`: a Ctrl-C or SIGTERM between two renames had left new files beside old ones). A folder where a file goes is
+    found before the first rename. If a rename fails all the same, the temporaries left are removed."""
     pending = list(self.writes.values())
     try:
-      while pending:
-        os.replace(*pending[0])
-        pending.pop(0)
+      for _, path in pending:
+        if os.path.isdir(path):
+          raise IsADirectoryError(errno.EISDIR, "a folder is where this file goes", path)
+      with interrupts.deferred():
+        while pending:
+          os.replace(*pending[0])
+          pending.pop(0)
     finally:
       for tmp, _ in pending:
         if os.path.exists(tmp):
@@ -137,6 +148,7 @@ def atomic_write(path: str, data) -> None:
   waits for the block's end (a write from a context copied inside the block and run after it renames at once).
   """
   folder, name = os.path.split(path)
+  _remove_orphans(folder, name)
   tmp = os.path.join(folder, f".{name}.tmp-{os.getpid()}-{next(_WRITES)}")
   stage = _STAGE.get()
   stage = stage if stage is not None and stage.open else None
@@ -156,6 +168,39 @@ def atomic_write(path: str, data) -> None:
     raise
 
 
+_TEMPORARY = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<pid>\d+)(?:-\d+)?$")
+
+
+def target(path: str) -> str:
+  """The file an `atomic_write` temporary stands for (`dir/.name.tmp-PID-N` -> `dir/name`); any other path as it is.
+  Errors name the temporary the write failed on; a user knows the file."""
+  folder, name = os.path.split(str(path))
+  m = _TEMPORARY.match(name)
+  return os.path.join(folder, m["name"]) if m else str(path)
+
+
+def _remove_orphans(folder: str, name: str) -> None:
+  """Remove the temporaries of `name` left by processes that no longer run (a kill -9 mid-write): each kill left
+  one, and on a nearly full disk they made the next run fail. A live process's temporaries are kept."""
+  try:
+    entries = os.listdir(folder or ".")
+  except OSError:
+    return
+  for entry in entries:
+    m = _TEMPORARY.match(entry)
+    if not m or m["name"] != name or int(m["pid"]) == os.getpid():
+      continue
+    try:
+      os.kill(int(m["pid"]), 0)
+    except ProcessLookupError:
+      try:
+        os.remove(os.path.join(folder, entry))
+      except OSError:
+        pass
+    except (PermissionError, OverflowError, ValueError):      # alive under another user, or not a pid
+      pass
+
+
 def save_figure(fig, path: str, **kwargs) -> None:
   """`fig.savefig(path, **kwargs)` through `atomic_write`: a kill mid-write leaves the old figure or the new one,
   never a truncated file, and inside `staged` the figure lands with its tables. The format is `path`'s extension
@@ -169,8 +214,9 @@ def staged():
   """A block whose `atomic_write`s land together: each writes its temporary, and all are renamed into place
   when the block ends; if it raises (a full disk on the third file, a kill as Ctrl-C) none is and the
   temporaries are removed, so a command's outputs (a table's .md/.csv/.json and its figure) are all of one
-  run, old or new. Renames need no space; if one fails all the same (a folder where a file goes), the files
-  renamed before it stay new and the temporaries left are removed. A path written twice lands its last write.
+  run, old or new. Renames need no space and run with SIGINT/SIGTERM deferred; a folder where a file goes is an error
+  before the first rename; only a kill -9 within the renames (~0.1 ms) can leave new files beside old ones. A path
+  written twice lands its last write.
   A block inside another joins it; threads started inside do not inherit it (their writes land at once)."""
   if _STAGE.get() is not None:
     yield

@@ -11,7 +11,7 @@ import warnings
 
 import pytest
 
-from attngeo import cli, hugepages
+from attngeo import cli, files, hugepages
 from helpers import assert_errors_before_jax
 
 # `python -c HELP_SCRIPT JSON`: `attngeo COMMAND --help` for each command of the JSON list, one after another in
@@ -328,6 +328,11 @@ def test_running_out_of_memory_is_one_line(monkeypatch, capsys):
   monkeypatch.setattr(heat_swissroll, "main", lambda argv: (_ for _ in ()).throw(MemoryError("Unable to allocate")))
   assert cli.main(["heat"]) == 2
   assert capsys.readouterr().err.startswith("attngeo heat: error: out of memory (Unable to allocate); ask for less")
+  dispatch = RuntimeError("INTERNAL: Error dispatching computation: Out of memory allocating 11075922208 bytes.")
+  monkeypatch.setattr(heat_swissroll, "main", lambda argv: (_ for _ in ()).throw(dispatch))   # a probe, found by review
+  assert cli.main(["heat"]) == 2
+  assert capsys.readouterr().err.startswith("attngeo heat: error: out of memory (INTERNAL: Error dispatching "
+                                            "computation: Out of memory allocating 11075922208 bytes.); ask for less")
   monkeypatch.setattr(heat_swissroll, "main", lambda argv: (_ for _ in ()).throw(RuntimeError("INTERNAL: a bug")))
   with pytest.raises(RuntimeError, match="INTERNAL"):
     cli.main(["heat"])
@@ -340,8 +345,21 @@ def test_a_file_where_a_folder_is_made_is_one_line(monkeypatch, capsys, tmp_path
   monkeypatch.setattr(heat_swissroll, "main", lambda argv: os.makedirs(tmp_path / "afile", exist_ok=True))
   assert cli.main(["heat"]) == 2
   err = capsys.readouterr().err.strip().splitlines()
-  assert err == [f"attngeo heat: error: {tmp_path / 'afile'} is a file where a folder was expected (--out, "
-                 "--data-dir); choose a folder's path"], err
+  assert err == [f"attngeo heat: error: {tmp_path / 'afile'} is, or lies under, a file where a folder was expected "
+                 "(--out, --data-dir); choose a folder's path"], err
+  monkeypatch.setattr(heat_swissroll, "main", lambda argv: os.makedirs(tmp_path / "afile" / "sub", exist_ok=True))
+  assert cli.main(["heat"]) == 2                            # `--out afile/sub`: NotADirectoryError, was a traceback
+  assert capsys.readouterr().err.startswith(f"attngeo heat: error: {tmp_path / 'afile' / 'sub'} is, or lies under, a")
+  (tmp_path / "out" / "probe.md").mkdir(parents=True)
+
+  def staged_write(argv):
+    with files.staged():
+      files.atomic_write(str(tmp_path / "out" / "probe.md"), "table")
+  monkeypatch.setattr(heat_swissroll, "main", staged_write)
+  assert cli.main(["heat"]) == 2                            # a folder where a file goes: named as the file
+  assert capsys.readouterr().err.strip() == (f"attngeo heat: error: {tmp_path / 'out' / 'probe.md'} is a folder where "
+                                             "the command writes a file; move it or choose another --out")
+  assert os.listdir(tmp_path / "out") == ["probe.md"]
 
 
 def test_a_full_disk_that_tensorstore_calls_resource_exhausted_is_not_out_of_memory(monkeypatch, capsys):

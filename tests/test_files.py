@@ -93,15 +93,63 @@ def test_staged_survives_a_caught_failed_rewrite_a_failed_rename_and_a_late_writ
   assert (a.read_text(), b.read_text()) == ("first", "newer") and sorted(os.listdir(tmp_path)) == ["a.md", "b.md"]
 
   (tmp_path / "dir.md").mkdir()
-  with pytest.raises(OSError):
+  with pytest.raises(IsADirectoryError, match="a folder is where this file goes"):
     with files.staged():
       files.atomic_write(str(a), "second")
       files.atomic_write(str(tmp_path / "dir.md"), "a folder is in the way")
       files.atomic_write(str(b), "never")
-  assert (a.read_text(), b.read_text()) == ("second", "newer")        # renamed before the failure; not after it
+  assert (a.read_text(), b.read_text()) == ("first", "newer")         # found before the first rename: nothing lands
   assert sorted(os.listdir(tmp_path)) == ["a.md", "b.md", "dir.md"]   # no temporary left
 
   with files.staged():
     late = contextvars.copy_context()
   late.run(files.atomic_write, str(a), "late")
   assert a.read_text() == "late" and sorted(os.listdir(tmp_path)) == ["a.md", "b.md", "dir.md"]
+
+
+def test_a_sigterm_during_the_renames_waits_for_the_last_one(tmp_path, monkeypatch):
+  """Found by a break-it pass: SIGTERM raised between two renames (the CLI turns it into an exception) left
+  probe.json new beside probe.md/csv/png old. The renames now run with SIGINT/SIGTERM held."""
+  import signal
+
+  class Stop(Exception):
+    pass
+
+  def handler(signum, frame):
+    raise Stop
+  names = ["a.md", "a.csv", "a.json", "a.png"]
+  for n in names:
+    (tmp_path / n).write_text("old")
+  replace, calls = os.replace, []
+
+  def replace_and_signal(src, dst):
+    calls.append(dst)
+    if len(calls) == 1:
+      os.kill(os.getpid(), signal.SIGTERM)                  # arrives between the first and the second rename
+    replace(src, dst)
+  old = signal.signal(signal.SIGTERM, handler)
+  try:
+    monkeypatch.setattr(files.os, "replace", replace_and_signal)
+    with pytest.raises(Stop):
+      with files.staged():
+        for n in names:
+          files.atomic_write(str(tmp_path / n), "new")
+  finally:
+    signal.signal(signal.SIGTERM, old)
+  assert [(tmp_path / n).read_text() for n in names] == ["new"] * 4 and sorted(os.listdir(tmp_path)) == sorted(names)
+
+
+def test_a_killed_writer_s_temporary_is_removed_by_the_next_write_of_its_file(tmp_path):
+  """A kill -9 mid-write left `.name.tmp-PID-N`; each kill added one, and on a nearly full disk they failed the next
+  run. The next write of the same file removes those of processes that are gone, and keeps a live process's."""
+  import subprocess
+  import sys
+  gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+  dead = tmp_path / f".a.md.tmp-{int(gone.stdout)}-3"
+  alive = tmp_path / f".a.md.tmp-{os.getppid()}-0"
+  other = tmp_path / f".b.md.tmp-{int(gone.stdout)}-1"
+  for p in (dead, alive, other):
+    p.write_text("half")
+  files.atomic_write(str(tmp_path / "a.md"), "new")
+  assert sorted(os.listdir(tmp_path)) == sorted(["a.md", alive.name, other.name])
+  assert files.target(str(alive)) == str(tmp_path / "a.md") and files.target("x/a.md") == "x/a.md"
