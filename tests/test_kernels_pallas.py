@@ -185,3 +185,27 @@ def test_forward_and_backward_lower_to_triton(monkeypatch, mask, causal, dtype):
   grads = jax.grad(lambda *a: jnp.sum(y(*a)), range(4))
   text = jax.jit(grads).trace(q, q, v, bias).lower(lowering_platforms=("cuda",)).as_text()
   assert text.count("__gpu$xla.gpu.triton") == 3
+
+
+def test_triton_params_reach_all_three_kernels_and_are_restored(monkeypatch):
+  """`pallas.triton_params` sets num_warps / num_stages of the forward, dk/dv and dq kernels traced inside it
+  (read from the lowered Triton calls), restores the default after, and names an unknown parameter."""
+  import re
+  pytest.importorskip("jax._src.pallas.triton.lowering")
+  monkeypatch.setattr(pallas, "_backend", lambda: "gpu")
+  q = jax.ShapeDtypeStruct((1, 32, 1, 16), jnp.bfloat16)
+  bias = jax.ShapeDtypeStruct((1, 32, 1), jnp.float32)
+
+  def lowered():
+    y = lambda q, k, v, b: jnp.sum(pallas.pallas_sdpa(q, k, v, b, None, False, 0.25, 64).astype(jnp.float32))
+    text = jax.jit(jax.grad(y, range(4))).trace(q, q, q, bias).lower(lowering_platforms=("cuda",)).as_text()
+    return re.findall(r"num_warps = (\d+)", text), re.findall(r"num_stages = (\d+)", text)
+
+  default = dict(pallas.TRITON)
+  with pallas.triton_params(num_warps=8, num_stages=3):
+    assert lowered() == (["8"] * 3, ["3"] * 3)
+  assert pallas.TRITON == default
+  assert lowered() == ([str(default["num_warps"])] * 3, [str(default["num_stages"])] * 3)
+  with pytest.raises(ValueError, match="unknown.*num_ctas"):
+    with pallas.triton_params(num_ctas=2):
+      pass

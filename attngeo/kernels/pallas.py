@@ -66,6 +66,7 @@ for n ≫ b).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import jax
@@ -195,10 +196,30 @@ def _dq_kernel(*refs, causal, scale, bq, bk, nk, has_mask, mask_keys):
 
 # ----------------------------------------------------------------------------- pallas_call wiring
 
+# Triton's launch parameters on GPU (warps per program, software-pipelining stages). A module setting, not a
+# kernel argument: `triton_params` changes it for a tuning sweep (`attngeo.experiments.pallas_blocks`).
+TRITON = {"num_warps": 4, "num_stages": 2}
+
+
+@contextlib.contextmanager
+def triton_params(**params):
+  """Within the block, programs traced for GPU use these Triton parameters (`num_warps`, `num_stages`)."""
+  unknown = set(params) - set(TRITON)
+  if unknown:
+    raise ValueError(f"triton_params: unknown {sorted(unknown)}; expected a subset of {sorted(TRITON)}")
+  saved = dict(TRITON)
+  TRITON.update(params)
+  try:
+    yield
+  finally:
+    TRITON.clear()
+    TRITON.update(saved)
+
+
 def pallas_call(kernel, target, **kw):
   """`pl.pallas_call` for `target`: "cpu" (interpret mode), "gpu" (Triton, named: jax 0.10's default GPU
   lowering is Mosaic GPU, which has no `dot_general` on this kernel's lane semantics) or "tpu" (Mosaic)."""
-  params = pl_triton.CompilerParams(num_warps=4, num_stages=2) if target == "gpu" else None
+  params = pl_triton.CompilerParams(**TRITON) if target == "gpu" else None
   return pl.pallas_call(kernel, interpret=target == "cpu", compiler_params=params, **kw)
 
 
