@@ -214,3 +214,24 @@ def test_bench_pairs_times_two_routes_of_one_operator(monkeypatch, capsys, opera
   assert len(rows) == 1
   with pytest.raises(SystemExit):
     bench_pairs.main(["--seqs", "1024,2048", "--batches", "1"])
+
+
+def test_pallas_blocks_sweep_checks_every_configuration(tmp_path, capsys):
+  """experiments/pallas_blocks in interpret mode: one row per width × block × warps × stages, each checked
+  against the blockwise kernel (bf16: within 2e-2), the fastest correct one named per width; bad input is one
+  line before any work."""
+  import json
+
+  from attngeo.experiments import pallas_blocks
+  pallas_blocks.main(["--seq", "40", "--batch", "1", "--heads", "2", "--widths", "16", "--value-dim", "8",
+                      "--blocks", "16,32", "--warps", "4", "--stages", "2", "--repeats", "1", "--interpret",
+                      "--out", str(tmp_path)])
+  rows = json.loads((tmp_path / "pallas_blocks.json").read_text())["rows"]
+  assert [(r["block"], r["status"]) for r in rows] == [(16, "ok"), (32, "ok")]
+  assert all(1e-4 < r["err"] < 2e-2 and r["seconds"] > 0 for r in rows)
+  out = capsys.readouterr().out
+  assert "D=16: fastest correct block" in out and out.count("| 16 |") == 2
+  for argv, word in ((["--blocks", "0"], "--blocks"), (["--seq", "0"], "--seq"), ([], "--interpret")):
+    with pytest.raises(SystemExit) as e:
+      pallas_blocks.main(argv + (["--interpret"] if word != "--interpret" else []))
+    assert word in str(e.value)
