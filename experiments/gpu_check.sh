@@ -1,41 +1,114 @@
 #!/usr/bin/env bash
-# The prepared GPU check (one run on an accelerator machine): kernel parity on the GPU, then the
-# operator benchmarks (cuDNN / XLA / Pallas / blockwise, ratios; CMAP's Pallas phase kernel against its
-# blockwise one), bf16-vs-float32 numerics of every family
-# member under every kernel (Pallas included), and the training benchmark with bf16, MFU included.
-#   bash experiments/gpu_check.sh                    # from the repository root; writes runs/gpu/*
-#   bash experiments/gpu_check.sh --dry-run [DIR]    # CPU, tiny shapes, Pallas in interpret mode; writes DIR
-set -euo pipefail
+# The prepared GPU check (one run on an accelerator machine): bf16 numerics of every family member under every
+# kernel (Pallas included) against float32 einsum; the Pallas kernels' parity tests on the GPU (float64
+# references, masks, causal order); the operator benchmarks (cuDNN / XLA / Pallas / blockwise, ratios; CMAP's
+# Pallas phase kernel beside its blockwise and paired ones); the training benchmark in bf16 with MFU (the lm
+# preset and the d12 shape); a block-size × warps × stages sweep of the Pallas kernel; causal ratios at 2048.
+#   bash experiments/gpu_check.sh [--out DIR]          # from the repository root; writes DIR (default runs/gpu)
+#   bash experiments/gpu_check.sh --dry-run [DIR]      # CPU, tiny shapes, Pallas in interpret mode; writes DIR
+#
+# The machine is offline: nothing is installed from a registry. The project is installed editable with no
+# dependencies (the image's jax / flax / optax / orbax run it); if it does not import there, the wheels in .whl/
+# (flax, optax, orbax-checkpoint, chex at the versions the tests use here) are installed beside it.
+# Stages run in order of importance, each under its own time limit and all under GPU_CHECK_SECONDS (default
+# 540): a stage that fails or runs out of time says so in the summary and the next one starts.
+set -uo pipefail
 export PYTHONUNBUFFERED=1
-if [[ "${1:-}" == "--dry-run" ]]; then
-  out="${2:-runs/gpu-dry}"
+start=$SECONDS
+budget=${GPU_CHECK_SECONDS:-540}
+dry=0
+out=runs/gpu
+case "${1:-}" in
+  --dry-run) dry=1; out="${2:-runs/gpu-dry}" ;;
+  --out) if [[ -z "${2:-}" ]]; then echo "gpu_check.sh: --out needs a folder" >&2; exit 2; fi; out="$2" ;;
+  "") ;;
+  *) echo "gpu_check.sh: unknown argument ${1}; expected none, --out DIR or --dry-run [DIR]" >&2; exit 2 ;;
+esac
+mkdir -p "$out"
+summary=()
+
+# stage NAME SECONDS COMMAND...: run COMMAND under min(SECONDS, time left), its output also in $out/NAME.txt
+stage() {
+  local name=$1 limit=$2 left rc
+  shift 2
+  left=$((budget - (SECONDS - start)))
+  if ((left < 15)); then summary+=("$name: skipped (time budget spent)"); return; fi
+  ((limit > left)) && limit=$left
+  echo "=== $name (≤ ${limit} s) ==="
+  local t0=$SECONDS
+  timeout -k 10 "$limit" "$@" 2>&1 | tee "$out/$name.txt"
+  rc=${PIPESTATUS[0]}
+  case $rc in
+    0) summary+=("$name: ok in $((SECONDS - t0)) s") ;;
+    124|137) summary+=("$name: TIMED OUT after ${limit} s") ;;
+    *) summary+=("$name: FAILED (exit $rc) after $((SECONDS - t0)) s") ;;
+  esac
+}
+
+if ((dry)); then
   export JAX_PLATFORMS=cpu
   seqs=16; batch=1; heads=2; head_dim=8; long=0; repeats=1
-  ops=ATTN,DMTN; impls=(--implementations "xla,blockwise,pallas" --interpret); interpret=(--interpret)
-  train=(--seq 16 --batch 2 --depth 1 --width 16 --head-dim 8 --repeats 1 --dtype float32)
-elif [[ -n "${1:-}" ]]; then
-  echo "gpu_check.sh: unknown argument ${1}; expected none or --dry-run [DIR]" >&2
-  exit 2
+  ops=ATTN,DMTN; impls=(--implementations "xla,blockwise,pallas" --interpret)
+  cmap=(--implementations "blockwise,pallas" --interpret)
+  train_lm=(--seq 16 --batch 2 --depth 1 --width 16 --head-dim 8 --repeats 1 --dtype float32)
+  train_d12=()
+  sweep=(--seq 40 --batch 1 --heads 2 --widths 16 --value-dim 8 --blocks 16 --warps 4 --stages 2 --repeats 1
+         --interpret)
+  causal=()
 else
-  out=runs/gpu
-  seqs=1024,4096,16384; batch=8; heads=8; head_dim=64; long=65536; repeats=3
-  ops=ATTN,DMAP,DMTN,ATAP,CMAP; impls=()         # every kernel of the backend: einsum, xla, cudnn, blockwise, pallas
-  interpret=()                                    # CMAP's Pallas kernel is timed only when named: the line below
-  train=(--preset d12 --batch 16 --dtype bfloat16 --repeats 10)
-  mkdir -p "$out"
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/device.txt"
-  python3 -m pip install -q -e '.[dev]' 'jax[cuda12]'
-  JAX_PLATFORMS=cuda python3 -m pytest -q -n 0 -p no:cacheprovider tests/test_operators.py tests/test_kernels_pallas.py \
-    tests/test_kernels_pallas_phase.py \
-    2>&1 | tail -3 | tee "$out/parity.txt"
+  export JAX_PLATFORMS=cuda
+  seqs=1024,4096; batch=8; heads=8; head_dim=64; long=16384; repeats=3
+  ops=ATTN,DMAP,DMTN,ATAP,CMAP; impls=()          # every kernel of the backend: einsum, xla, cudnn, blockwise, pallas
+  cmap=(--implementations "blockwise,paired,pallas")  # CMAP's Pallas kernel is timed only when named: its own stage
+  train_lm=(--preset lm --dtype bfloat16 --repeats 10)
+  train_d12=(--preset d12 --batch 16 --dtype bfloat16 --repeats 5)
+  sweep=(--seq 4096 --widths "256,64" --blocks "32,64,128" --warps "4,8" --stages "2,3" --repeats 5)
+  causal=(--causal --seqs 2048 --operators "ATTN,DMAP,DMTN,ATAP,CMAP" --implementations "xla,cudnn,blockwise,pallas")
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$out/device.txt"
+  python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
+  PATH="$(python3 -c 'import os, sys; print(os.path.dirname(sys.executable))'):$PATH"
+  if ! python3 -c 'import attngeo.experiments' 2>/dev/null || ! command -v attngeo >/dev/null; then
+    echo "the editable install did not take: attngeo from the checkout (PYTHONPATH) and a wrapper command"
+    ln -sfn ../experiments attngeo/experiments
+    export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+    mkdir -p /tmp/attngeo-bin
+    printf '#!/bin/sh\nexec python3 -c "import sys; from attngeo.cli import main; sys.exit(main())" "$@"\n' \
+      > /tmp/attngeo-bin/attngeo
+    chmod +x /tmp/attngeo-bin/attngeo
+    PATH="/tmp/attngeo-bin:$PATH"
+  fi
+  if ! python3 -c 'import attngeo.train, attngeo.kernels.pallas, attngeo.experiments.bench_train' && [[ -d .whl ]]; then
+    echo "attngeo does not import on the image's packages (above): installing .whl/ before them"
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
+    export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+  fi
 fi
-mkdir -p "$out"
-python3 -c 'import jax; print(jax.devices())'
-attngeo bench --seqs "$seqs" --batch "$batch" --heads "$heads" --head-dim "$head_dim" --dtype bfloat16 \
-  --repeats "$repeats" --operators "$ops" "${impls[@]}" --long "$long" --out "$out" | tee "$out/bench_operators.txt"
-attngeo bench --seqs "$seqs" --batch "$batch" --heads "$heads" --head-dim "$head_dim" --dtype bfloat16 \
-  --repeats "$repeats" --operators CMAP --implementations blockwise,pallas "${interpret[@]}" --long 0 \
-  --out "$out/cmap_pallas" | tee "$out/bench_cmap_pallas.txt"
-attngeo bench --numerics --seqs "${seqs%%,*}" --batch "$batch" --heads "$heads" --head-dim "$head_dim" \
-  --operators "${ops%,CMAP}" "${impls[@]}" --out "$out" | tee "$out/bench_numerics.txt"
-attngeo bench-train "${train[@]}" --out "$out" | tee "$out/bench_train.txt"
+python3 -c 'import jax, flax, optax, orbax.checkpoint as ocp, numpy
+print("jax", jax.__version__, "flax", flax.__version__, "optax", optax.__version__, "orbax", ocp.__version__,
+      "numpy", numpy.__version__); print(jax.devices())' | tee "$out/versions.txt"
+common=(--batch "$batch" --heads "$heads" --head-dim "$head_dim")
+
+stage numerics 70 attngeo bench --numerics --seqs "${seqs%%,*}" "${common[@]}" --operators "${ops%,CMAP}" \
+  "${impls[@]}" --out "$out"
+if ((!dry)); then   # the Pallas kernels against float64 on the GPU: float32 products at full precision (no TF32)
+  stage parity 80 env JAX_DEFAULT_MATMUL_PRECISION=highest ATTNGEO_TEST_JAX_CACHE= python3 -m pytest -q -n 0 \
+    -p no:cacheprovider tests/test_kernels_pallas.py tests/test_kernels_pallas_phase.py
+fi
+stage bench_operators 170 attngeo bench --seqs "$seqs" "${common[@]}" --dtype bfloat16 --repeats "$repeats" \
+  --operators "$ops" "${impls[@]}" --long "$long" --out "$out"
+stage bench_cmap_pallas 60 attngeo bench --seqs "$seqs" "${common[@]}" --dtype bfloat16 --repeats "$repeats" \
+  --operators CMAP "${cmap[@]}" --long 0 \
+  --out "$out/cmap_pallas"
+stage bench_train_lm 50 attngeo bench-train "${train_lm[@]}" --out "$out/train_lm"
+if ((${#train_d12[@]})); then
+  stage bench_train_d12 100 attngeo bench-train "${train_d12[@]}" --out "$out/train_d12"
+fi
+stage pallas_blocks 70 python3 -m attngeo.experiments.pallas_blocks "${sweep[@]}" --out "$out/pallas_blocks"
+if ((${#causal[@]})); then
+  stage bench_causal 60 attngeo bench "${causal[@]}" "${common[@]}" --dtype bfloat16 --repeats "$repeats" \
+    --long 0 --out "$out/causal"
+fi
+
+echo "=== summary ($((SECONDS - start)) s) ==="
+printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
+! grep -q "FAILED\|TIMED OUT" "$out/summary.txt"

@@ -22,6 +22,8 @@ def test_syntax_shellcheck_and_bad_argument():
     assert out.returncode == 0, out.stdout
   out = subprocess.run(["bash", SCRIPT, "--dry"], capture_output=True, text=True, timeout=30)
   assert out.returncode == 2 and out.stderr.strip().count("\n") == 0 and "--dry-run" in out.stderr
+  out = subprocess.run(["bash", SCRIPT, "--out"], capture_output=True, text=True, timeout=30)
+  assert out.returncode == 2 and out.stderr.strip() == "gpu_check.sh: --out needs a folder"
 
 
 def test_pallas_needs_a_gpu_or_tpu_unless_interpret_on_cpu(capsys):
@@ -56,4 +58,10 @@ def test_dry_run_writes_the_pallas_rows(tmp_path):
   cmap = json.loads((tmp_path / "cmap_pallas" / "bench_operators.json").read_text())
   assert {r["implementation"] for r in cmap} == {"blockwise", "pallas"} and all(r["seconds"] > 0 for r in cmap)
   assert "CMAP pallas ÷ blockwise" in (tmp_path / "cmap_pallas" / "bench_operators.md").read_text()
-  assert (tmp_path / "bench_train.json").exists()
+  assert (tmp_path / "train_lm" / "bench_train.json").exists()
+  sweep = json.loads((tmp_path / "pallas_blocks" / "pallas_blocks.json").read_text())["rows"]
+  assert sweep and all(r["status"] == "ok" and r["err"] < 2e-2 for r in sweep)
+  summary = (tmp_path / "summary.txt").read_text().splitlines()
+  assert [line.split(":")[0] for line in summary] == ["numerics", "bench_operators", "bench_cmap_pallas",
+                                                        "bench_train_lm", "pallas_blocks"]
+  assert all(": ok in" in line for line in summary)
