@@ -240,3 +240,21 @@ def assert_matches_both(names, got, want, other, ref_tol: float = 2e-5, other_to
     assert size > 1e-2, name
     np.testing.assert_allclose(a, b, atol=ref_tol * size, rtol=1e-4, err_msg=name)
     np.testing.assert_allclose(a, c, atol=other_tol * size, rtol=1e-4, err_msg=name)
+
+
+def as_tpu_v5e(monkeypatch):
+  """Lower Pallas for TPU on this CPU: the Mosaic lowering reads the chip's generation from the default device's
+  kind (`jax._src.pallas.mosaic.tpu_info`); this names it "TPU v5 lite", one core. Skips where that module or
+  its two readers are missing (a JAX that moved them)."""
+  import pytest
+  tpu_info = pytest.importorskip("jax._src.pallas.mosaic.tpu_info")
+  if not all(hasattr(tpu_info, f) for f in ("get_device_kind", "get_num_device_cores", "get_tpu_info")):
+    pytest.skip("this JAX's Mosaic lowering reads the TPU's kind elsewhere")
+  monkeypatch.setattr(tpu_info, "get_device_kind", lambda: "TPU v5 lite")
+  monkeypatch.setattr(tpu_info, "get_num_device_cores", lambda: 1)
+
+
+def lowered_calls(fn, args, platform: str) -> str:
+  """The StableHLO text of `jit(fn)` traced on ShapeDtypeStructs `args` and lowered for `platform`."""
+  import jax
+  return jax.jit(fn).trace(*args).lower(lowering_platforms=(platform,)).as_text()

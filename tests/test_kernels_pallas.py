@@ -13,7 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import assert_matches_both, attention_mask, check_float32_running_sums, masked_softmax
+from helpers import (as_tpu_v5e, assert_matches_both, attention_mask, check_float32_running_sums, lowered_calls,
+                     masked_softmax)
 
 from attngeo import kernels, operators as op
 from attngeo.kernels import pallas
@@ -170,6 +171,17 @@ def test_layout_pads_to_what_each_backend_lowers(backend, t, d, want):
     assert bq % 128 == 0 and bk % 128 == 0
 
 
+def grads_on_shapes(mask, causal, dtype, d=D, e=E, n=N):
+  """(gradient of Σ pallas_sdpa over q, k, v, bias; its ShapeDtypeStruct arguments) at block_size 512."""
+  q = jax.ShapeDtypeStruct((B, n, H, d), dtype)
+  v = jax.ShapeDtypeStruct((B, n, H, e), dtype)
+  bias = jax.ShapeDtypeStruct((B, n, H), jnp.float32)
+  keep = attention_mask(mask, B, H, n, keep=30)
+  m = None if keep is None else jnp.asarray(keep)
+  y = lambda q, k, v, b: pallas.pallas_sdpa(q, k, v, b, m, causal, 0.25, 512).astype(jnp.float32)
+  return jax.grad(lambda *a: jnp.sum(y(*a)), range(4)), (q, q, v, bias)
+
+
 @pytest.mark.parametrize("mask,causal,dtype", [("full", True, jnp.bfloat16), ("key", False, jnp.float32)])
 def test_forward_and_backward_lower_to_triton(monkeypatch, mask, causal, dtype):
   """On CPU, the GPU path's three kernels (forward, dk/dv/dbias, dq) lower to Triton MLIR (the custom call
@@ -177,14 +189,27 @@ def test_forward_and_backward_lower_to_triton(monkeypatch, mask, causal, dtype):
   power-of-two blocks of `layout`. Lowering only — PTX compilation and the numbers need a GPU."""
   pytest.importorskip("jax._src.pallas.triton.lowering")
   monkeypatch.setattr(pallas, "_backend", lambda: "gpu")
-  q = jax.ShapeDtypeStruct((B, N, H, D), dtype)
-  v = jax.ShapeDtypeStruct((B, N, H, E), dtype)
-  bias = jax.ShapeDtypeStruct((B, N, H), jnp.float32)
-  m = None if make_mask(mask) is None else jnp.asarray(make_mask(mask))
-  y = lambda q, k, v, b: pallas.pallas_sdpa(q, k, v, b, m, causal, 0.25, 512).astype(jnp.float32)
-  grads = jax.grad(lambda *a: jnp.sum(y(*a)), range(4))
-  text = jax.jit(grads).trace(q, q, v, bias).lower(lowering_platforms=("cuda",)).as_text()
-  assert text.count("__gpu$xla.gpu.triton") == 3
+  grads, args = grads_on_shapes(mask, causal, dtype)
+  assert lowered_calls(grads, args, "cuda").count("__gpu$xla.gpu.triton") == 3
+
+
+@pytest.mark.parametrize("mask,causal,dtype,d", [("full", True, jnp.bfloat16, 64), ("key", False, jnp.float32, 48),
+                                                 ("none", True, jnp.float32, 16)])
+def test_forward_and_backward_lower_to_mosaic(monkeypatch, mask, causal, dtype, d):
+  """On CPU, the TPU path's three kernels lower to Mosaic (`tpu_custom_call`, the chip named TPU v5e): every op
+  has a Mosaic lowering and every block passes its rule (last two dims multiples of (8, 128) or whole), at the
+  blocks of `layout` (multiples of 128) and whole head dims (48: not a multiple of 128). Blocks of 64 break
+  the rule in the backward (the key bias's [1, 64] block), so the check is live. Lowering only — Mosaic's
+  compiler (libtpu) and the numbers need a TPU."""
+  as_tpu_v5e(monkeypatch)
+  monkeypatch.setattr(pallas, "_backend", lambda: "tpu")
+  grads, args = grads_on_shapes(mask, causal, dtype, d=d, e=d)
+  assert lowered_calls(grads, args, "tpu").count("tpu_custom_call") == 3
+  layout = pallas.layout
+  monkeypatch.setattr(pallas, "layout", lambda backend, t, s, d, e, b: (64,) * 2 + layout(backend, t, s, d, e, b)[2:])
+  grads, args = grads_on_shapes(mask, causal, dtype, d=d, e=d, n=256)
+  with pytest.raises(ValueError, match="divisible by 8 and 128"):
+    lowered_calls(grads, args, "tpu")
 
 
 def test_triton_params_reach_all_three_kernels_and_are_restored(monkeypatch):

@@ -14,7 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import assert_matches_both, attention_mask, check_float32_running_sums, masked_softmax
+from helpers import (as_tpu_v5e, assert_matches_both, attention_mask, check_float32_running_sums, lowered_calls,
+                     masked_softmax)
 
 from attngeo import kernels, operators as op
 from attngeo.kernels import pallas, pallas_phase
@@ -153,20 +154,44 @@ def test_layout_pads_the_phase_heads_like_the_head_dim(backend, t, d, f, e, want
   assert pallas_phase.phase_layout(backend, t, t, d, f, e, 32 if backend == "cpu" else 512) == want
 
 
+def grads_on_shapes(mask, causal, dtype, n=N):
+  """(gradient of Σ pallas_phase_attention over its seven inputs; their ShapeDtypeStructs) at block_size 512."""
+  q = jax.ShapeDtypeStruct((B, n, H, D), dtype)
+  v = jax.ShapeDtypeStruct((B, n, H, E), dtype)
+  phase = jax.ShapeDtypeStruct((B, n, H, F), dtype)
+  bias = jax.ShapeDtypeStruct((B, n, H), jnp.float32)
+  c = jax.ShapeDtypeStruct((H,), jnp.float32)
+  keep = attention_mask(mask, B, H, n, keep=30)
+  m = None if keep is None else jnp.asarray(keep)
+  y = lambda q, k, v, b, qt, kt, c: pallas_phase.pallas_phase_attention(q, k, v, b, qt, kt, c, m, causal, 0.25,
+                                                                        512).astype(jnp.float32)
+  return jax.grad(lambda *a: jnp.sum(y(*a)), range(7)), (q, q, v, bias, phase, phase, c)
+
+
 @pytest.mark.parametrize("mask,causal,dtype", [("full", True, jnp.bfloat16), ("key", False, jnp.float32)])
 def test_forward_and_backward_lower_to_triton(monkeypatch, mask, causal, dtype):
   """On CPU, the GPU path's three kernels (forward, dk/dv/dbias/dkt, dq/dqt) lower to Triton MLIR at the padded
   widths and power-of-two blocks of `phase_layout`. Lowering only — PTX compilation and the numbers need a GPU."""
   pytest.importorskip("jax._src.pallas.triton.lowering")
   monkeypatch.setattr(pallas, "_backend", lambda: "gpu")
-  q = jax.ShapeDtypeStruct((B, N, H, D), dtype)
-  v = jax.ShapeDtypeStruct((B, N, H, E), dtype)
-  phase = jax.ShapeDtypeStruct((B, N, H, F), dtype)
-  bias = jax.ShapeDtypeStruct((B, N, H), jnp.float32)
-  c = jax.ShapeDtypeStruct((H,), jnp.float32)
-  m = jnp.asarray(make_mask(mask))
-  y = lambda q, k, v, b, qt, kt, c: pallas_phase.pallas_phase_attention(q, k, v, b, qt, kt, c, m, causal, 0.25,
-                                                                        512).astype(jnp.float32)
-  grads = jax.grad(lambda *a: jnp.sum(y(*a)), range(7))
-  text = jax.jit(grads).trace(q, q, v, bias, phase, phase, c).lower(lowering_platforms=("cuda",)).as_text()
-  assert text.count("__gpu$xla.gpu.triton") == 3
+  grads, args = grads_on_shapes(mask, causal, dtype)
+  assert lowered_calls(grads, args, "cuda").count("__gpu$xla.gpu.triton") == 3
+
+
+@pytest.mark.parametrize("mask,causal,dtype", [("full", True, jnp.bfloat16), ("key", False, jnp.float32),
+                                               ("none", True, jnp.float32)])
+def test_forward_and_backward_lower_to_mosaic(monkeypatch, mask, causal, dtype):
+  """On CPU, the TPU path's three kernels lower to Mosaic (`tpu_custom_call`, the chip named TPU v5e): sin, cos
+  and every other op have Mosaic lowerings, and every block passes the (8, 128)-or-whole rule at the blocks of
+  `phase_layout` (multiples of 128) with whole head dims (16, 8) and c's [1, 1] block. Blocks of 64 break the
+  rule in the backward, so the check is live. Lowering only — Mosaic's compiler and the numbers need a TPU."""
+  as_tpu_v5e(monkeypatch)
+  monkeypatch.setattr(pallas, "_backend", lambda: "tpu")
+  grads, args = grads_on_shapes(mask, causal, dtype)
+  assert lowered_calls(grads, args, "tpu").count("tpu_custom_call") == 3
+  layout = pallas_phase.phase_layout
+  monkeypatch.setattr(pallas_phase, "phase_layout", lambda backend, t, s, d, f, e, b: (64, 64) + layout(
+      backend, t, s, d, f, e, b)[2:])
+  grads, args = grads_on_shapes(mask, causal, dtype, n=256)
+  with pytest.raises(ValueError, match="divisible by 8 and 128"):
+    lowered_calls(grads, args, "tpu")

@@ -50,9 +50,11 @@ Padding each backend needs (`layout`; D = augmented head dim, E = value dim, n =
   dims (`jax/_src/pallas/mosaic/lowering.py`). Head dims are whole-array blocks (no padding required by
   the lowering; the MXU still computes in 128-lane tiles), the bias / dbias blocks `[1, bk]` and the mask
   blocks need bk a multiple of 128, lse `[bq, 1]` needs bq a multiple of 8: blocks are multiples of 128.
-  READ in the lowering source, NOT lowered (Mosaic's lowering asks for a TPU device kind) nor run: the
-  products with a transposed operand (`Pᵀ·dO`, `dSᵀ·q`: `dot_general` contracting axis 0) are the ones
-  most likely to need a rewrite there.
+  VERIFIED on CPU: forward and backward LOWER to Mosaic (`tpu_custom_call`; the test names the chip "TPU v5
+  lite", whose kind the lowering reads): every op, the products with a transposed operand (`Pᵀ·dO`, `dSᵀ·q`:
+  `dot_general` contracting axis 0) included, has a Mosaic lowering, and every block passes the lowering's
+  (8, 128)-or-whole rule (blocks of 64 fail it in the backward: the test checks that too); bf16 and float32,
+  key / full masks, causal, head dims 16, 48, 64. NOT compiled by Mosaic's own compiler (libtpu) nor run.
 
 FLOP cost (per batch × head, t queries, s keys, padded widths D', E'): forward 2ts(D' + E') (q·kᵀ, P·v);
 backward 2ts(2D' + 2E') in the dk/dv kernel (q·kᵀ, dO·vᵀ, Pᵀ·dO, dSᵀ·q) plus 2ts(2D' + E') in the dq

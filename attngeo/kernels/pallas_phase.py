@@ -50,8 +50,9 @@ Padding each backend needs (`phase_layout`: `pallas.layout`'s blocks, D' and E',
   backward LOWER to Triton MLIR (`jit(...).trace(...).lower(lowering_platforms=("cuda",))`, in the test file:
   bf16 and float32, key / full masks, causal). NOT compiled to PTX nor run: no GPU was lent.
 * TPU (Mosaic): blocks multiples of 128 (the key bias and mask blocks), head dims and c's `[1, 1]` block
-  whole-array blocks; Mosaic has sin and cos lowerings. READ in the lowering source as for `pallas`, NOT
-  lowered nor run.
+  whole-array blocks. VERIFIED on CPU as for `pallas`: forward and backward LOWER to Mosaic (sin and cos
+  included; every block passes the (8, 128)-or-whole rule; bf16 and float32, key / full masks, causal). NOT
+  compiled by Mosaic's compiler (libtpu) nor run.
 
 FLOP cost of the padding: the D-, F- and E-products grow by D'/D, F'/F and E'/E (E' pads the [re, im] width
 as a whole: zeros after both halves). CMAP at d = 64 (D = 64, F = 128, E = 64): powers of two, no cost on
