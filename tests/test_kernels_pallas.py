@@ -156,17 +156,20 @@ def test_the_dispatcher_selects_pallas_by_name_only(monkeypatch):
 
 @pytest.mark.parametrize("backend,t,d,want", [
     ("cpu", 45, 16, (16, 16, 16, 8)), ("cpu", 10, 16, (10, 10, 16, 8)),
-    ("gpu", 45, 16, (64, 64, 16, 16)), ("gpu", 1000, 96, (128, 128, 128, 16)), ("gpu", 5, 8, (16, 16, 16, 16)),
+    ("gpu", 45, 16, (64, 64, 16, 16)), ("gpu", 1000, 96, (64, 64, 128, 16)), ("gpu", 5, 8, (16, 16, 16, 16)),
+    ("gpu", 4096, 256, (32, 32, 256, 16)), ("gpu", 4096, 32, (64, 64, 32, 16)),
     ("tpu", 45, 96, (128, 128, 96, 8)), ("tpu", 5000, 256, (512, 512, 256, 8))])
 def test_layout_pads_to_what_each_backend_lowers(backend, t, d, want):
   """Blocks and head widths (bq, bk, D', E') at block_size 16 (cpu) / 512 (gpu, tpu), value dim 8: Triton
-  powers of two ≥ 16, blocks ≤ 128; Mosaic blocks multiples of 128, head dims whole; interpret mode as asked."""
+  powers of two ≥ 16, blocks ≤ GPU_BLOCK and within GPU_TILE (block × (D' + E'): 256-wide heads get 32-blocks);
+  Mosaic blocks multiples of 128, head dims whole; interpret mode as asked."""
   block = 16 if backend == "cpu" else 512
   got = pallas.layout(backend, t, t, d, 8, block)
   assert got == want
   bq, bk, dp, ep = got
   if backend == "gpu":
     assert all(x & (x - 1) == 0 and x >= 16 for x in got)
+    assert bk <= pallas.GPU_BLOCK and (bk * (dp + ep) <= pallas.GPU_TILE or bk == 16)
   if backend == "tpu":
     assert bq % 128 == 0 and bk % 128 == 0
 
@@ -234,3 +237,13 @@ def test_triton_params_reach_all_three_kernels_and_are_restored(monkeypatch):
   with pytest.raises(ValueError, match="unknown.*num_ctas"):
     with pallas.triton_params(num_ctas=2):
       pass
+
+
+def test_unbounded_tiles_lifts_the_gpu_tile_bound_only_inside():
+  """Inside `unbounded_tiles` a 256-wide head gets the 128-blocks asked for (the sweeps' way to the layouts the
+  bound rules out); outside, GPU_TILE's 32 again, also after an error inside."""
+  assert pallas.layout("gpu", 4096, 4096, 256, 64, 128)[:2] == (32, 32)
+  with pytest.raises(RuntimeError), pallas.unbounded_tiles():
+    assert pallas.layout("gpu", 4096, 4096, 256, 64, 128)[:2] == (128, 128)
+    raise RuntimeError
+  assert pallas.layout("gpu", 4096, 4096, 256, 64, 128)[:2] == (32, 32)

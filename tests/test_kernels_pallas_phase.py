@@ -146,11 +146,13 @@ def test_magnetic_transport_runs_it_by_the_dispatcher_name():
 
 
 @pytest.mark.parametrize("backend,t,d,f,e,want", [
-    ("cpu", 77, 16, 8, 8, (32, 32, 16, 8, 8)), ("gpu", 77, 16, 8, 8, (128, 128, 16, 16, 16)),
-    ("gpu", 1000, 96, 96, 48, (128, 128, 128, 128, 64)), ("tpu", 1000, 96, 96, 48, (512, 512, 96, 96, 48))])
+    ("cpu", 77, 16, 8, 8, (32, 32, 16, 8, 8)), ("gpu", 77, 16, 8, 8, (32, 32, 16, 16, 16)),
+    ("gpu", 1000, 96, 96, 48, (32, 32, 128, 128, 64)), ("gpu", 4096, 128, 256, 64, (32, 32, 128, 256, 64)), ("gpu", 4096, 64, 128, 64, (32, 32, 64, 128, 64)),
+    ("tpu", 1000, 96, 96, 48, (512, 512, 96, 96, 48))])
 def test_layout_pads_the_phase_heads_like_the_head_dim(backend, t, d, f, e, want):
-  """(bq, bk, D', F', E') at block_size 32 (cpu) / 512 (gpu, tpu): Triton pads F like D (powers of two ≥ 16),
-  Mosaic and interpret mode keep it."""
+  """(bq, bk, D', F', E') at block_size 32 (cpu) / 512 (gpu, tpu): Triton pads F like D (powers of two ≥ 16) and
+  keeps blocks within PHASE_GPU_BLOCK and block × (D' + F' + E') within PHASE_GPU_TILE (CMAP at d = 64:
+  32-blocks); Mosaic and interpret mode keep the widths."""
   assert pallas_phase.phase_layout(backend, t, t, d, f, e, 32 if backend == "cpu" else 512) == want
 
 

@@ -41,11 +41,14 @@ Padding each backend needs (`layout`; D = augmented head dim, E = value dim, n =
 * GPU (Triton, asked for by `pl_triton.CompilerParams`: jax 0.10's default GPU lowering is Mosaic GPU,
   which has no `dot_general` here): block sizes are powers of two (Pallas' Triton lowering rejects loads
   whose size is not a power of two, `jax/_src/pallas/triton/lowering.py`; tl.dot wants ≥ 16 per dim), so D
-  and E are zero-padded to `max(16, next_pow2)` and blocks are `pow2 ≤ min(block_size, 128)`, ≥ 16.
+  and E are zero-padded to `max(16, next_pow2)` and blocks are `pow2 ≤ min(block_size, GPU_BLOCK)`, ≥ 16,
+  with block·(D' + E') ≤ `GPU_TILE` (registers: see there), at 8 warps and 2 stages (`TRITON`).
   VERIFIED on CPU: forward and backward LOWER to Triton MLIR (`jit(...).trace(...).lower(lowering_platforms=
-  ("cuda",))`, the test file; bf16 and float32, key / full masks, causal, D = 16…256). NOT compiled to PTX
-  nor run: no GPU was lent. float32 operands run as TF32 there (`lax.Precision.DEFAULT`, as XLA's own
-  GPU dots do); pass bf16 for the tensor cores' full rate.
+  ("cuda",))`, the test file; bf16 and float32, key / full masks, causal, D = 16…256), and that Triton IR
+  COMPILES to sm_90 code with pip's Triton and ptxas (`python -m attngeo.experiments.triton_resources`:
+  shared memory, registers, spills per layout; at the default layout none spills and all fit). NOT run: no
+  GPU was lent. float32 operands run as TF32 there (`lax.Precision.DEFAULT`, as XLA's own GPU dots do); pass
+  bf16 for the tensor cores' full rate.
 * TPU (Mosaic): the last two dims of every block must be multiples of (8, 128) or equal the whole array
   dims (`jax/_src/pallas/mosaic/lowering.py`). Head dims are whole-array blocks (no padding required by
   the lowering; the MXU still computes in 128-lane tiles), the bias / dbias blocks `[1, bk]` and the mask
@@ -90,13 +93,41 @@ def round_up(n: int, m: int) -> int:
   return -(-int(n) // m) * m
 
 
+# GPU blocks are at most GPU_BLOCK and hold block × (D' + E') ≤ GPU_TILE, so that no kernel spills registers on
+# sm_90 at 8 warps (compiled here without a GPU: `python -m attngeo.experiments.triton_resources`). The dk/dv
+# kernel keeps its float32 [bq, bk] tiles (logits, P, dP, dS) and accumulators dk [bk, D'], dv [bk, E'] in
+# registers: 128-blocks spill at every width tried (24 B at D' = E' = 16, 648 B at D' = E' = 64), 64-blocks at
+# none up to D' + E' = 192; D' = 256 spills 540 B at 64-blocks and none at 32. At D' = 256 the 128-blocks' dq
+# kernel also asks for 240 KiB of shared memory, past the 227 KiB a block may have: it would not launch.
+GPU_BLOCK = 64
+GPU_TILE = 12288
+_TILE_BOUNDED = [True]
+
+
+@contextlib.contextmanager
+def unbounded_tiles():
+  """Within the block, GPU layouts take `block_size` as asked (a power of two, 16…128) past `GPU_BLOCK`,
+  `GPU_TILE` and the phase kernel's bounds: the tuning sweeps compile and time the layouts the bounds rule out."""
+  _TILE_BOUNDED[0] = False
+  try:
+    yield
+  finally:
+    _TILE_BOUNDED[0] = True
+
+
+def tile_bound(limit: int) -> int:
+  """`limit`, or no bound inside `unbounded_tiles`."""
+  return limit if _TILE_BOUNDED[0] else 1 << 30
+
+
 def layout(backend: str, t: int, s: int, d: int, e: int, block_size: int):
   """`(bq, bk, D', E')`: the blocks and padded head / value widths the kernel uses on `backend`
   ("cpu" = interpret mode, "gpu" = Triton, "tpu" = Mosaic); see the module docstring."""
   if backend == "gpu":
-    cap = max(16, min(128, 1 << (int(block_size).bit_length() - 1)))   # the largest power of two ≤ block_size
-    blk = lambda n: max(16, min(cap, _next_pow2(n)))
     width = lambda x: max(16, _next_pow2(x))
+    cap = min(128, int(block_size), tile_bound(GPU_BLOCK), tile_bound(GPU_TILE) // (width(d) + width(e)))
+    cap = max(16, 1 << (max(cap, 1).bit_length() - 1))                # the largest power of two ≤ all three
+    blk = lambda n: max(16, min(cap, _next_pow2(n)))
     return blk(t), blk(s), width(d), width(e)
   if backend == "tpu":
     blk = lambda n: min(round_up(max(block_size, 128), 128), round_up(n, 128))
@@ -199,8 +230,10 @@ def _dq_kernel(*refs, causal, scale, bq, bk, nk, has_mask, mask_keys):
 # ----------------------------------------------------------------------------- pallas_call wiring
 
 # Triton's launch parameters on GPU (warps per program, software-pipelining stages). A module setting, not a
-# kernel argument: `triton_params` changes it for a tuning sweep (`attngeo.experiments.pallas_blocks`).
-TRITON = {"num_warps": 4, "num_stages": 2}
+# kernel argument: `triton_params` changes it for a tuning sweep (`attngeo.experiments.pallas_blocks`). 8 warps:
+# at 4, the dk/dv kernel spills at D' = 128 with 64-blocks (344 B) where 8 warps spill none; 2 stages: 3 ask
+# for 40 % more shared memory and save no registers (`experiments.triton_resources`; times need a GPU).
+TRITON = {"num_warps": 8, "num_stages": 2}
 
 
 @contextlib.contextmanager

@@ -45,10 +45,11 @@ Padding each backend needs (`phase_layout`: `pallas.layout`'s blocks, D' and E',
 * CPU (interpret): none beyond whole blocks — VERIFIED: tests/test_kernels_pallas_phase.py runs it against
   float64 and the blockwise kernel (values and gradients w.r.t. q, k, v, bias, qt, kt and c, ≤ 8e-7·max
   apart; key / full masks, causal, ragged lengths, bf16, an empty row, float32 running sums).
-* GPU (Triton, named by `pl_triton.CompilerParams` as in `pallas`): blocks are powers of two, 16 … 128, and D,
-  F and E are zero-padded to `max(16, next_pow2)` — F is a head dim like D. VERIFIED on CPU: forward and
-  backward LOWER to Triton MLIR (`jit(...).trace(...).lower(lowering_platforms=("cuda",))`, in the test file:
-  bf16 and float32, key / full masks, causal). NOT compiled to PTX nor run: no GPU was lent.
+* GPU (Triton, named by `pl_triton.CompilerParams` as in `pallas`): blocks are powers of two, 16 … 128, within
+  `PHASE_GPU_BLOCK` and block·(D' + F' + E') ≤ `PHASE_GPU_TILE`, and D, F and E are zero-padded to
+  `max(16, next_pow2)` — F is a head dim like D. VERIFIED on CPU: forward and backward LOWER to Triton MLIR (`jit(...).trace(...).lower(
+  lowering_platforms=("cuda",))`, in the test file: bf16 and float32, key / full masks, causal) and compile to
+  sm_90 code (`python -m attngeo.experiments.triton_resources --kernel phase`). NOT run: no GPU was lent.
 * TPU (Mosaic): blocks multiples of 128 (the key bias and mask blocks), head dims and c's `[1, 1]` block
   whole-array blocks. VERIFIED on CPU as for `pallas`: forward and backward LOWER to Mosaic (sin and cos
   included; every block passes the (8, 128)-or-whole rule; bf16 and float32, key / full masks, causal). NOT
@@ -74,11 +75,26 @@ from attngeo.kernels._blocks import NEG
 _F32 = jnp.float32
 
 
+# GPU blocks are at most PHASE_GPU_BLOCK and hold block × (D' + F' + E') ≤ PHASE_GPU_TILE: the phase kernels keep
+# more [bq, bk] float32 tiles than the softmax ones (θ, cos, sin, P and their cotangents) and dk, dkt, dv in
+# registers. At 8 warps on sm_90 64-blocks spill at D' = 32 (152 B, F' = 64) and at CMAP's d = 64 (428 B, F' =
+# 128); 32-blocks spill none up to D' = 128, F' = 256 (`python -m attngeo.experiments.triton_resources --kernel
+# phase`).
+PHASE_GPU_BLOCK = 32
+PHASE_GPU_TILE = 16384
+
+
 def phase_layout(backend: str, t: int, s: int, d: int, f: int, e: int, block_size: int):
   """`(bq, bk, D', F', E')`: `pallas.layout`'s blocks and widths, with the phase heads' width F padded as a head
-  dim (Triton: `max(16, next_pow2)`; TPU and CPU: as it is)."""
-  bq, bk, dp, ep = flash.layout(backend, t, s, d, e, block_size)
-  return bq, bk, dp, flash.layout(backend, t, s, f, e, block_size)[2], ep
+  dim (Triton: `max(16, next_pow2)`; TPU and CPU: as it is); on GPU the blocks also within `PHASE_GPU_BLOCK`
+  and `PHASE_GPU_TILE`."""
+  _, _, dp, ep = flash.layout(backend, t, s, d, e, block_size)
+  fp = flash.layout(backend, t, s, f, e, block_size)[2]
+  if backend == "gpu":
+    bound = flash.tile_bound
+    block_size = min(block_size, bound(PHASE_GPU_BLOCK), bound(PHASE_GPU_TILE) // (dp + fp + ep))
+  bq, bk, _, _ = flash.layout(backend, t, s, d, e, block_size)
+  return bq, bk, dp, fp, ep
 
 
 def _rotate(x, half: int):
