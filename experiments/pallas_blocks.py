@@ -87,7 +87,7 @@ def sweep(seq, batch, heads, widths, value_dim, blocks, warps, stages, dtype, ca
     for block, nw, ns in itertools.product(blocks, warps, stages):
       row = dict(width=d, block=block, warps=nw, stages=ns, seconds=math.nan, tflops=None, err=None, status="ok")
       try:
-        with pallas.triton_params(num_warps=nw, num_stages=ns):
+        with pallas.triton_params(num_warps=nw, num_stages=ns), pallas.unbounded_tiles():
           call = program("pallas", block)
         got = call(*args)
         row["err"] = relative_error(got, want)

@@ -235,3 +235,47 @@ def test_pallas_blocks_sweep_checks_every_configuration(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
       pallas_blocks.main(argv + (["--interpret"] if word != "--interpret" else []))
     assert word in str(e.value)
+
+
+def test_triton_resources_reads_the_triton_ir_of_each_kernel():
+  """experiments/triton_resources' jax side: the gradient program lowered for CUDA holds the three Triton kernels
+  at the asked warps and stages, their IR read back as MLIR text (tt.func, tt.dot); the MLIR string escapes
+  decode; the default layout is the one `pallas.layout` and `pallas.TRITON` give."""
+  from attngeo.experiments import triton_resources as tr
+  from attngeo.kernels import pallas
+  assert tr.decode(r'ML\EFR\00a\\b\"c\n') == b'ML\xefR\x00a\\b"c\n'
+  for kernel, names in (("softmax", ("flash_fwd", "flash_dkv", "flash_dq")),
+                        ("phase", ("phase_fwd", "phase_dkv", "phase_dq"))):
+    progs = tr.lowered(kernel, 64, 64, 32, 4, 3, n=256)
+    assert [p["name"] for p in progs] == ["attngeo_" + n for n in names]
+    assert all(p["warps"] == 4 and p["stages"] == 3 for p in progs)
+    for p in progs:
+      assert f"tt.func public @{p['name']}" in p["text"] and "tt.dot" in p["text"]
+  assert pallas._backend() == "cpu"                                  # restored
+  assert tr.default_layout("softmax", 256, 64) == (32, pallas.TRITON["num_warps"], pallas.TRITON["num_stages"])
+
+
+def test_triton_resources_names_a_missing_triton_in_one_line(tmp_path):
+  import shutil
+
+  from attngeo.experiments import triton_resources as tr
+  for argv, word in ((["--triton-python", shutil.which("false")], "has no triton package"),
+                     (["--triton-python", str(tmp_path / "none")], "cannot run"),
+                     (["--blocks", "48"], "powers of two"), (["--arch", "70"], "--arch")):
+    with pytest.raises(SystemExit) as e:
+      tr.main(argv)
+    assert word in str(e.value) and "\n" not in str(e.value)
+
+
+def test_triton_resources_compiles_for_sm90_where_triton_is_installed(tmp_path):
+  """With pip's triton (it bundles ptxas; no GPU): the default layout of a 256-wide head fits sm_90's shared
+  memory and spills nothing, and 128-blocks there do not fit (the dq kernel asks for 240 KiB)."""
+  pytest.importorskip("triton")
+  import json
+
+  from attngeo.experiments import triton_resources as tr
+  tr.main(["--widths", "256", "--blocks", "32,128", "--warps", "8", "--stages", "2", "--out", str(tmp_path)])
+  rows = json.loads((tmp_path / "triton_resources.json").read_text())["rows"]
+  default = [r for r in rows if r["kernel"].endswith("*")]
+  assert len(default) == 3 and all(r["verdict"] == "ok" for r in default)
+  assert any(r["verdict"] == "too big: cannot launch" for r in rows if r["block"] == 128)
