@@ -18,11 +18,11 @@ the sweep, not a timing). The kernel's default is `pallas.TRITON` and `pallas.la
 """
 from __future__ import annotations
 
-import argparse
 import itertools
 import math
 import sys
 
+from attngeo import config
 from attngeo.experiments import report, timing
 from attngeo.experiments.report import Col
 
@@ -126,8 +126,7 @@ def ints(text: str, name: str) -> list[int]:
 
 
 def parser():
-  p = argparse.ArgumentParser(prog="python3 -m attngeo.experiments.pallas_blocks", description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = config.parser("python -m attngeo.experiments.pallas_blocks", __doc__)
   p.add_argument("--seq", type=int, default=4096, help="queries = keys")
   p.add_argument("--batch", type=int, default=8)
   p.add_argument("--heads", type=int, default=8)

@@ -20,12 +20,12 @@ version, so the figures are close, not exact. Rows marked * are the kernel's def
 """
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import subprocess
 import sys
 
+from attngeo import config
 from attngeo.experiments import report
 from attngeo.experiments.report import Col
 
@@ -100,13 +100,9 @@ def lowered(kernel: str, d: int, e: int, block: int, warps: int, stages: int, n:
                                                                           block)
     args = (shape(d), shape(d), shape(e), bias, shape(2 * d), shape(2 * d), jax.ShapeDtypeStruct((1,), jnp.float32))
   grads = jax.grad(lambda *a: jnp.sum(f(*a).astype(jnp.float32)), range(len(args)))
-  saved = pallas._backend
-  pallas._backend = lambda: "gpu"
-  try:
-    with pallas.triton_params(num_warps=warps, num_stages=stages), pallas.unbounded_tiles():
-      text = jax.jit(grads).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-  finally:
-    pallas._backend = saved
+  with pallas.lowering_target("gpu"), pallas.triton_params(num_warps=warps, num_stages=stages), \
+       pallas.unbounded_tiles():
+    text = jax.jit(grads).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
   return [dict(name=c["name"], warps=c["warps"], stages=c["stages"], text=as_text(c["ir"])) for c in triton_calls(text)]
 
 
@@ -198,8 +194,7 @@ def ints(text: str, name: str) -> list[int]:
 
 
 def parser():
-  p = argparse.ArgumentParser(prog="python -m attngeo.experiments.triton_resources", description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = config.parser("python -m attngeo.experiments.triton_resources", __doc__)
   p.add_argument("--kernel", choices=("softmax", "phase"), default="softmax",
                  help="softmax: the family's flash kernel (D = the augmented width); phase: CMAP's (F = 2·D)")
   p.add_argument("--widths", default="64,128,256", help="head widths D, comma-separated")

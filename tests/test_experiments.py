@@ -251,7 +251,7 @@ def test_triton_resources_reads_the_triton_ir_of_each_kernel():
     assert all(p["warps"] == 4 and p["stages"] == 3 for p in progs)
     for p in progs:
       assert f"tt.func public @{p['name']}" in p["text"] and "tt.dot" in p["text"]
-  assert pallas._backend() == "cpu"                                  # restored
+  assert pallas.backend() == "cpu"                                   # restored
   assert tr.default_layout("softmax", 256, 64) == (32, pallas.TRITON["num_warps"], pallas.TRITON["num_stages"])
 
 

@@ -205,14 +205,18 @@ def test_forward_and_backward_lower_to_mosaic(monkeypatch, mask, causal, dtype, 
   the rule in the backward (the key bias's [1, 64] block), so the check is live. Lowering only — Mosaic's
   compiler (libtpu) and the numbers need a TPU."""
   as_tpu_v5e(monkeypatch)
-  monkeypatch.setattr(pallas, "_backend", lambda: "tpu")
-  grads, args = grads_on_shapes(mask, causal, dtype, d=d, e=d)
-  assert lowered_calls(grads, args, "tpu").count("tpu_custom_call") == 3
-  layout = pallas.layout
-  monkeypatch.setattr(pallas, "layout", lambda backend, t, s, d, e, b: (64,) * 2 + layout(backend, t, s, d, e, b)[2:])
-  grads, args = grads_on_shapes(mask, causal, dtype, d=d, e=d, n=256)
-  with pytest.raises(ValueError, match="divisible by 8 and 128"):
-    lowered_calls(grads, args, "tpu")
+  with pallas.lowering_target("tpu"):
+    grads, args = grads_on_shapes(mask, causal, dtype, d=d, e=d)
+    assert lowered_calls(grads, args, "tpu").count("tpu_custom_call") == 3
+    layout = pallas.layout
+    monkeypatch.setattr(pallas, "layout", lambda backend, t, s, d, e, b: (64, 64) + layout(backend, t, s, d, e, b)[2:])
+    grads, args = grads_on_shapes(mask, causal, dtype, d=d, e=d, n=256)
+    with pytest.raises(ValueError, match="divisible by 8 and 128"):
+      lowered_calls(grads, args, "tpu")
+  assert pallas.backend() == "cpu"
+  with pytest.raises(ValueError, match="lowering_target: backend must be 'gpu' or 'tpu'; got 'cuda'"):
+    with pallas.lowering_target("cuda"):
+      pass
 
 
 def test_triton_params_reach_all_three_kernels_and_are_restored(monkeypatch):

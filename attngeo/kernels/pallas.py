@@ -350,9 +350,29 @@ def _flash_bwd(causal, scale, bq, bk, target, res, dout):
 _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
+_TARGET: list[str | None] = [None]
+
+
 def _backend() -> str:
+  if _TARGET[0] is not None:
+    return _TARGET[0]
   backend = jax.default_backend()
   return "gpu" if backend in ("gpu", "cuda", "rocm") else backend
+
+
+@contextlib.contextmanager
+def lowering_target(backend: str):
+  """Within the block, the Pallas kernels are traced for `backend` ("gpu": Triton, "tpu": Mosaic) whatever the
+  default backend is: to lower them here for a device this machine lacks
+  (`jax.jit(f).trace(...).lower(lowering_platforms=("cuda",))`; `experiments.triton_resources`)."""
+  if backend not in ("gpu", "tpu"):
+    raise ValueError(f"lowering_target: backend must be 'gpu' or 'tpu'; got {backend!r}")
+  saved = _TARGET[0]
+  _TARGET[0] = backend
+  try:
+    yield
+  finally:
+    _TARGET[0] = saved
 
 
 # ----------------------------------------------------------------------------- shared with `pallas_phase`
