@@ -25,9 +25,9 @@ On the blockwise kernel the same edge, unmasked, not causal and from `PAIRED_FRO
 per tile like ATTN's instead of 11; the β = 0 edge (DMTN) runs there too from `PAIRED_BETA0_FROM_TILES` tiles
 (three products a pair, 9 + 1/T units).
 `"pallas"` runs only when named: never a default on CPU (interpret mode is a test harness, not a kernel),
-and not yet on GPU/TPU either — it has passed its interpret-mode tests but has not been compiled by
-Triton or Mosaic on a device; the GPU/TPU default moves to it (from `BLOCKWISE_FROM` keys) once
-`experiments/gpu_check.sh` has measured it there.
+and not yet on GPU/TPU either — it has passed its interpret-mode tests, lowers to Triton and to Mosaic here,
+and compiles for sm_90 with pip's Triton (`experiments.triton_resources`), but has never run on a device; the
+GPU/TPU default moves to it (from `BLOCKWISE_FROM` keys) once `experiments/gpu_check.sh` has measured it there.
 """
 from __future__ import annotations
 
