@@ -115,41 +115,29 @@ def best(rows, tolerance: float) -> list[str]:
   return out
 
 
-def ints(text: str, name: str) -> list[int]:
-  try:
-    values = [int(x) for x in text.split(",") if x.strip()]
-  except ValueError:
-    values = []
-  if not values or min(values) < 1:
-    raise SystemExit(f"pallas_blocks: --{name} expects positive integers, comma-separated; got {text!r}")
-  return values
-
-
 def parser():
   p = config.parser("python -m attngeo.experiments.pallas_blocks", __doc__)
-  p.add_argument("--seq", type=int, default=4096, help="queries = keys")
-  p.add_argument("--batch", type=int, default=8)
-  p.add_argument("--heads", type=int, default=8)
-  p.add_argument("--widths", default="64,256", help="augmented head widths D, comma-separated")
-  p.add_argument("--value-dim", type=int, default=64, help="value width E")
-  p.add_argument("--blocks", default="32,64,128", help="block sizes (bq = bk; powers of two 16…128 on GPU)")
-  p.add_argument("--warps", default="4,8", help="Triton num_warps values")
-  p.add_argument("--stages", default="2,3", help="Triton num_stages values")
+  p.add_argument("--seq", type=config.positive_int, default=4096, help="queries = keys")
+  p.add_argument("--batch", type=config.positive_int, default=8)
+  p.add_argument("--heads", type=config.positive_int, default=8)
+  p.add_argument("--widths", type=config.int_list, default="64,256",
+                 help="augmented head widths D, comma-separated")
+  p.add_argument("--value-dim", type=config.positive_int, default=64, help="value width E")
+  p.add_argument("--blocks", type=config.int_list, default="32,64,128",
+                 help="block sizes (bq = bk; powers of two 16…128 on GPU)")
+  p.add_argument("--warps", type=config.int_list, default="4,8", help="Triton num_warps values")
+  p.add_argument("--stages", type=config.int_list, default="2,3", help="Triton num_stages values")
   p.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16")
   p.add_argument("--causal", action="store_true", help="the lower-triangular order")
-  p.add_argument("--repeats", type=int, default=5, help="timed runs per configuration (median)")
+  p.add_argument("--repeats", type=config.positive_int, default=5, help="timed runs per configuration (median)")
   p.add_argument("--interpret", action="store_true", help="allow CPU (interpret mode: a dry run, not a timing)")
-  p.add_argument("--out", default="runs/pallas_blocks", help="output folder")
+  p.add_argument("--out", type=config.out_folder, default="runs/pallas_blocks", help="output folder")
   return p
 
 
 def main(argv=None):
   a = parser().parse_args(argv)
-  for name in ("seq", "batch", "heads", "value_dim", "repeats"):
-    if getattr(a, name) < 1:
-      raise SystemExit(f"pallas_blocks: --{name.replace('_', '-')} must be ≥ 1; got {getattr(a, name)}")
-  widths, blocks = ints(a.widths, "widths"), ints(a.blocks, "blocks")
-  warps, stages = ints(a.warps, "warps"), ints(a.stages, "stages")
+  widths, blocks, warps, stages = a.widths, a.blocks, a.warps, a.stages
   import jax
   backend = jax.default_backend()
   if backend == "cpu" and not a.interpret:

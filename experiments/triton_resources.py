@@ -183,43 +183,31 @@ def table(kernel, widths, value_dim, blocks, warps, stages, arch, python, emit=p
   return rows
 
 
-def ints(text: str, name: str) -> list[int]:
-  try:
-    values = [int(x) for x in text.split(",") if x.strip()]
-  except ValueError:
-    values = []
-  if not values or min(values) < 1:
-    raise SystemExit(f"triton_resources: --{name} expects positive integers, comma-separated; got {text!r}")
-  return values
-
-
 def parser():
   p = config.parser("python -m attngeo.experiments.triton_resources", __doc__)
   p.add_argument("--kernel", choices=("softmax", "phase"), default="softmax",
                  help="softmax: the family's flash kernel (D = the augmented width); phase: CMAP's (F = 2·D)")
-  p.add_argument("--widths", default="64,128,256", help="head widths D, comma-separated")
-  p.add_argument("--value-dim", type=int, default=64, help="value width E")
-  p.add_argument("--blocks", default="32,64,128", help="block sizes (bq = bk), powers of two 16…128")
-  p.add_argument("--warps", default="4,8", help="Triton num_warps values")
-  p.add_argument("--stages", default="2,3", help="Triton num_stages values")
-  p.add_argument("--arch", type=int, default=90, help="compute capability ×10 (90: H100/H200; 80: A100)")
+  p.add_argument("--widths", type=config.int_list, default="64,128,256",
+                 help="head widths D, comma-separated")
+  p.add_argument("--value-dim", type=config.positive_int, default=64, help="value width E")
+  p.add_argument("--blocks", type=config.int_list, default="32,64,128",
+                 help="block sizes (bq = bk), powers of two 16…128")
+  p.add_argument("--warps", type=config.int_list, default="4,8", help="Triton num_warps values")
+  p.add_argument("--stages", type=config.int_list, default="2,3", help="Triton num_stages values")
+  p.add_argument("--arch", type=int, choices=sorted(SHARED_BYTES), default=90,
+                 help="compute capability ×10 (90: H100/H200; 80: A100)")
   p.add_argument("--triton-python", default=sys.executable,
                  help="an interpreter with the triton package (pip install triton); default this one")
-  p.add_argument("--out", default="runs/triton_resources", help="output folder")
+  p.add_argument("--out", type=config.out_folder, default="runs/triton_resources", help="output folder")
   return p
 
 
 def main(argv=None):
   a = parser().parse_args(argv)
-  widths, blocks = ints(a.widths, "widths"), ints(a.blocks, "blocks")
-  warps, stages = ints(a.warps, "warps"), ints(a.stages, "stages")
-  if a.value_dim < 1:
-    raise SystemExit(f"triton_resources: --value-dim must be ≥ 1; got {a.value_dim}")
+  widths, blocks, warps, stages = a.widths, a.blocks, a.warps, a.stages
   bad = [b for b in blocks if b & (b - 1) or not 16 <= b <= 128]
   if bad:
     raise SystemExit(f"triton_resources: --blocks must be powers of two from 16 to 128 (Triton's); got {bad}")
-  if a.arch not in SHARED_BYTES:
-    raise SystemExit(f"triton_resources: --arch must be one of {sorted(SHARED_BYTES)}; got {a.arch}")
   try:
     probe = subprocess.run([a.triton_python, "-c", "import triton; print(triton.__version__)"],
                            capture_output=True, text=True)

@@ -231,10 +231,12 @@ def test_pallas_blocks_sweep_checks_every_configuration(tmp_path, capsys):
   assert all(1e-4 < r["err"] < 2e-2 and r["seconds"] > 0 for r in rows)
   out = capsys.readouterr().out
   assert "D=16: fastest correct block" in out and out.count("| 16 |") == 2
-  for argv, word in ((["--blocks", "0"], "--blocks"), (["--seq", "0"], "--seq"), ([], "--interpret")):
+  for argv, word in ((["--blocks", "0", "--interpret"], "--blocks"), (["--seq", "0", "--interpret"], "--seq"),
+                     (["--out", str(tmp_path / "pallas_blocks.json"), "--interpret"], "--out"), ([], "--interpret")):
     with pytest.raises(SystemExit) as e:
-      pallas_blocks.main(argv + (["--interpret"] if word != "--interpret" else []))
-    assert word in str(e.value)
+      pallas_blocks.main(argv)
+    err = capsys.readouterr().err.strip()
+    assert word in (str(e.value) + err) and len((str(e.value) if e.value.code != 2 else err).splitlines()) == 1
 
 
 def test_triton_resources_reads_the_triton_ir_of_each_kernel():
@@ -255,16 +257,19 @@ def test_triton_resources_reads_the_triton_ir_of_each_kernel():
   assert tr.default_layout("softmax", 256, 64) == (32, pallas.TRITON["num_warps"], pallas.TRITON["num_stages"])
 
 
-def test_triton_resources_names_a_missing_triton_in_one_line(tmp_path):
+def test_triton_resources_names_a_missing_triton_in_one_line(tmp_path, capsys):
   import shutil
 
   from attngeo.experiments import triton_resources as tr
   for argv, word in ((["--triton-python", shutil.which("false")], "has no triton package"),
                      (["--triton-python", str(tmp_path / "none")], "cannot run"),
-                     (["--blocks", "48"], "powers of two"), (["--arch", "70"], "--arch")):
+                     (["--blocks", "48"], "powers of two"), (["--arch", "70"], "--arch"),
+                     (["--warps", "4,,8"], "--warps")):
     with pytest.raises(SystemExit) as e:
-      tr.main(argv)
-    assert word in str(e.value) and "\n" not in str(e.value)
+      tr.main(argv + ["--out", str(tmp_path / "out")])
+    message = str(e.value) if e.value.code != 2 else capsys.readouterr().err.strip()
+    assert word in message and "\n" not in message
+  assert not (tmp_path / "out").exists()
 
 
 def test_triton_resources_compiles_for_sm90_where_triton_is_installed(tmp_path):
