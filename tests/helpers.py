@@ -258,3 +258,9 @@ def lowered_calls(fn, args, platform: str) -> str:
   """The StableHLO text of `jit(fn)` traced on ShapeDtypeStructs `args` and lowered for `platform`."""
   import jax
   return jax.jit(fn).trace(*args).lower(lowering_platforms=(platform,)).as_text()
+
+
+def triton_calls(stablehlo: str) -> int:
+  """How many Pallas Triton kernels a lowered program calls: jaxlib ≤ 0.10.2 names them `__gpu$xla.gpu.triton`
+  (the Triton IR in the call), later ones `triton_kernel_call_ffi` (compiled at lowering, in a compressed proto)."""
+  return stablehlo.count("__gpu$xla.gpu.triton") + stablehlo.count("triton_kernel_call_ffi")

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from helpers import (as_tpu_v5e, assert_matches_both, attention_mask, check_float32_running_sums, lowered_calls,
-                     masked_softmax)
+                     masked_softmax, triton_calls)
 
 from attngeo import kernels, operators as op
 from attngeo.kernels import pallas
@@ -193,7 +193,7 @@ def test_forward_and_backward_lower_to_triton(monkeypatch, mask, causal, dtype):
   pytest.importorskip("jax._src.pallas.triton.lowering")
   monkeypatch.setattr(pallas, "_backend", lambda: "gpu")
   grads, args = grads_on_shapes(mask, causal, dtype)
-  assert lowered_calls(grads, args, "cuda").count("__gpu$xla.gpu.triton") == 3
+  assert triton_calls(lowered_calls(grads, args, "cuda")) == 3
 
 
 @pytest.mark.parametrize("mask,causal,dtype,d", [("full", True, jnp.bfloat16, 64), ("key", False, jnp.float32, 48),
@@ -205,25 +205,31 @@ def test_forward_and_backward_lower_to_mosaic(monkeypatch, mask, causal, dtype, 
   the rule in the backward (the key bias's [1, 64] block), so the check is live. Lowering only — Mosaic's
   compiler (libtpu) and the numbers need a TPU."""
   as_tpu_v5e(monkeypatch)
+  before = pallas.backend()
   with pallas.lowering_target("tpu"):
     grads, args = grads_on_shapes(mask, causal, dtype, d=d, e=d)
     assert lowered_calls(grads, args, "tpu").count("tpu_custom_call") == 3
     layout = pallas.layout
-    monkeypatch.setattr(pallas, "layout", lambda backend, t, s, d, e, b: (64, 64) + layout(backend, t, s, d, e, b)[2:])
+    monkeypatch.setattr(pallas, "layout", lambda backend, t, s, d, e, b, size=2: (64, 64) + layout(
+        backend, t, s, d, e, b, size)[2:])
     grads, args = grads_on_shapes(mask, causal, dtype, d=d, e=d, n=256)
     with pytest.raises(ValueError, match="divisible by 8 and 128"):
       lowered_calls(grads, args, "tpu")
-  assert pallas.backend() == "cpu"
+  assert pallas.backend() == before
   with pytest.raises(ValueError, match="lowering_target: backend must be 'gpu' or 'tpu'; got 'cuda'"):
     with pallas.lowering_target("cuda"):
       pass
 
 
 def test_triton_params_reach_all_three_kernels_and_are_restored(monkeypatch):
-  """`pallas.triton_params` sets num_warps / num_stages of the forward, dk/dv and dq kernels traced inside it
-  (read from the lowered Triton calls), restores the default after, and names an unknown parameter."""
+  """`pallas.triton_params` sets num_warps / num_stages (other than the default's) of the forward, dk/dv and dq
+  kernels traced inside it (read from the lowered Triton calls), restores the default after, and names an
+  unknown parameter."""
   import re
   pytest.importorskip("jax._src.pallas.triton.lowering")
+  from jax._src.lib import version as jaxlib_version
+  if jaxlib_version > (0, 10, 2):
+    pytest.skip("jaxlib > 0.10.2 compiles the Triton kernels at lowering and keeps their parameters in a proto")
   monkeypatch.setattr(pallas, "_backend", lambda: "gpu")
   q = jax.ShapeDtypeStruct((1, 32, 1, 16), jnp.bfloat16)
   bias = jax.ShapeDtypeStruct((1, 32, 1), jnp.float32)
@@ -234,8 +240,9 @@ def test_triton_params_reach_all_three_kernels_and_are_restored(monkeypatch):
     return re.findall(r"num_warps = (\d+)", text), re.findall(r"num_stages = (\d+)", text)
 
   default = dict(pallas.TRITON)
-  with pallas.triton_params(num_warps=8, num_stages=3):
-    assert lowered() == (["8"] * 3, ["3"] * 3)
+  assert default["num_warps"] != 4 and default["num_stages"] != 3
+  with pallas.triton_params(num_warps=4, num_stages=3):
+    assert lowered() == (["4"] * 3, ["3"] * 3)
   assert pallas.TRITON == default
   assert lowered() == ([str(default["num_warps"])] * 3, [str(default["num_stages"])] * 3)
   with pytest.raises(ValueError, match="unknown.*num_ctas"):
@@ -245,9 +252,13 @@ def test_triton_params_reach_all_three_kernels_and_are_restored(monkeypatch):
 
 def test_unbounded_tiles_lifts_the_gpu_tile_bound_only_inside():
   """Inside `unbounded_tiles` a 256-wide head gets the 128-blocks asked for (the sweeps' way to the layouts the
-  bound rules out); outside, GPU_TILE's 32 again, also after an error inside."""
+  bound rules out), also after a nested block ends; outside, GPU_TILE's 32 again, also after an error inside.
+  float32 operands halve the tile (64-wide heads: 32-blocks, not bf16's 64)."""
   assert pallas.layout("gpu", 4096, 4096, 256, 64, 128)[:2] == (32, 32)
   with pytest.raises(RuntimeError), pallas.unbounded_tiles():
+    with pallas.unbounded_tiles():                                       # nested: the outer block stays unbounded
+      pass
     assert pallas.layout("gpu", 4096, 4096, 256, 64, 128)[:2] == (128, 128)
     raise RuntimeError
   assert pallas.layout("gpu", 4096, 4096, 256, 64, 128)[:2] == (32, 32)
+  assert pallas.layout("gpu", 4096, 4096, 64, 64, 512, itemsize=4)[:2] == (32, 32)      # float32: half the tile

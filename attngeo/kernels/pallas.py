@@ -42,7 +42,8 @@ Padding each backend needs (`layout`; D = augmented head dim, E = value dim, n =
   which has no `dot_general` here): block sizes are powers of two (Pallas' Triton lowering rejects loads
   whose size is not a power of two, `jax/_src/pallas/triton/lowering.py`; tl.dot wants ≥ 16 per dim), so D
   and E are zero-padded to `max(16, next_pow2)` and blocks are `pow2 ≤ min(block_size, GPU_BLOCK)`, ≥ 16,
-  with block·(D' + E') ≤ `GPU_TILE` (registers: see there), at 8 warps and 2 stages (`TRITON`).
+  with block·(D' + E') ≤ `GPU_TILE` (halved for float32 operands; registers: see there) unless that leaves
+  less than 16 (D' + E' > 768 in bf16), at 8 warps and 2 stages (`TRITON`).
   VERIFIED on CPU: forward and backward LOWER to Triton MLIR (`jit(...).trace(...).lower(lowering_platforms=
   ("cuda",))`, the test file; bf16 and float32, key / full masks, causal, D = 16…256), and that Triton IR
   COMPILES to sm_90 code with pip's Triton and ptxas (`python -m attngeo.experiments.triton_resources`:
@@ -98,7 +99,9 @@ def round_up(n: int, m: int) -> int:
 # kernel keeps its float32 [bq, bk] tiles (logits, P, dP, dS) and accumulators dk [bk, D'], dv [bk, E'] in
 # registers: 128-blocks spill at every width tried (24 B at D' = E' = 16, 648 B at D' = E' = 64), 64-blocks at
 # none up to D' + E' = 192; D' = 256 spills 540 B at 64-blocks and none at 32. At D' = 256 the 128-blocks' dq
-# kernel also asks for 240 KiB of shared memory, past the 227 KiB a block may have: it would not launch.
+# kernel also asks for 240 KiB of shared memory, past the 227 KiB a block may have: it would not launch. These
+# are bf16 figures; float32 operands halve the tile (`gpu_tile`): in float32, 64-blocks spill 32 B at
+# D' = E' = 64 and 296 B at D' = 128 (DMTN/ATAP), 32-blocks none (`triton_resources --dtype float32`).
 GPU_BLOCK = 64
 GPU_TILE = 12288
 _TILE_BOUNDED = [True]
@@ -107,12 +110,14 @@ _TILE_BOUNDED = [True]
 @contextlib.contextmanager
 def unbounded_tiles():
   """Within the block, GPU layouts take `block_size` as asked (a power of two, 16…128) past `GPU_BLOCK`,
-  `GPU_TILE` and the phase kernel's bounds: the tuning sweeps compile and time the layouts the bounds rule out."""
+  `GPU_TILE` and the phase kernel's bounds: the tuning sweeps compile and time the layouts the bounds rule out.
+  Nested blocks keep the outer one's setting; only functions traced inside see it (as `triton_params`)."""
+  saved = _TILE_BOUNDED[0]
   _TILE_BOUNDED[0] = False
   try:
     yield
   finally:
-    _TILE_BOUNDED[0] = True
+    _TILE_BOUNDED[0] = saved
 
 
 def tile_bound(limit: int) -> int:
@@ -120,12 +125,20 @@ def tile_bound(limit: int) -> int:
   return limit if _TILE_BOUNDED[0] else 1 << 30
 
 
-def layout(backend: str, t: int, s: int, d: int, e: int, block_size: int):
+def gpu_tile(limit: int, itemsize: int) -> int:
+  """A tile bound measured with 2-byte operands (bf16), for operands of `itemsize` bytes: 4-byte (float32)
+  operand tiles take twice the registers and shared memory, so half the bound."""
+  return limit * 2 // max(int(itemsize), 2)
+
+
+def layout(backend: str, t: int, s: int, d: int, e: int, block_size: int, itemsize: int = 2):
   """`(bq, bk, D', E')`: the blocks and padded head / value widths the kernel uses on `backend`
-  ("cpu" = interpret mode, "gpu" = Triton, "tpu" = Mosaic); see the module docstring."""
+  ("cpu" = interpret mode, "gpu" = Triton, "tpu" = Mosaic) for operands of `itemsize` bytes; see the module
+  docstring."""
   if backend == "gpu":
     width = lambda x: max(16, _next_pow2(x))
-    cap = min(128, int(block_size), tile_bound(GPU_BLOCK), tile_bound(GPU_TILE) // (width(d) + width(e)))
+    tile = tile_bound(gpu_tile(GPU_TILE, itemsize))
+    cap = min(128, int(block_size), tile_bound(GPU_BLOCK), tile // (width(d) + width(e)))
     cap = max(16, 1 << (max(cap, 1).bit_length() - 1))                # the largest power of two ≤ all three
     blk = lambda n: max(16, min(cap, _next_pow2(n)))
     return blk(t), blk(s), width(d), width(e)
@@ -232,13 +245,15 @@ def _dq_kernel(*refs, causal, scale, bq, bk, nk, has_mask, mask_keys):
 # Triton's launch parameters on GPU (warps per program, software-pipelining stages). A module setting, not a
 # kernel argument: `triton_params` changes it for a tuning sweep (`attngeo.experiments.pallas_blocks`). 8 warps:
 # at 4, the dk/dv kernel spills at D' = 128 with 64-blocks (344 B) where 8 warps spill none; 2 stages: 3 ask
-# for 40 % more shared memory and save no registers (`experiments.triton_resources`; times need a GPU).
+# for 40–50 % more shared memory and save no registers (`experiments.triton_resources`; times need a GPU).
 TRITON = {"num_warps": 8, "num_stages": 2}
 
 
 @contextlib.contextmanager
 def triton_params(**params):
-  """Within the block, programs traced for GPU use these Triton parameters (`num_warps`, `num_stages`)."""
+  """Within the block, programs traced for GPU use these Triton parameters (`num_warps`, `num_stages`). Only
+  functions traced inside it see them: jit's cache does not key on this setting, so a jitted function traced
+  before keeps its first trace (build a fresh closure, as the sweeps do)."""
   unknown = set(params) - set(TRITON)
   if unknown:
     raise ValueError(f"triton_params: unknown {sorted(unknown)}; expected a subset of {sorted(TRITON)}")
@@ -364,7 +379,8 @@ def _backend() -> str:
 def lowering_target(backend: str):
   """Within the block, the Pallas kernels are traced for `backend` ("gpu": Triton, "tpu": Mosaic) whatever the
   default backend is: to lower them here for a device this machine lacks
-  (`jax.jit(f).trace(...).lower(lowering_platforms=("cuda",))`; `experiments.triton_resources`)."""
+  (`jax.jit(f).trace(...).lower(lowering_platforms=("cuda",))`; `experiments.triton_resources`). As with
+  `triton_params`, only functions traced inside the block see it."""
   if backend not in ("gpu", "tpu"):
     raise ValueError(f"lowering_target: backend must be 'gpu' or 'tpu'; got {backend!r}")
   saved = _TARGET[0]
@@ -415,7 +431,7 @@ def pallas_sdpa(q, k, v, bias, mask, causal, scale, block_size, *, interpret=Non
   b, t, h, d = q.shape
   s, e = k.shape[1], v.shape[-1]
   target = "cpu" if interpret else backend
-  bq, bk, dp, ep = layout(target, t, s, d, e, int(block_size))
+  bq, bk, dp, ep = layout(target, t, s, d, e, int(block_size), jnp.dtype(q.dtype).itemsize)
   tp, sp = round_up(t, bq), round_up(s, bk)
   head_major = lambda x, n, width: jnp.pad(jnp.transpose(x, (0, 2, 1, 3)),
                                            ((0, 0), (0, 0), (0, n - x.shape[1]), (0, width - x.shape[-1])))

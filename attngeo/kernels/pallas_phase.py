@@ -45,8 +45,8 @@ Padding each backend needs (`phase_layout`: `pallas.layout`'s blocks, D' and E',
 * CPU (interpret): none beyond whole blocks — VERIFIED: tests/test_kernels_pallas_phase.py runs it against
   float64 and the blockwise kernel (values and gradients w.r.t. q, k, v, bias, qt, kt and c, ≤ 8e-7·max
   apart; key / full masks, causal, ragged lengths, bf16, an empty row, float32 running sums).
-* GPU (Triton, named by `pl_triton.CompilerParams` as in `pallas`): blocks are powers of two, 16 … 128, within
-  `PHASE_GPU_BLOCK` and block·(D' + F' + E') ≤ `PHASE_GPU_TILE`, and D, F and E are zero-padded to
+* GPU (Triton, named by `pl_triton.CompilerParams` as in `pallas`): blocks are powers of two from 16, within
+  `PHASE_GPU_BLOCK` (32) and block·(D' + F' + E') ≤ `PHASE_GPU_TILE`, and D, F and E are zero-padded to
   `max(16, next_pow2)` — F is a head dim like D. VERIFIED on CPU: forward and backward LOWER to Triton MLIR (`jit(...).trace(...).lower(
   lowering_platforms=("cuda",))`, in the test file: bf16 and float32, key / full masks, causal) and compile to
   sm_90 code (`python -m attngeo.experiments.triton_resources --kernel phase`). NOT run: no GPU was lent.
@@ -84,15 +84,15 @@ PHASE_GPU_BLOCK = 32
 PHASE_GPU_TILE = 16384
 
 
-def phase_layout(backend: str, t: int, s: int, d: int, f: int, e: int, block_size: int):
+def phase_layout(backend: str, t: int, s: int, d: int, f: int, e: int, block_size: int, itemsize: int = 2):
   """`(bq, bk, D', F', E')`: `pallas.layout`'s blocks and widths, with the phase heads' width F padded as a head
   dim (Triton: `max(16, next_pow2)`; TPU and CPU: as it is); on GPU the blocks also within `PHASE_GPU_BLOCK`
-  and `PHASE_GPU_TILE`."""
+  and `PHASE_GPU_TILE` (halved for 4-byte operands: `pallas.gpu_tile`)."""
   _, _, dp, ep = flash.layout(backend, t, s, d, e, block_size)
   fp = flash.layout(backend, t, s, f, e, block_size)[2]
   if backend == "gpu":
     bound = flash.tile_bound
-    block_size = min(block_size, bound(PHASE_GPU_BLOCK), bound(PHASE_GPU_TILE) // (dp + fp + ep))
+    block_size = min(block_size, bound(PHASE_GPU_BLOCK), bound(flash.gpu_tile(PHASE_GPU_TILE, itemsize)) // (dp + fp + ep))
   bq, bk, _, _ = flash.layout(backend, t, s, d, e, block_size)
   return bq, bk, dp, fp, ep
 
@@ -301,7 +301,7 @@ def pallas_phase_attention(q, k, v, bias, qt, kt, c, mask, causal, scale, block_
   b, t, h, d = q.shape
   s, e, f = k.shape[1], v.shape[-1], qt.shape[-1]
   target = "cpu" if interpret else backend
-  bq, bk, dp, fp, ep = phase_layout(target, t, s, d, f, e, int(block_size))
+  bq, bk, dp, fp, ep = phase_layout(target, t, s, d, f, e, int(block_size), jnp.dtype(q.dtype).itemsize)
   tp, sp = flash.round_up(t, bq), flash.round_up(s, bk)
   head_major = lambda x, n, width: jnp.pad(jnp.transpose(x, (0, 2, 1, 3)),
                                            ((0, 0), (0, 0), (0, n - x.shape[1]), (0, width - x.shape[-1])))
