@@ -77,8 +77,10 @@ def relative_error(got, want) -> float:
   return worst
 
 
-def sweep(seq, batch, heads, widths, value_dim, blocks, warps, stages, dtype, causal, repeats, emit=print):
-  """The rows of the sweep (see the module docstring); `emit` gets each row's Markdown line as it is measured."""
+def sweep(seq, batch, heads, widths, value_dim, blocks, warps, stages, dtype, causal, repeats, emit=print,
+          save=None):
+  """The rows of the sweep (see the module docstring); `emit` gets each row's Markdown line as it is measured and
+  `save` (if given) the rows so far, so that a run cut short keeps them."""
   from attngeo.kernels import pallas
   rows = []
   for d in widths:
@@ -97,6 +99,8 @@ def sweep(seq, batch, heads, widths, value_dim, blocks, warps, stages, dtype, ca
         row["status"] = f"fails: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
       rows.append(row)
       emit(report.markdown([row], COLS).splitlines()[-1])
+      if save is not None:
+        save(rows)
   return rows
 
 
@@ -138,6 +142,9 @@ def parser():
 def main(argv=None):
   a = parser().parse_args(argv)
   widths, blocks, warps, stages = a.widths, a.blocks, a.warps, a.stages
+  bad = [b for b in blocks if b & (b - 1) or not 16 <= b <= 128]
+  if bad:
+    raise SystemExit(f"pallas_blocks: --blocks must be powers of two from 16 to 128 (Triton's); got {bad}")
   import jax
   backend = jax.default_backend()
   if backend == "cpu" and not a.interpret:
@@ -145,13 +152,14 @@ def main(argv=None):
   print(f"backend={backend} device={jax.devices()[0].device_kind} seq={a.seq} batch={a.batch} heads={a.heads} "
         f"E={a.value_dim} dtype={a.dtype} causal={a.causal}", flush=True)
   print("\n".join(report.markdown([], COLS).splitlines()[:2]), flush=True)
-  rows = sweep(a.seq, a.batch, a.heads, widths, a.value_dim, blocks, warps, stages, a.dtype, a.causal, a.repeats,
-               emit=lambda line: print(line, flush=True))
   tolerance = 2e-2 if a.dtype == "bfloat16" else 2e-3       # bf16 operands ~2⁻⁸; TF32 products ~1e-3
-  note = "\n".join(best(rows, tolerance))
-  report.write(a.out, "pallas_blocks", rows, COLS, note=note, quiet=True,
-               payload={"config": vars(a), "backend": backend, "rows": rows})
-  print(note)
+
+  def save(rows):
+    report.write(a.out, "pallas_blocks", rows, COLS, note="\n".join(best(rows, tolerance)), quiet=True,
+                 payload={"config": vars(a), "backend": backend, "rows": rows})
+  rows = sweep(a.seq, a.batch, a.heads, widths, a.value_dim, blocks, warps, stages, a.dtype, a.causal, a.repeats,
+               emit=lambda line: print(line, flush=True), save=save)
+  print("\n".join(best(rows, tolerance)))
   report.wrote(a.out, "pallas_blocks.md", "pallas_blocks.csv", "pallas_blocks.json")
   return 0
 

@@ -1,11 +1,12 @@
 """What the Pallas kernels cost a GPU, compiled here without one: shared memory, registers and spills per layout.
 
     python -m attngeo.experiments.triton_resources [--kernel softmax|phase] [--widths 64,128,256] [--value-dim 64]
-        [--blocks 32,64,128] [--warps 4,8] [--stages 2,3] [--arch 90] [--triton-python PATH] [--out DIR]
+        [--blocks 32,64,128] [--warps 4,8] [--stages 2,3] [--dtype bfloat16|float32] [--arch 90]
+        [--triton-python PATH] [--out DIR]
 
 For each augmented head width D (the phase kernel: D and phase heads F = 2·D, as CMAP at d = 64: 64, 128), block (bq = bk),
 Triton `num_warps` and `num_stages`, the gradient program of the kernel (`pallas.pallas_sdpa` or
-`pallas_phase.pallas_phase_attention`, bf16, 4096 tokens) is lowered for CUDA on this CPU, and the Triton IR of
+`pallas_phase.pallas_phase_attention`, bf16 or float32, 4096 tokens) is lowered for CUDA on this CPU, and the Triton IR of
 each of its three kernels (forward, dk/dv, dq) is taken from the lowered custom call (MLIR bytecode, turned into
 text through jaxlib's MLIR with the Triton dialect). That text is compiled by the `triton` package (pip; it
 bundles ptxas) for `sm_<arch>` in a subprocess (`--triton-python`, default this interpreter), and ptxas' report
@@ -83,14 +84,15 @@ def as_text(bytecode: bytes) -> str:
     return str(ir.Module.parse(bytecode))
 
 
-def lowered(kernel: str, d: int, e: int, block: int, warps: int, stages: int, n: int = TOKENS) -> list[dict]:
-  """The three Triton kernels of `kernel`'s gradient program (bf16, batch 1, one head, n tokens) at this layout,
-  each {name, warps, stages, text}."""
+def lowered(kernel: str, d: int, e: int, block: int, warps: int, stages: int, n: int = TOKENS,
+            dtype: str = "bfloat16") -> list[dict]:
+  """The three Triton kernels of `kernel`'s gradient program (q, k, v in `dtype`, batch 1, one head, n tokens) at
+  this layout, each {name, warps, stages, text}; one line if this jaxlib does not emit them as this reads them."""
   import jax
   import jax.numpy as jnp
 
   from attngeo.kernels import pallas, pallas_phase
-  shape = lambda width, dtype=jnp.bfloat16: jax.ShapeDtypeStruct((1, n, 1, width), dtype)
+  shape = lambda width: jax.ShapeDtypeStruct((1, n, 1, width), jnp.dtype(dtype))
   bias = jax.ShapeDtypeStruct((1, n, 1), jnp.float32)
   if kernel == "softmax":
     f = lambda q, k, v, b: pallas.pallas_sdpa(q, k, v, b, None, False, 0.125, block)
@@ -103,7 +105,12 @@ def lowered(kernel: str, d: int, e: int, block: int, warps: int, stages: int, n:
   with pallas.lowering_target("gpu"), pallas.triton_params(num_warps=warps, num_stages=stages), \
        pallas.unbounded_tiles():
     text = jax.jit(grads).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-  return [dict(name=c["name"], warps=c["warps"], stages=c["stages"], text=as_text(c["ir"])) for c in triton_calls(text)]
+  calls = triton_calls(text)
+  if len(calls) != 3:
+    import jaxlib
+    raise SystemExit(f"triton_resources: found {len(calls)} of the 3 Triton calls (__gpu$xla.gpu.triton) in the "
+                     f"lowered program: jaxlib {jaxlib.__version__} emits them another way; this reads jaxlib ≤ 0.10's")
+  return [dict(name=c["name"], warps=c["warps"], stages=c["stages"], text=as_text(c["ir"])) for c in calls]
 
 
 # Runs under --triton-python: JSON [{name, warps, stages, text}] and the arch on stdin; JSON results on stdout.
@@ -149,13 +156,17 @@ def compile_kernels(kernels: list[dict], arch: int, python: str) -> list[dict]:
   return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def default_layout(kernel: str, d: int, e: int) -> tuple[int, int, int]:
-  """(block, warps, stages) the kernel uses by default on GPU at this width (`pallas.layout`, `pallas.TRITON`)."""
+def default_layout(kernel: str, d: int, e: int, dtype: str = "bfloat16") -> tuple[int, int, int]:
+  """(block, warps, stages) the kernel uses by default on GPU at this width and operand dtype (`pallas.layout`,
+  `pallas.TRITON`)."""
+  import numpy as np
+
   from attngeo.kernels import pallas, pallas_phase
+  size = np.dtype("float32" if dtype == "float32" else "float16").itemsize
   if kernel == "softmax":
-    block = pallas.layout("gpu", TOKENS, TOKENS, d, e, 512)[0]
+    block = pallas.layout("gpu", TOKENS, TOKENS, d, e, 512, size)[0]
   else:
-    block = pallas_phase.phase_layout("gpu", TOKENS, TOKENS, d, 2 * d, e, 512)[0]
+    block = pallas_phase.phase_layout("gpu", TOKENS, TOKENS, d, 2 * d, e, 512, size)[0]
   return block, pallas.TRITON["num_warps"], pallas.TRITON["num_stages"]
 
 
@@ -167,13 +178,13 @@ def verdict(row: dict, arch: int) -> str:
   return "spills" if row["spill"] else "ok"
 
 
-def table(kernel, widths, value_dim, blocks, warps, stages, arch, python, emit=print) -> list[dict]:
-  """One row per (width, block, warps, stages, program), compiled in one subprocess per width."""
+def table(kernel, widths, value_dim, blocks, warps, stages, arch, python, dtype="bfloat16", emit=print) -> list[dict]:
+  """One row per (width, block, warps, stages, program), each layout's three programs compiled in one subprocess."""
   rows = []
   for d in widths:
-    default = default_layout(kernel, d, value_dim)
+    default = default_layout(kernel, d, value_dim, dtype)
     for block, nw, ns in itertools.product(blocks, warps, stages):
-      programs = lowered(kernel, d, value_dim, block, nw, ns)
+      programs = lowered(kernel, d, value_dim, block, nw, ns, dtype=dtype)
       for k, res in zip(programs, compile_kernels(programs, arch, python)):
         row = dict(kernel=kernel + ("*" if (block, nw, ns) == default else ""), D=d, E=value_dim, block=block,
                    warps=nw, stages=ns, program=k["name"].removeprefix("attngeo_"), **res)
@@ -194,6 +205,8 @@ def parser():
                  help="block sizes (bq = bk), powers of two 16…128")
   p.add_argument("--warps", type=config.int_list, default="4,8", help="Triton num_warps values")
   p.add_argument("--stages", type=config.int_list, default="2,3", help="Triton num_stages values")
+  p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
+                 help="q, k, v dtype (float32 runs as TF32 on the tensor cores, with twice the operand bytes)")
   p.add_argument("--arch", type=int, choices=sorted(SHARED_BYTES), default=90,
                  help="compute capability ×10 (90: H100/H200; 80: A100)")
   p.add_argument("--triton-python", default=sys.executable,
@@ -217,9 +230,9 @@ def main(argv=None):
     raise SystemExit(f"triton_resources: {a.triton_python} has no triton package: pip install triton (it bundles "
                      "ptxas; no GPU needed), or name another interpreter with --triton-python")
   print(f"triton {probe.stdout.strip()}, sm_{a.arch} (shared memory per block ≤ {SHARED_BYTES[a.arch] // 1024} "
-        f"KiB), kernel {a.kernel}, bf16, {TOKENS} tokens; * = the kernel's default layout", flush=True)
+        f"KiB), kernel {a.kernel}, {a.dtype}, {TOKENS} tokens; * = the kernel's default layout", flush=True)
   print("\n".join(report.markdown([], COLS).splitlines()[:2]), flush=True)
-  rows = table(a.kernel, widths, a.value_dim, blocks, warps, stages, a.arch, a.triton_python,
+  rows = table(a.kernel, widths, a.value_dim, blocks, warps, stages, a.arch, a.triton_python, a.dtype,
                emit=lambda line: print(line, flush=True))
   report.write(a.out, "triton_resources", rows, COLS, quiet=True,
                payload={"config": vars(a), "triton": probe.stdout.strip(), "rows": rows})
