@@ -262,3 +262,19 @@ def test_unbounded_tiles_lifts_the_gpu_tile_bound_only_inside():
     raise RuntimeError
   assert pallas.layout("gpu", 4096, 4096, 256, 64, 128)[:2] == (32, 32)
   assert pallas.layout("gpu", 4096, 4096, 64, 64, 512, itemsize=4)[:2] == (32, 32)      # float32: half the tile
+
+
+def test_the_gpu_layout_pads_exactly_in_interpret_mode(monkeypatch):
+  """The GPU path's own padding, run here: with `layout` giving what it gives Triton (E = 8 zero-padded to 16, the
+  45 tokens in one power-of-two block of 64, 19 of them padding), the kernel in interpret mode matches float64
+  (y and the four gradients within 2e-5·max|ref|; no mask and no causal order, so only the padded keys' NEG bias keeps them out) — what Triton then compiles is the same
+  program at those shapes."""
+  gpu = pallas.layout("gpu", N, N, D, E, 64)
+  assert gpu == (64, 64, 16, 16)
+  layout = pallas.layout
+  monkeypatch.setattr(pallas, "layout", lambda backend, *a: layout("gpu", *a))
+  q, k, v, bias, w = inputs(seed=3)
+  mask, scale = None, 1 / math.sqrt(D)
+  got = run("pallas", q, k, v, bias, w, mask, False, scale, block=64)
+  want = reference(q, k, v, bias, w, mask, False, scale)
+  assert_matches_both(NAMES, got, want, want)

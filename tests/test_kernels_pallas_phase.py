@@ -147,7 +147,8 @@ def test_magnetic_transport_runs_it_by_the_dispatcher_name():
 
 @pytest.mark.parametrize("backend,t,d,f,e,want", [
     ("cpu", 77, 16, 8, 8, (32, 32, 16, 8, 8)), ("gpu", 77, 16, 8, 8, (32, 32, 16, 16, 16)),
-    ("gpu", 1000, 96, 96, 48, (32, 32, 128, 128, 64)), ("gpu", 4096, 128, 256, 64, (32, 32, 128, 256, 64)), ("gpu", 4096, 64, 128, 64, (32, 32, 64, 128, 64)),
+    ("gpu", 1000, 96, 96, 48, (32, 32, 128, 128, 64)), ("gpu", 4096, 128, 256, 64, (32, 32, 128, 256, 64)),
+    ("gpu", 4096, 64, 128, 64, (32, 32, 64, 128, 64)),
     ("tpu", 1000, 96, 96, 48, (512, 512, 96, 96, 48))])
 def test_layout_pads_the_phase_heads_like_the_head_dim(backend, t, d, f, e, want):
   """(bq, bk, D', F', E') at block_size 32 (cpu) / 512 (gpu, tpu): Triton pads F like D (powers of two ≥ 16) and
@@ -197,3 +198,17 @@ def test_forward_and_backward_lower_to_mosaic(monkeypatch, mask, causal, dtype):
   grads, args = grads_on_shapes(mask, causal, dtype, n=256)
   with pytest.raises(ValueError, match="divisible by 8 and 128"):
     lowered_calls(grads, args, "tpu")
+
+
+def test_the_gpu_layout_pads_exactly_in_interpret_mode(monkeypatch):
+  """The GPU path's own padding, run here: with `phase_layout` giving what it gives Triton (F = 8 and E = 8
+  zero-padded to 16 — E as [re, im, zeros] — and 77 tokens in three 32-blocks, 19 of them padding), the kernel in
+  interpret mode matches float64 (y and the seven gradients within 2e-5·max|ref|; no mask and no causal order, so only the padded keys' NEG bias keeps them out)."""
+  assert pallas_phase.phase_layout("gpu", N, N, D, F, E, BLOCK) == (32, 32, 16, 16, 16)
+  layout = pallas_phase.phase_layout
+  monkeypatch.setattr(pallas_phase, "phase_layout", lambda backend, *a: layout("gpu", *a))
+  args = inputs(seed=3)
+  mask, scale = None, 1 / math.sqrt(D)
+  got = run("pallas", *args, mask, False, scale)
+  want = reference(*args, mask, False, scale)
+  assert_matches_both(NAMES, got, want, want)
