@@ -231,6 +231,8 @@ def out_folder(text: str) -> str:
   The deepest part of the path that exists must be a folder in which a folder can be made (one is made and
   removed again: a read-only mount, /proc or a path through a file answer here, not after the work)."""
   import tempfile
+  if not text.strip():
+    raise argparse.ArgumentTypeError("expected a folder's path; got an empty one")
   path = os.path.abspath(text)
   while not os.path.lexists(path):
     path = os.path.dirname(path)

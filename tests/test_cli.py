@@ -201,6 +201,7 @@ def test_argument_errors_answer_before_jax_is_imported(tmp_path):
            (["bench", "--seqs", ","], "expected comma-separated positive integers"),
            (["bench", "--seqs", "256,,512"], "expected comma-separated positive integers"),
            (["bench", "--out", "/proc/attngeo-out"], "cannot be written"),
+           (["bench", "--out", ""], "expected a folder's path; got an empty one"),   # was the cwd, then a traceback
            (["bench-train", "--out", str(tmp_path / "gpt" / "config.json" / "x")], "is a file, not a folder"),
            (["bench-diffmap", "--sizes", "0"], "every size ≥ k + 2"),
            (["import", "gpt2", str(tmp_path / "missing.safetensors"), "--out", str(tmp_path / "o")], "does not exist"),
