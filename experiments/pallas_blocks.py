@@ -1,6 +1,6 @@
 """Tuning sweep of the Pallas flash kernel (`attngeo.kernels.pallas`): block size × Triton warps × stages.
 
-    python3 -m attngeo.experiments.pallas_blocks [--seq 4096] [--batch 8] [--heads 8] [--widths 64,256]
+    attngeo bench-pallas [--seq 4096] [--batch 8] [--heads 8] [--widths 64,256]
         [--value-dim 64] [--blocks 32,64,128] [--warps 4,8] [--stages 2,3] [--dtype bfloat16] [--causal]
         [--repeats 5] [--interpret] [--out DIR]
 
@@ -22,7 +22,7 @@ import itertools
 import math
 import sys
 
-from attngeo import config
+from attngeo import config, runlock
 from attngeo.experiments import report, timing
 from attngeo.experiments.report import Col
 
@@ -77,6 +77,26 @@ def relative_error(got, want) -> float:
   return worst
 
 
+def check_grid(widths, blocks, warps, stages, width_max: int = 1024) -> None:
+  """One ValueError naming the first option value of a sweep's grid that Triton cannot take (`pallas.check_triton`)
+  or a head width past `width_max`, before any work."""
+  from attngeo.kernels import pallas
+  for name, values, key in (("--blocks", blocks, "block"), ("--warps", warps, "num_warps"),
+                            ("--stages", stages, "num_stages")):
+    for v in values:
+      try:
+        pallas.check_triton(**{key: v})
+      except ValueError as e:
+        raise ValueError(f"{name}: {e}") from None
+  if max(widths) > width_max:
+    raise ValueError(f"--widths must be at most {width_max}; got {max(widths)}")
+
+
+def partial_note(done: int, total: int, what: str) -> str:
+  """The line a table carries until its run has measured everything."""
+  return "" if done >= total else f"incomplete: {done} of {total} {what} (the run was cut short or is running)"
+
+
 def sweep(seq, batch, heads, widths, value_dim, blocks, warps, stages, dtype, causal, repeats, emit=print,
           save=None):
   """The rows of the sweep (see the module docstring); `emit` gets each row's Markdown line as it is measured and
@@ -120,10 +140,10 @@ def best(rows, tolerance: float) -> list[str]:
 
 
 def parser():
-  p = config.parser("python -m attngeo.experiments.pallas_blocks", __doc__)
+  p = config.parser("attngeo bench-pallas", __doc__, show_defaults=True)
   p.add_argument("--seq", type=config.positive_int, default=4096, help="queries = keys")
-  p.add_argument("--batch", type=config.positive_int, default=8)
-  p.add_argument("--heads", type=config.positive_int, default=8)
+  p.add_argument("--batch", type=config.positive_int, default=8, help="sequences per call")
+  p.add_argument("--heads", type=config.positive_int, default=8, help="attention heads")
   p.add_argument("--widths", type=config.int_list, default="64,256",
                  help="augmented head widths D, comma-separated")
   p.add_argument("--value-dim", type=config.positive_int, default=64, help="value width E")
@@ -131,7 +151,8 @@ def parser():
                  help="block sizes (bq = bk; powers of two 16…128 on GPU)")
   p.add_argument("--warps", type=config.int_list, default="4,8", help="Triton num_warps values")
   p.add_argument("--stages", type=config.int_list, default="2,3", help="Triton num_stages values")
-  p.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16")
+  p.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16",
+                 help="q, k, v dtype (float32 runs as TF32 products on the GPU)")
   p.add_argument("--causal", action="store_true", help="the lower-triangular order")
   p.add_argument("--repeats", type=config.positive_int, default=5, help="timed runs per configuration (median)")
   p.add_argument("--interpret", action="store_true", help="allow CPU (interpret mode: a dry run, not a timing)")
@@ -142,21 +163,28 @@ def parser():
 def main(argv=None):
   a = parser().parse_args(argv)
   widths, blocks, warps, stages = a.widths, a.blocks, a.warps, a.stages
-  bad = [b for b in blocks if b & (b - 1) or not 16 <= b <= 128]
-  if bad:
-    raise SystemExit(f"pallas_blocks: --blocks must be powers of two from 16 to 128 (Triton's); got {bad}")
+  check_grid(widths, blocks, warps, stages, width_max=512)
+  with runlock.hold(a.out):                     # one process per --out, refused before any work
+    return run(a, widths, blocks, warps, stages)
+
+
+def run(a, widths, blocks, warps, stages) -> int:
+  """The sweep of `main`'s checked arguments `a`, its tables in `a.out` after every row."""
   import jax
   backend = jax.default_backend()
   if backend == "cpu" and not a.interpret:
-    raise SystemExit("pallas_blocks: the sweep times Triton on a GPU; on CPU pass --interpret for a dry run")
+    raise ValueError("the sweep times Triton on a GPU; on CPU pass --interpret for a dry run")
   print(f"backend={backend} device={jax.devices()[0].device_kind} seq={a.seq} batch={a.batch} heads={a.heads} "
         f"E={a.value_dim} dtype={a.dtype} causal={a.causal}", flush=True)
   print("\n".join(report.markdown([], COLS).splitlines()[:2]), flush=True)
   tolerance = 2e-2 if a.dtype == "bfloat16" else 2e-3       # bf16 operands ~2⁻⁸; TF32 products ~1e-3
 
+  total = len(widths) * len(blocks) * len(warps) * len(stages)
+
   def save(rows):
-    report.write(a.out, "pallas_blocks", rows, COLS, note="\n".join(best(rows, tolerance)), quiet=True,
-                 payload={"config": vars(a), "backend": backend, "rows": rows})
+    note = "\n".join([partial_note(len(rows), total, "configurations")] * (len(rows) < total) + best(rows, tolerance))
+    report.write(a.out, "pallas_blocks", rows, COLS, note=note, quiet=True,
+                 payload={"config": vars(a), "backend": backend, "complete": len(rows) == total, "rows": rows})
   rows = sweep(a.seq, a.batch, a.heads, widths, a.value_dim, blocks, warps, stages, a.dtype, a.causal, a.repeats,
                emit=lambda line: print(line, flush=True), save=save)
   print("\n".join(best(rows, tolerance)))
@@ -164,5 +192,6 @@ def main(argv=None):
   return 0
 
 
-if __name__ == "__main__":
-  sys.exit(main())
+if __name__ == "__main__":                      # `python -m`: the same command, through the CLI's error handling
+  from attngeo import cli
+  sys.exit(cli.main(["bench-pallas", *sys.argv[1:]]))

@@ -1,6 +1,6 @@
 """What the Pallas kernels cost a GPU, compiled here without one: shared memory, registers and spills per layout.
 
-    python -m attngeo.experiments.triton_resources [--kernel softmax|phase] [--widths 64,128,256] [--value-dim 64]
+    attngeo bench-triton [--kernel softmax|phase] [--widths 64,128,256] [--value-dim 64]
         [--blocks 32,64,128] [--warps 4,8] [--stages 2,3] [--dtype bfloat16|float32] [--arch 90]
         [--triton-python PATH] [--out DIR]
 
@@ -14,7 +14,7 @@ gives registers per thread and spill stores; Triton's metadata gives the shared 
 program asking for more shared memory than the architecture gives one block (sm_90: 227 KiB) cannot launch:
 its row says "too big". Rows with spills run, slower by the local-memory traffic.
 
-These are the compiler's static figures, not times; `python -m attngeo.experiments.pallas_blocks` times the
+These are the compiler's static figures, not times; `attngeo bench-pallas` times the
 same grid on a GPU. The Triton here is pip's, not the one XLA links into jaxlib: the passes may differ by a
 version, so the figures are close, not exact. Rows marked * are the kernel's default (`pallas.layout`,
 `pallas.TRITON`). Writes triton_resources.{md,csv,json}.
@@ -26,8 +26,8 @@ import json
 import subprocess
 import sys
 
-from attngeo import config
-from attngeo.experiments import report
+from attngeo import config, runlock
+from attngeo.experiments import pallas_blocks, report
 from attngeo.experiments.report import Col
 
 # The shared memory one thread block may ask for (opt-in maximum), by compute capability: CUDA's tables.
@@ -108,7 +108,7 @@ def lowered(kernel: str, d: int, e: int, block: int, warps: int, stages: int, n:
   calls = triton_calls(text)
   if len(calls) != 3:
     import jaxlib
-    raise SystemExit(f"triton_resources: found {len(calls)} of the 3 Triton calls (__gpu$xla.gpu.triton) in the "
+    raise ValueError(f"found {len(calls)} of the 3 Triton calls (__gpu$xla.gpu.triton) in the "
                      f"lowered program: jaxlib {jaxlib.__version__} emits them another way; this reads jaxlib ≤ 0.10's")
   return [dict(name=c["name"], warps=c["warps"], stages=c["stages"], text=as_text(c["ir"])) for c in calls]
 
@@ -123,8 +123,7 @@ from triton.backends.nvidia.compiler import get_ptxas
 job = json.load(sys.stdin)
 arch = job["arch"]
 out = []
-for k in job["kernels"]:
-  folder = tempfile.mkdtemp()
+def compiled(k, folder):
   path = os.path.join(folder, k["name"] + ".ttir")
   with open(path, "w") as f:
     f.write(k["text"])
@@ -138,10 +137,13 @@ for k in job["kernels"]:
     r = subprocess.run([get_ptxas(arch).path, "-v", "--gpu-name", gpu, ptx, "-o", ptx + ".o"],
                        capture_output=True, text=True)
     regs = re.search(r"Used (\d+) registers", r.stderr)
-    out.append(dict(shared=int(c.metadata.shared), registers=int(regs.group(1)) if regs else None,
-                    spill=sum(int(x) for x in re.findall(r"(\d+) bytes spill stores", r.stderr)), error=None))
+    return dict(shared=int(c.metadata.shared), registers=int(regs.group(1)) if regs else None,
+                spill=sum(int(x) for x in re.findall(r"(\d+) bytes spill stores", r.stderr)), error=None)
   except Exception as e:
-    out.append(dict(shared=None, registers=None, spill=None, error=(str(e).splitlines() or [type(e).__name__])[0]))
+    return dict(shared=None, registers=None, spill=None, error=(str(e).splitlines() or [type(e).__name__])[0])
+for k in job["kernels"]:
+  with tempfile.TemporaryDirectory(prefix="attngeo-triton-") as folder:
+    out.append(compiled(k, folder))
 print(json.dumps(out))
 """
 
@@ -152,7 +154,7 @@ def compile_kernels(kernels: list[dict], arch: int, python: str) -> list[dict]:
   r = subprocess.run([python, "-c", COMPILE], input=job, capture_output=True, text=True)
   if r.returncode != 0:
     last = (r.stderr.strip().splitlines() or ["no output"])[-1]
-    raise SystemExit(f"triton_resources: compiling with {python} failed: {last}")
+    raise ValueError(f"--triton-python {python}: compiling failed: {last}")
   return json.loads(r.stdout.strip().splitlines()[-1])
 
 
@@ -178,8 +180,10 @@ def verdict(row: dict, arch: int) -> str:
   return "spills" if row["spill"] else "ok"
 
 
-def table(kernel, widths, value_dim, blocks, warps, stages, arch, python, dtype="bfloat16", emit=print) -> list[dict]:
-  """One row per (width, block, warps, stages, program), each layout's three programs compiled in one subprocess."""
+def table(kernel, widths, value_dim, blocks, warps, stages, arch, python, dtype="bfloat16", emit=print,
+          save=None) -> list[dict]:
+  """One row per (width, block, warps, stages, program), each layout's three programs compiled in one subprocess;
+  `emit` gets each row's Markdown line and `save` (if given) the rows after each layout."""
   rows = []
   for d in widths:
     default = default_layout(kernel, d, value_dim, dtype)
@@ -191,11 +195,13 @@ def table(kernel, widths, value_dim, blocks, warps, stages, arch, python, dtype=
         row["verdict"] = verdict(row, arch)
         rows.append(row)
         emit(report.markdown([row], COLS).splitlines()[-1])
+      if save is not None:
+        save(rows)
   return rows
 
 
 def parser():
-  p = config.parser("python -m attngeo.experiments.triton_resources", __doc__)
+  p = config.parser("attngeo bench-triton", __doc__, show_defaults=True)
   p.add_argument("--kernel", choices=("softmax", "phase"), default="softmax",
                  help="softmax: the family's flash kernel (D = the augmented width); phase: CMAP's (F = 2·D)")
   p.add_argument("--widths", type=config.int_list, default="64,128,256",
@@ -210,7 +216,7 @@ def parser():
   p.add_argument("--arch", type=int, choices=sorted(SHARED_BYTES), default=90,
                  help="compute capability ×10 (90: H100/H200; 80: A100)")
   p.add_argument("--triton-python", default=sys.executable,
-                 help="an interpreter with the triton package (pip install triton); default this one")
+                 help="an interpreter with the triton package (pip install triton)")
   p.add_argument("--out", type=config.out_folder, default="runs/triton_resources", help="output folder")
   return p
 
@@ -218,27 +224,34 @@ def parser():
 def main(argv=None):
   a = parser().parse_args(argv)
   widths, blocks, warps, stages = a.widths, a.blocks, a.warps, a.stages
-  bad = [b for b in blocks if b & (b - 1) or not 16 <= b <= 128]
-  if bad:
-    raise SystemExit(f"triton_resources: --blocks must be powers of two from 16 to 128 (Triton's); got {bad}")
+  pallas_blocks.check_grid(widths, blocks, warps, stages)
   try:
     probe = subprocess.run([a.triton_python, "-c", "import triton; print(triton.__version__)"],
                            capture_output=True, text=True)
   except OSError as e:
-    raise SystemExit(f"triton_resources: --triton-python {a.triton_python} cannot run: {e.strerror}") from None
+    raise ValueError(f"--triton-python {a.triton_python} cannot run: {e.strerror}") from None
   if probe.returncode != 0:
-    raise SystemExit(f"triton_resources: {a.triton_python} has no triton package: pip install triton (it bundles "
+    raise ValueError(f"--triton-python {a.triton_python} has no triton package: pip install triton (it bundles "
                      "ptxas; no GPU needed), or name another interpreter with --triton-python")
-  print(f"triton {probe.stdout.strip()}, sm_{a.arch} (shared memory per block ≤ {SHARED_BYTES[a.arch] // 1024} "
-        f"KiB), kernel {a.kernel}, {a.dtype}, {TOKENS} tokens; * = the kernel's default layout", flush=True)
+  header = (f"triton {probe.stdout.strip()}, sm_{a.arch} (shared memory per block ≤ {SHARED_BYTES[a.arch] // 1024} "
+            f"KiB), kernel {a.kernel}, {a.dtype}, {TOKENS} tokens; * = the kernel's default layout")
+  print(header, flush=True)
   print("\n".join(report.markdown([], COLS).splitlines()[:2]), flush=True)
-  rows = table(a.kernel, widths, a.value_dim, blocks, warps, stages, a.arch, a.triton_python, a.dtype,
-               emit=lambda line: print(line, flush=True))
-  report.write(a.out, "triton_resources", rows, COLS, quiet=True,
-               payload={"config": vars(a), "triton": probe.stdout.strip(), "rows": rows})
+  total = len(widths) * len(blocks) * len(warps) * len(stages)
+
+  def save(rows):
+    layouts = len(rows) // 3
+    note = "\n".join([header] + [pallas_blocks.partial_note(layouts, total, "layouts")] * (layouts < total))
+    report.write(a.out, "triton_resources", rows, COLS, note=note, quiet=True,
+                 payload={"config": vars(a), "triton": probe.stdout.strip(), "complete": layouts == total,
+                          "rows": rows})
+  with runlock.hold(a.out):                     # one process per --out
+    table(a.kernel, widths, a.value_dim, blocks, warps, stages, a.arch, a.triton_python, a.dtype,
+          emit=lambda line: print(line, flush=True), save=save)
   report.wrote(a.out, "triton_resources.md", "triton_resources.csv", "triton_resources.json")
   return 0
 
 
-if __name__ == "__main__":
-  sys.exit(main())
+if __name__ == "__main__":                      # `python -m`: the same command, through the CLI's error handling
+  from attngeo import cli
+  sys.exit(cli.main(["bench-triton", *sys.argv[1:]]))

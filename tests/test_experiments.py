@@ -217,26 +217,52 @@ def test_bench_pairs_times_two_routes_of_one_operator(monkeypatch, capsys, opera
 
 
 def test_pallas_blocks_sweep_checks_every_configuration(tmp_path, capsys):
-  """experiments/pallas_blocks in interpret mode: one row per width × block × warps × stages, each checked
-  against the blockwise kernel (bf16: within 2e-2), the fastest correct one named per width; bad input is one
-  line before any work."""
+  """`attngeo bench-pallas` in interpret mode: one row per width × block × warps × stages, each checked against the
+  blockwise kernel (bf16: within 2e-2), the fastest correct one named per width, the table marked complete; bad
+  input is one line, exit 2, before any work; a second run into a folder another process holds is refused."""
   import json
 
-  from attngeo.experiments import pallas_blocks
-  pallas_blocks.main(["--seq", "40", "--batch", "1", "--heads", "2", "--widths", "16", "--value-dim", "8",
-                      "--blocks", "16,32", "--warps", "4", "--stages", "2", "--repeats", "1", "--interpret",
-                      "--out", str(tmp_path)])
-  rows = json.loads((tmp_path / "pallas_blocks.json").read_text())["rows"]
-  assert [(r["block"], r["status"]) for r in rows] == [(16, "ok"), (32, "ok")]
-  assert all(1e-4 < r["err"] < 2e-2 and r["seconds"] > 0 for r in rows)
+  from attngeo import cli
+  argv = ["bench-pallas", "--seq", "40", "--batch", "1", "--heads", "2", "--widths", "16", "--value-dim", "8",
+          "--blocks", "16,32", "--warps", "4", "--stages", "2", "--repeats", "1", "--interpret", "--out", str(tmp_path)]
+  assert cli.main(argv) == 0
+  table = json.loads((tmp_path / "pallas_blocks.json").read_text())
+  assert [(r["block"], r["status"]) for r in table["rows"]] == [(16, "ok"), (32, "ok")] and table["complete"]
+  assert all(1e-4 < r["err"] < 2e-2 and r["seconds"] > 0 for r in table["rows"])
+  assert "incomplete" not in (tmp_path / "pallas_blocks.md").read_text() and not (tmp_path / ".lock").exists()
   out = capsys.readouterr().out
   assert "D=16: fastest correct block" in out and out.count("| 16 |") == 2
-  for argv, word in ((["--blocks", "0", "--interpret"], "--blocks"), (["--seq", "0", "--interpret"], "--seq"),
-                     (["--out", str(tmp_path / "pallas_blocks.json"), "--interpret"], "--out"), ([], "--interpret")):
-    with pytest.raises(SystemExit) as e:
-      pallas_blocks.main(argv)
+  cases = ((["--blocks", "0"], "--blocks"), (["--blocks", "48"], "--blocks: blocks must be powers of two"),
+           (["--warps", "3"], "--warps: num_warps must be a power of two"), (["--stages", "9"], "--stages"),
+           (["--seq", "0"], "--seq"), (["--out", str(tmp_path / "pallas_blocks.json")], "--out"),
+           (["--out", ""], "--out"), (["--widths", "2048"], "--widths must be at most 512"))
+  for extra, word in cases + (([], "--interpret"),):
+    code = exit_code(cli.main, ["bench-pallas"] + extra + (["--interpret"] if word != "--interpret" else []))
     err = capsys.readouterr().err.strip()
-    assert word in (str(e.value) + err) and len((str(e.value) if e.value.code != 2 else err).splitlines()) == 1
+    assert code == 2 and word in err and len(err.splitlines()) == 1, (extra, err)
+  import subprocess
+  import sys
+  holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+  try:
+    assert holder.stdout.readline().strip() == "held"
+    assert exit_code(cli.main, argv) == 2
+    out = capsys.readouterr()
+    assert "is in use by pid" in out.err and "backend=" not in out.out          # refused before any work
+  finally:
+    holder.communicate("", timeout=30)
+
+
+def exit_code(main, argv) -> int:
+  """A command's exit status, whether it returns it or argparse exits with it."""
+  try:
+    return main(argv)
+  except SystemExit as e:
+    return e.code
+
+
+# Holds the run folder argv[1] until its standard input closes (another process's `runlock.hold`).
+HOLD = "import sys\nfrom attngeo import runlock\nwith runlock.hold(sys.argv[1]):\n  print('held', flush=True)\n  sys.stdin.read()"
 
 
 def test_triton_resources_reads_the_triton_ir_of_each_kernel():
@@ -259,17 +285,18 @@ def test_triton_resources_reads_the_triton_ir_of_each_kernel():
 
 
 def test_triton_resources_names_a_missing_triton_in_one_line(tmp_path, capsys):
+  """`attngeo bench-triton`: a mistake is one line naming the option, exit 2, before any work (nothing written)."""
   import shutil
 
-  from attngeo.experiments import triton_resources as tr
+  from attngeo import cli
   for argv, word in ((["--triton-python", shutil.which("false")], "has no triton package"),
                      (["--triton-python", str(tmp_path / "none")], "cannot run"),
                      (["--blocks", "48"], "powers of two"), (["--arch", "70"], "--arch"),
-                     (["--warps", "4,,8"], "--warps")):
-    with pytest.raises(SystemExit) as e:
-      tr.main(argv + ["--out", str(tmp_path / "out")])
-    message = str(e.value) if e.value.code != 2 else capsys.readouterr().err.strip()
-    assert word in message and "\n" not in message
+                     (["--warps", "4,,8"], "--warps"), (["--warps", "64"], "--warps"), (["--stages", "0"], "--stages"),
+                     (["--widths", "100000"], "--widths must be at most 1024")):
+    assert exit_code(cli.main, ["bench-triton"] + argv + ["--out", str(tmp_path / "out")]) == 2
+    message = capsys.readouterr().err.strip()
+    assert word in message and "\n" not in message, message
   assert not (tmp_path / "out").exists()
 
 
@@ -281,7 +308,9 @@ def test_triton_resources_compiles_for_sm90_where_triton_is_installed(tmp_path):
 
   from attngeo.experiments import triton_resources as tr
   tr.main(["--widths", "256", "--blocks", "32,128", "--warps", "8", "--stages", "2", "--out", str(tmp_path)])
-  rows = json.loads((tmp_path / "triton_resources.json").read_text())["rows"]
+  table = json.loads((tmp_path / "triton_resources.json").read_text())
+  rows = table["rows"]
+  assert table["complete"] and "sm_90" in (tmp_path / "triton_resources.md").read_text()
   default = [r for r in rows if r["kernel"].endswith("*")]
   assert len(default) == 3 and all(r["verdict"] == "ok" for r in default)
   assert any(r["verdict"] == "too big: cannot launch" for r in rows if r["block"] == 128)

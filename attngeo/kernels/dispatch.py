@@ -26,7 +26,7 @@ per tile like ATTN's instead of 11; the β = 0 edge (DMTN) runs there too from `
 (three products a pair, 9 + 1/T units).
 `"pallas"` runs only when named: never a default on CPU (interpret mode is a test harness, not a kernel),
 and not yet on GPU/TPU either — it has passed its interpret-mode tests, lowers to Triton and to Mosaic here,
-and compiles for sm_90 with pip's Triton (`experiments.triton_resources`), but has never run on a device; the
+and compiles for sm_90 with pip's Triton (`attngeo bench-triton`), but has never run on a device; the
 GPU/TPU default moves to it (from `BLOCKWISE_FROM` keys) once `experiments/gpu_check.sh` has measured it there.
 """
 from __future__ import annotations

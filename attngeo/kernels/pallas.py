@@ -46,7 +46,7 @@ Padding each backend needs (`layout`; D = augmented head dim, E = value dim, n =
   less than 16 (D' + E' > 768 in bf16), at 8 warps and 2 stages (`TRITON`).
   VERIFIED on CPU: forward and backward LOWER to Triton MLIR (`jit(...).trace(...).lower(lowering_platforms=
   ("cuda",))`, the test file; bf16 and float32, key / full masks, causal, D = 16…256), and that Triton IR
-  COMPILES to sm_90 code with pip's Triton and ptxas (`python -m attngeo.experiments.triton_resources`:
+  COMPILES to sm_90 code with pip's Triton and ptxas (`attngeo bench-triton`:
   shared memory, registers, spills per layout; at the default layout none spills and all fit). NOT run: no
   GPU was lent. float32 operands run as TF32 there (`lax.Precision.DEFAULT`, as XLA's own GPU dots do); pass
   bf16 for the tensor cores' full rate.
@@ -95,13 +95,13 @@ def round_up(n: int, m: int) -> int:
 
 
 # GPU blocks are at most GPU_BLOCK and hold block × (D' + E') ≤ GPU_TILE, so that no kernel spills registers on
-# sm_90 at 8 warps (compiled here without a GPU: `python -m attngeo.experiments.triton_resources`). The dk/dv
+# sm_90 at 8 warps (compiled here without a GPU: `attngeo bench-triton`). The dk/dv
 # kernel keeps its float32 [bq, bk] tiles (logits, P, dP, dS) and accumulators dk [bk, D'], dv [bk, E'] in
 # registers: 128-blocks spill at every width tried (24 B at D' = E' = 16, 648 B at D' = E' = 64), 64-blocks at
 # none up to D' + E' = 192; D' = 256 spills 540 B at 64-blocks and none at 32. At D' = 256 the 128-blocks' dq
 # kernel also asks for 240 KiB of shared memory, past the 227 KiB a block may have: it would not launch. These
 # are bf16 figures; float32 operands halve the tile (`gpu_tile`): in float32, 64-blocks spill 32 B at
-# D' = E' = 64 and 296 B at D' = 128 (DMTN/ATAP), 32-blocks none (`triton_resources --dtype float32`).
+# D' = E' = 64 and 296 B at D' = 128 (DMTN/ATAP), 32-blocks none (`attngeo bench-triton --dtype float32`).
 GPU_BLOCK = 64
 GPU_TILE = 12288
 _TILE_BOUNDED = [True]
@@ -243,20 +243,33 @@ def _dq_kernel(*refs, causal, scale, bq, bk, nk, has_mask, mask_keys):
 # ----------------------------------------------------------------------------- pallas_call wiring
 
 # Triton's launch parameters on GPU (warps per program, software-pipelining stages). A module setting, not a
-# kernel argument: `triton_params` changes it for a tuning sweep (`attngeo.experiments.pallas_blocks`). 8 warps:
+# kernel argument: `triton_params` changes it for a tuning sweep (`attngeo bench-pallas`). 8 warps:
 # at 4, the dk/dv kernel spills at D' = 128 with 64-blocks (344 B) where 8 warps spill none; 2 stages: 3 ask
-# for 40–50 % more shared memory and save no registers (`experiments.triton_resources`; times need a GPU).
+# for 40–50 % more shared memory and save no registers (`attngeo bench-triton`; times need a GPU).
 TRITON = {"num_warps": 8, "num_stages": 2}
+
+
+def check_triton(*, num_warps: int | None = None, num_stages: int | None = None, block: int | None = None):
+  """One ValueError naming a value Triton cannot take: `num_warps` a power of two from 1 to 32 (at most 1024
+  threads), `num_stages` from 1 to 8, a `block` a power of two from 16 to 128 (tl.dot's least, `layout`'s most)."""
+  pow2 = lambda x: x >= 1 and not x & (x - 1)
+  if num_warps is not None and not (pow2(num_warps) and num_warps <= 32):
+    raise ValueError(f"num_warps must be a power of two from 1 to 32; got {num_warps}")
+  if num_stages is not None and not 1 <= num_stages <= 8:
+    raise ValueError(f"num_stages must be from 1 to 8; got {num_stages}")
+  if block is not None and not (pow2(block) and 16 <= block <= 128):
+    raise ValueError(f"blocks must be powers of two from 16 to 128; got {block}")
 
 
 @contextlib.contextmanager
 def triton_params(**params):
-  """Within the block, programs traced for GPU use these Triton parameters (`num_warps`, `num_stages`). Only
-  functions traced inside it see them: jit's cache does not key on this setting, so a jitted function traced
-  before keeps its first trace (build a fresh closure, as the sweeps do)."""
+  """Within the block, programs traced for GPU use these Triton parameters (`num_warps`, `num_stages`; checked by
+  `check_triton`). Only functions traced inside it see them: jit's cache does not key on this setting, so a
+  jitted function traced before keeps its first trace (build a fresh closure, as the sweeps do)."""
   unknown = set(params) - set(TRITON)
   if unknown:
     raise ValueError(f"triton_params: unknown {sorted(unknown)}; expected a subset of {sorted(TRITON)}")
+  check_triton(**params)
   saved = dict(TRITON)
   TRITON.update(params)
   try:
@@ -379,7 +392,7 @@ def _backend() -> str:
 def lowering_target(backend: str):
   """Within the block, the Pallas kernels are traced for `backend` ("gpu": Triton, "tpu": Mosaic) whatever the
   default backend is: to lower them here for a device this machine lacks
-  (`jax.jit(f).trace(...).lower(lowering_platforms=("cuda",))`; `experiments.triton_resources`). As with
+  (`jax.jit(f).trace(...).lower(lowering_platforms=("cuda",))`; `attngeo bench-triton`). As with
   `triton_params`, only functions traced inside the block see it."""
   if backend not in ("gpu", "tpu"):
     raise ValueError(f"lowering_target: backend must be 'gpu' or 'tpu'; got {backend!r}")

@@ -49,7 +49,7 @@ Padding each backend needs (`phase_layout`: `pallas.layout`'s blocks, D' and E',
   `PHASE_GPU_BLOCK` (32) and block·(D' + F' + E') ≤ `PHASE_GPU_TILE`, and D, F and E are zero-padded to
   `max(16, next_pow2)` — F is a head dim like D. VERIFIED on CPU: forward and backward LOWER to Triton MLIR (`jit(...).trace(...).lower(
   lowering_platforms=("cuda",))`, in the test file: bf16 and float32, key / full masks, causal) and compile to
-  sm_90 code (`python -m attngeo.experiments.triton_resources --kernel phase`). NOT run: no GPU was lent.
+  sm_90 code (`attngeo bench-triton --kernel phase`). NOT run: no GPU was lent.
 * TPU (Mosaic): blocks multiples of 128 (the key bias and mask blocks), head dims and c's `[1, 1]` block
   whole-array blocks. VERIFIED on CPU as for `pallas`: forward and backward LOWER to Mosaic (sin and cos
   included; every block passes the (8, 128)-or-whole rule; bf16 and float32, key / full masks, causal). NOT
@@ -78,7 +78,7 @@ _F32 = jnp.float32
 # GPU blocks are at most PHASE_GPU_BLOCK and hold block × (D' + F' + E') ≤ PHASE_GPU_TILE: the phase kernels keep
 # more [bq, bk] float32 tiles than the softmax ones (θ, cos, sin, P and their cotangents) and dk, dkt, dv in
 # registers. At 8 warps on sm_90 64-blocks spill at D' = 32 (152 B, F' = 64) and at CMAP's d = 64 (428 B, F' =
-# 128); 32-blocks spill none up to D' = 128, F' = 256 (`python -m attngeo.experiments.triton_resources --kernel
+# 128); 32-blocks spill none up to D' = 128, F' = 256 (`attngeo bench-triton --kernel
 # phase`).
 PHASE_GPU_BLOCK = 32
 PHASE_GPU_TILE = 16384
