@@ -15,21 +15,47 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 start=$SECONDS
-budget=${GPU_CHECK_SECONDS:-540}
+usage="expected none, --out DIR or --dry-run [DIR]"
 dry=0
 out=runs/gpu
 case "${1:-}" in
+  -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   --dry-run) dry=1; out="${2:-runs/gpu-dry}" ;;
   --out) if [[ -z "${2:-}" ]]; then echo "gpu_check.sh: --out needs a folder" >&2; exit 2; fi; out="$2" ;;
   "") ;;
-  *) echo "gpu_check.sh: unknown argument ${1}; expected none, --out DIR or --dry-run [DIR]" >&2; exit 2 ;;
+  *) echo "gpu_check.sh: unknown argument ${1}; $usage" >&2; exit 2 ;;
 esac
 if (($# > 2)) || { [[ "${1:-}" == "" ]] && (($# > 0)); }; then
-  echo "gpu_check.sh: too many arguments (${*}); expected none, --out DIR or --dry-run [DIR]" >&2
+  echo "gpu_check.sh: too many arguments (${*}); $usage" >&2
   exit 2
 fi
-mkdir -p "$out"
+if [[ "$out" == -* ]]; then echo "gpu_check.sh: the output folder must not start with '-'; got $out" >&2; exit 2; fi
+budget=${GPU_CHECK_SECONDS:-540}
+if ! [[ "$budget" =~ ^[0-9]+$ ]] || ((10#$budget < 60)); then
+  echo "gpu_check.sh: GPU_CHECK_SECONDS must be a whole number of seconds ≥ 60; got '$budget'" >&2
+  exit 2
+fi
+budget=$((10#$budget))
+if ! mkdir -p "$out" 2>/dev/null || ! [[ -w "$out" ]]; then
+  echo "gpu_check.sh: cannot write the output folder $out (a file in the way, or not writable)" >&2
+  exit 2
+fi
+if ! command -v python3 >/dev/null || { ((dry)) && ! command -v attngeo >/dev/null; }; then
+  echo "gpu_check.sh: no attngeo command on PATH: activate the project's venv (source .venv/bin/activate)" >&2
+  exit 2
+fi
 summary=()
+stage_pid=
+
+# Ctrl-C or SIGTERM: stop the stage in progress (timeout passes the signal on to it), say so, and stop.
+interrupted() {
+  [[ -n "$stage_pid" ]] && kill -TERM "$stage_pid" 2>/dev/null && wait "$stage_pid" 2>/dev/null
+  summary+=("interrupted ($1) after $((SECONDS - start)) s")
+  printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
+  exit "$2"
+}
+trap 'interrupted SIGINT 130' INT
+trap 'interrupted SIGTERM 143' TERM
 
 # stage NAME SECONDS COMMAND...: run COMMAND under min(SECONDS, time left), its output also in $out/NAME.txt
 stage() {
@@ -40,8 +66,11 @@ stage() {
   ((limit > left)) && limit=$left
   echo "=== $name (≤ ${limit} s) ==="
   local t0=$SECONDS
-  timeout -k 10 "$limit" "$@" 2>&1 | tee "$out/$name.txt"
-  rc=${PIPESTATUS[0]}
+  timeout -k 10 "$limit" "$@" > >(tee "$out/$name.txt") 2>&1 &
+  stage_pid=$!
+  wait "$stage_pid"
+  rc=$?
+  stage_pid=
   if ((rc == 0)); then
     summary+=("$name: ok in $((SECONDS - t0)) s")
   elif ((SECONDS - t0 >= limit)) && ((rc == 124 || rc == 137)); then
@@ -115,7 +144,7 @@ stage bench_train_lm 40 attngeo bench-train "${train_lm[@]}" --out "$out/train_l
 if ((${#train_d12[@]})); then
   stage bench_train_d12 90 attngeo bench-train "${train_d12[@]}" --out "$out/train_d12"
 fi
-stage pallas_blocks 60 python3 -m attngeo.experiments.pallas_blocks "${sweep[@]}" --out "$out/pallas_blocks"
+stage pallas_blocks 60 attngeo bench-pallas "${sweep[@]}" --out "$out/pallas_blocks"
 if ((${#causal[@]})); then
   stage bench_causal 45 attngeo bench "${causal[@]}" "${common[@]}" --dtype bfloat16 --repeats "$repeats" \
     --long 0 --out "$out/causal"
@@ -123,4 +152,7 @@ fi
 
 echo "=== summary ($((SECONDS - start)) s) ==="
 printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
-! grep -q "FAILED\|TIMED OUT" "$out/summary.txt"
+ran=$(printf '%s\n' "${summary[@]}" | grep -c ": ok in")
+if ((ran == 0)) || printf '%s\n' "${summary[@]}" | grep -q "FAILED\|TIMED OUT"; then
+  exit 1
+fi

@@ -26,6 +26,29 @@ def test_syntax_shellcheck_and_bad_argument():
   assert out.returncode == 2 and out.stderr.strip() == "gpu_check.sh: --out needs a folder"
 
 
+@pytest.mark.parametrize("argv,env,word", [
+    (["--dry-run", "{tmp}/afile"], {}, "cannot write the output folder"),
+    (["--dry-run", "{tmp}/afile/sub"], {}, "cannot write the output folder"),
+    (["--dry-run", "--out"], {}, "must not start with '-'"),
+    (["--out", "{tmp}/o", "--dry-run"], {}, "too many arguments"),
+    (["--dry-run", "{tmp}/o"], {"GPU_CHECK_SECONDS": "60s"}, "GPU_CHECK_SECONDS must be a whole number"),
+    (["--dry-run", "{tmp}/o"], {"GPU_CHECK_SECONDS": "0"}, "GPU_CHECK_SECONDS must be a whole number")])
+def test_mistakes_are_one_line_before_any_stage(tmp_path, argv, env, word):
+  """A bad output folder, a budget that is not a whole number of seconds ≥ 60 or a stray argument: exit 2, one
+  line, no stage run (they used to run every stage into `tee` errors and exit 0)."""
+  (tmp_path / "afile").write_text("x")
+  argv = [a.format(tmp=tmp_path) for a in argv]
+  out = subprocess.run(["bash", SCRIPT, *argv], capture_output=True, text=True, timeout=30,
+                       env=dict(os.environ, **env))
+  assert out.returncode == 2 and word in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+  assert "===" not in out.stdout and not (tmp_path / "o").exists()
+
+
+def test_help_prints_the_header():
+  out = subprocess.run(["bash", SCRIPT, "--help"], capture_output=True, text=True, timeout=30)
+  assert out.returncode == 0 and "bash experiments/gpu_check.sh --dry-run [DIR]" in out.stdout
+
+
 def test_pallas_needs_a_gpu_or_tpu_unless_interpret_on_cpu(capsys):
   import jax
   if jax.default_backend() != "cpu":
