@@ -77,9 +77,9 @@ def relative_error(got, want) -> float:
   return worst
 
 
-def check_grid(widths, blocks, warps, stages, width_max: int = 1024) -> None:
+def check_grid(widths, blocks, warps, stages, width_max: int = 1024, value_dim: int = 1) -> None:
   """One ValueError naming the first option value of a sweep's grid that Triton cannot take (`pallas.check_triton`)
-  or a head width past `width_max`, before any work."""
+  or a head or value width past `width_max`, before any work."""
   from attngeo.kernels import pallas
   for name, values, key in (("--blocks", blocks, "block"), ("--warps", warps, "num_warps"),
                             ("--stages", stages, "num_stages")):
@@ -90,6 +90,8 @@ def check_grid(widths, blocks, warps, stages, width_max: int = 1024) -> None:
         raise ValueError(f"{name}: {e}") from None
   if max(widths) > width_max:
     raise ValueError(f"--widths must be at most {width_max}; got {max(widths)}")
+  if value_dim > width_max:
+    raise ValueError(f"--value-dim must be at most {width_max}; got {value_dim}")
 
 
 def partial_note(done: int, total: int, what: str) -> str:
@@ -163,7 +165,7 @@ def parser():
 def main(argv=None):
   a = parser().parse_args(argv)
   widths, blocks, warps, stages = a.widths, a.blocks, a.warps, a.stages
-  check_grid(widths, blocks, warps, stages, width_max=512)
+  check_grid(widths, blocks, warps, stages, width_max=512, value_dim=a.value_dim)
   with runlock.hold(a.out):                     # one process per --out, refused before any work
     return run(a, widths, blocks, warps, stages)
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import subprocess
 import sys
 
@@ -141,21 +142,31 @@ def compiled(k, folder):
                 spill=sum(int(x) for x in re.findall(r"(\d+) bytes spill stores", r.stderr)), error=None)
   except Exception as e:
     return dict(shared=None, registers=None, spill=None, error=(str(e).splitlines() or [type(e).__name__])[0])
-for k in job["kernels"]:
-  with tempfile.TemporaryDirectory(prefix="attngeo-triton-") as folder:
-    out.append(compiled(k, folder))
+for i, k in enumerate(job["kernels"]):
+  folder = os.path.join(job["folder"], str(i))       # the caller's temporary folder: it removes it, killed or not
+  os.mkdir(folder)
+  out.append(compiled(k, folder))
 print(json.dumps(out))
 """
 
 
 def compile_kernels(kernels: list[dict], arch: int, python: str) -> list[dict]:
-  """{shared, registers, spill, error} of each kernel, compiled by `python`'s triton for sm_<arch>."""
-  job = json.dumps({"arch": arch, "kernels": kernels})
-  r = subprocess.run([python, "-c", COMPILE], input=job, capture_output=True, text=True)
+  """{shared, registers, spill, error} of each kernel, compiled by `python`'s triton for sm_<arch> in a temporary
+  folder of this process (removed here even when the compile is killed with it)."""
+  import tempfile
+  with tempfile.TemporaryDirectory(prefix="attngeo-triton-") as folder:
+    job = json.dumps({"arch": arch, "kernels": kernels, "folder": folder})
+    r = subprocess.run([python, "-c", COMPILE], input=job, capture_output=True, text=True)
   if r.returncode != 0:
     last = (r.stderr.strip().splitlines() or ["no output"])[-1]
     raise ValueError(f"--triton-python {python}: compiling failed: {last}")
-  return json.loads(r.stdout.strip().splitlines()[-1])
+  try:
+    results = json.loads((r.stdout.strip().splitlines() or [""])[-1])
+  except ValueError:
+    results = None
+  if not isinstance(results, list) or len(results) != len(kernels):
+    raise ValueError(f"--triton-python {python} printed no compile results: is it a Python with pip's triton?")
+  return results
 
 
 def default_layout(kernel: str, d: int, e: int, dtype: str = "bfloat16") -> tuple[int, int, int]:
@@ -224,14 +235,14 @@ def parser():
 def main(argv=None):
   a = parser().parse_args(argv)
   widths, blocks, warps, stages = a.widths, a.blocks, a.warps, a.stages
-  pallas_blocks.check_grid(widths, blocks, warps, stages)
+  pallas_blocks.check_grid(widths, blocks, warps, stages, value_dim=a.value_dim)
   try:
     probe = subprocess.run([a.triton_python, "-c", "import triton; print(triton.__version__)"],
                            capture_output=True, text=True)
   except OSError as e:
-    raise ValueError(f"--triton-python {a.triton_python} cannot run: {e.strerror}") from None
-  if probe.returncode != 0:
-    raise ValueError(f"--triton-python {a.triton_python} has no triton package: pip install triton (it bundles "
+    raise ValueError(f"--triton-python {a.triton_python or repr('')} cannot run: {e.strerror}") from None
+  if probe.returncode != 0 or not re.fullmatch(r"\d+\.\d+\S*", probe.stdout.strip()):
+    raise ValueError(f"--triton-python {a.triton_python or repr('')} has no triton package: pip install triton (it bundles "
                      "ptxas; no GPU needed), or name another interpreter with --triton-python")
   header = (f"triton {probe.stdout.strip()}, sm_{a.arch} (shared memory per block ≤ {SHARED_BYTES[a.arch] // 1024} "
             f"KiB), kernel {a.kernel}, {a.dtype}, {TOKENS} tokens; * = the kernel's default layout")

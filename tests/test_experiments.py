@@ -293,7 +293,9 @@ def test_triton_resources_names_a_missing_triton_in_one_line(tmp_path, capsys):
                      (["--triton-python", str(tmp_path / "none")], "cannot run"),
                      (["--blocks", "48"], "powers of two"), (["--arch", "70"], "--arch"),
                      (["--warps", "4,,8"], "--warps"), (["--warps", "64"], "--warps"), (["--stages", "0"], "--stages"),
-                     (["--widths", "100000"], "--widths must be at most 1024")):
+                     (["--widths", "100000"], "--widths must be at most 1024"),
+                     (["--value-dim", "100000"], "--value-dim must be at most 1024"),
+                     (["--triton-python", "/bin/true"], "has no triton package")):
     assert exit_code(cli.main, ["bench-triton"] + argv + ["--out", str(tmp_path / "out")]) == 2
     message = capsys.readouterr().err.strip()
     assert word in message and "\n" not in message, message
