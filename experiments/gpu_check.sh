@@ -36,21 +36,26 @@ if ! [[ "$budget" =~ ^[0-9]+$ ]] || ((10#$budget < 60)); then
   exit 2
 fi
 budget=$((10#$budget))
+if ((dry)) && ! command -v attngeo >/dev/null; then
+  echo "gpu_check.sh: no attngeo command on PATH: activate the project's venv (source .venv/bin/activate)" >&2
+  exit 2
+fi
+if ((!dry)) && ! command -v nvidia-smi >/dev/null; then
+  echo "gpu_check.sh: no NVIDIA GPU here (nvidia-smi is missing); on a CPU run --dry-run [DIR]" >&2
+  exit 2
+fi
 if ! mkdir -p "$out" 2>/dev/null || ! [[ -w "$out" ]]; then
   echo "gpu_check.sh: cannot write the output folder $out (a file in the way, or not writable)" >&2
   exit 2
 fi
-if ! command -v python3 >/dev/null || { ((dry)) && ! command -v attngeo >/dev/null; }; then
-  echo "gpu_check.sh: no attngeo command on PATH: activate the project's venv (source .venv/bin/activate)" >&2
-  exit 2
-fi
 summary=()
 stage_pid=
+stage_name=
 
 # Ctrl-C or SIGTERM: stop the stage in progress (timeout passes the signal on to it), say so, and stop.
 interrupted() {
   [[ -n "$stage_pid" ]] && kill -TERM "$stage_pid" 2>/dev/null && wait "$stage_pid" 2>/dev/null
-  summary+=("interrupted ($1) after $((SECONDS - start)) s")
+  summary+=("interrupted ($1)${stage_name:+ during $stage_name} after $((SECONDS - start)) s")
   printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
   exit "$2"
 }
@@ -68,9 +73,11 @@ stage() {
   local t0=$SECONDS
   timeout -k 10 "$limit" "$@" > >(tee "$out/$name.txt") 2>&1 &
   stage_pid=$!
+  stage_name=$name
   wait "$stage_pid"
   rc=$?
   stage_pid=
+  stage_name=
   if ((rc == 0)); then
     summary+=("$name: ok in $((SECONDS - t0)) s")
   elif ((SECONDS - t0 >= limit)) && ((rc == 124 || rc == 137)); then

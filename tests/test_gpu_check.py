@@ -38,10 +38,22 @@ def test_mistakes_are_one_line_before_any_stage(tmp_path, argv, env, word):
   line, no stage run (they used to run every stage into `tee` errors and exit 0)."""
   (tmp_path / "afile").write_text("x")
   argv = [a.format(tmp=tmp_path) for a in argv]
+  path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])   # this venv's attngeo
   out = subprocess.run(["bash", SCRIPT, *argv], capture_output=True, text=True, timeout=30,
-                       env=dict(os.environ, **env))
+                       env=dict(os.environ, PATH=path, **env))
   assert out.returncode == 2 and word in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
   assert "===" not in out.stdout and not (tmp_path / "o").exists()
+
+
+def test_without_the_venv_or_a_gpu_it_says_so_and_writes_nothing(tmp_path):
+  """No attngeo on PATH (a dry run outside the venv) or no nvidia-smi (the GPU run on a CPU machine): one line,
+  exit 2, no folder made (the GPU run used to go on: pip on the system python, a symlink in the checkout)."""
+  for argv, word in ((["--dry-run", str(tmp_path / "d")], "activate the project's venv"),
+                     (["--out", str(tmp_path / "g")], "no NVIDIA GPU here")):
+    out = subprocess.run(["bash", SCRIPT, *argv], capture_output=True, text=True, timeout=30,
+                         env=dict(os.environ, PATH="/usr/bin:/bin"))
+    assert out.returncode == 2 and word in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+  assert not any(tmp_path.iterdir())
 
 
 def test_help_prints_the_header():
