@@ -141,20 +141,25 @@ def best(rows, tolerance: float) -> list[str]:
   return out
 
 
+def add_grid_arguments(p, widths: str) -> None:
+  """The layout grid both Pallas sweeps take (this one and `triton_resources`), checked by `check_grid`: head
+  widths (default `widths`), value width, blocks, warps, stages and the operands' dtype."""
+  p.add_argument("--widths", type=config.int_list, default=widths, help="augmented head widths D, comma-separated")
+  p.add_argument("--value-dim", type=config.positive_int, default=64, help="value width E")
+  p.add_argument("--blocks", type=config.int_list, default="32,64,128",
+                 help="block sizes (bq = bk), powers of two 16…128")
+  p.add_argument("--warps", type=config.int_list, default="4,8", help="Triton num_warps values")
+  p.add_argument("--stages", type=config.int_list, default="2,3", help="Triton num_stages values")
+  p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
+                 help="q, k, v dtype (float32 runs as TF32 on the tensor cores, with twice the operand bytes)")
+
+
 def parser():
   p = config.parser("attngeo bench-pallas", __doc__, show_defaults=True)
   p.add_argument("--seq", type=config.positive_int, default=4096, help="queries = keys")
   p.add_argument("--batch", type=config.positive_int, default=8, help="sequences per call")
   p.add_argument("--heads", type=config.positive_int, default=8, help="attention heads")
-  p.add_argument("--widths", type=config.int_list, default="64,256",
-                 help="augmented head widths D, comma-separated")
-  p.add_argument("--value-dim", type=config.positive_int, default=64, help="value width E")
-  p.add_argument("--blocks", type=config.int_list, default="32,64,128",
-                 help="block sizes (bq = bk; powers of two 16…128 on GPU)")
-  p.add_argument("--warps", type=config.int_list, default="4,8", help="Triton num_warps values")
-  p.add_argument("--stages", type=config.int_list, default="2,3", help="Triton num_stages values")
-  p.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16",
-                 help="q, k, v dtype (float32 runs as TF32 products on the GPU)")
+  add_grid_arguments(p, widths="64,256")
   p.add_argument("--causal", action="store_true", help="the lower-triangular order")
   p.add_argument("--repeats", type=config.positive_int, default=5, help="timed runs per configuration (median)")
   p.add_argument("--interpret", action="store_true", help="allow CPU (interpret mode: a dry run, not a timing)")

@@ -215,15 +215,7 @@ def parser():
   p = config.parser("attngeo bench-triton", __doc__, show_defaults=True)
   p.add_argument("--kernel", choices=("softmax", "phase"), default="softmax",
                  help="softmax: the family's flash kernel (D = the augmented width); phase: CMAP's (F = 2·D)")
-  p.add_argument("--widths", type=config.int_list, default="64,128,256",
-                 help="head widths D, comma-separated")
-  p.add_argument("--value-dim", type=config.positive_int, default=64, help="value width E")
-  p.add_argument("--blocks", type=config.int_list, default="32,64,128",
-                 help="block sizes (bq = bk), powers of two 16…128")
-  p.add_argument("--warps", type=config.int_list, default="4,8", help="Triton num_warps values")
-  p.add_argument("--stages", type=config.int_list, default="2,3", help="Triton num_stages values")
-  p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
-                 help="q, k, v dtype (float32 runs as TF32 on the tensor cores, with twice the operand bytes)")
+  pallas_blocks.add_grid_arguments(p, widths="64,128,256")
   p.add_argument("--arch", type=int, choices=sorted(SHARED_BYTES), default=90,
                  help="compute capability ×10 (90: H100/H200; 80: A100)")
   p.add_argument("--triton-python", default=sys.executable,
