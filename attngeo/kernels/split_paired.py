@@ -86,6 +86,16 @@ def _untiles(x):
   return x.reshape((x.shape[0], -1) + x.shape[3:])
 
 
+def _tiles_t(x_t, tiles, t):
+  """Feature-major [B, f, n] -> [T, B, f, t]: `_tiles` of the `_blocks.feature_major` form."""
+  return jnp.moveaxis(x_t.reshape(x_t.shape[:2] + (tiles, t)), 2, 0)
+
+
+def _untiles_t(x):
+  """[T, B, f, t] -> [B, f, n]."""
+  return jnp.moveaxis(x, 0, 2).reshape(x.shape[1:3] + (-1,))
+
+
 def _diagonal(qa, ka, bias_a, w, w_t, c, s):
   """A diagonal tile's logits [B, t, t]: s(w X + w_t Xᵀ + c G) + bias, X = q_a·k_aᵀ, G = q_a·q_aᵀ (c ≠ 0)."""
   x = _dot("bid,bjd->bij", qa, ka)
@@ -164,22 +174,24 @@ def _split_paired_bwd(w, w_t, c, s, block_size, res, dy):
   tiles, t = tiling(n, block_size)
   dd = jnp.sum(dy * y, -1)
 
+  q_t, k_t, dy_t = feature_major(q), feature_major(k), feature_major(dy)
+
   def diagonal(args):
     """A diagonal tile: P and its cotangent, Ā = s(w dL + w_t dLᵀ) on the one product X = q_a·k_aᵀ (and
-    Ḡ = s·c(dL + dLᵀ) on G = q_a·q_aᵀ)."""
-    qa, ka, va, bias_a, lse_a, dy_a, dd_a = args
+    Ḡ = s·c(dL + dLᵀ) on G = q_a·q_aᵀ); its key-side sums feature-major ([B, f, t]: the products read the tile
+    untransposed), as the pairs' accumulators they start."""
+    qa, ka, va, bias_a, lse_a, dy_a, dd_a, qa_t, dya_t = args
     p = jnp.exp(_diagonal(qa, ka, bias_a, w, w_t, c, s) - lse_a[..., None])
     dl = p * (_dot("bie,bje->bij", dy_a, va) - dd_a[..., None])
     bar = s * (w * dl + w_t * jnp.swapaxes(dl, 1, 2))
     dq_a = _dot("bij,bjf->bif", bar, ka)
     if c:
       dq_a = dq_a + _dot("bij,bjf->bif", s * c * (dl + jnp.swapaxes(dl, 1, 2)), qa)
-    return (dq_a, feature_major(_dot("bfi,bij->bfj", feature_major(qa), bar)),
-            feature_major(_dot("bei,bij->bej", feature_major(dy_a), p)), jnp.sum(dl, -2))
+    return dq_a, _dot("bfi,bij->bfj", qa_t, bar), _dot("bei,bij->bej", dya_t, p), jnp.sum(dl, -2)
 
-  dq, dk, dv, dbias = map(_untiles, jax.lax.map(diagonal, tuple(_tiles(x, tiles, t) for x in
-                                                                (q, k, v, bias, lse, dy, dd))))
-  q_t, k_t, dy_t = feature_major(q), feature_major(k), feature_major(dy)
+  dq, dk_k, dv_k, dbias = jax.lax.map(diagonal, tuple(_tiles(x, tiles, t) for x in (q, k, v, bias, lse, dy, dd))
+                                      + (_tiles_t(q_t, tiles, t), _tiles_t(dy_t, tiles, t)))
+  dq, dbias, dk_k, dv_k = _untiles(dq), _untiles(dbias), _untiles_t(dk_k), _untiles_t(dv_k)
 
   def pair(carry, ab):
     dq, dk, dv, dq_k, dk_k, dv_k, dbias = carry
@@ -204,8 +216,7 @@ def _split_paired_bwd(w, w_t, c, s, block_size, res, dy):
     dbias = add_slab(add_slab(dbias, b, t, jnp.sum(dl_ab, -2)), a, t, jnp.sum(dl_ba_t, -1))
     return (dq, dk, dv, dq_k, dk_k, dv_k, dbias), None
 
-  zeros_t = lambda x: jnp.zeros((bb, x.shape[-1], n), jnp.float32)
-  carry = (dq, dk, dv, zeros_t(q), zeros_t(k), zeros_t(v), dbias)
+  carry = (dq, jnp.zeros_like(k), jnp.zeros_like(v), jnp.zeros_like(q_t), dk_k, dv_k, dbias)
   (dq, dk, dv, dq_k, dk_k, dv_k, dbias), _ = jax.lax.scan(pair, carry, pair_tasks(tiles))
   return dq + feature_major(dq_k), dk + feature_major(dk_k), dv + feature_major(dv_k), dbias
 
