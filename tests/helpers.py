@@ -151,27 +151,6 @@ def family_edge64(*arrays, **kw):
 
 
 
-def product_flops(jaxpr) -> int:
-  """2·(output size)·(contracted size) over every dot_general of a jaxpr and its sub-jaxprs, a scan's (or
-  `lax.map`'s) body counted `length` times; `cond` branches skipped (the overflow mend's rerun,
-  `operators._mend_overflow`, runs only on overflow). The product count of a kernel's program."""
-  total = 0
-  for eqn in jaxpr.eqns:
-    if eqn.primitive.name == "cond":
-      continue
-    if eqn.primitive.name == "dot_general":
-      (lc, _), _ = eqn.params["dimension_numbers"]
-      out, lhs = eqn.outvars[0].aval.shape, eqn.invars[0].aval.shape
-      total += 2 * int(np.prod(out)) * int(np.prod([lhs[i] for i in lc]))
-    times = eqn.params.get("length", 1) if eqn.primitive.name == "scan" else 1
-    for value in eqn.params.values():
-      for sub in value if isinstance(value, (tuple, list)) else (value,):
-        sub = getattr(sub, "jaxpr", sub)
-        if hasattr(sub, "eqns"):
-          total += times * product_flops(sub)
-  return total
-
-
 def huge_and_plain_tokens(seed=0, n=16, h=2, d=8, e=6, size=1e20):
   """q, k, v [1, n, h, ·]: the first half of the queries scaled to |q| ≈ `size`, the rest standard normal."""
   rng = np.random.default_rng(seed)

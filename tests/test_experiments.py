@@ -316,3 +316,44 @@ def test_triton_resources_compiles_for_sm90_where_triton_is_installed(tmp_path):
   default = [r for r in rows if r["kernel"].endswith("*")]
   assert len(default) == 3 and all(r["verdict"] == "ok" for r in default)
   assert any(r["verdict"] == "too big: cannot launch" for r in rows if r["block"] == 128)
+
+
+def test_time_parts_names_each_thunk_and_counts_the_products(monkeypatch, capsys):
+  """experiments/time_parts: XLA:CPU's thunk names sorted into products, elementwise passes and moves (loops and
+  the executor's own events left out); the units column is each kernel's product count (ATTN 6 on einsum and 7
+  blockwise, ATAP 6 on its split kernel and 11 on the augmented heads, CMAP 15 on einsum, as docs/benchmarks.md and
+  docs/magnetic.md count them); a profile of a real program has time in every kind; bad input is one line."""
+  from attngeo import hugepages
+  from attngeo.experiments import time_parts as tp
+  names = {"ynn_fusion.7": "products", "dot.4": "products", "subtract_exponential_fusion.2": "elementwise",
+           "broadcast_add_fusion": "elementwise", "dynamic-slice_bitcast_fusion.4": "moves",
+           "bitcast_dynamic-update-slice_fusion.2": "moves", "wrapped_dynamic-slice.11": "moves",
+           "bitcast_transpose_fusion.5": "moves", "wrapped_copy.4": "moves", "while.16": None,
+           "ThunkExecutor::Execute": None, "SlinkyThreadPool::Await": None, "$api.py:2479 block_until_ready": None}
+  assert {name: tp.kind(name) for name in names} == names
+  rows = tp.measure(64, 1, ("ATTN", "ATAP", "CMAP"), calls=1, heads=2, head_dim=8)
+  assert [(r.operator, r.kernel, r.units) for r in rows] == [("ATTN", "einsum", 6), ("ATAP", "split", 6),
+                                                               ("CMAP", "einsum", 15)]
+  assert all(r.wall > 0 and r.parts["products"] > 0 and r.parts["elementwise"] > 0 for r in rows)
+  rows = tp.measure(1024, 1, ("ATTN", "ATAP"), implementation="blockwise", calls=1, heads=2, head_dim=8)
+  assert [(r.kernel, r.units) for r in rows] == [("blockwise", 7), ("blockwise", 11)]
+  assert all(r.parts["moves"] > 0 for r in rows)
+  assert "| 1024 | 1 | ATAP | blockwise |" in tp.table(rows)
+  monkeypatch.setattr(hugepages, "reexec", lambda: None)
+  tp.main(["--operators", "attn,dmap", "--seqs", "32", "--batches", "1", "--calls", "1"])
+  out = capsys.readouterr().out
+  assert "| 32 | 1 | ATTN | einsum |" in out and "| 32 | 1 | DMAP | einsum |" in out
+  for argv, word in ((["--operators", "ATTN,FOO"], "--operators"), (["--seqs", "32,64", "--batches", "1"], "--batches"),
+                     (["--calls", "0"], "--calls"), (["--implementation", "xla"], "--implementation")):
+    assert exit_code(tp.main, argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert word in err and len(err.splitlines()) == 1, (argv, err)
+
+
+def test_time_parts_shares_the_time_of_ops_that_ran_side_by_side():
+  """`shared_seconds` against a hand count: a product alone for 2 s, then beside an elementwise pass for 2 s (1 s
+  each), the pass alone for 1 s, a gap, a move for 3 s: the kinds add up to the 8 s some op ran."""
+  from attngeo.experiments import time_parts as tp
+  got = tp.shared_seconds([(0, 4, "products"), (2, 5, "elementwise"), (7, 10, "moves")])
+  assert got == {"products": 3.0, "elementwise": 2.0, "moves": 3.0}
+  assert tp.shared_seconds([]) == {"products": 0.0, "elementwise": 0.0, "moves": 0.0}

@@ -10,9 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import family_edge, family_edge64, product_flops
+from helpers import family_edge, family_edge64
 
 from attngeo import kernels, operators as op
+from attngeo.experiments.time_parts import product_flops
 
 B, N, H, D = 2, 24, 3, 8
 ALPHA_PER_HEAD = np.array([0.0, 0.4, 0.9], np.float32)

@@ -11,9 +11,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import family_edge, family_edge64, product_flops
+from helpers import family_edge, family_edge64
 
 from attngeo import kernels, operators as op
+from attngeo.experiments.time_parts import product_flops
 
 B, H, D = 2, 3, 8
 

@@ -1,0 +1,216 @@
+"""What an attention kernel's time is made of on XLA:CPU, measured by the profiler, beside its product count.
+
+    python -m attngeo.experiments.time_parts [--operators ATTN,DMAP,DMTN,ATAP,CMAP] [--seqs 256,2048]
+                                             [--batches 8,4] [--implementation NAME] [--causal] [--calls 3]
+
+For each length: a jitted forward + backward (the gradient of Σ w ⊙ y in q, k, v) of every operator on the kernel
+the dispatcher picks (`operators.transport`; CMAP `operators.magnetic_transport`) or on `--implementation`,
+8 heads of 64, float32. The calls are timed interleaved (`timing.interleaved_seconds`, fastest of `--calls`), then
+each is run `--calls` times under `jax.profiler.trace`. XLA:CPU runs a program as thunks, one trace event each,
+named for its HLO instruction; their times are summed by kind:
+
+* products — dot fusions (YNNPACK's `ynn_fusion…`, Eigen's `dot…`);
+* moves — fusions named for a slice, dynamic-update-slice, copy, transpose, concatenate or pad;
+* elementwise — every other fusion: exp, the softmax's reductions, masks, the cotangents' passes.
+
+XLA:CPU runs independent thunks side by side on its threads; a moment's time is split evenly among the ops
+running then (`shared_seconds`), so the three parts add up to the time any op ran, and `between` is the rest of the
+wall time (loop control, launching thunks; the fastest timed call less the profiled calls' mean, so it can dip below
+0). XLA names a fusion for some of its instructions: a transpose fused into an elementwise pass counts as
+elementwise. `units` counts the program's products from its jaxpr (`product_flops`) in n × n × d units
+(2·b·h·n²·d FLOPs, d the head width). Read each part against ATTN's (the `× ATTN` columns). Runs with glibc's huge
+pages, as `attngeo` does; CPU only (the names are XLA:CPU's).
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import re
+import tempfile
+from typing import NamedTuple
+
+OPERATORS = ("ATTN", "DMAP", "DMTN", "ATAP", "CMAP")
+KINDS = ("products", "elementwise", "moves")
+_PRODUCT = ("ynn", "dot", "convolution")
+_MOVE = ("slice", "dynamic-slice", "dynamic-update-slice", "copy", "transpose", "concatenate", "pad", "reverse")
+_CONTROL = ("while", "conditional", "call")                  # span their bodies' thunks: not ops of their own
+_HLO_NAME = re.compile(r"^[a-z][\w\-]*(\.\d+)?$")
+
+
+def product_flops(jaxpr) -> int:
+  """2·(output size)·(contracted size) over every dot_general of a jaxpr and its sub-jaxprs, a scan's (or
+  `lax.map`'s) body counted `length` times; `cond` branches skipped (the overflow mend's rerun,
+  `operators._mend_overflow`, runs only on overflow). The product count of a kernel's program."""
+  import numpy as np
+  total = 0
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "cond":
+      continue
+    if eqn.primitive.name == "dot_general":
+      (lc, _), _ = eqn.params["dimension_numbers"]
+      out, lhs = eqn.outvars[0].aval.shape, eqn.invars[0].aval.shape
+      total += 2 * int(np.prod(out)) * int(np.prod([lhs[i] for i in lc]))
+    times = eqn.params.get("length", 1) if eqn.primitive.name == "scan" else 1
+    for value in eqn.params.values():
+      for sub in value if isinstance(value, (tuple, list)) else (value,):
+        sub = getattr(sub, "jaxpr", sub)
+        if hasattr(sub, "eqns"):
+          total += times * product_flops(sub)
+  return total
+
+
+def kind(name: str) -> str | None:
+  """The kind (`KINDS`) of a thunk named `name` ("ynn_fusion.7", "subtract_exponential_fusion.2",
+  "dynamic-slice_bitcast_fusion"), or None for an event that is not one op (a loop, the executor's own)."""
+  if not _HLO_NAME.match(name):
+    return None
+  parts = name.split(".")[0].split("_")
+  if parts[0] in _CONTROL:
+    return None
+  if any(p in _PRODUCT for p in parts):
+    return "products"
+  if any(p in _MOVE for p in parts):
+    return "moves"
+  return "elementwise"
+
+
+def shared_seconds(intervals) -> dict[str, float]:
+  """{kind: seconds} of (start, end, kind) intervals, each moment's time split evenly among the intervals running
+  then: two ops side by side take half of it each, so the kinds add up to the time any op ran."""
+  totals = dict.fromkeys(KINDS, 0.0)
+  edges = sorted([(s, 1, k) for s, _, k in intervals] + [(e, -1, k) for _, e, k in intervals],
+                 key=lambda edge: (edge[0], edge[1]))
+  running, count, before = dict.fromkeys(KINDS, 0), 0, None
+  for at, step, k in edges:
+    if count:
+      for kk, c in running.items():
+        totals[kk] += (at - before) * c / count
+    running[k] += step
+    count += step
+    before = at
+  return totals
+
+
+def op_seconds(trace_dir: str) -> dict[str, float]:
+  """{kind: seconds} of the op events of every profile under `trace_dir` (`jax.profiler.trace`), the time of ops
+  that ran side by side shared among them (`shared_seconds`)."""
+  from jax.profiler import ProfileData
+  intervals = []
+  for path in glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True):
+    for plane in ProfileData.from_file(path).planes:
+      for line in plane.lines:
+        intervals += [(e.start_ns * 1e-9, e.end_ns * 1e-9, kind(e.name)) for e in line.events
+                      if kind(e.name) is not None]
+  return shared_seconds(intervals)
+
+
+class Row(NamedTuple):
+  """One operator at one length: wall seconds (fastest call), product units, and op seconds per call by kind."""
+  keys: int
+  batch: int
+  operator: str
+  kernel: str
+  wall: float
+  units: float
+  parts: dict
+
+
+def _program(operator: str, n: int, batch: int, heads: int, head_dim: int, implementation, causal: bool):
+  """(the jitted gradient, its arguments, the kernel's name) of `operator` at `n` keys."""
+  import jax
+  import jax.numpy as jnp
+
+  from attngeo import kernels, operators as op
+  ks = jax.random.split(jax.random.PRNGKey(0), 4)
+  q, k, v, w = (0.3 * jax.random.normal(key, (batch, n, heads, head_dim)) for key in ks)
+  if operator == "CMAP":
+    name = kernels.choose("magnetic", implementation, n)
+    f = lambda q, k, v: op.magnetic_transport(q, k, v, causal=causal, implementation=implementation)
+  else:
+    beta, alpha = op.corner(operator)
+    split = op.split_kernel(beta, alpha, implementation, n, causal=causal)
+    name = {"dense": "split", "paired": "split_paired"}.get(split, kernels.choose("softmax", implementation, n))
+    f = lambda q, k, v: op.transport(q, k, v, beta=beta, alpha=alpha, causal=causal, implementation=implementation)
+  grad = jax.jit(jax.grad(lambda q, k, v: jnp.sum(f(q, k, v) * w), (0, 1, 2)))
+  return grad, (q, k, v), name
+
+
+def measure(n: int, batch: int, operators=OPERATORS, *, implementation=None, causal: bool = False, calls: int = 3,
+            heads: int = 8, head_dim: int = 64) -> list[Row]:
+  """A `Row` per operator at `n` keys (module docstring): the calls timed interleaved, then each profiled."""
+  import jax
+
+  from attngeo.experiments import timing
+  programs = {name: _program(name, n, batch, heads, head_dim, implementation, causal) for name in operators}
+  compiled = {name: g.lower(*args).compile() for name, (g, args, _) in programs.items()}
+  wall = timing.interleaved_seconds({name: (lambda c=c, a=programs[name][1]: c(*a)) for name, c in compiled.items()},
+                                    calls)
+  unit = 2 * batch * heads * n * n * head_dim
+  rows = []
+  for name, (grad, args, kernel) in programs.items():
+    units = product_flops(jax.make_jaxpr(grad)(*args).jaxpr) / unit
+    with tempfile.TemporaryDirectory(prefix="attngeo-time-parts-") as trace_dir:
+      with jax.profiler.trace(trace_dir):
+        for _ in range(calls):
+          jax.block_until_ready(compiled[name](*args))
+      parts = {k: s / calls for k, s in op_seconds(trace_dir).items()}
+    rows.append(Row(n, batch, name, kernel, min(wall[name]), units, parts))
+  return rows
+
+
+def table(rows: list[Row]) -> str:
+  """A Markdown table of `rows`: milliseconds, and each part ÷ ATTN's at the same length (when ATTN was run)."""
+  head = ("| keys | batch | operator | kernel | wall ms | × ATTN | units | products ms | elementwise ms | moves ms | "
+          "between ms | products × ATTN | elementwise × ATTN | moves × ATTN |")
+  lines = [head, "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+  base = {r.keys: r for r in rows if r.operator == "ATTN"}
+  ratio = lambda x, y: f"{x / y:.2f}" if y else "—"
+  for r in rows:
+    b = base.get(r.keys)
+    ms = [f"{r.parts[k] * 1e3:.1f}" for k in KINDS] + [f"{(r.wall - sum(r.parts.values())) * 1e3:.1f}"]
+    vs = [ratio(r.parts[k], b.parts[k]) if b else "—" for k in KINDS]
+    lines.append(f"| {r.keys} | {r.batch} | {r.operator} | {r.kernel} | {r.wall * 1e3:.1f} | "
+                 f"{ratio(r.wall, b.wall) if b else '—'} | {r.units:.2f} | {' | '.join(ms)} | {' | '.join(vs)} |")
+  return "\n".join(lines)
+
+
+def _names(text: str) -> list[str]:
+  names = [x.strip().upper() for x in text.split(",") if x.strip()]
+  bad = [x for x in names if x not in OPERATORS]
+  if not names or bad:
+    raise argparse.ArgumentTypeError(f"expected comma-separated operators of {','.join(OPERATORS)}; got {text!r}")
+  return list(dict.fromkeys(names))
+
+
+def main(argv=None):
+  from attngeo import config
+  from attngeo.experiments.bench_pairs import ints
+  from attngeo.kernels.dispatch import KERNELS
+  ap = config.parser("python -m attngeo.experiments.time_parts", __doc__)
+  ap.add_argument("--operators", type=_names, default=list(OPERATORS),
+                  help=f"comma-separated operators (default {','.join(OPERATORS)})")
+  ap.add_argument("--seqs", type=ints, default=[256, 2048], help="key counts (default 256,2048)")
+  ap.add_argument("--batches", type=ints, default=[8, 4], help="batch per length (default 8,4)")
+  ap.add_argument("--implementation", choices=[x for x in KERNELS["softmax"] if x in KERNELS["phase"]], default=None,
+                  help="the kernel every operator runs on (default: the dispatcher's choice per operator and length)")
+  ap.add_argument("--causal", action="store_true", help="causal order (default: none)")
+  ap.add_argument("--calls", type=int, default=3, help="timed and profiled calls of each program (default 3)")
+  a = ap.parse_args(argv)
+  if len(a.batches) != len(a.seqs):
+    ap.error(f"--batches must give one batch per --seqs length ({len(a.seqs)}); got {len(a.batches)}")
+  if a.calls < 1:
+    ap.error(f"--calls must be a positive integer; got {a.calls}")
+  from attngeo import hugepages
+  hugepages.reexec()
+  import jax
+  if jax.default_backend() != "cpu":
+    ap.error(f"time_parts reads XLA:CPU's thunk names; this backend is {jax.default_backend()}")
+  rows = []
+  for n, batch in zip(a.seqs, a.batches):
+    rows += measure(n, batch, a.operators, implementation=a.implementation, causal=a.causal, calls=a.calls)
+  print(table(rows))
+
+
+if __name__ == "__main__":
+  main()
