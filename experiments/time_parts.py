@@ -18,7 +18,8 @@ running then (`shared_seconds`), so the three parts add up to the time any op ra
 wall time (loop control, launching thunks; the fastest timed call less the profiled calls' mean, so it can dip below
 0). XLA names a fusion for some of its instructions: a transpose fused into an elementwise pass counts as
 elementwise. `units` counts the program's products from its jaxpr (`product_flops`) in n × n × d units
-(2·b·h·n²·d FLOPs, d the head width). Read each part against ATTN's (the `× ATTN` columns). Runs with glibc's huge
+(2·b·h·n²·d FLOPs, d the head width); "—" under `--causal`, whose kernels skip the dead blocks inside a
+`lax.cond` that a count of the program cannot see through. Read each part against ATTN's (the `× ATTN` columns). Runs with glibc's huge
 pages, as `attngeo` does; CPU only (the names are XLA:CPU's).
 """
 from __future__ import annotations
@@ -112,7 +113,7 @@ class Row(NamedTuple):
   operator: str
   kernel: str
   wall: float
-  units: float
+  units: float | None            # None under the causal order: its kernels skip dead blocks inside `lax.cond`
   parts: dict
 
 
@@ -149,7 +150,7 @@ def measure(n: int, batch: int, operators=OPERATORS, *, implementation=None, cau
   unit = 2 * batch * heads * n * n * head_dim
   rows = []
   for name, (grad, args, kernel) in programs.items():
-    units = product_flops(jax.make_jaxpr(grad)(*args).jaxpr) / unit
+    units = None if causal else product_flops(jax.make_jaxpr(grad)(*args).jaxpr) / unit
     with tempfile.TemporaryDirectory(prefix="attngeo-time-parts-") as trace_dir:
       with jax.profiler.trace(trace_dir):
         for _ in range(calls):
@@ -171,7 +172,7 @@ def table(rows: list[Row]) -> str:
     ms = [f"{r.parts[k] * 1e3:.1f}" for k in KINDS] + [f"{(r.wall - sum(r.parts.values())) * 1e3:.1f}"]
     vs = [ratio(r.parts[k], b.parts[k]) if b else "—" for k in KINDS]
     lines.append(f"| {r.keys} | {r.batch} | {r.operator} | {r.kernel} | {r.wall * 1e3:.1f} | "
-                 f"{ratio(r.wall, b.wall) if b else '—'} | {r.units:.2f} | {' | '.join(ms)} | {' | '.join(vs)} |")
+                 f"{ratio(r.wall, b.wall) if b else '—'} | {'—' if r.units is None else f'{r.units:.2f}'} | {' | '.join(ms)} | {' | '.join(vs)} |")
   return "\n".join(lines)
 
 

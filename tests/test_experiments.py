@@ -339,6 +339,8 @@ def test_time_parts_names_each_thunk_and_counts_the_products(monkeypatch, capsys
   assert [(r.kernel, r.units) for r in rows] == [("blockwise", 7), ("blockwise", 11)]
   assert all(r.parts["moves"] > 0 for r in rows)
   assert "| 1024 | 1 | ATAP | blockwise |" in tp.table(rows)
+  rows = tp.measure(64, 1, ("ATTN",), causal=True, calls=1, heads=2, head_dim=8)
+  assert rows[0].units is None and "| 64 | 1 | ATTN | einsum | " in tp.table(rows) and "| — |" in tp.table(rows)
   monkeypatch.setattr(hugepages, "reexec", lambda: None)
   tp.main(["--operators", "attn,dmap", "--seqs", "32", "--batches", "1", "--calls", "1"])
   out = capsys.readouterr().out
