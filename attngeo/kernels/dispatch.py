@@ -45,7 +45,8 @@ BLOCKWISE_FROM = 512   # keys: the portable kernels' switch from the dense einsu
 # need a transpose each way, are 1/T of the area. ATAP ÷ ATTN blockwise, fwd + bwd, 8 heads of 64, huge pages
 # (`python -m attngeo.experiments.bench_pairs --operator ATAP --seqs 1024,2048,4096 --batches 8,8,4`, after the
 # key side went feature-major): augmented heads 1.46 / 1.39 / 1.32, pairs 1.51 / 1.38 / 1.17 at 1024 / 2048 / 4096
-# keys (2 / 4 / 8 tiles of 512).
+# keys (2 / 4 / 8 tiles of 512); since the diagonal tiles' sums stay feature-major (e312bd2) augmented 1.38 / 1.39 /
+# 1.31, pairs 1.44 / 1.37 / 1.13.
 PAIRED_FROM_TILES = 4
 # Tiles from which the β = 0 edge (DMTN) runs on pairs of tiles: three d-wide products per pair (9 + 1/T units per
 # tile) against the augmented heads' two 2·d wide (11), whose wider contraction runs faster per unit on XLA:CPU.

@@ -60,7 +60,9 @@ Measured (`attngeo bench --operators ATTN,DMAP,DMTN,ATAP --implementations block
 batch 8, 8 heads of 64, two runs, ÷ ATTN blockwise): 0.98–1.02 at 4096 keys and 0.83–0.85 at 16 384
 (batch 1), against the augmented heads' 1.32–1.39 and 1.33 (docs/benchmarks.md). Since ATTN's blockwise
 backward sums its key side feature-major too (11–20 % faster), ATAP on pairs reads 1.17–1.31 at 4096 keys
-(`bench_pairs --operator ATAP`, `attngeo bench`, docs/benchmarks.md).
+(`bench_pairs --operator ATAP`, `attngeo bench`, docs/benchmarks.md); 1.13–1.17 since the diagonal tiles' key-side
+sums stay feature-major (`bench_pairs`, `python -m attngeo.experiments.time_parts`, which also shows where the rest
+goes: the products cost ATTN's, the elementwise passes 1.6–2× and the moves 1.8–2.3× ATTN's).
 """
 from __future__ import annotations
 
