@@ -28,7 +28,7 @@ import sys
 import threading
 import warnings
 
-from attngeo import errors, files, hugepages
+from attngeo import errors, files, hugepages, interrupts
 
 # One table of every command: "name" or "group sub" -> ("module" (runs its main) or "module:function", what it
 # does). Each function takes the argument list after the command's name and builds its own parser (prog
@@ -200,25 +200,6 @@ def usage() -> str:
   return "\n".join(lines + [f"  {n:<{width}}{desc}" for n, desc in rows])
 
 
-def _exit_at_once(code: int):
-  """End the process now, skipping the interpreter's teardown.
-
-  A signal that lands while XLA compiles and loads a program (its Python handler runs as
-  `backend_compile_and_load` returns) leaves the half-loaded executable to the interpreter's
-  teardown, which then crashed with SIGSEGV in 15 of 36 early SIGTERMs (exit 139 after the one
-  line). Everything a command keeps is on disk by now — checkpoints are finished and the run
-  folder released in the `finally` blocks the interrupt passed through — so flush and leave.
-  """
-  import logging
-  for stream in (sys.stdout, sys.stderr):
-    try:
-      stream.flush()
-    except (OSError, ValueError):
-      pass
-  logging.shutdown()
-  os._exit(code)
-
-
 def main(argv=None):
   from_shell = argv is None
   argv = sys.argv[1:] if argv is None else list(argv)
@@ -253,7 +234,7 @@ def main(argv=None):
     print(f"attngeo {name}: {how}; what it finished is kept (checkpoints, cached results): run the "
           "same command again to go on", file=sys.stderr)
     if from_shell:
-      _exit_at_once(code)
+      interrupts.exit_at_once(code)
     return code
   except Exception as e:                           # a full disk where no writer names it (a library's own write)
     reason, unwritable, memory = storage_full(e), not_writable(e), out_of_memory(e)
@@ -263,7 +244,7 @@ def main(argv=None):
       print(f"attngeo {name}: error: {memory}; ask for less at once (batch, samples, sequence length, model size) "
             "and run the same command again (finished steps and cached results are kept)", file=sys.stderr)
       if from_shell:                 # JAX's exit handlers, after a failed allocation, printed 18 lines of tracebacks
-        _exit_at_once(2)
+        interrupts.exit_at_once(2)
       return 2
     where = f" writing {files.target(e.filename)}" if getattr(e, "filename", None) else ""
     advice = ("choose a folder this user can write (--out, --data-dir)" if reason is None else

@@ -14,6 +14,7 @@ pages, as `attngeo` does.
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def ints(text: str) -> list[int]:
@@ -69,15 +70,23 @@ def main(argv=None):
     ap.error(f"--repeats must be a positive integer; got {a.repeats}")
   from attngeo import hugepages
   hugepages.reexec()
-  from attngeo.experiments import timing
-  print(f"| keys | batch | ATTN blockwise (ms) | {a.operator} augmented ÷ ATTN | {a.operator} pairs ÷ ATTN |")
-  print("|---:|---:|---:|---:|---:|")
-  for n, batch in zip(a.seqs, a.batches):
-    calls = routes(n, batch, operator=a.operator)
-    best = {name: min(t) for name, t in timing.interleaved_seconds(calls, a.repeats).items()}
-    print(f"| {n} | {batch} | {best['ATTN'] * 1e3:.1f} | {best['augmented'] / best['ATTN']:.2f} | "
-          f"{best['pairs'] / best['ATTN']:.2f} |", flush=True)
+  try:
+    from attngeo.experiments import timing
+    print(f"| keys | batch | ATTN blockwise (ms) | {a.operator} augmented ÷ ATTN | {a.operator} pairs ÷ ATTN |")
+    print("|---:|---:|---:|---:|---:|")
+    for n, batch in zip(a.seqs, a.batches):
+      calls = routes(n, batch, operator=a.operator)
+      best = {name: min(t) for name, t in timing.interleaved_seconds(calls, a.repeats).items()}
+      print(f"| {n} | {batch} | {best['ATTN'] * 1e3:.1f} | {best['augmented'] / best['ATTN']:.2f} | "
+            f"{best['pairs'] / best['ATTN']:.2f} |", flush=True)
+  except KeyboardInterrupt:
+    print(f"{ap.prog}: interrupted; the rows printed above are complete", file=sys.stderr)
+    if argv is None:                       # from the shell: no teardown under a half-loaded program
+      from attngeo import interrupts
+      interrupts.exit_at_once(130)
+    return 130
+  return 0
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(main())

@@ -28,6 +28,7 @@ import argparse
 import glob
 import os
 import re
+import sys
 import tempfile
 from typing import NamedTuple
 
@@ -160,11 +161,12 @@ def measure(n: int, batch: int, operators=OPERATORS, *, implementation=None, cau
   return rows
 
 
-def table(rows: list[Row]) -> str:
-  """A Markdown table of `rows`: milliseconds, and each part ÷ ATTN's at the same length (when ATTN was run)."""
+def table(rows: list[Row], header: bool = True) -> str:
+  """A Markdown table of `rows`: milliseconds, and each part ÷ ATTN's at the same length (when ATTN was run);
+  `header=False` gives the rows alone, to follow a table already printed."""
   head = ("| keys | batch | operator | kernel | wall ms | × ATTN | units | products ms | elementwise ms | moves ms | "
           "between ms | products × ATTN | elementwise × ATTN | moves × ATTN |")
-  lines = [head, "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+  lines = [head, "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"] if header else []
   base = {r.keys: r for r in rows if r.operator == "ATTN"}
   ratio = lambda x, y: f"{x / y:.2f}" if y else "—"
   for r in rows:
@@ -204,14 +206,21 @@ def main(argv=None):
     ap.error(f"--calls must be a positive integer; got {a.calls}")
   from attngeo import hugepages
   hugepages.reexec()
-  import jax
-  if jax.default_backend() != "cpu":
-    ap.error(f"time_parts reads XLA:CPU's thunk names; this backend is {jax.default_backend()}")
-  rows = []
-  for n, batch in zip(a.seqs, a.batches):
-    rows += measure(n, batch, a.operators, implementation=a.implementation, causal=a.causal, calls=a.calls)
-  print(table(rows))
+  try:
+    import jax
+    if jax.default_backend() != "cpu":
+      ap.error(f"time_parts reads XLA:CPU's thunk names; this backend is {jax.default_backend()}")
+    for i, (n, batch) in enumerate(zip(a.seqs, a.batches)):
+      rows = measure(n, batch, a.operators, implementation=a.implementation, causal=a.causal, calls=a.calls)
+      print(table(rows, header=i == 0), flush=True)
+  except KeyboardInterrupt:
+    print(f"{ap.prog}: interrupted; the rows printed above are complete", file=sys.stderr)
+    if argv is None:                       # from the shell: no teardown under a half-loaded program
+      from attngeo import interrupts
+      interrupts.exit_at_once(130)
+    return 130
+  return 0
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(main())

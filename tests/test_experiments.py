@@ -359,3 +359,24 @@ def test_time_parts_shares_the_time_of_ops_that_ran_side_by_side():
   got = tp.shared_seconds([(0, 4, "products"), (2, 5, "elementwise"), (7, 10, "moves")])
   assert got == {"products": 3.0, "elementwise": 2.0, "moves": 3.0}
   assert tp.shared_seconds([]) == {"products": 0.0, "elementwise": 0.0, "moves": 0.0}
+
+
+def test_time_parts_and_bench_pairs_stop_on_ctrl_c_with_one_line(monkeypatch, capsys):
+  """Ctrl-C during a later length: the rows of the lengths before stay printed, one line on stderr, status 130."""
+  from attngeo import hugepages
+  from attngeo.experiments import bench_pairs, time_parts as tp
+  monkeypatch.setattr(hugepages, "reexec", lambda: None)
+  measure = tp.measure
+
+  def measure_then_stop(n, *args, **kwargs):
+    if n == 64:
+      raise KeyboardInterrupt
+    return measure(n, *args, **kwargs)
+  monkeypatch.setattr(tp, "measure", measure_then_stop)
+  assert tp.main(["--operators", "ATTN", "--seqs", "32,64", "--batches", "1,1", "--calls", "1"]) == 130
+  out, err = capsys.readouterr()
+  assert "| 32 | 1 | ATTN |" in out and "| 64 |" not in out
+  assert err.strip() == "python -m attngeo.experiments.time_parts: interrupted; the rows printed above are complete"
+  monkeypatch.setattr(bench_pairs, "routes", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+  assert bench_pairs.main(["--seqs", "1024", "--batches", "1"]) == 130
+  assert capsys.readouterr().err.strip().endswith("bench_pairs: interrupted; the rows printed above are complete")
