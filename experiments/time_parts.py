@@ -189,14 +189,14 @@ def _names(text: str) -> list[str]:
 def main(argv=None):
   from attngeo import config
   from attngeo.experiments.bench_pairs import ints
-  from attngeo.kernels.dispatch import KERNELS
   ap = config.parser("python -m attngeo.experiments.time_parts", __doc__)
   ap.add_argument("--operators", type=_names, default=list(OPERATORS),
                   help=f"comma-separated operators (default {','.join(OPERATORS)})")
   ap.add_argument("--seqs", type=ints, default=[256, 2048], help="key counts (default 256,2048)")
   ap.add_argument("--batches", type=ints, default=[8, 4], help="batch per length (default 8,4)")
-  ap.add_argument("--implementation", choices=[x for x in KERNELS["softmax"] if x in KERNELS["phase"]], default=None,
-                  help="the kernel every operator runs on (default: the dispatcher's choice per operator and length)")
+  ap.add_argument("--implementation", choices=("einsum", "blockwise"), default=None,
+                  help="the kernel every operator runs on (default: the dispatcher's choice per operator and length); "
+                       "not pallas, which runs in interpret mode on CPU and whose products a jaxpr count cannot see")
   ap.add_argument("--causal", action="store_true", help="causal order (default: none)")
   ap.add_argument("--calls", type=int, default=3, help="timed and profiled calls of each program (default 3)")
   a = ap.parse_args(argv)

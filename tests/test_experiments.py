@@ -346,7 +346,8 @@ def test_time_parts_names_each_thunk_and_counts_the_products(monkeypatch, capsys
   out = capsys.readouterr().out
   assert "| 32 | 1 | ATTN | einsum |" in out and "| 32 | 1 | DMAP | einsum |" in out
   for argv, word in ((["--operators", "ATTN,FOO"], "--operators"), (["--seqs", "32,64", "--batches", "1"], "--batches"),
-                     (["--calls", "0"], "--calls"), (["--implementation", "xla"], "--implementation")):
+                     (["--calls", "0"], "--calls"), (["--implementation", "xla"], "--implementation"),
+                     (["--implementation", "pallas"], "--implementation")):
     assert exit_code(tp.main, argv) == 2
     err = capsys.readouterr().err.strip()
     assert word in err and len(err.splitlines()) == 1, (argv, err)
