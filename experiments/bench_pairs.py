@@ -13,18 +13,7 @@ pages, as `attngeo` does.
 """
 from __future__ import annotations
 
-import argparse
 import sys
-
-
-def ints(text: str) -> list[int]:
-  try:
-    values = [int(x) for x in text.split(",")]
-  except ValueError:
-    raise argparse.ArgumentTypeError(f"expected comma-separated positive integers; got {text!r}") from None
-  if not values or min(values) < 1:
-    raise argparse.ArgumentTypeError(f"expected comma-separated positive integers; got {text!r}")
-  return values
 
 
 def routes(n: int, batch: int, heads: int = 8, head_dim: int = 64, operator: str = "DMTN"):
@@ -57,21 +46,18 @@ def routes(n: int, batch: int, heads: int = 8, head_dim: int = 64, operator: str
 
 def main(argv=None):
   from attngeo import config
+  from attngeo.experiments import timing
   ap = config.parser("python -m attngeo.experiments.bench_pairs", __doc__)
   ap.add_argument("--operator", choices=("DMTN", "ATAP"), default="DMTN",
                   help="the member whose routes are timed (default DMTN)")
-  ap.add_argument("--seqs", type=ints, default=[2048, 4096, 8192, 16384], help="key counts (default 2048,4096,8192,16384)")
-  ap.add_argument("--batches", type=ints, default=[8, 4, 1, 1], help="batch per length (default 8,4,1,1)")
-  ap.add_argument("--repeats", type=int, default=2, help="timed runs of each call, interleaved (default 2)")
+  timing.add_lengths(ap, [2048, 4096, 8192, 16384], [8, 4, 1, 1])
+  ap.add_argument("--repeats", type=config.positive_int, default=2,
+                  help="timed runs of each call, interleaved (default 2)")
   a = ap.parse_args(argv)
-  if len(a.batches) != len(a.seqs):
-    ap.error(f"--batches must give one batch per --seqs length ({len(a.seqs)}); got {len(a.batches)}")
-  if a.repeats < 1:
-    ap.error(f"--repeats must be a positive integer; got {a.repeats}")
+  timing.check_lengths(ap, a)
   from attngeo import hugepages
   hugepages.reexec()
   try:
-    from attngeo.experiments import timing
     print(f"| keys | batch | ATTN blockwise (ms) | {a.operator} augmented ÷ ATTN | {a.operator} pairs ÷ ATTN |")
     print("|---:|---:|---:|---:|---:|")
     for n, batch in zip(a.seqs, a.batches):
@@ -80,11 +66,8 @@ def main(argv=None):
       print(f"| {n} | {batch} | {best['ATTN'] * 1e3:.1f} | {best['augmented'] / best['ATTN']:.2f} | "
             f"{best['pairs'] / best['ATTN']:.2f} |", flush=True)
   except KeyboardInterrupt:
-    print(f"{ap.prog}: interrupted; the rows printed above are complete", file=sys.stderr)
-    if argv is None:                       # from the shell: no teardown under a half-loaded program
-      from attngeo import interrupts
-      interrupts.exit_at_once(130)
-    return 130
+    from attngeo import interrupts
+    return interrupts.rows_kept(ap.prog, from_shell=argv is None)
   return 0
 
 

@@ -24,7 +24,6 @@ pages, as `attngeo` does; CPU only (the names are XLA:CPU's).
 """
 from __future__ import annotations
 
-import argparse
 import glob
 import os
 import re
@@ -178,32 +177,27 @@ def table(rows: list[Row], header: bool = True) -> str:
   return "\n".join(lines)
 
 
-def _names(text: str) -> list[str]:
-  names = [x.strip().upper() for x in text.split(",") if x.strip()]
-  bad = [x for x in names if x not in OPERATORS]
-  if not names or bad:
-    raise argparse.ArgumentTypeError(f"expected comma-separated operators of {','.join(OPERATORS)}; got {text!r}")
-  return list(dict.fromkeys(names))
+def _names(text: str) -> tuple[str, ...]:
+  """argparse type: comma-separated operators of `OPERATORS`, any case, each once."""
+  from attngeo import config
+  return tuple(dict.fromkeys(config.choice_list(OPERATORS)(text.upper())))
 
 
 def main(argv=None):
   from attngeo import config
-  from attngeo.experiments.bench_pairs import ints
+  from attngeo.experiments import timing
   ap = config.parser("python -m attngeo.experiments.time_parts", __doc__)
-  ap.add_argument("--operators", type=_names, default=list(OPERATORS),
+  ap.add_argument("--operators", type=_names, default=OPERATORS,
                   help=f"comma-separated operators (default {','.join(OPERATORS)})")
-  ap.add_argument("--seqs", type=ints, default=[256, 2048], help="key counts (default 256,2048)")
-  ap.add_argument("--batches", type=ints, default=[8, 4], help="batch per length (default 8,4)")
+  timing.add_lengths(ap, [256, 2048], [8, 4])
   ap.add_argument("--implementation", choices=("einsum", "blockwise"), default=None,
                   help="the kernel every operator runs on (default: the dispatcher's choice per operator and length); "
                        "not pallas, which runs in interpret mode on CPU and whose products a jaxpr count cannot see")
   ap.add_argument("--causal", action="store_true", help="causal order (default: none)")
-  ap.add_argument("--calls", type=int, default=3, help="timed and profiled calls of each program (default 3)")
+  ap.add_argument("--calls", type=config.positive_int, default=3,
+                  help="timed and profiled calls of each program (default 3)")
   a = ap.parse_args(argv)
-  if len(a.batches) != len(a.seqs):
-    ap.error(f"--batches must give one batch per --seqs length ({len(a.seqs)}); got {len(a.batches)}")
-  if a.calls < 1:
-    ap.error(f"--calls must be a positive integer; got {a.calls}")
+  timing.check_lengths(ap, a)
   from attngeo import hugepages
   hugepages.reexec()
   try:
@@ -214,11 +208,8 @@ def main(argv=None):
       rows = measure(n, batch, a.operators, implementation=a.implementation, causal=a.causal, calls=a.calls)
       print(table(rows, header=i == 0), flush=True)
   except KeyboardInterrupt:
-    print(f"{ap.prog}: interrupted; the rows printed above are complete", file=sys.stderr)
-    if argv is None:                       # from the shell: no teardown under a half-loaded program
-      from attngeo import interrupts
-      interrupts.exit_at_once(130)
-    return 130
+    from attngeo import interrupts
+    return interrupts.rows_kept(ap.prog, from_shell=argv is None)
   return 0
 
 

@@ -97,3 +97,19 @@ def bounded_data(limit: int):
     yield cap
   finally:
     resource.setrlimit(resource.RLIMIT_DATA, old)
+
+
+def add_lengths(parser, seqs: list[int], batches: list[int]) -> None:
+  """`--seqs` (key counts) and `--batches` (one batch per length) on a benchmark's parser; `check_lengths` after
+  parsing."""
+  from attngeo import config
+  parser.add_argument("--seqs", type=config.int_list, default=tuple(seqs),
+                      help=f"key counts (default {','.join(map(str, seqs))})")
+  parser.add_argument("--batches", type=config.int_list, default=tuple(batches),
+                      help=f"batch per length (default {','.join(map(str, batches))})")
+
+
+def check_lengths(parser, args) -> None:
+  """One line, exit 2, unless `args` has one batch per length (`add_lengths`)."""
+  if len(args.batches) != len(args.seqs):
+    parser.error(f"--batches must give one batch per --seqs length ({len(args.seqs)}); got {len(args.batches)}")
