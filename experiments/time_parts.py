@@ -35,8 +35,8 @@ OPERATORS = ("ATTN", "DMAP", "DMTN", "ATAP", "CMAP")
 KINDS = ("products", "elementwise", "moves")
 _PRODUCT = ("ynn", "dot", "convolution")
 _MOVE = ("slice", "dynamic-slice", "dynamic-update-slice", "copy", "transpose", "concatenate", "pad", "reverse")
-_CONTROL = ("while", "conditional", "call")                  # span their bodies' thunks: not ops of their own
-_HLO_NAME = re.compile(r"^[a-z][\w\-]*(\.\d+)?$")
+_CONTROL = ("while", "cond", "conditional", "call", "case")   # span their bodies' thunks: not ops of their own
+_HLO_NAME = re.compile(r"^[a-z][\w\-]*(\.[\w\-]+)*$")      # "ynn_fusion.7", "cond.1.clone"; not "end: copy.2"
 
 
 def product_flops(jaxpr) -> int:
@@ -63,7 +63,8 @@ def product_flops(jaxpr) -> int:
 
 def kind(name: str) -> str | None:
   """The kind (`KINDS`) of a thunk named `name` ("ynn_fusion.7", "subtract_exponential_fusion.2",
-  "dynamic-slice_bitcast_fusion"), or None for an event that is not one op (a loop, the executor's own)."""
+  "dynamic-slice_bitcast_fusion"), or None for an event that is not one op: a loop or a `lax.cond` ("while.16",
+  "cond.38", whose events span their bodies' thunks), the executor's own ("ThunkExecutor::Execute")."""
   if not _HLO_NAME.match(name):
     return None
   parts = name.split(".")[0].split("_")
@@ -101,9 +102,22 @@ def op_seconds(trace_dir: str) -> dict[str, float]:
   for path in glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True):
     for plane in ProfileData.from_file(path).planes:
       for line in plane.lines:
+        if line.name == "python":          # the Python tracer's calls (shard_args, …): not the program's thunks
+          continue
         intervals += [(e.start_ns * 1e-9, e.end_ns * 1e-9, kind(e.name)) for e in line.events
                       if kind(e.name) is not None]
   return shared_seconds(intervals)
+
+
+def profile(call, calls: int) -> dict[str, float]:
+  """{kind: seconds per call} of `call()` (a compiled program's call; its result blocked on) run `calls` times
+  under `jax.profiler.trace` (`op_seconds`)."""
+  import jax
+  with tempfile.TemporaryDirectory(prefix="attngeo-time-parts-") as trace_dir:
+    with jax.profiler.trace(trace_dir):
+      for _ in range(calls):
+        jax.block_until_ready(call())
+    return {k: s / calls for k, s in op_seconds(trace_dir).items()}
 
 
 class Row(NamedTuple):
@@ -151,11 +165,7 @@ def measure(n: int, batch: int, operators=OPERATORS, *, implementation=None, cau
   rows = []
   for name, (grad, args, kernel) in programs.items():
     units = None if causal else product_flops(jax.make_jaxpr(grad)(*args).jaxpr) / unit
-    with tempfile.TemporaryDirectory(prefix="attngeo-time-parts-") as trace_dir:
-      with jax.profiler.trace(trace_dir):
-        for _ in range(calls):
-          jax.block_until_ready(compiled[name](*args))
-      parts = {k: s / calls for k, s in op_seconds(trace_dir).items()}
+    parts = profile(lambda c=compiled[name], a=args: c(*a), calls)
     rows.append(Row(n, batch, name, kernel, min(wall[name]), units, parts))
   return rows
 

@@ -328,7 +328,7 @@ def test_time_parts_names_each_thunk_and_counts_the_products(monkeypatch, capsys
   names = {"ynn_fusion.7": "products", "dot.4": "products", "subtract_exponential_fusion.2": "elementwise",
            "broadcast_add_fusion": "elementwise", "dynamic-slice_bitcast_fusion.4": "moves",
            "bitcast_dynamic-update-slice_fusion.2": "moves", "wrapped_dynamic-slice.11": "moves",
-           "bitcast_transpose_fusion.5": "moves", "wrapped_copy.4": "moves", "while.16": None,
+           "bitcast_transpose_fusion.5": "moves", "wrapped_copy.4": "moves", "while.16": None, "cond.38": None, "cond.1.clone": None, "ynn_fusion.3.clone": "products", "end: copy.2": None,
            "ThunkExecutor::Execute": None, "SlinkyThreadPool::Await": None, "$api.py:2479 block_until_ready": None}
   assert {name: tp.kind(name) for name in names} == names
   rows = tp.measure(64, 1, ("ATTN", "ATAP", "CMAP"), calls=1, heads=2, head_dim=8)
@@ -381,3 +381,18 @@ def test_time_parts_and_bench_pairs_stop_on_ctrl_c_with_one_line(monkeypatch, ca
   monkeypatch.setattr(bench_pairs, "routes", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
   assert bench_pairs.main(["--seqs", "1024", "--batches", "1"]) == 130
   assert capsys.readouterr().err.strip().endswith("bench_pairs: interrupted; the rows printed above are complete")
+
+
+def test_time_parts_gives_a_cond_s_time_to_the_ops_inside_it():
+  """A `lax.cond` whose taken branch is two matrix products: its event spans theirs, and counted as an op of its
+  own it took half their time (the causal kernels' live blocks run inside such conds). The products keep it."""
+  import jax
+  import jax.numpy as jnp
+
+  from attngeo.experiments import time_parts as tp
+  x = jax.random.normal(jax.random.PRNGKey(0), (384, 384))
+  f = jax.jit(lambda x: jax.lax.cond(jnp.sum(x) < 1e30, lambda x: (x @ x) @ x, lambda x: x, x))
+  call = lambda c=f.lower(x).compile(): c(x)
+  call()
+  parts = tp.profile(call, 3)
+  assert parts["products"] > 4 * (parts["elementwise"] + parts["moves"]), parts
