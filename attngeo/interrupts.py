@@ -70,10 +70,11 @@ def exit_at_once(code: int):
   os._exit(code)
 
 
-def rows_kept(prog: str, from_shell: bool) -> int:
-  """Ctrl-C in a command that prints its rows as it measures them: one line on stderr, then status 130 — at once
-  (`exit_at_once`) when run from the shell, returned otherwise."""
-  print(f"{prog}: interrupted; the rows printed above are complete", file=sys.stderr)
+def rows_kept(prog: str, from_shell: bool, printed: bool = True) -> int:
+  """Ctrl-C in a command that prints its rows as it measures them: one line on stderr (saying whether any row was
+  printed), then status 130 — at once (`exit_at_once`) when run from the shell, returned otherwise."""
+  print(f"{prog}: interrupted; " + ("the rows printed above are complete" if printed else "no row was finished"),
+        file=sys.stderr)
   if from_shell:
     exit_at_once(130)
   return 130

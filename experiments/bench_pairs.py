@@ -7,13 +7,17 @@
 For each length: forward + backward (a jitted grad of Σ y²) of ATTN on the blockwise kernel, of the member on
 the augmented heads (`operators.augment`, then the blockwise softmax kernel: the route below the crossover) and
 on pairs of tiles (`kernels.split_paired_attention`: DMTN through `operators.beta0_paired`, with its Gram term;
-ATAP on q and k with its key bias), 8 heads of 64, float32, block size 512, the three timed in alternation
+ATAP on q and k with its key bias), 8 heads of 64, float32, block size 512 (each length a multiple of 512 keys from
+1024 on: whole tiles for the three alike, two or more for the pairs), the three timed in alternation
 (`timing.interleaved_seconds`), fastest run. Prints a Markdown table of each route ÷ ATTN. Runs with glibc's huge
 pages, as `attngeo` does.
 """
 from __future__ import annotations
 
 import sys
+
+
+BLOCK = 512                     # the kernels' block and tile size here
 
 
 def routes(n: int, batch: int, heads: int = 8, head_dim: int = 64, operator: str = "DMTN"):
@@ -48,16 +52,23 @@ def main(argv=None):
   from attngeo import config
   from attngeo.experiments import timing
   ap = config.parser("python -m attngeo.experiments.bench_pairs", __doc__)
-  ap.add_argument("--operator", choices=("DMTN", "ATAP"), default="DMTN",
-                  help="the member whose routes are timed (default DMTN)")
+  ap.add_argument("--operator", type=str.upper, choices=("DMTN", "ATAP"), default="DMTN",
+                  help="the member whose routes are timed, any case (default DMTN)")
   timing.add_lengths(ap, [2048, 4096, 8192, 16384], [8, 4, 1, 1])
   ap.add_argument("--repeats", type=config.positive_int, default=2,
                   help="timed runs of each call, interleaved (default 2)")
   a = ap.parse_args(argv)
-  timing.check_lengths(ap, a)
+  timing.check_lengths(ap, a, arrays=7, width=8 * 64)           # q, k, v and their gradients, 8 heads of 64
   from attngeo import hugepages
   hugepages.reexec()
+  printed = False
   try:
+    timing.start_jax(ap)
+    from attngeo.kernels._blocks import tiles_in_pairs
+    for n in a.seqs:
+      if n % BLOCK or not tiles_in_pairs(n, BLOCK):
+        ap.error(f"--seqs: each length must be a multiple of {BLOCK} keys from {2 * BLOCK} on, whole tiles for both "
+                 f"routes and ATTN alike (the pairs need two or more); got {n}")
     print(f"| keys | batch | ATTN blockwise (ms) | {a.operator} augmented ÷ ATTN | {a.operator} pairs ÷ ATTN |")
     print("|---:|---:|---:|---:|---:|")
     for n, batch in zip(a.seqs, a.batches):
@@ -65,9 +76,10 @@ def main(argv=None):
       best = {name: min(t) for name, t in timing.interleaved_seconds(calls, a.repeats).items()}
       print(f"| {n} | {batch} | {best['ATTN'] * 1e3:.1f} | {best['augmented'] / best['ATTN']:.2f} | "
             f"{best['pairs'] / best['ATTN']:.2f} |", flush=True)
+      printed = True
   except KeyboardInterrupt:
     from attngeo import interrupts
-    return interrupts.rows_kept(ap.prog, from_shell=argv is None)
+    return interrupts.rows_kept(ap.prog, from_shell=argv is None, printed=printed)
   return 0
 
 

@@ -16,9 +16,11 @@ named for its HLO instruction; their times are summed by kind:
 XLA:CPU runs independent thunks side by side on its threads; a moment's time is split evenly among the ops
 running then (`shared_seconds`), so the three parts add up to the time any op ran, and `between` is the rest of the
 wall time (loop control, launching thunks; the fastest timed call less the profiled calls' mean, so it can dip below
-0). XLA names a fusion for some of its instructions: a transpose fused into an elementwise pass counts as
+0). The last column, the products-only bound, is what the member would read against ATTN if its elementwise passes
+and moves cost what ATTN's do (`bound`). XLA names a fusion for some of its instructions: a transpose fused into an elementwise pass counts as
 elementwise. `units` counts the program's products from its jaxpr (`product_flops`) in n × n × d units
-(2·b·h·n²·d FLOPs, d the head width); "—" under `--causal`, whose kernels skip the dead blocks inside a
+(2·b·h·n²·d FLOPs, d the head width; a length that is not a whole number of blocks is padded to one, and the padded
+work is counted: 27.9 units for ATTN at 513 keys); "—" under `--causal`, whose kernels skip the dead blocks inside a
 `lax.cond` that a count of the program cannot see through. Read each part against ATTN's (the `× ATTN` columns). Runs with glibc's huge
 pages, as `attngeo` does; CPU only (the names are XLA:CPU's).
 """
@@ -146,9 +148,11 @@ def _program(operator: str, n: int, batch: int, heads: int, head_dim: int, imple
     beta, alpha = op.corner(operator)
     split = op.split_kernel(beta, alpha, implementation, n, causal=causal)
     name = {"dense": "split", "paired": "split_paired"}.get(split, kernels.choose("softmax", implementation, n))
+    if split is None and operator in ("DMTN", "ATAP"):
+      name += ", augmented"                          # the 2·d-wide heads (`operators.augment`)
     f = lambda q, k, v: op.transport(q, k, v, beta=beta, alpha=alpha, causal=causal, implementation=implementation)
-  grad = jax.jit(jax.grad(lambda q, k, v: jnp.sum(f(q, k, v) * w), (0, 1, 2)))
-  return grad, (q, k, v), name
+  grad = jax.jit(jax.grad(lambda q, k, v, w: jnp.sum(f(q, k, v) * w), (0, 1, 2)))
+  return grad, (q, k, v, w), name
 
 
 def measure(n: int, batch: int, operators=OPERATORS, *, implementation=None, causal: bool = False, calls: int = 3,
@@ -174,17 +178,26 @@ def table(rows: list[Row], header: bool = True) -> str:
   """A Markdown table of `rows`: milliseconds, and each part ÷ ATTN's at the same length (when ATTN was run);
   `header=False` gives the rows alone, to follow a table already printed."""
   head = ("| keys | batch | operator | kernel | wall ms | × ATTN | units | products ms | elementwise ms | moves ms | "
-          "between ms | products × ATTN | elementwise × ATTN | moves × ATTN |")
-  lines = [head, "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"] if header else []
+          "between ms | products × ATTN | elementwise × ATTN | moves × ATTN | products-only bound |")
+  lines = [head, "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"] if header else []
   base = {r.keys: r for r in rows if r.operator == "ATTN"}
-  ratio = lambda x, y: f"{x / y:.2f}" if y else "—"
+  ratio = lambda x, y: f"{x / y:.2f}" if y > 0 else "—"
+  ms = lambda seconds: f"{seconds * 1e3 + 0.0:.1f}".replace("-0.0", "0.0")
   for r in rows:
     b = base.get(r.keys)
-    ms = [f"{r.parts[k] * 1e3:.1f}" for k in KINDS] + [f"{(r.wall - sum(r.parts.values())) * 1e3:.1f}"]
-    vs = [ratio(r.parts[k], b.parts[k]) if b else "—" for k in KINDS]
-    lines.append(f"| {r.keys} | {r.batch} | {r.operator} | {r.kernel} | {r.wall * 1e3:.1f} | "
-                 f"{ratio(r.wall, b.wall) if b else '—'} | {'—' if r.units is None else f'{r.units:.2f}'} | {' | '.join(ms)} | {' | '.join(vs)} |")
+    cells = [ms(r.parts[k]) for k in KINDS] + [ms(r.wall - sum(r.parts.values()))]
+    cells += [ratio(r.parts[k], b.parts[k]) if b else "—" for k in KINDS]
+    cells.append(ratio(bound(r, b), b.wall) if b else "—")
+    units = "—" if r.units is None else f"{r.units:.2f}"
+    lines.append(f"| {r.keys} | {r.batch} | {r.operator} | {r.kernel} | {ms(r.wall)} | "
+                 f"{ratio(r.wall, b.wall) if b else '—'} | {units} | {' | '.join(cells)} |")
   return "\n".join(lines)
+
+
+def bound(row: Row, attn: Row) -> float:
+  """Seconds `row` would take if its elementwise passes and moves cost what `attn`'s do: its wall less their excess
+  (÷ ATTN's wall: the products-only bound, what the member's products alone allow against ATTN)."""
+  return row.wall - sum(row.parts[k] - attn.parts[k] for k in ("elementwise", "moves"))
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -207,19 +220,24 @@ def main(argv=None):
   ap.add_argument("--calls", type=config.positive_int, default=3,
                   help="timed and profiled calls of each program (default 3)")
   a = ap.parse_args(argv)
-  timing.check_lengths(ap, a)
+  timing.check_lengths(ap, a, arrays=8, width=8 * 64)           # q, k, v, w and three gradients, 8 heads of 64
   from attngeo import hugepages
   hugepages.reexec()
+  printed = False
   try:
-    import jax
-    if jax.default_backend() != "cpu":
-      ap.error(f"time_parts reads XLA:CPU's thunk names; this backend is {jax.default_backend()}")
-    for i, (n, batch) in enumerate(zip(a.seqs, a.batches)):
+    timing.start_jax(ap, cpu_only=True)
+    for n, batch in zip(a.seqs, a.batches):
       rows = measure(n, batch, a.operators, implementation=a.implementation, causal=a.causal, calls=a.calls)
-      print(table(rows, header=i == 0), flush=True)
+      print(table(rows, header=not printed), flush=True)
+      printed = True
   except KeyboardInterrupt:
     from attngeo import interrupts
-    return interrupts.rows_kept(ap.prog, from_shell=argv is None)
+    return interrupts.rows_kept(ap.prog, from_shell=argv is None, printed=printed)
+  except Exception as e:                            # a full TMPDIR under the profile: one line, the rows kept
+    if "No space left" not in str(e):
+      raise
+    ap.exit(2, f"{ap.prog}: error: no space left for the profile in {tempfile.gettempdir()} (set TMPDIR to a folder "
+               "with room); the rows printed above are complete\n")
   return 0
 
 

@@ -3,6 +3,7 @@ peak memory, and what a process really holds (`status_bytes`, `bounded_data`).""
 from __future__ import annotations
 
 import contextlib
+import os
 import statistics
 import time
 from typing import Callable
@@ -109,7 +110,36 @@ def add_lengths(parser, seqs: list[int], batches: list[int]) -> None:
                       help=f"batch per length (default {','.join(map(str, batches))})")
 
 
-def check_lengths(parser, args) -> None:
-  """One line, exit 2, unless `args` has one batch per length (`add_lengths`)."""
+def check_lengths(parser, args, arrays: int, width: int) -> None:
+  """One line, exit 2, unless `args` has one batch per length (`add_lengths`) and each length's `arrays` float32
+  arrays of [batch, n, width] (inputs and gradients) fit in this machine's memory."""
   if len(args.batches) != len(args.seqs):
     parser.error(f"--batches must give one batch per --seqs length ({len(args.seqs)}); got {len(args.batches)}")
+  try:
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  except (AttributeError, ValueError, OSError):       # not POSIX: no guard
+    return
+  for n, batch in zip(args.seqs, args.batches):
+    need = 4 * arrays * batch * n * width
+    if need > memory:
+      parser.error(f"--seqs {n} at batch {batch} needs {need / 2**30:.0f} GiB for its inputs and gradients alone; "
+                   f"this machine has {memory / 2**30:.0f} GiB")
+
+
+def start_jax(parser, cpu_only: bool = False) -> str:
+  """Import JAX and start its backend, with Ctrl-C held until it has (`interrupts.deferred`: a signal landing in
+  JAX's import or garbage-collection callbacks was lost or broke the import); returns the backend's name. A backend
+  that cannot start (a `JAX_PLATFORMS` this machine lacks) is one line, exit 2, as is one other than the CPU where
+  `cpu_only`."""
+  from attngeo import interrupts
+  with interrupts.deferred():
+    import jax
+    try:
+      backend = jax.default_backend()
+    except Exception as e:                           # RuntimeError, or a bare AssertionError for an absent CUDA
+      why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+      platforms = os.environ.get("JAX_PLATFORMS", "")
+      parser.error(f"JAX could not start a backend (JAX_PLATFORMS={platforms!r}): {why}")
+  if cpu_only and backend != "cpu":
+    parser.error(f"this benchmark reads XLA:CPU's profile; the backend is {backend}")
+  return backend

@@ -336,9 +336,9 @@ def test_time_parts_names_each_thunk_and_counts_the_products(monkeypatch, capsys
                                                                ("CMAP", "einsum", 15)]
   assert all(r.wall > 0 and r.parts["products"] > 0 and r.parts["elementwise"] > 0 for r in rows)
   rows = tp.measure(1024, 1, ("ATTN", "ATAP"), implementation="blockwise", calls=1, heads=2, head_dim=8)
-  assert [(r.kernel, r.units) for r in rows] == [("blockwise", 7), ("blockwise", 11)]
+  assert [(r.kernel, r.units) for r in rows] == [("blockwise", 7), ("blockwise, augmented", 11)]
   assert all(r.parts["moves"] > 0 for r in rows)
-  assert "| 1024 | 1 | ATAP | blockwise |" in tp.table(rows)
+  assert "| 1024 | 1 | ATAP | blockwise, augmented |" in tp.table(rows)
   rows = tp.measure(64, 1, ("ATTN",), causal=True, calls=1, heads=2, head_dim=8)
   assert rows[0].units is None and "| 64 | 1 | ATTN | einsum | " in tp.table(rows) and "| — |" in tp.table(rows)
   monkeypatch.setattr(hugepages, "reexec", lambda: None)
@@ -380,7 +380,7 @@ def test_time_parts_and_bench_pairs_stop_on_ctrl_c_with_one_line(monkeypatch, ca
   assert err.strip() == "python -m attngeo.experiments.time_parts: interrupted; the rows printed above are complete"
   monkeypatch.setattr(bench_pairs, "routes", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
   assert bench_pairs.main(["--seqs", "1024", "--batches", "1"]) == 130
-  assert capsys.readouterr().err.strip().endswith("bench_pairs: interrupted; the rows printed above are complete")
+  assert capsys.readouterr().err.strip().endswith("bench_pairs: interrupted; no row was finished")
 
 
 def test_time_parts_gives_a_cond_s_time_to_the_ops_inside_it():
@@ -396,3 +396,40 @@ def test_time_parts_gives_a_cond_s_time_to_the_ops_inside_it():
   call()
   parts = tp.profile(call, 3)
   assert parts["products"] > 4 * (parts["elementwise"] + parts["moves"]), parts
+
+
+def test_time_parts_and_bench_pairs_refuse_what_cannot_run_in_one_line(monkeypatch, capsys):
+  """Before any work: a length whose inputs and gradients alone exceed this machine's memory, and for bench_pairs a
+  length that is not whole tiles of 512 for both routes; a backend JAX cannot start (in a subprocess); a full TMPDIR
+  under the profile after the rows before it (exit 2, one line, those rows kept)."""
+  import subprocess
+
+  from attngeo import hugepages
+  from attngeo.experiments import bench_pairs, time_parts as tp
+  for main, argv, word in ((tp.main, ["--seqs", "100000000", "--batches", "1"], "needs"),
+                           (bench_pairs.main, ["--seqs", "100000000", "--batches", "1"], "needs"),
+                           (bench_pairs.main, ["--seqs", "1024,256", "--batches", "1,1"], "multiple of 512"),
+                           (bench_pairs.main, ["--seqs", "1000", "--batches", "1"], "multiple of 512"),
+                           (bench_pairs.main, ["--seqs", "512", "--batches", "1"], "two or more")):
+    assert exit_code(main, argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert word in err and len(err.splitlines()) == 1, (argv, err)
+  env = dict(os.environ, JAX_PLATFORMS="tpu")
+  for module in ("time_parts", "bench_pairs"):
+    run = subprocess.run([sys.executable, "-m", f"attngeo.experiments.{module}", "--seqs", "1024", "--batches", "1"],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert "JAX could not start a backend (JAX_PLATFORMS='tpu')" in run.stderr
+  monkeypatch.setattr(hugepages, "reexec", lambda: None)
+  profile = tp.profile
+
+  def full_after_first(call, calls):
+    if full_after_first.done:
+      raise RuntimeError("RESOURCE_EXHAUSTED: /tmp/x/vm.xplane.pb; No space left on device")
+    full_after_first.done = True
+    return profile(call, calls)
+  full_after_first.done = False
+  monkeypatch.setattr(tp, "profile", full_after_first)
+  assert exit_code(tp.main, ["--operators", "ATTN", "--seqs", "32,64", "--batches", "1,1", "--calls", "1"]) == 2
+  out, err = capsys.readouterr()
+  assert "| 32 | 1 | ATTN |" in out and len(err.strip().splitlines()) == 1 and "no space left for the profile" in err
