@@ -62,7 +62,7 @@ batch 8, 8 heads of 64, two runs, ÷ ATTN blockwise): 0.98–1.02 at 4096 keys a
 backward sums its key side feature-major too (11–20 % faster), ATAP on pairs reads 1.17–1.31 at 4096 keys
 (`bench_pairs --operator ATAP`, `attngeo bench`, docs/benchmarks.md); 1.13–1.17 since the diagonal tiles' key-side
 sums stay feature-major (`bench_pairs`, `python -m attngeo.experiments.time_parts`, which also shows where the rest
-goes: the products cost ATTN's, the elementwise passes 1.6–2× and the moves 1.8–2.3× ATTN's).
+goes: the products cost ATTN's, the elementwise passes 1.6–1.9× and the moves 1.7–1.9× ATTN's).
 """
 from __future__ import annotations
 
