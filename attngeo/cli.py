@@ -25,10 +25,10 @@ import importlib
 import os
 import signal
 import sys
-import threading
 import warnings
 
 from attngeo import errors, files, hugepages, interrupts
+from attngeo.interrupts import Terminated
 
 # One table of every command: "name" or "group sub" -> ("module" (runs its main) or "module:function", what it
 # does). Each function takes the argument list after the command's name and builds its own parser (prog
@@ -134,46 +134,6 @@ DISTRIBUTED_ENV = ("JAX_COORDINATOR_ADDRESS", "TPU_WORKER_HOSTNAMES")
 USER_ERRORS = (ValueError, errors.InputTypeError, FileNotFoundError, NotADirectoryError, IsADirectoryError, FloatingPointError)
 
 
-class Terminated(KeyboardInterrupt):
-  """SIGTERM during a command: raised in the main thread where the signal lands, handled as Ctrl-C is."""
-
-
-def _terminate(signum, frame):
-  raise Terminated(f"signal {signum}")
-
-
-@contextlib.contextmanager
-def _sigterm_as_interrupt():
-  """SIGTERM raises `Terminated` inside the block (the main thread only: Python runs handlers there); the
-  previous handler is back afterwards."""
-  if threading.current_thread() is not threading.main_thread():
-    yield
-    return
-  previous, hook = signal.signal(signal.SIGTERM, _terminate), sys.unraisablehook
-  sys.unraisablehook = _redeliver(hook)
-  try:
-    yield
-  finally:
-    signal.signal(signal.SIGTERM, previous)
-    sys.unraisablehook = hook
-
-
-def _redeliver(hook):
-  """An unraisable hook that sends SIGTERM again when `Terminated` was swallowed.
-
-  Python runs a signal handler at the next bytecode of the main thread; when that bytecode belongs to a
-  finaliser or a gc callback (JAX's `_xla_gc_callback` runs on every collection), the exception it raises
-  cannot propagate: Python prints "Exception ignored in …" through `sys.unraisablehook` and the command
-  went on running. The hook has the signal sent again 10 ms later from a timer thread (sent from the hook
-  itself, it would land in the hook and be swallowed there too), until it lands where it propagates; any other unraisable goes to the previous hook."""
-  def handle(unraisable):
-    if isinstance(unraisable.exc_value, Terminated):      # from another thread, later: not inside this hook
-      threading.Timer(0.01, os.kill, (os.getpid(), signal.SIGTERM)).start()
-    else:
-      hook(unraisable)
-  return handle
-
-
 @contextlib.contextmanager
 def _one_line_warnings(name: str):
   """attngeo's own warnings (a corrupt checkpoint skipped, a non-UTF-8 file) as one line,
@@ -214,7 +174,7 @@ def main(argv=None):
     from attngeo import sharding                                # imports JAX: only where there is a cluster
     sharding.initialize_distributed()
   try:
-    with _sigterm_as_interrupt(), _one_line_warnings(name):
+    with interrupts.as_interrupts(), _one_line_warnings(name):
       command(rest)
   except (FileExistsError, NotADirectoryError, IsADirectoryError) as e:   # a file where a folder goes, or the reverse
     if os.environ.get("ATTNGEO_DEBUG"):

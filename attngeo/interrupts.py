@@ -52,6 +52,69 @@ def deferred():
       signal.raise_signal(pending)
 
 
+class Terminated(KeyboardInterrupt):
+  """SIGTERM during a command: raised in the main thread where the signal lands, handled as Ctrl-C is."""
+
+
+def _importing(frame) -> bool:
+  """Whether `frame` runs inside an import (a frame of importlib's bootstrap on its stack)."""
+  while frame is not None:
+    if frame.f_code.co_filename.startswith("<frozen importlib._bootstrap"):
+      return True
+    frame = frame.f_back
+  return False
+
+
+def _interrupt(signum, frame):
+  """SIGINT raises KeyboardInterrupt and SIGTERM `Terminated` — except inside an import, where the exception broke
+  the module half-way (a Ctrl-C 0.1 s into `attngeo bench` ended in "ImportError: Encountered an error while
+  initializing the extension", numpy's): there the signal is sent again 10 ms later, until the import is done."""
+  if _importing(frame):
+    threading.Timer(0.01, os.kill, (os.getpid(), signum)).start()
+    return
+  raise Terminated(f"signal {signum}") if signum == signal.SIGTERM else KeyboardInterrupt
+
+
+
+@contextlib.contextmanager
+def as_interrupts():
+  """Inside the block SIGTERM raises `Terminated` (a KeyboardInterrupt) as Ctrl-C raises KeyboardInterrupt, neither
+  inside an import (`_interrupt`), and one whose exception a finaliser swallowed is sent again (`_redeliver`); the
+  previous handlers and hook are back afterwards. SIGINT keeps a handler other than Python's own (one that ignores
+  it, as a shell's background job does). The main thread only: Python runs handlers there."""
+  if threading.current_thread() is not threading.main_thread():
+    yield
+    return
+  mine = [signal.SIGTERM] + ([signal.SIGINT] if signal.getsignal(signal.SIGINT) is signal.default_int_handler else [])
+  previous, hook = {s: signal.signal(s, _interrupt) for s in mine}, sys.unraisablehook
+  sys.unraisablehook = _redeliver(hook)
+  try:
+    yield
+  finally:
+    for s, handler in previous.items():
+      signal.signal(s, handler)
+    sys.unraisablehook = hook
+
+
+def _redeliver(hook):
+  """An unraisable hook that sends SIGINT or SIGTERM again when its KeyboardInterrupt (`Terminated`) was swallowed.
+
+  Python runs a signal handler at the next bytecode of the main thread; when that bytecode belongs to a
+  finaliser or a gc callback (JAX's `_xla_gc_callback` runs on every collection, most often while JAX imports and
+  compiles), the exception it raises cannot propagate: Python prints "Exception ignored in …" through
+  `sys.unraisablehook` and the command went on running — a Ctrl-C 0.3–0.8 s into `attngeo bench` was lost so, and
+  the command ran to the end with status 0. The hook has the signal sent again 10 ms later from a timer thread (sent
+  from the hook itself, it would land in the hook and be swallowed there too), until it lands where it propagates;
+  any other unraisable goes to the previous hook."""
+  def handle(unraisable):
+    if isinstance(unraisable.exc_value, KeyboardInterrupt):    # from another thread, later: not inside this hook
+      again = signal.SIGTERM if isinstance(unraisable.exc_value, Terminated) else signal.SIGINT
+      threading.Timer(0.01, os.kill, (os.getpid(), again)).start()
+    else:
+      hook(unraisable)
+  return handle
+
+
 def exit_at_once(code: int):
   """End the process now with status `code`, skipping the interpreter's teardown.
 
@@ -70,11 +133,13 @@ def exit_at_once(code: int):
   os._exit(code)
 
 
-def rows_kept(prog: str, from_shell: bool, printed: bool = True) -> int:
-  """Ctrl-C in a command that prints its rows as it measures them: one line on stderr (saying whether any row was
-  printed), then status 130 — at once (`exit_at_once`) when run from the shell, returned otherwise."""
-  print(f"{prog}: interrupted; " + ("the rows printed above are complete" if printed else "no row was finished"),
+def rows_kept(prog: str, from_shell: bool, printed: bool = True, stop: BaseException | None = None) -> int:
+  """Ctrl-C (or SIGTERM: `stop` a `Terminated`) in a command that prints its rows as it measures them: one line on
+  stderr (saying whether any row was printed), then status 130 (143) — at once (`exit_at_once`) when run from the
+  shell, returned otherwise."""
+  how, code = ("terminated (SIGTERM)", 128 + signal.SIGTERM) if isinstance(stop, Terminated) else ("interrupted", 130)
+  print(f"{prog}: {how}; " + ("the rows printed above are complete" if printed else "no row was finished"),
         file=sys.stderr)
   if from_shell:
-    exit_at_once(130)
-  return 130
+    exit_at_once(code)
+  return code
