@@ -62,24 +62,25 @@ def main(argv=None):
   from attngeo import hugepages
   hugepages.reexec()
   printed = False
+  from attngeo import interrupts
   try:
-    timing.start_jax(ap)
-    from attngeo.kernels._blocks import tiles_in_pairs
-    for n in a.seqs:
-      if n % BLOCK or not tiles_in_pairs(n, BLOCK):
-        ap.error(f"--seqs: each length must be a multiple of {BLOCK} keys from {2 * BLOCK} on, whole tiles for both "
-                 f"routes and ATTN alike (the pairs need two or more); got {n}")
-    print(f"| keys | batch | ATTN blockwise (ms) | {a.operator} augmented ÷ ATTN | {a.operator} pairs ÷ ATTN |")
-    print("|---:|---:|---:|---:|---:|")
-    for n, batch in zip(a.seqs, a.batches):
-      calls = routes(n, batch, operator=a.operator)
-      best = {name: min(t) for name, t in timing.interleaved_seconds(calls, a.repeats).items()}
-      print(f"| {n} | {batch} | {best['ATTN'] * 1e3:.1f} | {best['augmented'] / best['ATTN']:.2f} | "
-            f"{best['pairs'] / best['ATTN']:.2f} |", flush=True)
-      printed = True
-  except KeyboardInterrupt:
-    from attngeo import interrupts
-    return interrupts.rows_kept(ap.prog, from_shell=argv is None, printed=printed)
+    with interrupts.as_interrupts():          # SIGTERM as Ctrl-C; neither lost in an import or a gc callback
+      timing.start_jax(ap)
+      from attngeo.kernels._blocks import tiles_in_pairs
+      for n in a.seqs:
+        if n % BLOCK or not tiles_in_pairs(n, BLOCK):
+          ap.error(f"--seqs: each length must be a multiple of {BLOCK} keys from {2 * BLOCK} on, whole tiles for both "
+                   f"routes and ATTN alike (the pairs need two or more); got {n}")
+      print(f"| keys | batch | ATTN blockwise (ms) | {a.operator} augmented ÷ ATTN | {a.operator} pairs ÷ ATTN |")
+      print("|---:|---:|---:|---:|---:|")
+      for n, batch in zip(a.seqs, a.batches):
+        calls = routes(n, batch, operator=a.operator)
+        best = {name: min(t) for name, t in timing.interleaved_seconds(calls, a.repeats).items()}
+        print(f"| {n} | {batch} | {best['ATTN'] * 1e3:.1f} | {best['augmented'] / best['ATTN']:.2f} | "
+              f"{best['pairs'] / best['ATTN']:.2f} |", flush=True)
+        printed = True
+  except KeyboardInterrupt as stop:                 # Ctrl-C, or SIGTERM (`interrupts.Terminated`)
+    return interrupts.rows_kept(ap.prog, from_shell=argv is None, printed=printed, stop=stop)
   return 0
 
 

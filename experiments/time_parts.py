@@ -224,15 +224,16 @@ def main(argv=None):
   from attngeo import hugepages
   hugepages.reexec()
   printed = False
+  from attngeo import interrupts
   try:
-    timing.start_jax(ap, cpu_only=True)
-    for n, batch in zip(a.seqs, a.batches):
-      rows = measure(n, batch, a.operators, implementation=a.implementation, causal=a.causal, calls=a.calls)
-      print(table(rows, header=not printed), flush=True)
-      printed = True
-  except KeyboardInterrupt:
-    from attngeo import interrupts
-    return interrupts.rows_kept(ap.prog, from_shell=argv is None, printed=printed)
+    with interrupts.as_interrupts():          # SIGTERM as Ctrl-C; neither lost in an import or a gc callback
+      timing.start_jax(ap, cpu_only=True)
+      for n, batch in zip(a.seqs, a.batches):
+        rows = measure(n, batch, a.operators, implementation=a.implementation, causal=a.causal, calls=a.calls)
+        print(table(rows, header=not printed), flush=True)
+        printed = True
+  except KeyboardInterrupt as stop:                 # Ctrl-C, or SIGTERM (`interrupts.Terminated`)
+    return interrupts.rows_kept(ap.prog, from_shell=argv is None, printed=printed, stop=stop)
   except Exception as e:                            # a full TMPDIR under the profile: one line, the rows kept
     if "No space left" not in str(e):
       raise

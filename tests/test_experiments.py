@@ -381,6 +381,10 @@ def test_time_parts_and_bench_pairs_stop_on_ctrl_c_with_one_line(monkeypatch, ca
   monkeypatch.setattr(bench_pairs, "routes", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
   assert bench_pairs.main(["--seqs", "1024", "--batches", "1"]) == 130
   assert capsys.readouterr().err.strip().endswith("bench_pairs: interrupted; no row was finished")
+  from attngeo import interrupts
+  monkeypatch.setattr(bench_pairs, "routes", lambda *a, **k: (_ for _ in ()).throw(interrupts.Terminated))
+  assert bench_pairs.main(["--seqs", "1024", "--batches", "1"]) == 143
+  assert capsys.readouterr().err.strip().endswith("bench_pairs: terminated (SIGTERM); no row was finished")
 
 
 def test_time_parts_gives_a_cond_s_time_to_the_ops_inside_it():
