@@ -15,7 +15,9 @@ Ctrl-C (SIGINT) and SIGTERM (a TPU preemption, `kill PID`) stop a command the sa
 `KeyboardInterrupt`, is raised where the signal lands, everything on the way out closes as for Ctrl-C (a
 training run waits for its pending checkpoint; a step it had not finished is never a step: orbax commits
 a step by renaming its folder), then one line and exit status 130 (128 + SIGINT) or 143 (128 + SIGTERM).
-Running the same command again resumes from the last checkpoint.
+Running the same command again resumes from the last checkpoint. A signal that lands inside an import, or in a
+finaliser or JAX's gc callback (where its exception would be swallowed), is sent again until it lands where it
+propagates (`interrupts.as_interrupts`).
 """
 from __future__ import annotations
 
