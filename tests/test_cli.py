@@ -417,68 +417,50 @@ def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
 
 
 class _SignalsInItsFinaliser:
-  """Sends SIGTERM from `__del__` and runs bytecode there, so the handler's `Terminated` is raised inside a
-  finaliser, where Python swallows it (as inside JAX's gc callback)."""
+  """Sends `signum` from `__del__` and runs bytecode there, so the handler's KeyboardInterrupt (`Terminated` for
+  SIGTERM) is raised inside a finaliser, where Python swallows it (as inside JAX's gc callback)."""
+
+  def __init__(self, signum):
+    self.signum = signum
 
   def __del__(self):
-    os.kill(os.getpid(), signal.SIGTERM)
+    os.kill(os.getpid(), self.signum)
     sum(range(10_000))
 
 
-def _sigterm_in_a_finaliser(argv):
-  _SignalsInItsFinaliser()
+def _signal_in_a_finaliser(signum):
+  _SignalsInItsFinaliser(signum)
   for _ in range(20):
     time.sleep(0.05)
-  raise AssertionError("SIGTERM raised inside a finaliser did not stop the command")
+  raise AssertionError(f"{signal.Signals(signum).name} raised inside a finaliser did not stop the command")
 
 
-def test_sigterm_swallowed_by_a_finaliser_is_delivered_again(monkeypatch, capsys):
-  """Fault pass 3 (F1–F3): SIGTERM landing in a gc callback was swallowed ("Exception ignored") and the
-  command ran on. It stops now: one line, exit 143, and no "Exception ignored" noise; the unraisable hook
-  is restored afterwards."""
-  monkeypatch.setitem(cli.COMMANDS, "fin", (f"{__name__}:_sigterm_in_a_finaliser", "SIGTERM inside __del__"))
+def _sigterm_in_a_finaliser(argv):
+  _signal_in_a_finaliser(signal.SIGTERM)
+
+
+def _sigint_in_a_finaliser(argv):
+  _signal_in_a_finaliser(signal.SIGINT)
+
+
+@pytest.mark.parametrize("name,code,line", [("SIGTERM", 143, "terminated (SIGTERM)"), ("SIGINT", 130, "interrupted")])
+def test_a_signal_swallowed_by_a_finaliser_is_delivered_again(monkeypatch, capsys, name, code, line):
+  """Fault pass 3 (F1–F3): SIGTERM landing in a gc callback was swallowed ("Exception ignored") and the command ran
+  on; so was a Ctrl-C 0.3–0.8 s into `attngeo bench` (JAX importing and compiling, its gc callback running), which
+  then ran to the end with status 0. Either stops now: one line, exit 143 or 130, and no "Exception ignored" noise;
+  the unraisable hook is restored afterwards."""
+  if name == "SIGINT" and signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+    pytest.skip("needs Python's own SIGINT handler in the main thread")
+  monkeypatch.setitem(cli.COMMANDS, "fin", (f"{__name__}:_{name.lower()}_in_a_finaliser", f"{name} inside __del__"))
   monkeypatch.delenv("ATTNGEO_DEBUG", raising=False)
   caught, hook = [], sys.unraisablehook
   before = signal.signal(signal.SIGTERM, lambda signum, frame: caught.append(signum))   # never pytest's death
   try:
-    assert cli.main(["fin"]) == 143 and not caught
+    assert cli.main(["fin"]) == code and not caught
   finally:
     signal.signal(signal.SIGTERM, before)
   err = capsys.readouterr().err
-  assert err.startswith("attngeo fin: terminated (SIGTERM);") and len(err.strip().splitlines()) == 1, err
-  assert sys.unraisablehook is hook
-
-
-class _InterruptsInItsFinaliser:
-  """Sends SIGINT from `__del__` and runs bytecode there, so the KeyboardInterrupt is raised inside a finaliser,
-  where Python swallows it (as inside JAX's gc callback while JAX imports)."""
-
-  def __del__(self):
-    os.kill(os.getpid(), signal.SIGINT)
-    sum(range(10_000))
-
-
-def _sigint_in_a_finaliser(argv):
-  _InterruptsInItsFinaliser()
-  for _ in range(20):
-    time.sleep(0.05)
-  raise AssertionError("Ctrl-C raised inside a finaliser did not stop the command")
-
-
-def test_ctrl_c_swallowed_by_a_finaliser_is_delivered_again(monkeypatch, capsys):
-  """A Ctrl-C 0.3–0.8 s into `attngeo bench` (JAX importing and compiling, its gc callback running) raised inside the
-  callback, was swallowed ("Exception ignored"), and the command ran to the end with status 0. It stops now: one
-  line, exit 130; the unraisable hook is restored afterwards."""
-  import threading
-  if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is not \
-      signal.default_int_handler:
-    pytest.skip("needs Python's own SIGINT handler in the main thread")
-  monkeypatch.setitem(cli.COMMANDS, "fin", (f"{__name__}:_sigint_in_a_finaliser", "SIGINT inside __del__"))
-  monkeypatch.delenv("ATTNGEO_DEBUG", raising=False)
-  hook = sys.unraisablehook
-  assert cli.main(["fin"]) == 130
-  err = capsys.readouterr().err
-  assert err.startswith("attngeo fin: interrupted;") and len(err.strip().splitlines()) == 1, err
+  assert err.startswith(f"attngeo fin: {line};") and len(err.strip().splitlines()) == 1, err
   assert sys.unraisablehook is hook
 
 
