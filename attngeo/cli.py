@@ -171,12 +171,12 @@ def main(argv=None):
   wants_help = any(a in ("-h", "--help") for a in rest)
   if from_shell and not wants_help:
     hugepages.reexec()
-  command = entry(name)
-  if not wants_help and any(os.environ.get(v) for v in DISTRIBUTED_ENV):
-    from attngeo import sharding                                # imports JAX: only where there is a cluster
-    sharding.initialize_distributed()
   try:
-    with interrupts.as_interrupts(), _one_line_warnings(name):
+    with interrupts.as_interrupts(), _one_line_warnings(name):   # from here on a signal is one line, 130 or 143
+      command = entry(name)                     # importing it (numpy, …) takes 0.1 s: a signal there is held
+      if not wants_help and any(os.environ.get(v) for v in DISTRIBUTED_ENV):
+        from attngeo import sharding                              # imports JAX: only where there is a cluster
+        sharding.initialize_distributed()
       command(rest)
   except (FileExistsError, NotADirectoryError, IsADirectoryError) as e:   # a file where a folder goes, or the reverse
     if os.environ.get("ATTNGEO_DEBUG"):

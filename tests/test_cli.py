@@ -416,6 +416,15 @@ def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
     cli.main(["boom"])
 
 
+@pytest.fixture
+def python_sigint():
+  """Python's own SIGINT handler during the test (a library or the xdist worker may have set another: the tests
+  that need it were skipped in one CI run of two), the previous one back after."""
+  previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+  yield
+  signal.signal(signal.SIGINT, previous)
+
+
 class _SignalsInItsFinaliser:
   """Sends `signum` from `__del__` and runs bytecode there, so the handler's KeyboardInterrupt (`Terminated` for
   SIGTERM) is raised inside a finaliser, where Python swallows it (as inside JAX's gc callback)."""
@@ -444,13 +453,11 @@ def _sigint_in_a_finaliser(argv):
 
 
 @pytest.mark.parametrize("name,code,line", [("SIGTERM", 143, "terminated (SIGTERM)"), ("SIGINT", 130, "interrupted")])
-def test_a_signal_swallowed_by_a_finaliser_is_delivered_again(monkeypatch, capsys, name, code, line):
+def test_a_signal_swallowed_by_a_finaliser_is_delivered_again(monkeypatch, capsys, python_sigint, name, code, line):
   """Fault pass 3 (F1–F3): SIGTERM landing in a gc callback was swallowed ("Exception ignored") and the command ran
   on; so was a Ctrl-C 0.3–0.8 s into `attngeo bench` (JAX importing and compiling, its gc callback running), which
   then ran to the end with status 0. Either stops now: one line, exit 143 or 130, and no "Exception ignored" noise;
   the unraisable hook is restored afterwards."""
-  if name == "SIGINT" and signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-    pytest.skip("needs Python's own SIGINT handler in the main thread")
   monkeypatch.setitem(cli.COMMANDS, "fin", (f"{__name__}:_{name.lower()}_in_a_finaliser", f"{name} inside __del__"))
   monkeypatch.delenv("ATTNGEO_DEBUG", raising=False)
   caught, hook = [], sys.unraisablehook
@@ -472,25 +479,22 @@ os.kill(os.getpid(), signal.SIGINT)
 for _ in range(20):
   time.sleep(0.01)
 pathlib.Path(__file__).with_suffix(".done").write_text("imported whole")
-"""
 
 
-def _imports_a_self_interrupting_module(argv):
-  import importlib
-  importlib.import_module("attngeo_self_interrupting")
+def main(argv):
   for _ in range(50):
     time.sleep(0.02)
   raise AssertionError("Ctrl-C during an import was not delivered after it")
+"""
 
 
-def test_ctrl_c_during_an_import_lands_after_it(monkeypatch, capsys, tmp_path):
-  """A Ctrl-C landing inside an import is held until the import is done (the module whole, no ImportError), then
-  stops the command: one line, exit 130."""
-  if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-    pytest.skip("needs Python's own SIGINT handler in the main thread")
+def test_ctrl_c_during_an_import_lands_after_it(monkeypatch, capsys, tmp_path, python_sigint):
+  """A Ctrl-C landing inside an import — here the command's own module, imported by `cli.main` as `lm train`'s
+  imports numpy for 0.1 s — is held until the import is done (the module whole, no ImportError, no traceback),
+  then stops the command: one line, exit 130."""
   (tmp_path / "attngeo_self_interrupting.py").write_text(_SELF_INTERRUPTING_MODULE)
   monkeypatch.syspath_prepend(str(tmp_path))
-  monkeypatch.setitem(cli.COMMANDS, "imp", (f"{__name__}:_imports_a_self_interrupting_module", "Ctrl-C in an import"))
+  monkeypatch.setitem(cli.COMMANDS, "imp", ("attngeo_self_interrupting:main", "Ctrl-C while it is imported"))
   monkeypatch.delenv("ATTNGEO_DEBUG", raising=False)
   try:
     assert cli.main(["imp"]) == 130
@@ -499,7 +503,7 @@ def test_ctrl_c_during_an_import_lands_after_it(monkeypatch, capsys, tmp_path):
   err = capsys.readouterr().err
   assert err.startswith("attngeo imp: interrupted;") and len(err.strip().splitlines()) == 1, err
   assert (tmp_path / "attngeo_self_interrupting.done").exists()            # the module ran to its end
-  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler           # as_interrupts put it back
 
 
 def _warns(argv):
