@@ -1,4 +1,10 @@
-"""Sections a signal must not cut: Ctrl-C or SIGTERM inside `deferred()` takes effect when it ends.
+"""How Ctrl-C and SIGTERM stop a command (`as_interrupts`, `rows_kept`, `exit_at_once`), and the sections they must
+not cut: Ctrl-C or SIGTERM inside `deferred()` takes effect when it ends.
+
+`as_interrupts` makes SIGTERM a KeyboardInterrupt (`Terminated`), never raised inside an import (held until it is
+done) and never lost in a finaliser or JAX's gc callback (sent again); the CLI and the python -m benchmarks run under
+it, and `exit_at_once` ends a process after such a stop without the teardown that crashed under a half-loaded
+program. The rest of this docstring is about `deferred()`.
 
 A checkpoint write waits on orbax's background threads (the previous step's finalisation, the
 array copies). A signal landing in that wait raised inside orbax, which logged the interrupted
