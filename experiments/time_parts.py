@@ -16,7 +16,10 @@ named for its HLO instruction; their times are summed by kind:
 XLA:CPU runs independent thunks side by side on its threads; a moment's time is split evenly among the ops
 running then (`shared_seconds`), so the three parts add up to the time any op ran, and `between` is the rest of the
 wall time (loop control, launching thunks; the fastest timed call less the profiled calls' mean, so it can dip below
-0). The last column, the products-only bound, is what the member would read against ATTN if its elementwise passes
+0). `elementwise MB` is what the elementwise passes read and write per call (`elementwise_bytes`: each pass's
+operands and output from the compiled HLO, × the times the profile saw it run): XLA:CPU fuses elementwise work into
+loops with one output, each reading its operands from memory, so a member that needs more n × n arrays per block
+pays in passes over memory more than in arithmetic. The last column, the products-only bound, is what the member would read against ATTN if its elementwise passes
 and moves cost what ATTN's do (`bound`). XLA names a fusion for some of its instructions: a transpose fused into an elementwise pass counts as
 elementwise. `units` counts the program's products from its jaxpr (`product_flops`) in n × n × d units
 (2·b·h·n²·d FLOPs, d the head width; a length that is not a whole number of blocks is padded to one, and the padded
@@ -96,30 +99,93 @@ def shared_seconds(intervals) -> dict[str, float]:
   return totals
 
 
-def op_seconds(trace_dir: str) -> dict[str, float]:
-  """{kind: seconds} of the op events of every profile under `trace_dir` (`jax.profiler.trace`), the time of ops
-  that ran side by side shared among them (`shared_seconds`)."""
+def op_events(trace_dir: str) -> list[tuple[float, float, str]]:
+  """(start, end seconds, name) of the op events (`kind` not None) of every profile under `trace_dir`
+  (`jax.profiler.trace`)."""
   from jax.profiler import ProfileData
-  intervals = []
+  events = []
   for path in glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True):
     for plane in ProfileData.from_file(path).planes:
       for line in plane.lines:
         if line.name == "python":          # the Python tracer's calls (shard_args, …): not the program's thunks
           continue
-        intervals += [(e.start_ns * 1e-9, e.end_ns * 1e-9, kind(e.name)) for e in line.events
-                      if kind(e.name) is not None]
-  return shared_seconds(intervals)
+        events += [(e.start_ns * 1e-9, e.end_ns * 1e-9, e.name) for e in line.events if kind(e.name) is not None]
+  return events
 
 
-def profile(call, calls: int) -> dict[str, float]:
-  """{kind: seconds per call} of `call()` (a compiled program's call; its result blocked on) run `calls` times
-  under `jax.profiler.trace` (`op_seconds`)."""
+def op_seconds(trace_dir: str) -> dict[str, float]:
+  """{kind: seconds} of the op events under `trace_dir` (`op_events`), the time of ops that ran side by side shared
+  among them (`shared_seconds`)."""
+  return shared_seconds([(start, end, kind(name)) for start, end, name in op_events(trace_dir)])
+
+
+class Profile(NamedTuple):
+  """A program's profile, per call: `seconds` {kind: seconds} (`op_seconds`) and `runs` {op name: times run}."""
+  seconds: dict
+  runs: dict
+
+
+def profile(call, calls: int) -> Profile:
+  """The `Profile` of `call()` (a compiled program's call; its result blocked on) run `calls` times under
+  `jax.profiler.trace`."""
+  import collections
+
   import jax
   with tempfile.TemporaryDirectory(prefix="attngeo-time-parts-") as trace_dir:
     with jax.profiler.trace(trace_dir):
       for _ in range(calls):
         jax.block_until_ready(call())
-    return {k: s / calls for k, s in op_seconds(trace_dir).items()}
+    events = op_events(trace_dir)
+  seconds = shared_seconds([(start, end, kind(name)) for start, end, name in events])
+  runs = collections.Counter(name for _, _, name in events)
+  return Profile({k: s / calls for k, s in seconds.items()}, {name: r / calls for name, r in runs.items()})
+
+
+_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4, "u32": 4,
+                "f64": 8, "s64": 8, "u64": 8, "c64": 8, "c128": 16}
+_ARRAY = re.compile(r"\b(" + "|".join(_DTYPE_BYTES) + r")\[([\d,]*)\]")
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = ")
+
+
+def _array_bytes(shape: str) -> int:
+  """Bytes of an HLO shape ("f32[8,512]{1,0}", or a tuple of them: summed)."""
+  total = 0
+  for dtype, dims in _ARRAY.findall(shape):
+    size = _DTYPE_BYTES[dtype]
+    for d in filter(None, dims.split(",")):
+      size *= int(d)
+    total += size
+  return total
+
+
+def _closing(text: str, start: int) -> int:
+  """The index of the parenthesis that closes the one at `start`."""
+  depth = 0
+  for i in range(start, len(text)):
+    depth += {"(": 1, ")": -1}.get(text[i], 0)
+    if depth == 0:
+      return i
+  return len(text)
+
+
+def pass_bytes(hlo_text: str) -> dict[str, int]:
+  """{instruction: bytes it reads and writes} over an HLO module's text (`compiled.as_text()`): its output's size plus
+  each distinct operand's, whole. An elementwise pass reads every operand once and writes its output once, so this
+  is its memory traffic; a pass that reads only part of an operand (a fused slice) is over-counted."""
+  lines = hlo_text.splitlines()
+  sizes, operands = {}, {}
+  for line in lines:
+    m = _INSTRUCTION.match(line)
+    if not m:
+      continue
+    rest = line[m.end():]
+    end = _closing(rest, 0) + 1 if rest.startswith("(") else rest.find(" ")
+    sizes[m.group(1)] = _array_bytes(rest[:end])
+    call = rest.find("(", end)
+    if call >= 0:
+      args = re.sub(r"/\*.*?\*/", "", rest[call + 1:_closing(rest, call)])
+      operands[m.group(1)] = set(re.findall(r"%([\w.\-]+)", args))
+  return {name: sizes[name] + sum(sizes.get(o, 0) for o in operands.get(name, ())) for name in sizes}
 
 
 class Row(NamedTuple):
@@ -131,6 +197,16 @@ class Row(NamedTuple):
   wall: float
   units: float | None            # None under the causal order: its kernels skip dead blocks inside `lax.cond`
   parts: dict
+  traffic: float = 0.0           # bytes per call the elementwise passes read and write (`elementwise_bytes`)
+
+
+def elementwise_bytes(runs: dict, hlo_text: str) -> float:
+  """Bytes the elementwise passes of a program read and write per call: Σ over its elementwise ops (`kind`) of the
+  times each ran (`Profile.runs`) × its traffic (`pass_bytes` of the program's HLO). XLA:CPU fuses elementwise work
+  into one-output loops that read their operands from memory and write their output to it, and an n × n block
+  holds 4 MiB per [b, h] = [1, 1] at 1024 keys: this is what such passes cost, more than their arithmetic."""
+  traffic = pass_bytes(hlo_text)
+  return float(sum(times * traffic.get(name, 0) for name, times in runs.items() if kind(name) == "elementwise"))
 
 
 def _program(operator: str, n: int, batch: int, heads: int, head_dim: int, implementation, causal: bool):
@@ -169,8 +245,9 @@ def measure(n: int, batch: int, operators=OPERATORS, *, implementation=None, cau
   rows = []
   for name, (grad, args, kernel) in programs.items():
     units = None if causal else product_flops(jax.make_jaxpr(grad)(*args).jaxpr) / unit
-    parts = profile(lambda c=compiled[name], a=args: c(*a), calls)
-    rows.append(Row(n, batch, name, kernel, min(wall[name]), units, parts))
+    prof = profile(lambda c=compiled[name], a=args: c(*a), calls)
+    traffic = elementwise_bytes(prof.runs, compiled[name].as_text())
+    rows.append(Row(n, batch, name, kernel, min(wall[name]), units, prof.seconds, traffic))
   return rows
 
 
@@ -178,15 +255,17 @@ def table(rows: list[Row], header: bool = True) -> str:
   """A Markdown table of `rows`: milliseconds, and each part ÷ ATTN's at the same length (when ATTN was run);
   `header=False` gives the rows alone, to follow a table already printed."""
   head = ("| keys | batch | operator | kernel | wall ms | × ATTN | units | products ms | elementwise ms | moves ms | "
-          "between ms | products × ATTN | elementwise × ATTN | moves × ATTN | products-only bound |")
-  lines = [head, "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"] if header else []
+          "between ms | elementwise MB | products × ATTN | elementwise × ATTN | its MB × ATTN | moves × ATTN | "
+          "products-only bound |")
+  lines = [head, "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"] if header else []
   base = {r.keys: r for r in rows if r.operator == "ATTN"}
   ratio = lambda x, y: f"{x / y:.2f}" if y > 0 else "—"
   ms = lambda seconds: f"{seconds * 1e3 + 0.0:.1f}".replace("-0.0", "0.0")
   for r in rows:
     b = base.get(r.keys)
-    cells = [ms(r.parts[k]) for k in KINDS] + [ms(r.wall - sum(r.parts.values()))]
-    cells += [ratio(r.parts[k], b.parts[k]) if b else "—" for k in KINDS]
+    cells = [ms(r.parts[k]) for k in KINDS] + [ms(r.wall - sum(r.parts.values())), f"{r.traffic / 2**20:.0f}"]
+    cells += [ratio(r.parts[k], b.parts[k]) if b else "—" for k in KINDS[:2]]
+    cells += [ratio(r.traffic, b.traffic) if b else "—", ratio(r.parts["moves"], b.parts["moves"]) if b else "—"]
     cells.append(ratio(bound(r, b), b.wall) if b else "—")
     units = "—" if r.units is None else f"{r.units:.2f}"
     lines.append(f"| {r.keys} | {r.batch} | {r.operator} | {r.kernel} | {ms(r.wall)} | "

@@ -338,6 +338,7 @@ def test_time_parts_names_each_thunk_and_counts_the_products(monkeypatch, capsys
   rows = tp.measure(1024, 1, ("ATTN", "ATAP"), implementation="blockwise", calls=1, heads=2, head_dim=8)
   assert [(r.kernel, r.units) for r in rows] == [("blockwise", 7), ("blockwise, augmented", 11)]
   assert all(r.parts["moves"] > 0 for r in rows)
+  assert 1 < rows[1].traffic / rows[0].traffic < 2           # the same passes; ATAP's over 2·d-wide heads and a bias
   assert "| 1024 | 1 | ATAP | blockwise, augmented |" in tp.table(rows)
   rows = tp.measure(64, 1, ("ATTN",), causal=True, calls=1, heads=2, head_dim=8)
   assert rows[0].units is None and "| 64 | 1 | ATTN | einsum | " in tp.table(rows) and "| — |" in tp.table(rows)
@@ -398,8 +399,33 @@ def test_time_parts_gives_a_cond_s_time_to_the_ops_inside_it():
   f = jax.jit(lambda x: jax.lax.cond(jnp.sum(x) < 1e30, lambda x: (x @ x) @ x, lambda x: x, x))
   call = lambda c=f.lower(x).compile(): c(x)
   call()
-  parts = tp.profile(call, 3)
+  parts = tp.profile(call, 3).seconds
   assert parts["products"] > 4 * (parts["elementwise"] + parts["moves"]), parts
+
+
+def test_time_parts_counts_the_bytes_each_elementwise_pass_reads_and_writes():
+  """`pass_bytes` against a hand count on an HLO text (a tuple-shaped result, an operand named twice, an index
+  comment), and `elementwise_bytes` of a real program: exp(x)·y + 1 on two 256 × 384 float32 arrays is one
+  fused pass reading both and writing one (3 × 393 216 bytes), run 4 times in the loop around it, beside the loop
+  counter's int32 i + 1 (3 × 4 bytes)."""
+  import jax
+  import jax.numpy as jnp
+
+  from attngeo.experiments import time_parts as tp
+  hlo = """
+  %p.1 = f32[8,4]{1,0} parameter(0)
+  %p.2 = bf16[8]{0} parameter(1)
+  %multiply_fusion = f32[8,4]{1,0} fusion(%p.1, %p.2, %p.1), kind=kLoop, calls=%fused_computation
+  ROOT %tuple.3 = (f32[8,4]{1,0}, /*index=1*/s32[]) tuple(%multiply_fusion, /*index=1*/%c.7)
+"""
+  assert tp.pass_bytes(hlo) == {"p.1": 128, "p.2": 16, "multiply_fusion": 128 + 128 + 16, "tuple.3": 132 + 128}
+  x, y = (jax.random.normal(key, (256, 384)) for key in jax.random.split(jax.random.PRNGKey(0), 2))
+  f = jax.jit(lambda x, y: jax.lax.fori_loop(0, 4, lambda i, x: jnp.exp(x) * y + 1, x))
+  compiled = f.lower(x, y).compile()
+  runs = tp.profile(lambda: compiled(x, y), 2).runs
+  passes = {name: times for name, times in runs.items() if tp.kind(name) == "elementwise"}
+  assert sorted(passes.values()) == [4.0, 4.0], runs                  # the pass, and the loop counter's i + 1
+  assert tp.elementwise_bytes(runs, compiled.as_text()) == 4 * (3 * 256 * 384 * 4 + 3 * 4)
 
 
 def test_time_parts_and_bench_pairs_refuse_what_cannot_run_in_one_line(monkeypatch, capsys):
