@@ -98,6 +98,24 @@ def test_bf16_inputs_accumulate_in_float32(impl):
   np.testing.assert_allclose(np.asarray(out, np.float64), want, rtol=2 ** -8, atol=2 ** -9 * np.abs(want).max())
 
 
+def test_the_einsum_kernel_scales_the_queries_not_the_logits():
+  """The logits' scale sits on q (n × d) where that is exact: the gradient program then has as many n × n passes
+  at scale 1/8 as at scale 1 (its VJP would otherwise multiply dS, n × n, by the scale); bf16 at a power-of-two
+  scale takes that route too and stays within its rounding of the float64 answer."""
+  import re
+  q, k, v, bias = inputs(4, t=64, s=64)
+
+  def square_passes(scale):
+    f = lambda q, k, v: jnp.sum(kernels.attention(q, k, v, bias=bias, scale=scale, implementation="einsum") ** 2)
+    text = jax.jit(jax.grad(f, (0, 1, 2))).lower(q, k, v).compile().as_text()
+    return len(re.findall(rf"= f32\[{B},{H},64,64\]\S* fusion\(", text))
+  assert square_passes(0.125) == square_passes(1.0) > 0
+  qb, kb, vb = (x.astype(jnp.bfloat16) for x in (q, k, v))
+  out = kernels.attention(qb, kb, vb, bias=bias, scale=0.25, implementation="einsum")
+  want = reference(qb, kb, vb, bias, scale=0.25)
+  np.testing.assert_allclose(np.asarray(out, np.float64), want, rtol=2 ** -8, atol=2 ** -9 * np.abs(want).max())
+
+
 def test_log_normaliser_matches_float64_logsumexp():
   q, k, _, bias = inputs(3)
   m = masks()["key"]
