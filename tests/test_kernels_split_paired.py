@@ -58,12 +58,13 @@ def test_values_and_gradients_match_float64(n, block_size, alpha, calls):
     np.testing.assert_allclose(g, r, atol=2e-5 * np.abs(r).max(), rtol=1e-4)
 
 
-def test_the_key_bias_gradient_matches_the_dense_split_kernel():
+@pytest.mark.parametrize("weights", [(0.65, 0.35), (0.5, 0.5)])       # X and Y; the symmetric pairs' one product
+def test_the_key_bias_gradient_matches_the_dense_split_kernel(weights):
   """The kernel's own bias cotangent (transport's ATAP bias is a function of q, k; here an input)."""
   q, k, v = qkv(2, 32)
   bias = jax.random.normal(jax.random.PRNGKey(3), (B, 32, H)) * 3
   w = jax.random.normal(jax.random.PRNGKey(4), v.shape)
-  run = lambda fn, **kw: jax.grad(lambda *a: jnp.sum(w * fn(*a[:3], bias=a[3], weights=(0.65, 0.35), scale=0.3, **kw)),
+  run = lambda fn, **kw: jax.grad(lambda *a: jnp.sum(w * fn(*a[:3], bias=a[3], weights=weights, scale=0.3, **kw)),
                                   (0, 1, 2, 3))(q, k, v, bias)
   for g, r in zip(run(kernels.split_paired_attention, block_size=8), run(kernels.split_attention)):
     np.testing.assert_allclose(g, r, atol=2e-5 * np.abs(r).max(), rtol=1e-4)
@@ -93,6 +94,28 @@ def test_the_edge_runs_attention_s_blockwise_product_count(n, block_size):
   assert grad_flops(*op.ATTN, n, block_size) == 7 * unit
   assert abs(grad_flops(*op.ATAP, n, block_size) - 7 * unit) < 0.01 * unit
   assert grad_flops(0.5, 0.5, n, block_size) >= 11 * unit                # off both edges: the augmented heads
+
+
+def test_atap_s_pairs_form_both_sides_logits_in_one_product_two_heads_wide():
+  """At α = 0 (w = w_t) a pair's two sides share Z = s·w·[q_a, k_a]·[k_b, q_b]ᵀ: its products contract 2·d (the
+  logits and the two gradients), at α = 0.3 none do (X and Y, d wide each); 7 units either way (above)."""
+  def wide_products(alpha):
+    q, k, v = qkv(6, 64)
+    jaxpr = jax.make_jaxpr(jax.grad(lambda q, k, v: jnp.sum(edge(q, k, v, alpha, 8)), (0, 1, 2)))(q, k, v).jaxpr  # t = D
+    found = []
+
+    def walk(jaxpr):
+      for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+          (lc, _), _ = eqn.params["dimension_numbers"]
+          found.append(np.prod([eqn.invars[0].aval.shape[i] for i in lc]) == 2 * D)
+        for value in eqn.params.values():
+          for sub in value if isinstance(value, (tuple, list)) else (value,):
+            if hasattr(getattr(sub, "jaxpr", sub), "eqns"):
+              walk(getattr(sub, "jaxpr", sub))
+    walk(jaxpr)
+    return sum(found)
+  assert wide_products(0.0) > 0 == wide_products(0.3)      # Z, Z recomputed, d[q_a, k_a], d[k_b, q_b]; X and Y
 
 
 @pytest.mark.parametrize("n,block_size", [(64, 4), (96, 4)])                 # 16 and 32 tiles
