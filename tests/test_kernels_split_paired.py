@@ -96,12 +96,14 @@ def test_the_edge_runs_attention_s_blockwise_product_count(n, block_size):
   assert grad_flops(0.5, 0.5, n, block_size) >= 11 * unit                # off both edges: the augmented heads
 
 
-def test_atap_s_pairs_form_both_sides_logits_in_one_product_two_heads_wide():
-  """At α = 0 (w = w_t) a pair's two sides share Z = s·w·[q_a, k_a]·[k_b, q_b]ᵀ: its products contract 2·d (the
-  logits and the two gradients), at α = 0.3 none do (X and Y, d wide each); 7 units either way (above)."""
-  def wide_products(alpha):
+def test_pairs_form_their_shared_product_part_in_one_product_two_heads_wide():
+  """ATAP at α = 0 (w = w_t) and the β = 0 edge (w = −w_t, beside its Gram) take Z = s·w·[q_a, k_a]·[k_b, ±q_b]ᵀ
+  for X ± Y: products that contract 2·d (Z, Z recomputed, d[q_a, k_a], d[k_b, ±q_b]); ATAP at α = 0.3 takes X and Y
+  apart, d wide, and none do. The units stay 7 and 9 + 1/T (above, below)."""
+  def wide_products(beta, alpha, block_size):        # tiles of 8 or 4 tokens: no other product contracts 2·D = 16
     q, k, v = qkv(6, 64)
-    jaxpr = jax.make_jaxpr(jax.grad(lambda q, k, v: jnp.sum(edge(q, k, v, alpha, 8)), (0, 1, 2)))(q, k, v).jaxpr  # t = D
+    loss = lambda q, k, v: jnp.sum(op.transport(q, k, v, beta=beta, alpha=alpha, implementation="blockwise",
+                                                block_size=block_size))
     found = []
 
     def walk(jaxpr):
@@ -113,9 +115,10 @@ def test_atap_s_pairs_form_both_sides_logits_in_one_product_two_heads_wide():
           for sub in value if isinstance(value, (tuple, list)) else (value,):
             if hasattr(getattr(sub, "jaxpr", sub), "eqns"):
               walk(getattr(sub, "jaxpr", sub))
-    walk(jaxpr)
+    walk(jax.make_jaxpr(jax.grad(loss, (0, 1, 2)))(q, k, v).jaxpr)
     return sum(found)
-  assert wide_products(0.0) > 0 == wide_products(0.3)      # Z, Z recomputed, d[q_a, k_a], d[k_b, q_b]; X and Y
+  assert wide_products(1.0, 0.0, 8) > 0 == wide_products(1.0, 0.3, 8)
+  assert wide_products(0.0, 1.0, 4) > 0
 
 
 @pytest.mark.parametrize("n,block_size", [(64, 4), (96, 4)])                 # 16 and 32 tiles
@@ -156,13 +159,14 @@ def test_the_beta0_edge_matches_float64(n, block_size, alpha, calls):
     np.testing.assert_allclose(g, r, atol=2e-5 * np.abs(r).max(), rtol=1e-4)
 
 
-def test_the_gram_term_and_its_bias_gradient_match_the_einsum_kernel():
+@pytest.mark.parametrize("wx,wt", [(0.2, -0.45), (0.35, 0.35), (-0.4, 0.4)])    # X and Y apart; X + Y; X − Y
+def test_the_gram_term_and_its_bias_gradient_match_the_einsum_kernel(wx, wt):
   """The kernel's values and (q, k, v, bias) cotangents with a Gram weight, against the softmax of the same
-  logits written out densely."""
+  logits written out densely, on each of its pair forms."""
   q, k, v = qkv(3, 32)
   bias = jax.random.normal(jax.random.PRNGKey(5), (B, 32, H)) * 3
   w = jax.random.normal(jax.random.PRNGKey(6), v.shape)
-  s, (wx, wt, c) = 0.3, (0.2, -0.45, 0.7)
+  s, c = 0.3, 0.7
 
   def dense(q, k, v, bias):
     qk, qq = jnp.einsum("bihd,bjhd->bhij", q, k), jnp.einsum("bihd,bjhd->bhij", q, q)

@@ -28,16 +28,19 @@ Backward (recomputing each tile from q, k and the saved lse; D_i = dy_i·y_i):
     dq_a += X̄ k_b,  dk_b += X̄ᵀ q_a,  dk_a += Ȳ q_b,  dq_b += Ȳᵀ k_a,
     dbias_b += Σ_rows dL_ab,  dbias_a += Σ_cols dL_baᵀ.
 
-**Symmetric pairs** (w = w_t, no Gram: ATAP at α = 0). Then L_ab − bias_b = L_baᵀ − bias_a = Z,
+**Pairs that share their product part.** With u = (w + w_t)/2, v = (w − w_t)/2 the two sides are
+s·(u(X + Y) ± v(X − Y)) + s·c·G. Where one of u, v is 0 the pair needs only
 
-    Z = s·w·(X + Y) = s·w·[q_a, k_a]·[k_b, q_b]ᵀ,      Z̄ = s·w·(dL_ab + dL_baᵀ)   (= X̄ = Ȳ),
-    d[q_a, k_a] += Z̄·[k_b, q_b],   d[k_b, q_b] += Z̄ᵀ·[q_a, k_a],
+    Z = s·w·(X ± Y) = s·w·[q_a, k_a]·[k_b, ±q_b]ᵀ,     L_ab = S + Z + bias_b,   L_baᵀ = S ± Z + bias_a,   S = s·c·G,
+    Z̄ = s·w·(dL_ab ± dL_baᵀ):   d[q_a, k_a] += Z̄·[k_b, ±q_b],   d[k_b, ±q_b] += Z̄ᵀ·[q_a, k_a],
 
-one product 2·d wide for X and Y and two for the four gradients: the same units, but every elementwise pass of
-the pair reads one t × t array where it read two, and the wide products run faster per unit. Measured (one
-process, old kernel and new interleaved, ÷ ATTN blockwise, 8 heads of 64): 1.313 → 1.229 at 2048 keys (batch 8),
-1.205 → 1.119 at 4096 (batch 4); the elementwise passes moved 6896 → 5808 MB at 2048 keys, batch 4
-(`time_parts`' count). With one pair (1024 keys) the stacked heads' copies cost more than the pair saves.
+one product 2·d wide for X and Y and two for their four gradients: "+" at w = w_t (ATAP at α = 0), "−" at
+w = −w_t (the β = 0 edge, beside its Gram). The same units, but each elementwise pass of a pair
+reads one t × t array (ATAP) or two (DMTN) where it read two or three, and the wide products run faster per
+unit. Old kernel and new in one process, interleaved, ÷ ATTN blockwise, 8 heads of 64: ATAP 1.313 → 1.229 at
+2048 keys (batch 8) and 1.205 → 1.119 at 4096 (batch 4), its elementwise passes moving 6896 → 5808 MB at 2048
+keys, batch 4 (`time_parts`' count); DMTN's pairs 1.570 → 1.550 at 2048 and 1.494 → 1.425 at 4096 (batch 4).
+With one pair (1024 keys) the stacked heads' copies cost more than the pair saves.
 
 Cost, in t × t × d products per pair of tiles (two tiles' area): forward 4 (X, Y, two value products),
 backward 10 (X, Y again, two dv, two dP, four gradients) — 7 per tile, ATTN's blockwise count (its
@@ -118,27 +121,34 @@ def _diagonal(qa, ka, bias_a, w, w_t, c, s):
   return s * logits + bias_a[:, None, :]
 
 
-def _symmetric(w, w_t, c) -> bool:
-  """Whether both sides of a pair share their product part, L_ab − bias_b = L_baᵀ − bias_a (w = w_t, no Gram)."""
-  return w == w_t and not c
+def _stacked_sign(w, w_t):
+  """+1 where both sides of a pair share their product part Z = s·w·(X + Y) (w = w_t ≠ 0: ATAP at α = 0); −1 where
+  they take it with opposite signs, Z = s·w·(X − Y) (w = −w_t ≠ 0: the β = 0 edge); else None (X and Y apart)."""
+  if w and w == w_t:
+    return 1
+  if w and w == -w_t:
+    return -1
+  return None
 
 
-def _stacked_heads(q, k):
-  """([q, k], [k, q]): [B, n, 2·d] each, so that [q_a, k_a]·[k_b, q_b]ᵀ = X + Y in one product."""
-  return jnp.concatenate([q, k], -1), jnp.concatenate([k, q], -1)
+def _stacked_heads(q, k, sign):
+  """([q, k], [k, sign·q]): [B, n, 2·d] each, so that [q_a, k_a]·[k_b, sign·q_b]ᵀ = X + sign·Y in one product."""
+  return jnp.concatenate([q, k], -1), jnp.concatenate([k, q if sign > 0 else -q], -1)
 
 
 def _pair_logits(q, k, bias, w, w_t, c, s, t, a, b, stacked=None):
-  """(L_ab, L_baᵀ) of the pair (a, b): [B, t, t] each, rows a; from `stacked` (`_stacked_heads`, where
-  `_symmetric`) as Z + bias, Z = s·w·[q_a, k_a]·[k_b, q_b]ᵀ, one product 2·d wide."""
+  """(L_ab, L_baᵀ) of the pair (a, b): [B, t, t] each, rows a. With `stacked` (sign, heads: `_stacked_heads`)
+  from Z = s·w·[q_a, k_a]·[k_b, sign·q_b]ᵀ, one product 2·d wide: L_ab = S + Z + bias_b, L_baᵀ = S + sign·Z + bias_a,
+  S = s·c·G."""
+  gram = s * c * _dot("bid,bjd->bij", slab(q, a, t), slab(q, b, t)) if c else 0.0   # G = q_a·q_bᵀ: both sides'
   if stacked is not None:
-    z = (s * w) * _dot("bid,bjd->bij", slab(stacked[0], a, t), slab(stacked[1], b, t))
-    return z + slab(bias, b, t)[:, None, :], z + slab(bias, a, t)[:, :, None]
+    sign, (qk, other) = stacked
+    z = (s * w) * _dot("bid,bjd->bij", slab(qk, a, t), slab(other, b, t))
+    return gram + z + slab(bias, b, t)[:, None, :], gram + sign * z + slab(bias, a, t)[:, :, None]
   qa, ka, qb, kb = slab(q, a, t), slab(k, a, t), slab(q, b, t), slab(k, b, t)
   x, y = _dot("bid,bjd->bij", qa, kb), _dot("bid,bjd->bij", ka, qb)
-  both = c * _dot("bid,bjd->bij", qa, qb) if c else 0.0          # G = q_a·q_bᵀ: the same on both sides
-  return (s * (w * x + w_t * y + both) + slab(bias, b, t)[:, None, :],
-          s * (w_t * x + w * y + both) + slab(bias, a, t)[:, :, None])
+  return (s * (w * x + w_t * y) + gram + slab(bias, b, t)[:, None, :],
+          s * (w_t * x + w * y) + gram + slab(bias, a, t)[:, :, None])
 
 
 def _forward(q, k, v, bias, w, w_t, c, s, block_size):
@@ -155,7 +165,8 @@ def _forward(q, k, v, bias, w, w_t, c, s, block_size):
 
   o, mx, l = map(_untiles, jax.lax.map(diagonal, tuple(_tiles(x, tiles, t) for x in (q, k, v, bias))))
   v_t = feature_major(v)
-  stacked = _stacked_heads(q, k) if _symmetric(w, w_t, c) else None
+  sign = _stacked_sign(w, w_t)
+  stacked = None if sign is None else (sign, _stacked_heads(q, k, sign))
 
   def pair(carry, ab):
     o, mx, l, ok, mk, lk = carry
@@ -220,8 +231,9 @@ def _split_paired_bwd(w, w_t, c, s, block_size, res, dy):
   dq, dk_k, dv_k, dbias = jax.lax.map(diagonal, tuple(_tiles(x, tiles, t) for x in (q, k, v, bias, lse, dy, dd))
                                       + (_tiles_t(q_t, tiles, t), _tiles_t(dy_t, tiles, t)))
   dq, dbias, dk_k, dv_k = _untiles(dq), _untiles(dbias), _untiles_t(dk_k), _untiles_t(dv_k)
-  if _symmetric(w, w_t, c):
-    return _symmetric_pairs_bwd(s * w, t, tiles, (q, k, v, bias, lse, dy, dd), (dq, dk_k, dv_k, dbias))
+  sign = _stacked_sign(w, w_t)
+  if sign is not None:
+    return _stacked_pairs_bwd(s * w, sign, s * c, t, tiles, (q, k, v, bias, lse, dy, dd), (dq, dk_k, dv_k, dbias))
 
   def pair(carry, ab):
     dq, dk, dv, dq_k, dk_k, dv_k, dbias = carry
@@ -251,39 +263,45 @@ def _split_paired_bwd(w, w_t, c, s, block_size, res, dy):
   return dq + feature_major(dq_k), dk + feature_major(dk_k), dv + feature_major(dv_k), dbias
 
 
-def _symmetric_pairs_bwd(sw, t, tiles, inputs, diagonal):
-  """The pairs' backward where `_symmetric` (sw = s·w): Z = sw·[q_a, k_a]·[k_b, q_b]ᵀ is both sides' logits less
-  their bias, and its cotangent Z̄ = sw·(dL_ab + dL_baᵀ) (= X̄ = Ȳ) gives d[q_a, k_a] += Z̄·[k_b, q_b] and, feature-major,
-  d[k_b, q_b] += [q_a, k_a]ᵀ·Z̄: two products 2·d wide in place of four d wide. `inputs`: (q, k, v, bias, lse, dy,
-  D); `diagonal`: the diagonal tiles' (dq, dk feature-major, dv feature-major, dbias), which the pairs add to."""
+def _stacked_pairs_bwd(sw, sign, sc, t, tiles, inputs, diagonal):
+  """The pairs' backward where `_stacked_sign` is ±1 (sw = s·w, sc = s·c): Z = sw·[q_a, k_a]·[k_b, sign·q_b]ᵀ enters
+  L_ab and sign × it L_baᵀ, so Z̄ = sw·(dL_ab + sign·dL_baᵀ) gives d[q_a, k_a] += Z̄·[k_b, sign·q_b] and, feature-major,
+  d[k_b, sign·q_b] += [q_a, k_a]ᵀ·Z̄: two products 2·d wide in place of four d wide; the Gram's Ḡ = sc·(dL_ab +
+  dL_baᵀ) as in `_split_paired_bwd`. `inputs`: (q, k, v, bias, lse, dy, D); `diagonal`: the diagonal tiles'
+  (dq, dk feature-major, dv feature-major, dbias), which the pairs add to."""
   q, k, v, bias, lse, dy, dd = inputs
   dq, dk_k, dv_k, dbias = diagonal
-  qk, kq = _stacked_heads(q, k)
-  qk_t, dy_t = feature_major(qk), feature_major(dy)
+  qk, other = _stacked_heads(q, k, sign)
+  qk_t, dy_t, q_t = feature_major(qk), feature_major(dy), feature_major(q)
 
   def pair(carry, ab):
-    dqk, dv, dkq_k, dv_k, dbias = carry
+    dqk, dv, do_k, dv_k, dbias, dq, dq_k = carry
     a, b = ab[0], ab[1]
-    z = sw * _dot("bid,bjd->bij", slab(qk, a, t), slab(kq, b, t))
-    p_ab = jnp.exp(z + slab(bias, b, t)[:, None, :] - slab(lse, a, t)[..., None])
-    p_ba_t = jnp.exp(z + slab(bias, a, t)[:, :, None] - slab(lse, b, t)[:, None, :])
+    z = sw * _dot("bid,bjd->bij", slab(qk, a, t), slab(other, b, t))
+    gram = sc * _dot("bid,bjd->bij", slab(q, a, t), slab(q, b, t)) if sc else 0.0
+    p_ab = jnp.exp(gram + z + slab(bias, b, t)[:, None, :] - slab(lse, a, t)[..., None])
+    p_ba_t = jnp.exp(gram + sign * z + slab(bias, a, t)[:, :, None] - slab(lse, b, t)[:, None, :])
     dy_a, dy_b, v_a, v_b = slab(dy, a, t), slab(dy, b, t), slab(v, a, t), slab(v, b, t)
     dl_ab = p_ab * (_dot("bie,bje->bij", dy_a, v_b) - slab(dd, a, t)[..., None])
     dl_ba_t = p_ba_t * (_dot("bie,bje->bij", v_a, dy_b) - slab(dd, b, t)[:, None, :])
-    z_bar = sw * (dl_ab + dl_ba_t)
-    dqk = add_slab(dqk, a, t, _dot("bij,bjf->bif", z_bar, slab(kq, b, t)))
+    z_bar = sw * (dl_ab + sign * dl_ba_t)
+    dqk = add_slab(dqk, a, t, _dot("bij,bjf->bif", z_bar, slab(other, b, t)))
     dv = add_slab(dv, a, t, _dot("bij,bje->bie", p_ba_t, dy_b))
-    dkq_k = add_slab(dkq_k, b, t, _dot("bfi,bij->bfj", slab(qk_t, a, t, 2), z_bar), 2)
+    do_k = add_slab(do_k, b, t, _dot("bfi,bij->bfj", slab(qk_t, a, t, 2), z_bar), 2)
     dv_k = add_slab(dv_k, b, t, _dot("bei,bij->bej", slab(dy_t, a, t, 2), p_ab), 2)
+    if sc:                                                           # G = q_a·q_bᵀ: Ḡ = sc·(dL_ab + dL_baᵀ)
+      g_bar = sc * (dl_ab + dl_ba_t)
+      dq = add_slab(dq, a, t, _dot("bij,bjf->bif", g_bar, slab(q, b, t)))
+      dq_k = add_slab(dq_k, b, t, _dot("bfi,bij->bfj", slab(q_t, a, t, 2), g_bar), 2)
     dbias = add_slab(add_slab(dbias, b, t, jnp.sum(dl_ab, -2)), a, t, jnp.sum(dl_ba_t, -1))
-    return (dqk, dv, dkq_k, dv_k, dbias), None
+    return (dqk, dv, do_k, dv_k, dbias, dq, dq_k), None
 
   d = q.shape[-1]
-  carry = (jnp.concatenate([dq, jnp.zeros_like(dq)], -1), jnp.zeros_like(v),
-           jnp.concatenate([dk_k, jnp.zeros_like(dk_k)], 1), dv_k, dbias)      # d[q, k]; d[k, q] feature-major
-  (dqk, dv, dkq_k, dv_k, dbias), _ = jax.lax.scan(pair, carry, pair_tasks(tiles))
-  dkq = feature_major(dkq_k)
-  return dqk[..., :d] + dkq[..., d:], dqk[..., d:] + dkq[..., :d], dv + feature_major(dv_k), dbias
+  carry = (jnp.zeros_like(qk), jnp.zeros_like(v), jnp.zeros_like(qk_t), dv_k, dbias, dq, jnp.zeros_like(q_t))
+  (dqk, dv, do_k, dv_k, dbias, dq, dq_k), _ = jax.lax.scan(pair, carry, pair_tasks(tiles))
+  d_other = feature_major(do_k)                                      # d[k, sign·q]
+  dq = dq + dqk[..., :d] + sign * d_other[..., d:] + feature_major(dq_k)
+  return dq, dqk[..., d:] + d_other[..., :d] + feature_major(dk_k), dv + feature_major(dv_k), dbias
 
 
 _split_paired.defvjp(_split_paired_fwd, _split_paired_bwd)
