@@ -46,13 +46,16 @@ BLOCKWISE_FROM = 512   # keys: the portable kernels' switch from the dense einsu
 # (`python -m attngeo.experiments.bench_pairs --operator ATAP --seqs 1024,2048,4096 --batches 8,8,4`, after the
 # key side went feature-major): augmented heads 1.46 / 1.39 / 1.32, pairs 1.51 / 1.38 / 1.17 at 1024 / 2048 / 4096
 # keys (2 / 4 / 8 tiles of 512); since the diagonal tiles' sums stay feature-major (e312bd2) augmented 1.38 / 1.39 /
-# 1.31, pairs 1.44 / 1.37 / 1.13.
+# 1.31, pairs 1.44 / 1.37 / 1.13; since a pair's X + Y is one product (b590994), pairs 1.51 / 1.24 / 1.09 against
+# augmented 1.38 / 1.36 / 1.33, and at 1024 keys (`--repeats 8`, two runs) pairs 1.42, 1.40 against 1.43, 1.38: a tie.
 PAIRED_FROM_TILES = 4
 # Tiles from which the β = 0 edge (DMTN) runs on pairs of tiles: three d-wide products per pair (9 + 1/T units per
 # tile) against the augmented heads' two 2·d wide (11), whose wider contraction runs faster per unit on XLA:CPU.
 # DMTN ÷ ATTN blockwise (`bench_pairs`, batch 8 / 4 / 1 / 1): augmented 1.44 / 1.33 / 1.35 / 1.33, pairs 1.97 / 1.62
 # / 1.36 / 1.33 at 2048 / 4096 / 8192 / 16 384 keys — a tie from 16 tiles since the augmented heads' key side went
-# feature-major (before it the pairs won there, 1.18 / 1.13 against 1.28 / 1.27). Kept: neither route is faster.
+# feature-major (before it the pairs won there, 1.18 / 1.13 against 1.28 / 1.27). Since a pair's X − Y is one
+# product (0d61ee1), two runs: augmented 1.40, 1.42 / 1.32, 1.34 / 1.36, 1.33 / 1.32, 1.33, pairs 1.78, 1.79 / 1.50,
+# 1.48 / 1.31, 1.29 / 1.24, 1.26: the pairs win from 16 tiles again.
 PAIRED_BETA0_FROM_TILES = 16
 
 

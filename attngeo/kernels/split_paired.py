@@ -51,14 +51,15 @@ the same on both sides of a pair (G_ba = G_abᵀ), so it costs one more product 
 Ḡ = s·c(dL_ab + dL_baᵀ): dq_a += Ḡ q_b, dq_b += Ḡᵀ q_a. The β = 0 edge is this form on (q, k) := (m, n),
 m = (q + k)/√2, n = (q − k)/√2, w = −α/2, w_t = α/2, c = ½ (`operators.beta0_paired`): a pair costs 5 + 13
 = 18 units, a diagonal tile 10 (its Gram is its own), so 9 + 1/T per tile against the augmented heads' 11.
-Its products are d wide where the augmented heads' are 2·d, and on XLA:CPU a d-wide unit runs slower than half
-a 2·d-wide one, so the pairing pays only on long sequences. DMTN ÷ ATTN blockwise, fwd + bwd, 8 heads of 64,
-the routes interleaved on one set of inputs (`python -m attngeo.experiments.bench_pairs`, 2026-12-06):
+Its pairs take X − Y as one 2·d-wide product (above), its Gram and its diagonal tiles d wide, and the diagonal
+tiles' passes read a tile and its transpose, so the pairing pays only on long sequences. DMTN ÷ ATTN blockwise,
+fwd + bwd, 8 heads of 64, the routes interleaved on one set of inputs (`python -m attngeo.experiments.bench_pairs`,
+2026-12-06, two runs, after the X − Y product):
 
 | keys (batch) | 2048 (8) | 4096 (4) | 8192 (1) | 16 384 (1) |
 |---|---:|---:|---:|---:|
-| augmented heads | 1.33 | 1.25 | 1.28 | 1.27 |
-| pairs of tiles | 1.61 | 1.29 | 1.18 | 1.13 |
+| augmented heads | 1.40, 1.42 | 1.32, 1.34 | 1.36, 1.33 | 1.32, 1.33 |
+| pairs of tiles | 1.78, 1.79 | 1.50, 1.48 | 1.31, 1.29 | 1.24, 1.26 |
 
 so the dispatcher takes the pairs for DMTN from `dispatch.PAIRED_BETA0_FROM_TILES` = 16 tiles (8192 keys at
 the default block size); `attngeo bench` prints the ratios it then runs at (docs/benchmarks.md).
@@ -76,7 +77,8 @@ batch 8, 8 heads of 64, two runs, ÷ ATTN blockwise): 0.98–1.02 at 4096 keys a
 backward sums its key side feature-major too (11–20 % faster), ATAP on pairs reads 1.17–1.31 at 4096 keys
 (`bench_pairs --operator ATAP`, `attngeo bench`, docs/benchmarks.md); 1.13–1.17 since the diagonal tiles' key-side
 sums stay feature-major (`bench_pairs`, `python -m attngeo.experiments.time_parts`, which also shows where the rest
-goes: the products cost ATTN's, the elementwise passes 1.6–1.9× and the moves 1.7–1.9× ATTN's).
+goes: the products cost ATTN's, the elementwise passes 1.6–1.9× and the moves 1.7–1.9× ATTN's); 1.09–1.10 at 4096
+keys and 1.21–1.33 at 2048 since a pair's X + Y is one product (`bench_pairs --operator ATAP`, three runs).
 """
 from __future__ import annotations
 
