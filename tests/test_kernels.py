@@ -100,20 +100,30 @@ def test_bf16_inputs_accumulate_in_float32(impl):
 
 def test_the_einsum_kernel_scales_the_queries_not_the_logits():
   """The logits' scale sits on q (n × d) where that is exact: the gradient program then has as many n × n passes
-  at scale 1/8 as at scale 1 (its VJP would otherwise multiply dS, n × n, by the scale); bf16 at a power-of-two
-  scale takes that route too and stays within its rounding of the float64 answer."""
+  at scale 1/8 as at scale 1 (its VJP would otherwise multiply dS, n × n, by the scale), in float32 and in bf16 at a
+  power-of-two scale. Elsewhere the logits take it: float16, whose range a scaled q leaves (q = 4e4 at scale 2
+  overflows to inf, and every row to NaN), and a traced scale."""
   import re
   q, k, v, bias = inputs(4, t=64, s=64)
 
-  def square_passes(scale):
-    f = lambda q, k, v: jnp.sum(kernels.attention(q, k, v, bias=bias, scale=scale, implementation="einsum") ** 2)
-    text = jax.jit(jax.grad(f, (0, 1, 2))).lower(q, k, v).compile().as_text()
+  def square_passes(scale, dtype):
+    x = [a.astype(dtype) for a in (q, k, v)]
+    f = lambda q, k, v: jnp.sum(kernels.attention(q, k, v, bias=bias, scale=scale, implementation="einsum")
+                                .astype(jnp.float32) ** 2)
+    text = jax.jit(jax.grad(f, (0, 1, 2))).lower(*x).compile().as_text()
     return len(re.findall(rf"= f32\[{B},{H},64,64\]\S* fusion\(", text))
-  assert square_passes(0.125) == square_passes(1.0) > 0
+  for dtype in (jnp.float32, jnp.bfloat16):
+    assert square_passes(0.125, dtype) == square_passes(1.0, dtype) > 0, dtype
   qb, kb, vb = (x.astype(jnp.bfloat16) for x in (q, k, v))
   out = kernels.attention(qb, kb, vb, bias=bias, scale=0.25, implementation="einsum")
   want = reference(qb, kb, vb, bias, scale=0.25)
   np.testing.assert_allclose(np.asarray(out, np.float64), want, rtol=2 ** -8, atol=2 ** -9 * np.abs(want).max())
+  big = jnp.full((1, 2, 1, 4), 4e4, jnp.float16)
+  small, values = jnp.full((1, 2, 1, 4), 1e-4, jnp.float16), jnp.eye(2, dtype=jnp.float16).reshape(1, 2, 1, 2)
+  out = kernels.attention(big, small, values, scale=2.0, implementation="einsum")
+  np.testing.assert_allclose(np.asarray(out, np.float32)[0, :, 0], [[0.5, 0.5]] * 2)
+  traced = jax.jit(lambda s: kernels.attention(q, k, v, bias=bias, scale=s, implementation="einsum"))(0.3)
+  np.testing.assert_allclose(traced, reference(q, k, v, bias, scale=0.3), atol=2e-6, rtol=1e-5)
 
 
 def test_log_normaliser_matches_float64_logsumexp():

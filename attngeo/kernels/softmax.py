@@ -42,20 +42,24 @@ from attngeo.kernels.pallas import pallas_sdpa
 
 
 def _scale_queries(q, scale):
-  """(q·scale, 1.0) where rounding q·scale in q's dtype costs nothing (float32 and wider, or a power-of-two scale:
-  1/√64), else (q, scale). The logits' scale then sits on the n × d queries, not on the n × n logits, whose VJP
-  is one more n × n pass (ds·scale, read by both of the backward's products; XLA does not fold it into them).
-  `jax.grad` of Σ transport on the einsum kernel, 256 keys, batch 8, 8 heads of 64, fastest of 40 interleaved:
-  ATTN 21.1 → 20.4 ms, DMAP 23.9 → 22.5, DMTN 27.8 → 26.2, gradients unchanged (bitwise, at a scale of 1/8)."""
-  if isinstance(scale, (int, float)) and (jnp.finfo(q.dtype).bits >= 32 or math.frexp(scale)[0] == 0.5):
-    return q * jnp.asarray(scale, q.dtype), 1.0
+  """(q·scale, None) where rounding q·scale in q's dtype costs nothing — float32 and wider, or bfloat16 (float32's
+  exponent range) at a power-of-two scale such as 1/√64; not float16, whose range a scaled q can leave — else
+  (q, scale), the scale still to apply to the logits (a traced scale too). The logits' scale then sits on the
+  n × d queries, not on the n × n logits, whose VJP is one more n × n pass (ds·scale, read by both of the
+  backward's products; XLA does not fold it into them). `jax.grad` of Σ transport on the einsum kernel, 256 keys,
+  batch 8, 8 heads of 64, fastest of 40 interleaved: ATTN 21.1 → 20.4 ms, DMAP 23.9 → 22.5, DMTN 27.8 → 26.2,
+  gradients unchanged (bitwise, at a scale of 1/8)."""
+  if not isinstance(scale, (int, float)) or isinstance(scale, bool):
+    return q, scale
+  if jnp.finfo(q.dtype).bits >= 32 or (q.dtype == jnp.bfloat16 and math.frexp(scale)[0] == 0.5):
+    return q * jnp.asarray(scale, q.dtype), None
   return q, scale
 
 
 def _einsum_sdpa(q, k, v, bias, mask, causal, scale):
   q, rest = _scale_queries(q, scale)
   s = jnp.einsum("bthd,bshd->bhts", q, k, preferred_element_type=jnp.float32)
-  s = s if rest == 1.0 else s * rest
+  s = s if rest is None else s * rest
   if bias is not None:
     s = s + jnp.transpose(bias, (0, 2, 1))[:, :, None, :]
   s = apply_masks(s, mask, causal)
