@@ -324,8 +324,8 @@ def beta0_paired(q, k, v, alpha: float, bias, scale: float, block_size: int = 51
       L_ij = s·[½ m_i·m_j + α·½(n_i·m_j − m_i·n_j)] + bias_j        (½(q_i·k_j − k_i·q_j) = ½(n_i·m_j − m_i·n_j)),
 
   the paired kernel's `s·(w X + w_t Xᵀ + c G)` on (q, k) := (m, n) with w = −α/2, w_t = α/2, c = ½: three
-  d-wide products per pair of tiles (X_ab, X_ba, the Gram G_ab) where the augmented heads take two 2·d wide
-  (kernels/split_paired.py: 9 product units per tile against their 11 and ATTN's 7).
+  units per pair of tiles (the Gram G_ab d wide, X_ab − X_baᵀ one product 2·d wide) where the augmented heads take
+  two 2·d wide for each tile (kernels/split_paired.py: 9 product units per tile against their 11 and ATTN's 7).
 
   The kernel `transport` runs this member on from `kernels.PAIRED_BETA0_FROM_TILES` tiles; called directly it
   runs at any length that cuts into pairs of tiles (`experiments/bench_pairs.py` times it against the augmented

@@ -16,7 +16,7 @@ named for its HLO instruction; their times are summed by kind:
 XLA:CPU runs independent thunks side by side on its threads; a moment's time is split evenly among the ops
 running then (`shared_seconds`), so the three parts add up to the time any op ran, and `between` is the rest of the
 wall time (loop control, launching thunks; the fastest timed call less the profiled calls' mean, so it can dip below
-0). `elementwise MB` is what the elementwise passes read and write per call (`elementwise_bytes`: each pass's
+0). `elementwise MiB` is what the elementwise passes read and write per call (`elementwise_bytes`: each pass's
 operands and output from the compiled HLO, × the times the profile saw it run): XLA:CPU fuses elementwise work into
 loops with one output, each reading its operands from memory, so a member that needs more n × n arrays per block
 pays in passes over memory more than in arithmetic. The last column, the products-only bound, is what the member would read against ATTN if its elementwise passes
@@ -255,7 +255,7 @@ def table(rows: list[Row], header: bool = True) -> str:
   """A Markdown table of `rows`: milliseconds, and each part ÷ ATTN's at the same length (when ATTN was run);
   `header=False` gives the rows alone, to follow a table already printed."""
   head = ("| keys | batch | operator | kernel | wall ms | × ATTN | units | products ms | elementwise ms | moves ms | "
-          "between ms | elementwise MB | products × ATTN | elementwise × ATTN | its MB × ATTN | moves × ATTN | "
+          "between ms | elementwise MiB | products × ATTN | elementwise × ATTN | its bytes × ATTN | moves × ATTN | "
           "products-only bound |")
   lines = [head, "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"] if header else []
   base = {r.keys: r for r in rows if r.operator == "ATTN"}

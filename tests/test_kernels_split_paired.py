@@ -96,10 +96,11 @@ def test_the_edge_runs_attention_s_blockwise_product_count(n, block_size):
   assert grad_flops(0.5, 0.5, n, block_size) >= 11 * unit                # off both edges: the augmented heads
 
 
-def test_pairs_form_their_shared_product_part_in_one_product_two_heads_wide():
+def test_pairs_form_their_shared_product_part_in_one_product_two_heads_wide(calls):
   """ATAP at α = 0 (w = w_t) and the β = 0 edge (w = −w_t, beside its Gram) take Z = s·w·[q_a, k_a]·[k_b, ±q_b]ᵀ
-  for X ± Y: products that contract 2·d (Z, Z recomputed, d[q_a, k_a], d[k_b, ±q_b]); ATAP at α = 0.3 takes X and Y
-  apart, d wide, and none do. The units stay 7 and 9 + 1/T (above, below)."""
+  for X ± Y: products that contract 2·d (Z in the forward, and again in the backward's recomputation; the gradients
+  Z̄·[k_b, ±q_b] contract the tile); ATAP at α = 0.3 takes X and Y apart, d wide, and none do. Each on the pairs
+  kernel (`calls`: the augmented heads contract 2·d too). The units stay 7 and 9 + 1/T (above, below)."""
   def wide_products(beta, alpha, block_size):        # tiles of 8 or 4 tokens: no other product contracts 2·D = 16
     q, k, v = qkv(6, 64)
     loss = lambda q, k, v: jnp.sum(op.transport(q, k, v, beta=beta, alpha=alpha, implementation="blockwise",
@@ -117,8 +118,9 @@ def test_pairs_form_their_shared_product_part_in_one_product_two_heads_wide():
               walk(getattr(sub, "jaxpr", sub))
     walk(jax.make_jaxpr(jax.grad(loss, (0, 1, 2)))(q, k, v).jaxpr)
     return sum(found)
-  assert wide_products(1.0, 0.0, 8) > 0 == wide_products(1.0, 0.3, 8)
-  assert wide_products(0.0, 1.0, 4) > 0
+  for beta, alpha, block_size, wide in ((1.0, 0.0, 8, True), (1.0, 0.3, 8, False), (0.0, 1.0, 4, True)):
+    before = calls[0]
+    assert (wide_products(beta, alpha, block_size) > 0) == wide and calls[0] > before, (beta, alpha)
 
 
 @pytest.mark.parametrize("n,block_size", [(64, 4), (96, 4)])                 # 16 and 32 tiles

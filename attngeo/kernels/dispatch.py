@@ -23,7 +23,7 @@ one 2·d wide (ATAP ÷ ATTN at 256 keys, two runs each: 1.66, 1.67 before it; 1.
 On the blockwise kernel the same edge, unmasked, not causal and from `PAIRED_FROM_TILES` tiles, runs
 `attngeo.kernels.split_paired`: the two products of each pair of tiles (a, b), (b, a) at once, 7 product units
 per tile like ATTN's instead of 11; the β = 0 edge (DMTN) runs there too from `PAIRED_BETA0_FROM_TILES` tiles
-(three products a pair, 9 + 1/T units).
+(a pair's Gram d wide and its X − Y one product 2·d wide: 9 + 1/T units).
 `"pallas"` runs only when named: never a default on CPU (interpret mode is a test harness, not a kernel),
 and not yet on GPU/TPU either — it has passed its interpret-mode tests, lowers to Triton and to Mosaic here,
 and compiles for sm_90 with pip's Triton (`attngeo bench-triton`), but has never run on a device; the
@@ -49,8 +49,8 @@ BLOCKWISE_FROM = 512   # keys: the portable kernels' switch from the dense einsu
 # 1.31, pairs 1.44 / 1.37 / 1.13; since a pair's X + Y is one product (b590994), pairs 1.51 / 1.24 / 1.09 against
 # augmented 1.38 / 1.36 / 1.33, and at 1024 keys (`--repeats 8`, two runs) pairs 1.42, 1.40 against 1.43, 1.38: a tie.
 PAIRED_FROM_TILES = 4
-# Tiles from which the β = 0 edge (DMTN) runs on pairs of tiles: three d-wide products per pair (9 + 1/T units per
-# tile) against the augmented heads' two 2·d wide (11), whose wider contraction runs faster per unit on XLA:CPU.
+# Tiles from which the β = 0 edge (DMTN) runs on pairs of tiles: 9 + 1/T units per tile (a pair's Gram d wide, its
+# X − Y 2·d wide, the diagonal tiles d wide) against the augmented heads' 11, all 2·d wide, which run faster per unit.
 # DMTN ÷ ATTN blockwise (`bench_pairs`, batch 8 / 4 / 1 / 1): augmented 1.44 / 1.33 / 1.35 / 1.33, pairs 1.97 / 1.62
 # / 1.36 / 1.33 at 2048 / 4096 / 8192 / 16 384 keys — a tie from 16 tiles since the augmented heads' key side went
 # feature-major (before it the pairs won there, 1.18 / 1.13 against 1.28 / 1.27). Since a pair's X − Y is one

@@ -1,5 +1,5 @@
 """Two edges of the family blockwise, on pairs of tiles: each unordered tile pair's products once — the β = 1
-edge (ATAP) on two, and the β = 0 edge (DMTN) on three (the Gram term below).
+edge (ATAP) on two units, and the β = 0 edge (DMTN) on three (the Gram term below).
 
 On the edge the logits are (`attngeo.kernels.split`, w = (1 + α)/2, w_t = (1 − α)/2, s the scale)
 
@@ -38,7 +38,7 @@ one product 2·d wide for X and Y and two for their four gradients: "+" at w = w
 w = −w_t (the β = 0 edge, beside its Gram). The same units, but each elementwise pass of a pair
 reads one t × t array (ATAP) or two (DMTN) where it read two or three, and the wide products run faster per
 unit. Old kernel and new in one process, interleaved, ÷ ATTN blockwise, 8 heads of 64: ATAP 1.313 → 1.229 at
-2048 keys (batch 8) and 1.205 → 1.119 at 4096 (batch 4), its elementwise passes moving 6896 → 5808 MB at 2048
+2048 keys (batch 8) and 1.205 → 1.119 at 4096 (batch 4), its elementwise passes moving 6896 → 5808 MiB at 2048
 keys, batch 4 (`time_parts`' count); DMTN's pairs 1.570 → 1.550 at 2048 and 1.494 → 1.425 at 4096 (batch 4).
 With one pair (1024 keys) the stacked heads' copies cost more than the pair saves.
 
