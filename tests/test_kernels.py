@@ -126,6 +126,67 @@ def test_the_einsum_kernel_scales_the_queries_not_the_logits():
   np.testing.assert_allclose(traced, reference(q, k, v, bias, scale=0.3), atol=2e-6, rtol=1e-5)
 
 
+def row_axis_products(jaxpr, n_rows, n_cols):
+  """The dot_generals of a jaxpr that contract a [.., n_rows, n_cols] operand on its row axis (XLA:CPU: Eigen)."""
+  found = []
+  for e in jaxpr.eqns:
+    if e.primitive.name != "dot_general":
+      continue
+    (contract_l, contract_r), _ = e.params["dimension_numbers"]
+    for operand, contract in zip(e.invars, (contract_l, contract_r)):
+      shape = operand.aval.shape
+      if shape[-2:] == (n_rows, n_cols) and tuple(contract) == (len(shape) - 2,):
+        found.append(e)
+  return found
+
+
+def test_the_logits_product_reads_its_cotangent_row_major_in_both_modes():
+  """`_blocks.logits_product` (the einsum kernel's q·kᵀ): its pullback on CPU contracts the n × n cotangent on its
+  last axis in both products — k̄ from the transposed cotangent written once behind an optimization barrier, where
+  autodiff of the einsum contracts the row axis (Eigen on XLA:CPU) — up to `TRANSPOSED_COTANGENT_UP_TO` entries per
+  head, past them as written; and both its reverse and forward modes equal float64 autodiff of the einsum."""
+  from attngeo.kernels._blocks import logits_product
+  q, k, _, _ = inputs(5)
+  g = jax.random.normal(jax.random.PRNGKey(6), (B, H, T, S))
+  dq, dk = (jax.random.normal(jax.random.PRNGKey(7 + i), x.shape) for i, x in enumerate((q, k)))
+  out, pullback = jax.vjp(logits_product, q, k)
+  program = jax.make_jaxpr(pullback)(g).jaxpr
+  assert [e.primitive.name for e in program.eqns].count("dot_general") == 2
+  assert not row_axis_products(program, T, S) and not row_axis_products(program, S, T)
+  assert "optimization_barrier" in [e.primitive.name for e in program.eqns]
+  plain = jax.make_jaxpr(jax.vjp(lambda q, k: jnp.einsum("bthd,bshd->bhts", q, k), q, k)[1])(g).jaxpr
+  assert row_axis_products(plain, T, S)                    # what the barrier avoids
+  n = 385                                                  # past TRANSPOSED_COTANGENT_UP_TO: differentiated as written
+  x = jnp.ones((1, n, 1, 2))
+  large = jax.make_jaxpr(jax.vjp(logits_product, x, x)[1])(jnp.ones((1, 1, n, n))).jaxpr
+  assert row_axis_products(large, n, n) and "optimization_barrier" not in [e.primitive.name for e in large.eqns]
+  _, tangent = jax.jvp(logits_product, (q, k), (dq, dk))
+  with jax.enable_x64(True):
+    x64 = [jnp.asarray(np.asarray(x), jnp.float64) for x in (q, k, g, dq, dk)]
+    ref = lambda q, k: jnp.einsum("bthd,bshd->bhts", q, k)
+    want, ref_pullback = jax.vjp(ref, *x64[:2])
+    want_grads = ref_pullback(x64[2])
+    _, want_tangent = jax.jvp(ref, tuple(x64[:2]), tuple(x64[3:]))
+  np.testing.assert_allclose(out, want, atol=1e-5, rtol=1e-5)
+  np.testing.assert_allclose(tangent, want_tangent, atol=1e-5 * np.abs(want_tangent).max(), rtol=1e-5)
+  for got, r in zip(pullback(g), want_grads):
+    np.testing.assert_allclose(got, r, atol=1e-5 * np.abs(r).max(), rtol=1e-5)
+
+
+def test_the_einsum_kernel_keeps_forward_mode():
+  """`jax.jvp` through `attention` on the einsum kernel (a custom JVP, not a custom VJP) equals float64 forward mode."""
+  q, k, v, bias = inputs(8)
+  tq, tk, tv = (jax.random.normal(jax.random.PRNGKey(20 + i), x.shape) for i, x in enumerate((q, k, v)))
+  f = lambda q, k, v: kernels.attention(q, k, v, bias=bias, causal=True, implementation="einsum")
+  _, got = jax.jvp(f, (q, k, v), (tq, tk, tv))
+  with jax.enable_x64(True):
+    x64 = lambda x: jnp.asarray(np.asarray(x), jnp.float64)
+    ref = lambda q, k, v: jnp.einsum("bhts,bshe->bthe", weights(None, True, T, S, 1 / math.sqrt(D), q, k, x64(bias),
+                                                                 xp=jnp), v)
+    _, want = jax.jvp(ref, tuple(x64(x) for x in (q, k, v)), tuple(x64(x) for x in (tq, tk, tv)))
+  np.testing.assert_allclose(got, want, atol=2e-5 * np.abs(want).max(), rtol=1e-4)
+
+
 def test_log_normaliser_matches_float64_logsumexp():
   q, k, _, bias = inputs(3)
   m = masks()["key"]

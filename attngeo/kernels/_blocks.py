@@ -13,6 +13,7 @@ the backward recomputes each block of P. Never more than one block of P exists: 
 """
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import jax
@@ -72,6 +73,57 @@ def zero_empty_rows(out, mask, causal, s):
 
 
 # ---- the blockwise kernels' layout
+
+# Query × key entries per head up to which `logits_product` writes its cotangent's transpose on CPU: 384² (a
+# 576 KiB float32 head). `jax.grad` of Σ w ⊙ attention on the einsum kernel, batch 8, 8 heads of 64, ATTN / DMTN's
+# 2·d-wide heads, plain → transposed (one process each, interleaved): 128 keys 5.63 → 4.58 / 7.92 → 7.25 ms; 256
+# keys 17.8–18.9 → 16.4–16.7 / 24.9–25.6 → 21.4–21.9 (three runs); 320 keys 32.8 → 27.9 / 42.0 → 41.5; 384 keys
+# 48.9 → 45.0 / 60.0 → 59.5; 448 keys 64.0 → 64.8 and 63.2 → 59.6 / 82.5 → 87.1 and 81.8 → 82.8 (two runs); 1024
+# keys (batch 4) 171 → 181 / 223 → 231: the pass over a larger head costs what the faster product saves.
+TRANSPOSED_COTANGENT_UP_TO = 384 * 384
+
+
+@jax.custom_jvp
+def logits_product(q, k):
+  """q·kᵀ: [b, h, t, s] float32 from q [b, t, h, d], k [b, s, h, d] — `einsum("bthd,bshd->bhts")`, whose reverse
+  mode on CPU reads the cotangent's transpose from memory.
+
+  Tangent dL = dq·kᵀ + (dk·qᵀ)ᵀ; transposed, k̄ = (L̄ᵀ)·q with L̄ᵀ written once (an `optimization_barrier` keeps
+  XLA from folding the transpose into the product). Differentiated as written, k̄ = L̄ᵀ·q is a product contracting
+  L̄'s row axis, which XLA:CPU runs on Eigen, not YNNPACK (4.1–5.3 ms of a 20 ms ATTN or DMTN program at 256 keys).
+  Only up to `TRANSPOSED_COTANGENT_UP_TO` entries per head (measured beside it), and only on CPU: cuBLAS and the
+  TPU take a transposed operand for free. Forward and reverse mode both work (a custom JVP, not a custom VJP).
+  """
+  return jnp.einsum("bthd,bshd->bhts", q, k, preferred_element_type=jnp.float32)
+
+
+@logits_product.defjvp
+def _logits_product_jvp(primals, tangents):
+  q, k = primals
+  dq, dk = tangents
+  along_k = jnp.einsum("bthd,bshd->bhts", dq, k, preferred_element_type=jnp.float32)
+  if jax.default_backend() == "cpu" and q.shape[1] * k.shape[1] <= TRANSPOSED_COTANGENT_UP_TO:
+    along_q = jnp.einsum("bshd,bthd->bhst", dk, q, preferred_element_type=jnp.float32)
+    along_q = jnp.swapaxes(jax.lax.optimization_barrier(along_q), -1, -2)
+  else:
+    along_q = jnp.einsum("bthd,bshd->bhts", q, dk, preferred_element_type=jnp.float32)
+  return logits_product(q, k), along_k + along_q
+
+
+def scale_queries(q, scale):
+  """(q·scale, None) where rounding q·scale in q's dtype costs nothing — float32 and wider, or bfloat16 (float32's
+  exponent range) at a power-of-two scale such as 1/√64; not float16, whose range a scaled q can leave — else
+  (q, scale), the scale still to apply to the logits (a traced scale too). The logits' scale then sits on the
+  n × d queries, not on the n × n logits, whose VJP is one more n × n pass (ds·scale, read by both of the
+  backward's products; XLA does not fold it into them). `jax.grad` of Σ transport on the einsum kernel, 256 keys,
+  batch 8, 8 heads of 64, fastest of 40 interleaved: ATTN 21.1 → 20.4 ms, DMAP 23.9 → 22.5, DMTN 27.8 → 26.2,
+  gradients unchanged (bitwise, at a scale of 1/8)."""
+  if not isinstance(scale, (int, float)) or isinstance(scale, bool):
+    return q, scale
+  if jnp.finfo(q.dtype).bits >= 32 or (q.dtype == jnp.bfloat16 and math.frexp(scale)[0] == 0.5):
+    return q * jnp.asarray(scale, q.dtype), None
+  return q, scale
+
 
 def split_blocks(x, size):
   """[b, h, n, ...] -> [n/size, b, h, size, ...]."""

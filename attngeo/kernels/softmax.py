@@ -35,30 +35,15 @@ import jax
 import jax.numpy as jnp
 
 from attngeo.kernels._blocks import (apply_masks, block_logits, check_block_size, check_mask, column_sum, join_blocks,
-                                     live_block, online_softmax, split_blocks, tile, untile, when_live,
-                                     zero_empty_rows)
+                                     live_block, logits_product, online_softmax, scale_queries, split_blocks, tile,
+                                     untile, when_live, zero_empty_rows)
 from attngeo.kernels.dispatch import choose
 from attngeo.kernels.pallas import pallas_sdpa
 
 
-def _scale_queries(q, scale):
-  """(q·scale, None) where rounding q·scale in q's dtype costs nothing — float32 and wider, or bfloat16 (float32's
-  exponent range) at a power-of-two scale such as 1/√64; not float16, whose range a scaled q can leave — else
-  (q, scale), the scale still to apply to the logits (a traced scale too). The logits' scale then sits on the
-  n × d queries, not on the n × n logits, whose VJP is one more n × n pass (ds·scale, read by both of the
-  backward's products; XLA does not fold it into them). `jax.grad` of Σ transport on the einsum kernel, 256 keys,
-  batch 8, 8 heads of 64, fastest of 40 interleaved: ATTN 21.1 → 20.4 ms, DMAP 23.9 → 22.5, DMTN 27.8 → 26.2,
-  gradients unchanged (bitwise, at a scale of 1/8)."""
-  if not isinstance(scale, (int, float)) or isinstance(scale, bool):
-    return q, scale
-  if jnp.finfo(q.dtype).bits >= 32 or (q.dtype == jnp.bfloat16 and math.frexp(scale)[0] == 0.5):
-    return q * jnp.asarray(scale, q.dtype), None
-  return q, scale
-
-
 def _einsum_sdpa(q, k, v, bias, mask, causal, scale):
-  q, rest = _scale_queries(q, scale)
-  s = jnp.einsum("bthd,bshd->bhts", q, k, preferred_element_type=jnp.float32)
+  q, rest = scale_queries(q, scale)
+  s = logits_product(q, k)
   s = s if rest is None else s * rest
   if bias is not None:
     s = s + jnp.transpose(bias, (0, 2, 1))[:, :, None, :]
