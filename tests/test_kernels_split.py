@@ -13,6 +13,7 @@ import pytest
 from helpers import family_edge, family_edge64
 
 from attngeo import kernels, operators as op
+from attngeo.kernels import split
 from attngeo.experiments.time_parts import product_flops
 
 B, N, H, D = 2, 24, 3, 8
@@ -34,18 +35,52 @@ def test_values_match_float64(alpha, causal):
     np.testing.assert_allclose(y, family_edge64(q, k, v, alpha, causal=causal, mask=m), atol=2e-6, rtol=1e-5)
 
 
-def test_gradients_match_float64_for_q_k_v_and_alpha():
+@pytest.mark.parametrize("alpha", [ALPHA_PER_HEAD, 0.0])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gradients_match_float64_for_q_k_v_and_alpha(alpha, causal):
+  """A per-head α (differentiated, its own gradient checked) and ATAP's static α = 0 (`symmetric_logits`)."""
   q, k, v = qkv(3)
   w = jax.random.normal(jax.random.PRNGKey(4), (B, N, H, D))
-  fused = lambda q, k, v, a: jnp.sum(w * op.transport(q, k, v, beta=1.0, alpha=a, causal=True, implementation="einsum"))
-  got = jax.grad(fused, (0, 1, 2, 3))(q, k, v, jnp.asarray(ALPHA_PER_HEAD))
+  static = isinstance(alpha, float)
+  run = lambda q, k, v, a: op.transport(q, k, v, beta=1.0, alpha=alpha if static else a, causal=causal,
+                                        implementation="einsum")
+  got = jax.grad(lambda *x: jnp.sum(w * run(*x)), (0, 1, 2, 3))(q, k, v, jnp.asarray(alpha, jnp.float32))
   with jax.enable_x64(True):
-    x64 = [jnp.asarray(np.asarray(x), jnp.float64) for x in (q, k, v, ALPHA_PER_HEAD, w)]
-    dense = lambda q, k, v, a: jnp.sum(x64[4] * family_edge(q, k, v, a, causal=True))
+    x64 = [jnp.asarray(np.asarray(x), jnp.float64) for x in (q, k, v, alpha, w)]
+    dense = lambda q, k, v, a: jnp.sum(x64[4] * family_edge(q, k, v, a, causal=causal))
     want = [np.asarray(r) for r in jax.grad(dense, (0, 1, 2, 3))(*x64[:4])]
-  for g, r in zip(got, want):
+  for g, r in zip(got[:3] if static else got, want):
     assert np.abs(r).max() > 1e-3
     np.testing.assert_allclose(g, r, atol=2e-5 * np.abs(r).max(), rtol=1e-4)
+
+
+def test_symmetric_logits_backward_is_one_product_on_the_symmetrised_cotangent():
+  """At w = w_t (ATAP) the logits' pullback is one 2·d-wide product contracting the n × n cotangent on its last
+  axis — no product reading it transposed, which XLA:CPU runs on Eigen — and it equals the float64 VJP; forward
+  mode (a custom JVP) equals float64's."""
+  q, k, _ = qkv(7)
+  g = jax.random.normal(jax.random.PRNGKey(8), (B, H, N, N))
+  logits, pullback = jax.vjp(lambda q, k: split.split_logits(q, k, 0.5, 0.5, 0.25), q, k)
+  dots = [e for e in jax.make_jaxpr(pullback)(g).jaxpr.eqns if e.primitive.name == "dot_general"]
+  assert len(dots) == 1
+  (lhs_contract, _), _ = dots[0].params["dimension_numbers"]
+  assert dots[0].invars[0].aval.shape[-2:] == (N, N) and tuple(lhs_contract) == (3,)
+  assert dots[0].outvars[0].aval.shape[-1] == 2 * D
+  with jax.enable_x64(True):
+    ref = lambda q, k: 0.25 * 0.5 * (jnp.einsum("bihd,bjhd->bhij", q, k) + jnp.einsum("bihd,bjhd->bhij", k, q))
+    x64 = [jnp.asarray(np.asarray(x), jnp.float64) for x in (q, k, g)]
+    want, ref_pullback = jax.vjp(ref, *x64[:2])
+    want_grads = ref_pullback(x64[2])
+    tq, tk = (jnp.asarray(np.asarray(jax.random.normal(jax.random.PRNGKey(9 + i), q.shape)), jnp.float64)
+              for i in range(2))
+    _, want_tangent = jax.jvp(ref, tuple(x64[:2]), (tq, tk))
+  np.testing.assert_allclose(logits, want, atol=1e-5, rtol=1e-5)
+  np.testing.assert_array_equal(logits, jnp.swapaxes(logits, -1, -2))
+  for got, r in zip(pullback(g), want_grads):
+    np.testing.assert_allclose(got, r, atol=1e-5 * np.abs(r).max(), rtol=1e-5)
+  _, tangent = jax.jvp(lambda q, k: split.split_logits(q, k, 0.5, 0.5, 0.25), (q, k),
+                       tuple(jnp.asarray(t, jnp.float32) for t in (tq, tk)))           # forward mode too
+  np.testing.assert_allclose(tangent, want_tangent, atol=1e-5 * np.abs(want_tangent).max(), rtol=1e-5)
 
 
 def grad_flops(beta, alpha, n=N, dtype=jnp.float32, implementation="einsum"):

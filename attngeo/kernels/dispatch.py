@@ -19,7 +19,9 @@ feature-major (`_blocks.column_sum`), the faster of the two: einsum ÷ blockwise
 On the einsum kernel below `BLOCKWISE_FROM` keys the family's β = 1 edge (ATAP; `runs_split`) runs
 `attngeo.kernels.split` instead of the augmented heads: one d-wide product and its transpose instead of
 one 2·d wide (ATAP ÷ ATTN at 256 keys, two runs each: 1.66, 1.67 before it; 1.41, 1.55 with it; 1.23,
-1.28 with the input-side overflow check too — docs/benchmarks.md; from 1024 keys the transposes cost more).
+1.28 with the input-side overflow check too; 1.28, 1.34 since ATAP's backward is one product on the
+symmetrised cotangent, `split.symmetric_logits`, against an ATTN 10 % faster, `_blocks.logits_product` —
+docs/benchmarks.md; from 1024 keys the transposes cost more).
 On the blockwise kernel the same edge, unmasked, not causal and from `PAIRED_FROM_TILES` tiles, runs
 `attngeo.kernels.split_paired`: the two products of each pair of tiles (a, b), (b, a) at once, 7 product units
 per tile like ATTN's instead of 11; the β = 0 edge (DMTN) runs there too from `PAIRED_BETA0_FROM_TILES` tiles
