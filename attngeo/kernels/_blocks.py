@@ -1,4 +1,5 @@
-"""What every kernel shares: the mask conventions and the blockwise kernels' tiling and online softmax.
+"""What every kernel shares: the mask conventions, the einsum kernels' q·kᵀ (`logits_product`) and the
+blockwise kernels' tiling and online softmax.
 
 Masks are boolean, broadcastable to `[b, h, t, s]` (True = attend); the causal order is top-left
 aligned (key j ≤ query i). Masked logits are set to `NEG`, a finite "minus infinity", so a fully
@@ -72,7 +73,7 @@ def zero_empty_rows(out, mask, causal, s):
   return jnp.where(jnp.transpose(valid, (0, 2, 1))[..., None], out, jnp.zeros((), out.dtype))
 
 
-# ---- the blockwise kernels' layout
+# ---- the einsum kernels' logits
 
 # Query × key entries per head up to which `logits_product` writes its cotangent's transpose on CPU: 384² (a
 # 576 KiB float32 head). `jax.grad` of Σ w ⊙ attention on the einsum kernel, batch 8, 8 heads of 64, ATTN / DMTN's
@@ -124,6 +125,8 @@ def scale_queries(q, scale):
     return q * jnp.asarray(scale, q.dtype), None
   return q, scale
 
+
+# ---- the blockwise kernels' layout
 
 def split_blocks(x, size):
   """[b, h, n, ...] -> [n/size, b, h, size, ...]."""
