@@ -297,17 +297,24 @@ def _mend_overflow(y, rerun, hot):
 
 def split_kernel(beta, alpha, implementation: str | None, n_keys: int, *, dtype="float32", masked: bool = False,
                  causal: bool = False, block_size: int = 512) -> str | None:
-  """The split kernel `transport` runs member (β, α) on instead of the 2·d-wide augmented heads — "dense"
-  (`kernels.split_attention`, one d-wide product and its transpose) or "paired"
-  (`kernels.split_paired_attention`) — or None. Inputs of ≥ 32 bits, β a Python float, where the dispatcher
-  says so (`kernels.runs_split`: einsum below `BLOCKWISE_FROM` keys; blockwise, unmasked, not causal, α
-  static, keys that cut into pairs of tiles), on two edges of the square:
+  """The split kernel `transport` runs member (β, α) on instead of the augmented heads' einsum or blockwise
+  kernel — "dense" (`kernels.split_attention`, one d-wide product and its transpose), "paired"
+  (`kernels.split_paired_attention`) or "gram" (`kernels.gram_attention`) — or None. Inputs of ≥ 32 bits, β a
+  Python float, where the dispatcher says so (`kernels.runs_split`: einsum below `BLOCKWISE_FROM` keys;
+  blockwise, unmasked, not causal, α static, keys that cut into pairs of tiles), on two edges of the square:
   * β = 1 but ATTN (ATAP at α = 0): "dense" or "paired", products of q and k;
-  * β = 0 but DMAP (DMTN at α = 1; a static α > 0): "paired" only, from `kernels.PAIRED_BETA0_FROM_TILES`
-    tiles (8192 keys at the default block size), products of m and n (`beta0_paired`)."""
+  * β = 0: DMAP (α = 0.0) "gram" where "dense" runs up to `kernels.TRANSPOSED_COTANGENT_UP_TO` entries per head
+    (384 keys; past them its symmetrised cotangent's pass costs more than the product it saves), its Gram
+    m·mᵀ/2 with a one-product backward; the others
+    (DMTN at α = 1; a static α > 0) "paired" only, from `kernels.PAIRED_BETA0_FROM_TILES` tiles (8192 keys at
+    the default block size), products of m and n (`beta0_paired`)."""
   if not (isinstance(beta, float) and jnp.finfo(dtype).bits >= 32):
     return None
   static = isinstance(alpha, float)
+  if beta == 0.0 and static and alpha == 0.0:
+    dense = kernels.runs_split(implementation, n_keys, masked=masked, causal=causal, static=True,
+                               block_size=block_size) == "dense"
+    return "gram" if dense and n_keys * n_keys <= kernels.TRANSPOSED_COTANGENT_UP_TO else None
   if beta == 1.0 and not (static and alpha == 1.0):
     return kernels.runs_split(implementation, n_keys, masked=masked, causal=causal, static=static,
                               block_size=block_size)
@@ -359,8 +366,8 @@ def transport(q, k, v, *, beta=1.0, alpha=1.0, causal: bool = False, mask=None, 
     scale: logit scale s; default 1/√d.
     implementation: "einsum" | "xla" | "cudnn" | "blockwise" | None (the dispatcher's choice for the
       backend and length, `kernels.choose`); passed through to the kernel. Where "einsum" runs below
-      `kernels.BLOCKWISE_FROM` keys, the β = 1 edge (ATAP) runs on `kernels.split_attention` instead, and
-      where "blockwise" runs unmasked, not causal, with a static α and keys that cut into
+      `kernels.BLOCKWISE_FROM` keys, the β = 1 edge (ATAP) runs on `kernels.split_attention` instead and
+      DMAP on `kernels.gram_attention` (inputs of ≥ 32 bits), and where "blockwise" runs unmasked, not causal, with a static α and keys that cut into
       `kernels.PAIRED_FROM_TILES` or more tiles the β = 1 edge (ATAP), and from `kernels.PAIRED_BETA0_FROM_TILES`
       the β = 0 edge (DMTN; not DMAP), run on `kernels.split_paired_attention` (`split_kernel`).
   Returns:
@@ -394,8 +401,11 @@ def transport(q, k, v, *, beta=1.0, alpha=1.0, causal: bool = False, mask=None, 
   if _is_distance_form(beta, alpha):
     far = _far_tokens(q, k, scale)
     aug = _isolate(augment(q, k, beta=beta, alpha=alpha, scale=scale), far)
-    y = kernels.attention(aug.q, aug.k, v, bias=aug.bias, mask=mask, causal=causal, scale=scale,
-                          implementation=implementation, block_size=block_size)
+    if split == "gram":                                          # heads (m, m/2): logits (s/2)·m·mᵀ
+      y = kernels.gram_attention(aug.q, v, c=0.5 * scale, bias=aug.bias, mask=mask, causal=causal)
+    else:
+      y = kernels.attention(aug.q, aug.k, v, bias=aug.bias, mask=mask, causal=causal, scale=scale,
+                            implementation=implementation, block_size=block_size)
     return _own_values(y, v, far, mask)
   y, aug = run(q, k, v)
   if aug is not None and aug.k is k:                              # plain ATTN: its logits are q·k as given

@@ -21,7 +21,8 @@ def test_bench_operators_smoke(tmp_path):
   assert {r["interleaved_with"] for r in rows if r["seq"] == 64} == {1, 4, 5}  # xla: 4 corners; einsum, blockwise: + CMAP
   kernel = {(r["operator"], r["implementation"]): r["kernel"] for r in rows if r["seq"] == 64}
   assert kernel["ATAP", "einsum"] == "split" and kernel["ATAP", "blockwise"] == "blockwise"   # 64 keys: one tile
-  assert all(k == impl for (name, impl), k in kernel.items() if name != "ATAP")
+  assert kernel["DMAP", "einsum"] == "gram" and kernel["DMAP", "blockwise"] == "blockwise"
+  assert all(k == impl for (name, impl), k in kernel.items() if name not in ("ATAP", "DMAP"))
   assert "| runs on |" in (tmp_path / "bench_operators.md").read_text()
 
 
@@ -37,6 +38,8 @@ def test_bench_rows_name_the_split_kernel_atap_and_dmtn_run_on():
   assert bench_operators.runs_on("DMTN", "blockwise", 4096) == "blockwise"                # 8 tiles
   assert bench_operators.runs_on("DMTN", "blockwise", 8192) == "split_paired"
   assert bench_operators.runs_on("DMAP", "blockwise", 8192) == "blockwise"
+  assert bench_operators.runs_on("DMAP", "einsum", 256) == "gram"
+  assert bench_operators.runs_on("DMAP", "einsum", 448) == "einsum"                      # past 384² entries a head
   assert bench_operators.runs_on("CMAP", "paired", 4096) == "paired"
 
 
@@ -345,7 +348,7 @@ def test_time_parts_names_each_thunk_and_counts_the_products(monkeypatch, capsys
   monkeypatch.setattr(hugepages, "reexec", lambda: None)
   tp.main(["--operators", "attn,dmap", "--seqs", "32", "--batches", "1", "--calls", "1"])
   out = capsys.readouterr().out
-  assert "| 32 | 1 | ATTN | einsum |" in out and "| 32 | 1 | DMAP | einsum |" in out
+  assert "| 32 | 1 | ATTN | einsum |" in out and "| 32 | 1 | DMAP | gram | " in out and "| 5.00 |" in out
   for argv, word in ((["--operators", "ATTN,FOO"], "--operators"), (["--seqs", "32,64", "--batches", "1"], "--batches"),
                      (["--calls", "0"], "--calls"), (["--implementation", "xla"], "--implementation"),
                      (["--implementation", "pallas"], "--implementation")):

@@ -118,3 +118,89 @@ def test_split_attention_is_self_attention_and_checks_its_mask():
     kernels.split_attention(q, k[:, :-1], v, weights=(1.0, 0.0), scale=1.0)
   with pytest.raises(ValueError, match="mask must be 4-D"):
     kernels.split_attention(q, k, v, weights=(1.0, 0.0), mask=jnp.ones((N, N), bool), scale=1.0)
+
+
+# ---- DMAP's Gram: softmax(c·m·mᵀ + bias_j)·v with a one-product backward
+
+def gram64(m, v, bias, c, mask=None, causal=False):
+  """softmax(c·m·mᵀ + bias_j, masked)·v written out (any precision): [b, n, h, e]."""
+  lg = c * jnp.einsum("bihd,bjhd->bhij", m, m) + jnp.transpose(bias, (0, 2, 1))[:, :, None, :]
+  keep = jnp.ones(lg.shape, bool) if mask is None else jnp.broadcast_to(mask, lg.shape)
+  if causal:
+    keep = keep & jnp.tril(jnp.ones(lg.shape[-2:], bool))
+  p = jax.nn.softmax(jnp.where(keep, lg, -jnp.inf), -1)
+  return jnp.einsum("bhij,bjhe->bihe", p, v)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_gram_attention_matches_float64_in_both_modes(causal):
+  """Values, reverse mode (m, v, bias) and forward mode of `kernels.gram_attention` against the formula in float64,
+  under a mask."""
+  m, v, _ = qkv(10)
+  bias = jax.random.normal(jax.random.PRNGKey(11), (B, N, H))
+  mask = jax.random.bernoulli(jax.random.PRNGKey(12), 0.7, (B, 1, N, N)) | jnp.eye(N, dtype=bool)
+  w = jax.random.normal(jax.random.PRNGKey(13), (B, N, H, D))
+  tangents = [jax.random.normal(jax.random.PRNGKey(14 + i), x.shape) for i, x in enumerate((m, v, bias))]
+  run = lambda m, v, b: kernels.gram_attention(m, v, c=0.3, bias=b, mask=mask, causal=causal)
+  got = run(m, v, bias)
+  grads = jax.grad(lambda *x: jnp.sum(w * run(*x)), (0, 1, 2))(m, v, bias)
+  _, tangent = jax.jvp(run, (m, v, bias), tuple(tangents))
+  with jax.enable_x64(True):
+    x64 = lambda x: jnp.asarray(np.asarray(x), jnp.float64)
+    ref = lambda m, v, b: gram64(m, v, b, 0.3, mask, causal)
+    want = ref(x64(m), x64(v), x64(bias))
+    want_grads = jax.grad(lambda *x: jnp.sum(x64(w) * ref(*x)), (0, 1, 2))(x64(m), x64(v), x64(bias))
+    _, want_tangent = jax.jvp(ref, (x64(m), x64(v), x64(bias)), tuple(x64(t) for t in tangents))
+  np.testing.assert_allclose(got, want, atol=2e-6, rtol=1e-5)
+  for g, r in zip(grads, want_grads):
+    assert np.abs(r).max() > 1e-3
+    np.testing.assert_allclose(g, r, atol=2e-5 * np.abs(r).max(), rtol=1e-4)
+  np.testing.assert_allclose(tangent, want_tangent, atol=2e-5 * np.abs(want_tangent).max(), rtol=1e-4)
+
+
+def test_gram_logits_backward_is_one_d_wide_product():
+  """m̄ = c·(L̄ + L̄ᵀ)·m: one product, d wide, contracting the symmetrised cotangent on its last axis."""
+  m, _, _ = qkv(15)
+  g = jax.random.normal(jax.random.PRNGKey(16), (B, H, N, N))
+  _, pullback = jax.vjp(lambda m: split.gram_logits(m, 0.25), m)
+  dots = [e for e in jax.make_jaxpr(pullback)(g).jaxpr.eqns if e.primitive.name == "dot_general"]
+  assert len(dots) == 1
+  (lhs_contract, _), _ = dots[0].params["dimension_numbers"]
+  assert dots[0].invars[0].aval.shape[-2:] == (N, N) and tuple(lhs_contract) == (3,)
+  assert dots[0].outvars[0].aval.shape[-1] == D
+  with jax.enable_x64(True):
+    m64, g64 = (jnp.asarray(np.asarray(x), jnp.float64) for x in (m, g))
+    want = jax.vjp(lambda m: 0.25 * jnp.einsum("bihd,bjhd->bhij", m, m), m64)[1](g64)[0]
+  np.testing.assert_allclose(pullback(g)[0], want, atol=1e-5 * np.abs(want).max(), rtol=1e-5)
+
+
+def test_dmap_runs_the_gram_kernel_where_it_pays_and_keeps_its_values():
+  """`transport` routes DMAP (β = α = 0.0, inputs of ≥ 32 bits) to `gram_attention` on the einsum kernel up to
+  384² entries per head — 5 product units to ATTN's 6 — and the result is the distance form's, in float64 terms,
+  gradients included; past 384 keys, in bf16 or blockwise it keeps the augmented heads."""
+  unit = 2 * B * H * N * N * D
+  assert op.split_kernel(*op.DMAP, "einsum", N) == "gram" and op.split_kernel(*op.DMAP, None, 384) == "gram"
+  assert op.split_kernel(*op.DMAP, "einsum", N, masked=True, causal=True) == "gram"
+  for args, kw in (((*op.DMAP, None, 385), {}), ((*op.DMAP, "einsum", N), dict(dtype="bfloat16")),
+                   ((*op.DMAP, "blockwise", N), {}), ((0.0, jnp.float32(0.0), "einsum", N), {})):
+    assert op.split_kernel(*args, **kw) is None, (args, kw)
+  assert grad_flops(*op.DMAP) - 5 * unit < 0.05 * unit and grad_flops(*op.ATTN) == 6 * unit
+  q, k, v = qkv(17)
+  w = jax.random.normal(jax.random.PRNGKey(18), (B, N, H, D))
+  f = lambda q, k, v: op.transport(q, k, v, beta=0.0, alpha=0.0, causal=True, implementation="einsum")
+  from helpers import distance_form_reference
+  np.testing.assert_allclose(f(q, k, v), distance_form_reference(q, k, v, causal=True), atol=2e-6, rtol=1e-5)
+  got = jax.grad(lambda *x: jnp.sum(w * f(*x)), (0, 1, 2))(q, k, v)
+  with jax.enable_x64(True):
+    x64 = [jnp.asarray(np.asarray(x), jnp.float64) for x in (q, k, v, w)]
+
+    def dense(q, k, v):
+      m = (q + k) / np.sqrt(2)
+      sq = jnp.sum((m[:, :, None] - m[:, None]) ** 2, -1)                 # [b, i, j, h]
+      lg = jnp.transpose(-0.25 / np.sqrt(D) * sq, (0, 3, 1, 2))
+      p = jax.nn.softmax(jnp.where(jnp.tril(jnp.ones((N, N), bool)), lg, -jnp.inf), -1)
+      return jnp.sum(x64[3] * jnp.einsum("bhij,bjhe->bihe", p, v))
+    want = jax.grad(dense, (0, 1, 2))(*x64[:3])
+  for g, r in zip(got, want):
+    assert np.abs(r).max() > 1e-3
+    np.testing.assert_allclose(g, r, atol=2e-5 * np.abs(r).max(), rtol=1e-4)

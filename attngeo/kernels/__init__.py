@@ -13,7 +13,8 @@ chooses; callers pass `implementation` through):
   each backend needs.
 * `pallas_phase` — `pallas_phase_attention`, phase attention as Pallas flash kernels (`phase_attention`'s "pallas").
 * `split` — `split_attention`, the dense kernel of the β = 1 edge (ATAP) on one product and its transpose
-  (d wide, where the augmented heads are 2·d).
+  (d wide, where the augmented heads are 2·d); `gram_attention`, DMAP's symmetric Gram m·mᵀ with a one-product
+  backward.
 * `split_paired` — `split_paired_attention`, the same edge blockwise: each pair of tiles' two products once
   (no mask, not causal; ATTN's product count); with its Gram term, the β = 0 edge (DMTN) on m and n.
 * `paired` — `paired_magnetic`, CMAP at β = 0 on its Hermitian pairing (each unordered token pair once).
@@ -26,7 +27,7 @@ Layout of `jax.nn.dot_product_attention`: q `[b, t, h, d]`, k `[b, s, h, d]`, v 
 per-key bias `[b, s, h]`; masks broadcastable to `[b, h, t, s]` (True = attend). Logits and softmax
 accumulate in float32 whatever the input dtype.
 """
-from attngeo.kernels._blocks import NEG, apply_masks, attended_rows, check_block_size
+from attngeo.kernels._blocks import NEG, TRANSPOSED_COTANGENT_UP_TO, apply_masks, attended_rows, check_block_size
 from attngeo.kernels.dispatch import (BLOCKWISE_FROM, IMPLEMENTATIONS, KERNELS, PAIRED_BETA0_FROM_TILES, PAIRED_FROM_TILES,
                                       PHASE_IMPLEMENTATIONS, choose, default_implementation, runs_split)
 from attngeo.kernels._blocks import levels, pair_tasks, tiling
@@ -35,10 +36,12 @@ from attngeo.kernels.pallas import layout, pallas_sdpa
 from attngeo.kernels.pallas_phase import pallas_phase_attention
 from attngeo.kernels.phase import phase_attention, sincos
 from attngeo.kernels.softmax import attention, log_normaliser
-from attngeo.kernels.split import split_attention, split_weights
+from attngeo.kernels.split import gram_attention, split_attention, split_weights
 from attngeo.kernels.split_paired import split_paired_attention
 
 __all__ = ["BLOCKWISE_FROM", "IMPLEMENTATIONS", "KERNELS", "NEG", "PAIRED_BETA0_FROM_TILES", "PAIRED_FROM_TILES", "PHASE_IMPLEMENTATIONS",
-           "apply_masks", "attended_rows", "check_block_size", "attention", "choose", "default_implementation", "layout", "levels",
+           "TRANSPOSED_COTANGENT_UP_TO",
+           "apply_masks", "attended_rows", "check_block_size", "attention", "choose", "default_implementation", "gram_attention",
+           "layout", "levels",
            "log_normaliser", "pair_tasks", "pallas_phase_attention", "pallas_sdpa", "paired_magnetic",
            "phase_attention", "runs_split", "sincos", "split_attention", "split_paired_attention", "split_weights", "tiling"]

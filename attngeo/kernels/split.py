@@ -1,4 +1,4 @@
-"""The β = 1 edge of the family (ATTN–ATAP) as self-attention on one product and its transpose.
+"""Self-attention on one product and its transpose: the β = 1 edge of the family (ATTN–ATAP), and DMAP's Gram.
 
 For self-attention (queries and keys of the same n tokens) member (β, α) has, up to a row constant,
 the logits (`attngeo.operators`; m = (q + k)/√2, n = (q − k)/√2)
@@ -30,6 +30,15 @@ the antisymmetric one; splitting it too (m·mᵀ with the one-product VJP (Ḡ +
 product of 9 and adds three transposes, and measured no gain for DMTN, so DMTN and the mixed members keep
 the augmented form. The kernel needs every pair (i, j) and (j, i), so it is dense: a causal or masked
 call computes all of A and masks after, as the einsum kernel does.
+
+DMAP (β = α = 0) runs on the augmented heads (m, m/2) with a key bias: its logits (s/2)·m·mᵀ are a symmetric
+Gram, and `gram_attention` takes m̄ = (s/2)·(L̄ + L̄ᵀ)·m as one d-wide product where the einsum kernel takes two
+— 5 product units to ATTN's 6. `operators.transport` runs it where the dense split runs, up to
+`_blocks.TRANSPOSED_COTANGENT_UP_TO` entries per head. `jax.grad` of Σ w ⊙ DMAP (`transport`, its far-token guard
+included), batch 8, 8 heads of 64, the einsum kernel on the augmented heads → `gram_attention`, ÷ ATTN, one process
+each: 128 keys 1.21 → 1.09; 192 keys 1.21 → 1.02; 256 keys 1.11, 1.11, 1.12 → 1.12, 1.12, 1.12 (a tie: at 256 the
+pass L̄ + L̄ᵀ reads its transposed operand at a power-of-two stride, 3.9 ms for 32 MiB against 1.6 ms for 50 MiB at
+320); 320 keys 1.04, 1.09 → 1.02, 1.02; 384 keys 1.10, 1.14 → 1.01, 1.05; 448 keys 1.05, 1.07 → 1.11, 1.10.
 """
 from __future__ import annotations
 
@@ -94,6 +103,37 @@ def _symmetric_jvp(c, primals, tangents):
   return symmetric_logits(q, k, c), s + jnp.swapaxes(s, -1, -2)
 
 
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
+def gram_logits(m, c):
+  """L = c·m·mᵀ: [b, h, n, n] float32 from m [b, n, h, d], c a Python float; L = Lᵀ (DMAP's distance form,
+  `operators.augment`: heads m and m/2, c = s/2).
+
+  Tangent dL = S + Sᵀ with S = c·dm·mᵀ, so reverse mode is m̄ = c·(L̄ + L̄ᵀ)·m: one d-wide product on a
+  row-major operand, where the einsum kernel on the heads (m, m/2) runs two (q̄ = L̄·k and k̄ = L̄ᵀ·q) and a
+  transpose pass (`_blocks.logits_product`). 5 product units to ATTN's 6, forward + backward.
+  """
+  ms, rest = scale_queries(m, c)
+  a = logits_product(ms, m)
+  return a if rest is None else a * rest
+
+
+@gram_logits.defjvp
+def _gram_jvp(c, primals, tangents):
+  (m,), (dm,) = primals, tangents
+  head_major = lambda x: jnp.transpose(x, (0, 2, 1, 3)).astype(jnp.float32)
+  s = jnp.einsum("bhie,bhje->bhij", head_major(dm) * c, head_major(m), preferred_element_type=jnp.float32)
+  return gram_logits(m, c), s + jnp.swapaxes(s, -1, -2)
+
+
+def _attend(s, v, bias, mask, causal):
+  """`softmax(s + bias_j, masked)·v`: [b, n, h, e] in v's dtype from logits s [b, h, n, n]; empty rows 0."""
+  if bias is not None:
+    s = s + jnp.transpose(bias, (0, 2, 1))[:, :, None, :]
+  p = jax.nn.softmax(apply_masks(s, mask, causal), axis=-1)
+  out = jnp.einsum("bhts,bshe->bthe", p.astype(v.dtype), v, preferred_element_type=jnp.float32).astype(v.dtype)
+  return zero_empty_rows(out, mask, causal, v.shape[1])
+
+
 def split_attention(q, k, v, *, weights, bias=None, mask=None, causal=False, scale):
   """`softmax(split_logits + bias_j, masked)·v` for self-attention: [b, n, h, e] in v's dtype.
 
@@ -104,9 +144,19 @@ def split_attention(q, k, v, *, weights, bias=None, mask=None, causal=False, sca
   if q.shape != k.shape:
     raise ValueError(f"split attention is self-attention: q and k must have the same shape; got {q.shape}, {k.shape}")
   check_mask(mask)
-  s = split_logits(q, k, *weights, scale)
-  if bias is not None:
-    s = s + jnp.transpose(bias, (0, 2, 1))[:, :, None, :]
-  p = jax.nn.softmax(apply_masks(s, mask, causal), axis=-1)
-  out = jnp.einsum("bhts,bshe->bthe", p.astype(v.dtype), v, preferred_element_type=jnp.float32).astype(v.dtype)
-  return zero_empty_rows(out, mask, causal, k.shape[1])
+  return _attend(split_logits(q, k, *weights, scale), v, bias, mask, causal)
+
+
+def gram_attention(m, v, *, c: float, bias=None, mask=None, causal=False):
+  """`softmax(c·m·mᵀ + bias_j, masked)·v` (self-attention on one set of heads): [b, n, h, e] in v's dtype.
+
+  m: [b, n, h, d]; v: [b, n, h, e]; c: the logit scale, a Python float; bias: [b, n, h] per-key logit bias or
+  None; mask: bool broadcastable to [b, h, n, n] (True = attend). The backward is one product (`gram_logits`).
+  A query row with no key returns 0, as on every kernel.
+  """
+  if m.shape[:3] != v.shape[:3]:
+    raise ValueError(f"gram attention is self-attention: m and v must share [b, n, h]; got {m.shape}, {v.shape}")
+  if not isinstance(c, (int, float)) or isinstance(c, bool):
+    raise ValueError(f"c must be a Python float (the logit scale); got {type(c).__name__}")
+  check_mask(mask)
+  return _attend(gram_logits(m, float(c)), v, bias, mask, causal)
