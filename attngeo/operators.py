@@ -366,8 +366,9 @@ def transport(q, k, v, *, beta=1.0, alpha=1.0, causal: bool = False, mask=None, 
     scale: logit scale s; default 1/√d.
     implementation: "einsum" | "xla" | "cudnn" | "blockwise" | None (the dispatcher's choice for the
       backend and length, `kernels.choose`); passed through to the kernel. Where "einsum" runs below
-      `kernels.BLOCKWISE_FROM` keys, the β = 1 edge (ATAP) runs on `kernels.split_attention` instead and
-      DMAP on `kernels.gram_attention` (inputs of ≥ 32 bits), and where "blockwise" runs unmasked, not causal, with a static α and keys that cut into
+      `kernels.BLOCKWISE_FROM` keys, the β = 1 edge (ATAP) runs on `kernels.split_attention` instead, and
+      DMAP up to 384 keys (`kernels.TRANSPOSED_COTANGENT_UP_TO`) on `kernels.gram_attention` (inputs of ≥ 32
+      bits); and where "blockwise" runs unmasked, not causal, with a static α and keys that cut into
       `kernels.PAIRED_FROM_TILES` or more tiles the β = 1 edge (ATAP), and from `kernels.PAIRED_BETA0_FROM_TILES`
       the β = 0 edge (DMTN; not DMAP), run on `kernels.split_paired_attention` (`split_kernel`).
   Returns:

@@ -152,8 +152,9 @@ def test_the_logits_product_reads_its_cotangent_row_major_in_both_modes():
   out, pullback = jax.vjp(logits_product, q, k)
   program = jax.make_jaxpr(pullback)(g).jaxpr
   assert [e.primitive.name for e in program.eqns].count("dot_general") == 2
-  assert not row_axis_products(program, T, S) and not row_axis_products(program, S, T)
-  assert "optimization_barrier" in [e.primitive.name for e in program.eqns]
+  on_cpu = jax.default_backend() == "cpu"                  # elsewhere a transposed operand is free: as written
+  assert ("optimization_barrier" in [e.primitive.name for e in program.eqns]) == on_cpu
+  assert bool(row_axis_products(program, T, S) or row_axis_products(program, S, T)) != on_cpu
   plain = jax.make_jaxpr(jax.vjp(lambda q, k: jnp.einsum("bthd,bshd->bhts", q, k), q, k)[1])(g).jaxpr
   assert row_axis_products(plain, T, S)                    # what the barrier avoids
   n = 385                                                  # past TRANSPOSED_COTANGENT_UP_TO: differentiated as written

@@ -179,12 +179,12 @@ def test_dmap_runs_the_gram_kernel_where_it_pays_and_keeps_its_values():
   384² entries per head — 5 product units to ATTN's 6 — and the result is the distance form's, in float64 terms,
   gradients included; past 384 keys, in bf16 or blockwise it keeps the augmented heads."""
   unit = 2 * B * H * N * N * D
-  assert op.split_kernel(*op.DMAP, "einsum", N) == "gram" and op.split_kernel(*op.DMAP, None, 384) == "gram"
+  assert op.split_kernel(*op.DMAP, "einsum", N) == "gram" and op.split_kernel(*op.DMAP, "einsum", 384) == "gram"
   assert op.split_kernel(*op.DMAP, "einsum", N, masked=True, causal=True) == "gram"
-  for args, kw in (((*op.DMAP, None, 385), {}), ((*op.DMAP, "einsum", N), dict(dtype="bfloat16")),
+  for args, kw in (((*op.DMAP, "einsum", 385), {}), ((*op.DMAP, "einsum", N), dict(dtype="bfloat16")),
                    ((*op.DMAP, "blockwise", N), {}), ((0.0, jnp.float32(0.0), "einsum", N), {})):
     assert op.split_kernel(*args, **kw) is None, (args, kw)
-  assert grad_flops(*op.DMAP) - 5 * unit < 0.05 * unit and grad_flops(*op.ATTN) == 6 * unit
+  assert abs(grad_flops(*op.DMAP) - 5 * unit) < 0.05 * unit and grad_flops(*op.ATTN) == 6 * unit
   q, k, v = qkv(17)
   w = jax.random.normal(jax.random.PRNGKey(18), (B, N, H, D))
   f = lambda q, k, v: op.transport(q, k, v, beta=0.0, alpha=0.0, causal=True, implementation="einsum")
@@ -204,3 +204,15 @@ def test_dmap_runs_the_gram_kernel_where_it_pays_and_keeps_its_values():
   for g, r in zip(got, want):
     assert np.abs(r).max() > 1e-3
     np.testing.assert_allclose(g, r, atol=2e-5 * np.abs(r).max(), rtol=1e-4)
+
+
+def test_gram_attention_refuses_bad_arguments_in_one_line():
+  m, v, _ = qkv(19)
+  cases = [(dict(m=m[0], v=v[0], c=0.5), ValueError, "4-D"), (dict(m=m, v=v[:, :-1], c=0.5), ValueError, "share"),
+           (dict(m=m, v=v, c=0.5, bias=jnp.ones((B, N))), ValueError, "bias"),
+           (dict(m=m, v=v, c=True), TypeError, "c must"), (dict(m=m, v=v, c=jnp.float32(0.5)), TypeError, "c must")]
+  for kwargs, error, word in cases:
+    with pytest.raises(error, match=word) as info:
+      kernels.gram_attention(**kwargs)
+    assert len(str(info.value).splitlines()) == 1
+  np.testing.assert_allclose(kernels.gram_attention(m, v, c=np.float32(0.5)), kernels.gram_attention(m, v, c=0.5))

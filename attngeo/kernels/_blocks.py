@@ -1,5 +1,5 @@
-"""What every kernel shares: the mask conventions, the einsum kernels' q·kᵀ (`logits_product`) and the
-blockwise kernels' tiling and online softmax.
+"""What every kernel shares: the mask conventions, the einsum kernels' q·kᵀ (`logits_product`) and scaled queries
+(`scale_queries`), and the blockwise kernels' tiling and online softmax.
 
 Masks are boolean, broadcastable to `[b, h, t, s]` (True = attend); the causal order is top-left
 aligned (key j ≤ query i). Masked logits are set to `NEG`, a finite "minus infinity", so a fully

@@ -13,7 +13,8 @@ since ½ m_i·m_j − β·½ n_i·n_j = (1 − β)·½ m_i·m_j + β·½ (q_i·k
 
 one n × n × d product where the augmented heads (`operators.augment`) run one 2·d wide. Counted in
 n × n × d products, forward + backward with P·v and its two cotangents: ATTN 6, the augmented edge 9,
-this kernel 6 plus two n × n transposes (one per pass). At α = 0 (ATAP, w = w_t) L and Ā = s·w·(L̄ + L̄ᵀ)
+this kernel 6 plus two n × n transposes (one per pass), and a third where its k̄ reads the cotangent's
+transpose (`_blocks.logits_product`, up to 384² entries a head). At α = 0 (ATAP, w = w_t) L and Ā = s·w·(L̄ + L̄ᵀ)
 are symmetric, and the backward is one 2·d-wide product, [q̄, k̄] = Ā·[k, q] (`symmetric_logits`), every product
 contracting its n × n operand on the last axis. `jax.grad` of Σ w ⊙ y on the kernel, 256 keys, batch 8, 8 heads
 of 64, three runs (old and new kernel interleaved, fastest of 150): 26.3–26.5 → 21.2–21.8 ms, ÷ ATTN 1.44–1.49 →
@@ -46,7 +47,9 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from attngeo.errors import InputTypeError
 from attngeo.kernels._blocks import apply_masks, check_mask, logits_product, scale_queries, zero_empty_rows
 
 
@@ -72,6 +75,11 @@ def split_logits(q, k, w, w_t, scale):
   return scale * (_per_head(w) * a + _per_head(w_t) * jnp.swapaxes(a, -1, -2))
 
 
+def _head_major(x):
+  """[b, n, h, e] -> [b, h, n, e] float32: the operands of a tangent product that keeps its n × n result row-major."""
+  return jnp.transpose(x, (0, 2, 1, 3)).astype(jnp.float32)
+
+
 @functools.partial(jax.custom_jvp, nondiff_argnums=(2,))
 def symmetric_logits(q, k, c):
   """L = c·(q·kᵀ + k·qᵀ): [b, h, n, n] float32 from q, k [b, n, h, d], c a Python float; L = Lᵀ.
@@ -95,11 +103,10 @@ def symmetric_logits(q, k, c):
 def _symmetric_jvp(c, primals, tangents):
   q, k = primals
   dq, dk = tangents
-  head_major = lambda x: jnp.transpose(x, (0, 2, 1, 3)).astype(jnp.float32)     # [b, n, h, 2d] -> [b, h, n, 2d]
   # head-major operands: the transposed product writes [b, h, n, 2d] and keeps Ā row-major (against a product
   # writing [b, n, h, 2d] directly, ATAP ÷ ATTN 0.98–1.05 against 1.22–1.30 at 256 keys, before `logits_product`)
-  s = jnp.einsum("bhie,bhje->bhij", head_major(jnp.concatenate([dq, dk], -1)) * c,
-                 head_major(jnp.concatenate([k, q], -1)), preferred_element_type=jnp.float32)
+  s = jnp.einsum("bhie,bhje->bhij", _head_major(jnp.concatenate([dq, dk], -1)) * c,
+                 _head_major(jnp.concatenate([k, q], -1)), preferred_element_type=jnp.float32)
   return symmetric_logits(q, k, c), s + jnp.swapaxes(s, -1, -2)
 
 
@@ -120,8 +127,7 @@ def gram_logits(m, c):
 @gram_logits.defjvp
 def _gram_jvp(c, primals, tangents):
   (m,), (dm,) = primals, tangents
-  head_major = lambda x: jnp.transpose(x, (0, 2, 1, 3)).astype(jnp.float32)
-  s = jnp.einsum("bhie,bhje->bhij", head_major(dm) * c, head_major(m), preferred_element_type=jnp.float32)
+  s = jnp.einsum("bhie,bhje->bhij", _head_major(dm) * c, _head_major(m), preferred_element_type=jnp.float32)
   return gram_logits(m, c), s + jnp.swapaxes(s, -1, -2)
 
 
@@ -150,13 +156,17 @@ def split_attention(q, k, v, *, weights, bias=None, mask=None, causal=False, sca
 def gram_attention(m, v, *, c: float, bias=None, mask=None, causal=False):
   """`softmax(c·m·mᵀ + bias_j, masked)·v` (self-attention on one set of heads): [b, n, h, e] in v's dtype.
 
-  m: [b, n, h, d]; v: [b, n, h, e]; c: the logit scale, a Python float; bias: [b, n, h] per-key logit bias or
+  m: [b, n, h, d]; v: [b, n, h, e]; c: the logit scale, a real number (not traced); bias: [b, n, h] per-key logit bias or
   None; mask: bool broadcastable to [b, h, n, n] (True = attend). The backward is one product (`gram_logits`).
   A query row with no key returns 0, as on every kernel.
   """
+  if m.ndim != 4 or v.ndim != 4:
+    raise ValueError(f"m and v must be 4-D, [b, n, h, ·]; got shapes {m.shape}, {v.shape}")
   if m.shape[:3] != v.shape[:3]:
     raise ValueError(f"gram attention is self-attention: m and v must share [b, n, h]; got {m.shape}, {v.shape}")
-  if not isinstance(c, (int, float)) or isinstance(c, bool):
-    raise ValueError(f"c must be a Python float (the logit scale); got {type(c).__name__}")
+  if bias is not None and bias.shape != m.shape[:3]:
+    raise ValueError(f"bias must have shape [b, n, h] = {m.shape[:3]}; got {bias.shape}")
+  if isinstance(c, (bool, np.bool_)) or not isinstance(c, (int, float, np.integer, np.floating)):
+    raise InputTypeError(f"c must be a real number known at trace time (the logit scale); got {type(c).__name__}")
   check_mask(mask)
   return _attend(gram_logits(m, float(c)), v, bias, mask, causal)
