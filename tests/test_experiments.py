@@ -325,8 +325,8 @@ def test_time_parts_names_each_thunk_and_counts_the_products(monkeypatch, capsys
   """experiments/time_parts: XLA:CPU's thunk names sorted into products, elementwise passes and moves (loops and
   the executor's own events left out); the units column is each kernel's product count (ATTN 6 on einsum and 7
   blockwise, ATAP 6 on its split kernel and 11 on the augmented heads, DMAP 5 on its Gram kernel, CMAP 15 on einsum,
-  as docs/benchmarks.md and
-  docs/magnetic.md count them); a profile of a real program has time in every kind; bad input is one line."""
+  as docs/benchmarks.md and docs/magnetic.md count them); a profile of a real program has time in every kind; bad
+  input is one line."""
   from attngeo import hugepages
   from attngeo.experiments import time_parts as tp
   names = {"ynn_fusion.7": "products", "dot.4": "products", "subtract_exponential_fusion.2": "elementwise",
