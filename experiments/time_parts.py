@@ -2,10 +2,14 @@
 
     python -m attngeo.experiments.time_parts [--operators ATTN,DMAP,DMTN,ATAP,CMAP] [--seqs 256,2048]
                                              [--batches 8,4] [--implementation NAME] [--causal] [--calls 3]
+                                             [--program grad|value|tanh]
 
-For each length: a jitted forward + backward (the gradient of Σ w ⊙ y in q, k, v) of every operator on the kernel
-the dispatcher picks (`operators.transport`; CMAP `operators.magnetic_transport`) or on `--implementation`,
-8 heads of 64, float32. The calls are timed interleaved (`timing.interleaved_seconds`, fastest of `--calls`), then
+For each length: a jitted forward + backward of every operator on the kernel the dispatcher picks
+(`operators.transport`; CMAP `operators.magnetic_transport`) or on `--implementation`, 8 heads of 64, float32.
+`--program` says which (`PROGRAMS`): "grad", the gradient of Σ w ⊙ y in q, k, v, as `attngeo bench` times it — the
+loss is linear in y, so XLA drops y's own product P·v and whatever else only y needs; "value", that loss and its
+gradient (`jax.value_and_grad`: y is formed); "tanh", the gradient of Σ w ⊙ tanh(y), whose backward reads y as a
+following layer's would. The calls are timed interleaved (`timing.interleaved_seconds`, fastest of `--calls`), then
 each is run `--calls` times under `jax.profiler.trace`. XLA:CPU runs a program as thunks, one trace event each,
 named for its HLO instruction; their times are summed by kind:
 
@@ -37,6 +41,7 @@ import tempfile
 from typing import NamedTuple
 
 OPERATORS = ("ATTN", "DMAP", "DMTN", "ATAP", "CMAP")
+PROGRAMS = ("grad", "value", "tanh")
 KINDS = ("products", "elementwise", "moves")
 _PRODUCT = ("ynn", "dot", "convolution")
 _MOVE = ("slice", "dynamic-slice", "dynamic-update-slice", "copy", "transpose", "concatenate", "pad", "reverse")
@@ -209,8 +214,9 @@ def elementwise_bytes(runs: dict, hlo_text: str) -> float:
   return float(sum(times * traffic.get(name, 0) for name, times in runs.items() if kind(name) == "elementwise"))
 
 
-def _program(operator: str, n: int, batch: int, heads: int, head_dim: int, implementation, causal: bool):
-  """(the jitted gradient, its arguments, the kernel's name) of `operator` at `n` keys."""
+def _program(operator: str, n: int, batch: int, heads: int, head_dim: int, implementation, causal: bool,
+             program: str = "grad"):
+  """(the jitted `program` (`PROGRAMS`), its arguments, the kernel's name) of `operator` at `n` keys."""
   import jax
   import jax.numpy as jnp
 
@@ -228,24 +234,30 @@ def _program(operator: str, n: int, batch: int, heads: int, head_dim: int, imple
     if split is None and operator in ("DMTN", "ATAP"):
       name += ", augmented"                          # the 2·d-wide heads (`operators.augment`)
     f = lambda q, k, v: op.transport(q, k, v, beta=beta, alpha=alpha, causal=causal, implementation=implementation)
-  grad = jax.jit(jax.grad(lambda q, k, v, w: jnp.sum(f(q, k, v) * w), (0, 1, 2)))
-  return grad, (q, k, v, w), name
+  if program not in PROGRAMS:
+    raise ValueError(f"program must be one of {', '.join(PROGRAMS)}; got {program!r}")
+  if program == "tanh":
+    loss = lambda q, k, v, w: jnp.sum(jnp.tanh(f(q, k, v)) * w)
+  else:
+    loss = lambda q, k, v, w: jnp.sum(f(q, k, v) * w)
+  differentiate = jax.value_and_grad if program == "value" else jax.grad
+  return jax.jit(differentiate(loss, (0, 1, 2))), (q, k, v, w), name
 
 
 def measure(n: int, batch: int, operators=OPERATORS, *, implementation=None, causal: bool = False, calls: int = 3,
-            heads: int = 8, head_dim: int = 64) -> list[Row]:
+            heads: int = 8, head_dim: int = 64, program: str = "grad") -> list[Row]:
   """A `Row` per operator at `n` keys (module docstring): the calls timed interleaved, then each profiled."""
   import jax
 
   from attngeo.experiments import timing
-  programs = {name: _program(name, n, batch, heads, head_dim, implementation, causal) for name in operators}
+  programs = {name: _program(name, n, batch, heads, head_dim, implementation, causal, program) for name in operators}
   compiled = {name: g.lower(*args).compile() for name, (g, args, _) in programs.items()}
   wall = timing.interleaved_seconds({name: (lambda c=c, a=programs[name][1]: c(*a)) for name, c in compiled.items()},
                                     calls)
   unit = 2 * batch * heads * n * n * head_dim
   rows = []
   for name, (grad, args, kernel) in programs.items():
-    units = None if causal else product_flops(jax.make_jaxpr(grad)(*args).jaxpr) / unit
+    units = None if causal else product_flops(jax.make_jaxpr(grad)(*args).jaxpr) / unit   # the jaxpr's: P·v counted where XLA drops it
     prof = profile(lambda c=compiled[name], a=args: c(*a), calls)
     traffic = elementwise_bytes(prof.runs, compiled[name].as_text())
     rows.append(Row(n, batch, name, kernel, min(wall[name]), units, prof.seconds, traffic))
@@ -299,6 +311,10 @@ def main(argv=None):
   ap.add_argument("--causal", action="store_true", help="causal order (default: none)")
   ap.add_argument("--calls", type=config.positive_int, default=3,
                   help="timed and profiled calls of each program (default 3)")
+  ap.add_argument("--program", choices=PROGRAMS, default="grad",
+                  help="grad: the gradient of Σ w ⊙ y, as `attngeo bench` times it (y itself never formed); value: "
+                       "that loss and its gradient; tanh: the gradient of Σ w ⊙ tanh(y), whose backward reads y "
+                       "(default grad)")
   a = ap.parse_args(argv)
   timing.check_lengths(ap, a, arrays=8, width=8 * 64)           # q, k, v, w and three gradients, 8 heads of 64
   from attngeo import hugepages
@@ -309,7 +325,8 @@ def main(argv=None):
     with interrupts.as_interrupts():          # SIGTERM as Ctrl-C; neither lost in an import or a gc callback
       timing.start_jax(ap, cpu_only=True)
       for n, batch in zip(a.seqs, a.batches):
-        rows = measure(n, batch, a.operators, implementation=a.implementation, causal=a.causal, calls=a.calls)
+        rows = measure(n, batch, a.operators, implementation=a.implementation, causal=a.causal, calls=a.calls,
+                       program=a.program)
         print(table(rows, header=not printed), flush=True)
         printed = True
   except KeyboardInterrupt as stop:                 # Ctrl-C, or SIGTERM (`interrupts.Terminated`)

@@ -344,6 +344,11 @@ def test_time_parts_names_each_thunk_and_counts_the_products(monkeypatch, capsys
   assert all(r.parts["moves"] > 0 for r in rows)
   assert 1 < rows[1].traffic / rows[0].traffic < 2           # the same passes; ATAP's over 2·d-wide heads and a bias
   assert "| 1024 | 1 | ATAP | blockwise, augmented |" in tp.table(rows)
+  for program in ("value", "tanh"):       # y formed (for the loss; for tanh's backward): the same units, more time
+    rows = tp.measure(64, 1, ("ATTN", "DMTN"), calls=1, heads=2, head_dim=8, program=program)
+    assert [(r.kernel, r.units) for r in rows] == [("einsum", 6), ("einsum, augmented", 9)], program
+  with pytest.raises(ValueError, match="program must be one of grad, value, tanh; got 'loss'"):
+    tp.measure(64, 1, ("ATTN",), calls=1, heads=2, head_dim=8, program="loss")
   rows = tp.measure(64, 1, ("ATTN",), causal=True, calls=1, heads=2, head_dim=8)
   assert rows[0].units is None and "| 64 | 1 | ATTN | einsum | " in tp.table(rows) and "| — |" in tp.table(rows)
   monkeypatch.setattr(hugepages, "reexec", lambda: None)
@@ -352,7 +357,7 @@ def test_time_parts_names_each_thunk_and_counts_the_products(monkeypatch, capsys
   assert "| 32 | 1 | ATTN | einsum |" in out and "| 32 | 1 | DMAP | gram | " in out and "| 5.00 |" in out
   for argv, word in ((["--operators", "ATTN,FOO"], "--operators"), (["--seqs", "32,64", "--batches", "1"], "--batches"),
                      (["--calls", "0"], "--calls"), (["--implementation", "xla"], "--implementation"),
-                     (["--implementation", "pallas"], "--implementation")):
+                     (["--implementation", "pallas"], "--implementation"), (["--program", "loss"], "--program")):
     assert exit_code(tp.main, argv) == 2
     err = capsys.readouterr().err.strip()
     assert word in err and len(err.splitlines()) == 1, (argv, err)
