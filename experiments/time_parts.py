@@ -6,8 +6,9 @@
 
 For each length: a jitted forward + backward of every operator on the kernel the dispatcher picks
 (`operators.transport`; CMAP `operators.magnetic_transport`) or on `--implementation`, 8 heads of 64, float32.
-`--program` says which (`PROGRAMS`): "grad", the gradient of Σ w ⊙ y in q, k, v, as `attngeo bench` times it — the
-loss is linear in y, so XLA drops y's own product P·v and whatever else only y needs; "value", that loss and its
+`--program` says which (`PROGRAMS`): "grad", the gradient of Σ w ⊙ y in q, k, v, a loss linear in y as `attngeo
+bench`'s Σ y is — on the einsum kernel, whose backward forms its softmax term from P and P̄ = ȳ·vᵀ, y is then never
+needed and XLA drops its product P·v (the blockwise kernel's backward reads y: Σ ȳ ⊙ y); "value", that loss and its
 gradient (`jax.value_and_grad`: y is formed); "tanh", the gradient of Σ w ⊙ tanh(y), whose backward reads y as a
 following layer's would. The calls are timed interleaved (`timing.interleaved_seconds`, fastest of `--calls`), then
 each is run `--calls` times under `jax.profiler.trace`. XLA:CPU runs a program as thunks, one trace event each,
@@ -17,19 +18,20 @@ named for its HLO instruction; their times are summed by kind:
 * moves — fusions named for a slice, dynamic-update-slice, copy, transpose, concatenate or pad;
 * elementwise — every other fusion: exp, the softmax's reductions, masks, the cotangents' passes.
 
-XLA:CPU runs independent thunks side by side on its threads; a moment's time is split evenly among the ops
-running then (`shared_seconds`), so the three parts add up to the time any op ran, and `between` is the rest of the
-wall time (loop control, launching thunks; the fastest timed call less the profiled calls' mean, so it can dip below
-0). `elementwise MiB` is what the elementwise passes read and write per call (`elementwise_bytes`: each pass's
-operands and output from the compiled HLO, × the times the profile saw it run): XLA:CPU fuses elementwise work into
-loops with one output, each reading its operands from memory, so a member that needs more n × n arrays per block
-pays in passes over memory more than in arithmetic. The last column, the products-only bound, is what the member would read against ATTN if its elementwise passes
-and moves cost what ATTN's do (`bound`). XLA names a fusion for some of its instructions: a transpose fused into an elementwise pass counts as
-elementwise. `units` counts the program's products from its jaxpr (`product_flops`) in n × n × d units
-(2·b·h·n²·d FLOPs, d the head width; a length that is not a whole number of blocks is padded to one, and the padded
-work is counted: 27.9 units for ATTN at 513 keys); "—" under `--causal`, whose kernels skip the dead blocks inside a
-`lax.cond` that a count of the program cannot see through. Read each part against ATTN's (the `× ATTN` columns). Runs with glibc's huge
-pages, as `attngeo` does; CPU only (the names are XLA:CPU's).
+XLA:CPU runs independent thunks side by side on its threads; a moment's time is split evenly among the ops running
+then (`shared_seconds`), so the three parts add up to the time any op ran, and `between` is the rest of the wall
+time (loop control, launching thunks; the fastest timed call less the profiled calls' mean, so it can dip below 0).
+`elementwise MiB` is what the elementwise passes read and write per call (`elementwise_bytes`: each pass's operands
+and output from the compiled HLO, × the times the profile saw it run): XLA:CPU fuses elementwise work into loops
+with one output, each reading its operands from memory, so a member that needs more n × n arrays per block pays in
+passes over memory more than in arithmetic. The last column, the products-only bound, is what the member would read
+against ATTN if its elementwise passes and moves cost what ATTN's do (`bound`). XLA names a fusion for some of its
+instructions: a transpose fused into an elementwise pass counts as elementwise. `units` counts the program's
+products from its jaxpr (`product_flops`) in n × n × d units (2·b·h·n²·d FLOPs, d the head width; a length that is
+not a whole number of blocks is padded to one, and the padded work is counted: 27.9 units for ATTN at 513 keys; P·v
+is counted in every program, also where XLA drops it); "—" under `--causal`, whose kernels skip the dead blocks
+inside a `lax.cond` that a count of the program cannot see through. Read each part against ATTN's (the `× ATTN`
+columns). Runs with glibc's huge pages, as `attngeo` does; CPU only (the names are XLA:CPU's).
 """
 from __future__ import annotations
 
@@ -257,7 +259,7 @@ def measure(n: int, batch: int, operators=OPERATORS, *, implementation=None, cau
   unit = 2 * batch * heads * n * n * head_dim
   rows = []
   for name, (grad, args, kernel) in programs.items():
-    units = None if causal else product_flops(jax.make_jaxpr(grad)(*args).jaxpr) / unit   # the jaxpr's: P·v counted where XLA drops it
+    units = None if causal else product_flops(jax.make_jaxpr(grad)(*args).jaxpr) / unit
     prof = profile(lambda c=compiled[name], a=args: c(*a), calls)
     traffic = elementwise_bytes(prof.runs, compiled[name].as_text())
     rows.append(Row(n, batch, name, kernel, min(wall[name]), units, prof.seconds, traffic))
@@ -312,9 +314,9 @@ def main(argv=None):
   ap.add_argument("--calls", type=config.positive_int, default=3,
                   help="timed and profiled calls of each program (default 3)")
   ap.add_argument("--program", choices=PROGRAMS, default="grad",
-                  help="grad: the gradient of Σ w ⊙ y, as `attngeo bench` times it (y itself never formed); value: "
-                       "that loss and its gradient; tanh: the gradient of Σ w ⊙ tanh(y), whose backward reads y "
-                       "(default grad)")
+                  help="grad: the gradient of Σ w ⊙ y, linear in y as `attngeo bench`'s loss is (on the einsum "
+                       "kernel y itself is never formed); value: that loss and its gradient; tanh: the gradient of "
+                       "Σ w ⊙ tanh(y), whose backward reads y (default grad)")
   a = ap.parse_args(argv)
   timing.check_lengths(ap, a, arrays=8, width=8 * 64)           # q, k, v, w and three gradients, 8 heads of 64
   from attngeo import hugepages

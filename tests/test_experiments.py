@@ -3,6 +3,7 @@ its tables (their figures are measured by the commands themselves, not asserted 
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -344,9 +345,17 @@ def test_time_parts_names_each_thunk_and_counts_the_products(monkeypatch, capsys
   assert all(r.parts["moves"] > 0 for r in rows)
   assert 1 < rows[1].traffic / rows[0].traffic < 2           # the same passes; ATAP's over 2·d-wide heads and a bias
   assert "| 1024 | 1 | ATAP | blockwise, augmented |" in tp.table(rows)
-  for program in ("value", "tanh"):       # y formed (for the loss; for tanh's backward): the same units, more time
+  dots = {}                                # the three programs: on einsum only "grad" drops y's product P·v
+  for program in tp.PROGRAMS:
+    grad, args, _ = tp._program("ATTN", 64, 1, 2, 8, None, False, program)
+    text, out = grad.lower(*args).compile().as_text(), grad(*args)
+    dots[program] = len(re.findall(r"= \S+ dot\(", text))
+    assert ("tanh" in text) == (program == "tanh") and len(out) == (2 if program == "value" else 3), program
+    if program == "value":
+      assert out[0].shape == () and len(out[1]) == 3
     rows = tp.measure(64, 1, ("ATTN", "DMTN"), calls=1, heads=2, head_dim=8, program=program)
     assert [(r.kernel, r.units) for r in rows] == [("einsum", 6), ("einsum, augmented", 9)], program
+  assert dots == {"grad": 5, "value": 6, "tanh": 6}, dots
   with pytest.raises(ValueError, match="program must be one of grad, value, tanh; got 'loss'"):
     tp.measure(64, 1, ("ATTN",), calls=1, heads=2, head_dim=8, program="loss")
   rows = tp.measure(64, 1, ("ATTN",), causal=True, calls=1, heads=2, head_dim=8)
