@@ -306,16 +306,19 @@ def split_kernel(beta, alpha, implementation: str | None, n_keys: int, *, dtype=
   * β = 1 but ATTN (ATAP at α = 0): "dense" or "paired", products of q and k;
   * β = 0: DMAP (α = 0.0) "gram" where "dense" runs up to `kernels.TRANSPOSED_COTANGENT_UP_TO` entries per head
     (384 keys; past them its symmetrised cotangent's pass costs more than the product it saves), its Gram
-    m·mᵀ/2 with a one-product backward; the others
-    (DMTN at α = 1; a static α > 0) "paired" only, from `kernels.PAIRED_BETA0_FROM_TILES` tiles (8192 keys at
-    the default block size), products of m and n (`beta0_paired`)."""
+    m·mᵀ/2 with a one-product backward; and "paired" from `kernels.PAIRED_GRAM_FROM_TILES` tiles (2048 keys at
+    the default block size), the same Gram alone on pairs of tiles (5 + 1/T product units a tile to ATTN's 7);
+    the others (DMTN at α = 1; a static α > 0) "paired" only, from `kernels.PAIRED_BETA0_FROM_TILES` tiles (8192
+    keys at the default block size), products of m and n (`beta0_paired`)."""
   if not (isinstance(beta, float) and jnp.finfo(dtype).bits >= 32):
     return None
   static = isinstance(alpha, float)
   if beta == 0.0 and static and alpha == 0.0:
-    dense = kernels.runs_split(implementation, n_keys, masked=masked, causal=causal, static=True,
-                               block_size=block_size) == "dense"
-    return "gram" if dense and n_keys * n_keys <= kernels.TRANSPOSED_COTANGENT_UP_TO else None
+    route = kernels.runs_split(implementation, n_keys, masked=masked, causal=causal, static=True,
+                               block_size=block_size, from_tiles=kernels.PAIRED_GRAM_FROM_TILES)
+    if route == "dense":
+      return "gram" if n_keys * n_keys <= kernels.TRANSPOSED_COTANGENT_UP_TO else None
+    return route
   if beta == 1.0 and not (static and alpha == 1.0):
     return kernels.runs_split(implementation, n_keys, masked=masked, causal=causal, static=static,
                               block_size=block_size)
@@ -370,8 +373,9 @@ def transport(q, k, v, *, beta=1.0, alpha=1.0, causal: bool = False, mask=None, 
       `kernels.BLOCKWISE_FROM` keys, the β = 1 edge (ATAP) runs on `kernels.split_attention` instead, and
       DMAP up to 384 keys (`kernels.TRANSPOSED_COTANGENT_UP_TO`) on `kernels.gram_attention` (inputs of ≥ 32
       bits); and where "blockwise" runs unmasked, not causal, with a static α and keys that cut into
-      `kernels.PAIRED_FROM_TILES` or more tiles the β = 1 edge (ATAP), and from `kernels.PAIRED_BETA0_FROM_TILES`
-      the β = 0 edge (DMTN; not DMAP), run on `kernels.split_paired_attention` (`split_kernel`).
+      `kernels.PAIRED_FROM_TILES` or more tiles the β = 1 edge (ATAP), from `kernels.PAIRED_GRAM_FROM_TILES` DMAP
+      (its Gram alone), and from `kernels.PAIRED_BETA0_FROM_TILES` the rest of the β = 0 edge (DMTN), run on
+      `kernels.split_paired_attention` (`split_kernel`).
   Returns:
     [b, n, h, e], `P` never materialised on the fused/blockwise paths. At β = α = 0 (DMAP, Python
     floats) a token with ¼ s‖m‖² ≥ 2^110, whose logits float32 cannot form, is isolated: its row is
@@ -405,6 +409,9 @@ def transport(q, k, v, *, beta=1.0, alpha=1.0, causal: bool = False, mask=None, 
     aug = _isolate(augment(q, k, beta=beta, alpha=alpha, scale=scale), far)
     if split == "gram":                                          # heads (m, m/2): logits (s/2)·m·mᵀ
       y = kernels.gram_attention(aug.q, v, c=0.5 * scale, bias=aug.bias, mask=mask, causal=causal)
+    elif split == "paired":                                      # the same Gram on pairs of tiles
+      y = kernels.split_paired_attention(aug.q, aug.q, v, weights=(0.0, 0.0), gram=0.5, bias=aug.bias, scale=scale,
+                                         block_size=block_size)
     else:
       y = kernels.attention(aug.q, aug.k, v, bias=aug.bias, mask=mask, causal=causal, scale=scale,
                             implementation=implementation, block_size=block_size)

@@ -1,13 +1,15 @@
-"""The two blockwise routes of DMTN or ATAP timed on one set of inputs: the crossovers behind
-`kernels.PAIRED_BETA0_FROM_TILES` (DMTN) and `kernels.PAIRED_FROM_TILES` (ATAP).
+"""The two blockwise routes of DMTN, ATAP or DMAP timed on one set of inputs: the crossovers behind
+`kernels.PAIRED_BETA0_FROM_TILES` (DMTN), `kernels.PAIRED_FROM_TILES` (ATAP) and `kernels.PAIRED_GRAM_FROM_TILES`
+(DMAP).
 
-    python -m attngeo.experiments.bench_pairs [--operator DMTN|ATAP] [--seqs 2048,4096,8192,16384]
+    python -m attngeo.experiments.bench_pairs [--operator DMTN|ATAP|DMAP] [--seqs 2048,4096,8192,16384]
                                               [--batches 8,4,1,1] [--repeats 2]
 
 For each length: forward + backward (a jitted grad of Σ y²) of ATTN on the blockwise kernel, of the member on
 the augmented heads (`operators.augment`, then the blockwise softmax kernel: the route below the crossover) and
 on pairs of tiles (`kernels.split_paired_attention`: DMTN through `operators.beta0_paired`, with its Gram term;
-ATAP on q and k with its key bias), 8 heads of 64, float32, block size 512 (each length a multiple of 512 keys from
+ATAP on q and k with its key bias; DMAP its Gram alone on m = (q + k)/√2, with its key bias; none with
+`operators.transport`'s guards), 8 heads of 64, float32, block size 512 (each length a multiple of 512 keys from
 1024 on: whole tiles for the three alike, two or more for the pairs), the three timed in alternation
 (`timing.interleaved_seconds`), fastest run. Prints a Markdown table of each route ÷ ATTN. Runs with glibc's huge
 pages, as `attngeo` does.
@@ -21,7 +23,8 @@ BLOCK = 512                     # the kernels' block and tile size here
 
 
 def routes(n: int, batch: int, heads: int = 8, head_dim: int = 64, operator: str = "DMTN"):
-  """{route: a no-argument call} for ATTN blockwise and the two routes of `operator` (DMTN, ATAP) at `n` keys."""
+  """{route: a no-argument call} for ATTN blockwise and the two routes of `operator` (DMTN, ATAP, DMAP) at `n`
+  keys."""
   import jax
   import jax.numpy as jnp
 
@@ -37,6 +40,10 @@ def routes(n: int, batch: int, heads: int = 8, head_dim: int = 64, operator: str
     return kernels.attention(aug.q, aug.k, v, bias=aug.bias, implementation="blockwise", scale=scale)
 
   def paired(q, k, v):
+    if (beta, alpha) == (0.0, 0.0):                                  # DMAP: the Gram (s/2)·m·mᵀ and its key bias
+      aug = op.augment(q, k, beta=beta, alpha=alpha, scale=scale)
+      return kernels.split_paired_attention(aug.q, aug.q, v, weights=(0.0, 0.0), gram=0.5, bias=aug.bias,
+                                            scale=scale)
     if beta == 0.0:
       return op.beta0_paired(q, k, v, alpha, None, scale)
     bias = op.key_bias(q, k, beta=beta, alpha=alpha, scale=scale)
@@ -52,7 +59,7 @@ def main(argv=None):
   from attngeo import config
   from attngeo.experiments import timing
   ap = config.parser("python -m attngeo.experiments.bench_pairs", __doc__)
-  ap.add_argument("--operator", type=str.upper, choices=("DMTN", "ATAP"), default="DMTN",
+  ap.add_argument("--operator", type=str.upper, choices=("DMTN", "ATAP", "DMAP"), default="DMTN",
                   help="the member whose routes are timed, any case (default DMTN)")
   timing.add_lengths(ap, [2048, 4096, 8192, 16384], [8, 4, 1, 1])
   ap.add_argument("--repeats", type=config.positive_int, default=2,

@@ -27,10 +27,10 @@ def test_bench_operators_smoke(tmp_path):
   assert "| runs on |" in (tmp_path / "bench_operators.md").read_text()
 
 
-def test_bench_rows_name_the_split_kernel_atap_and_dmtn_run_on():
-  """ATAP's and DMTN's rows name the split kernel `transport` takes instead of the augmented heads
-  (`operators.split_kernel`): pairs of tiles from 4 (ATAP) or 16 (DMTN) tiles of 512, blockwise, not causal; the
-  augmented heads under causal order or bf16."""
+def test_bench_rows_name_the_split_kernel_atap_dmtn_and_dmap_run_on():
+  """ATAP's, DMTN's and DMAP's rows name the split kernel `transport` takes instead of the augmented heads
+  (`operators.split_kernel`): pairs of tiles from 4 (ATAP, DMAP) or 16 (DMTN) tiles of 512, blockwise, not causal;
+  the augmented heads under causal order or bf16."""
   assert bench_operators.runs_on("ATAP", "blockwise", 4096) == "split_paired"
   assert bench_operators.runs_on("ATAP", "blockwise", 1024) == "blockwise"                # 2 tiles
   assert bench_operators.runs_on("ATAP", "blockwise", 4096, causal=True) == "blockwise"
@@ -38,7 +38,9 @@ def test_bench_rows_name_the_split_kernel_atap_and_dmtn_run_on():
   assert bench_operators.runs_on("ATAP", "einsum", 256, dtype="bfloat16") == "einsum"
   assert bench_operators.runs_on("DMTN", "blockwise", 4096) == "blockwise"                # 8 tiles
   assert bench_operators.runs_on("DMTN", "blockwise", 8192) == "split_paired"
-  assert bench_operators.runs_on("DMAP", "blockwise", 8192) == "blockwise"
+  assert bench_operators.runs_on("DMAP", "blockwise", 2048) == "split_paired"            # its Gram alone, 4 tiles
+  assert bench_operators.runs_on("DMAP", "blockwise", 1024) == "blockwise"
+  assert bench_operators.runs_on("DMAP", "blockwise", 8192, causal=True) == "blockwise"
   assert bench_operators.runs_on("DMAP", "einsum", 256) == "gram"
   assert bench_operators.runs_on("DMAP", "einsum", 448) == "einsum"                      # past 384² entries a head
   assert bench_operators.runs_on("CMAP", "paired", 4096) == "paired"
@@ -202,7 +204,7 @@ def test_bench_geometry_refuses_sizes_below_two_in_one_line(capsys):
   assert e.value.code == 2 and "--sizes and --estimators must be at least 2 points each; got [0]" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("operator", ["DMTN", "ATAP"])
+@pytest.mark.parametrize("operator", ["DMTN", "ATAP", "DMAP"])
 def test_bench_pairs_times_two_routes_of_one_operator(monkeypatch, capsys, operator):
   """experiments/bench_pairs: a member's augmented heads and its pairs of tiles are the same operator (gradients
   agree, and differ from ATTN's), and its table prints one row per length."""

@@ -3,7 +3,8 @@ products once.
 
 Values and gradients (q, k, v, the key bias) against the float64 formula at two, four and eight tiles,
 logits large enough that only a running max on both sides of a pair keeps them finite, the product count
-of the gradient program (ATAP: ATTN's blockwise 7 units per tile; DMTN: 9 + 1/T; the augmented heads: 11),
+of the gradient program (ATAP: ATTN's blockwise 7 units per tile; DMTN: 9 + 1/T; DMAP's Gram alone: 5 + 1/T; the
+augmented heads: 11),
 and the routing: `operators.transport` takes this kernel only on the blockwise kernel, unmasked, not causal,
 with a static α and keys that cut into pairs of tiles.
 """
@@ -133,14 +134,49 @@ def test_the_beta0_edge_runs_nine_units_per_tile(n, block_size):
   assert abs(grad_flops(0.0, 0.4, n, block_size) - (9 + 1 / tiles) * unit) < 0.01 * unit
 
 
-def family_beta0(q, k, v, alpha):
+@pytest.mark.parametrize("n,block_size", [(64, 16), (64, 4)])                 # 4 and 16 tiles
+def test_dmap_runs_its_gram_alone_at_five_units_per_tile(n, block_size, calls):
+  """DMAP on pairs of tiles: the Gram G_ab = m_a·m_bᵀ per pair and no X, Y. A pair: forward 1 + 2 value products,
+  backward 1 + 2 dP + 2 dv + 2 gradients = 10 units over two tiles' area; a diagonal tile 6. So 5 + 1/T units of
+  n × n × d, against ATTN's 7 (and the heads (m, m/2) DMAP ran on before: ATTN's 7)."""
+  unit, tiles = 2 * B * H * n * n * D, kernels.tiling(n, block_size)[0]
+  assert abs(grad_flops(*op.DMAP, n, block_size) - (5 + 1 / tiles) * unit) < 0.01 * unit and calls[0] > 0
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_dmap_on_pairs_matches_the_distance_form_at_huge_norms(causal, calls):
+  """|q| ≈ 1e20 on half the tokens, 4 tiles: on pairs (not causal) as on the blockwise kernel (causal), far
+  tokens are isolated (`operators._FAR`) and every row is the float64 distance form; the gradients of the plain
+  tokens' half (their rows and keys only) match the float64 formula's."""
+  from helpers import distance_form_reference, huge_and_plain_tokens
+  q, k, v = (jnp.asarray(x) for x in huge_and_plain_tokens())
+  run = lambda q, k, v: op.transport(q, k, v, beta=0.0, alpha=0.0, causal=causal, implementation="blockwise",
+                                     block_size=4)
+  np.testing.assert_allclose(run(q, k, v), distance_form_reference(q, k, v, causal=causal), rtol=1e-5, atol=1e-5)
+  assert (calls[0] > 0) != causal
+  plain = slice(8, None)
+  qp, kp, vp = q[:, plain], k[:, plain], v[:, plain]
+  w = jax.random.normal(jax.random.PRNGKey(9), vp.shape)
+  got = jax.grad(lambda *a: jnp.sum(w * run(*a)), (0, 1, 2))(qp, kp, vp)
+  with jax.enable_x64(True):
+    x64 = [jnp.asarray(np.asarray(x), jnp.float64) for x in (qp, kp, vp, w)]
+    want = jax.grad(lambda *a: jnp.sum(x64[3] * family_beta0(*a, 0.0, causal)), (0, 1, 2))(*x64[:3])
+  for g, r in zip(got, want):
+    r = np.asarray(r)
+    np.testing.assert_allclose(g, r, atol=2e-5 * np.abs(r).max(), rtol=1e-4)
+
+
+def family_beta0(q, k, v, alpha, causal=False):
   """P(β = 0, α)·v from the module formula of `attngeo.operators`, written in q and k (float64 below):
   s·[¼(q_i + k_i)·(q_j + k_j) + α·½(q_i·k_j − k_i·q_j)] + s·(1 − α)·½·(g_i − g_j), g = ¼‖q + k‖²."""
   qk = jnp.einsum("bihd,bjhd->bhij", q, k)
   mm = jnp.einsum("bihd,bjhd->bhij", q + k, q + k) / 4
   g = jnp.sum((q + k) ** 2, -1).transpose(0, 2, 1) / 4
   lg = (mm + alpha * 0.5 * (qk - jnp.swapaxes(qk, -1, -2)) + (1 - alpha) * 0.5 * (g[..., :, None] - g[..., None, :]))
-  p = jax.nn.softmax(lg / np.sqrt(q.shape[-1]), -1)
+  lg = lg / np.sqrt(q.shape[-1])
+  if causal:
+    lg = jnp.where(jnp.tril(jnp.ones(lg.shape[-2:], bool)), lg, -jnp.inf)
+  p = jax.nn.softmax(lg, -1)
   return jnp.einsum("bhij,bjhe->bihe", p, v)
 
 
@@ -161,10 +197,10 @@ def test_the_beta0_edge_matches_float64(n, block_size, alpha, calls):
     np.testing.assert_allclose(g, r, atol=2e-5 * np.abs(r).max(), rtol=1e-4)
 
 
-@pytest.mark.parametrize("wx,wt", [(0.2, -0.45), (0.35, 0.35), (-0.4, 0.4)])    # X and Y apart; X + Y; X − Y
+@pytest.mark.parametrize("wx,wt", [(0.2, -0.45), (0.35, 0.35), (-0.4, 0.4), (0.0, 0.0)])  # X, Y apart; X ± Y; Gram alone
 def test_the_gram_term_and_its_bias_gradient_match_the_einsum_kernel(wx, wt):
   """The kernel's values and (q, k, v, bias) cotangents with a Gram weight, against the softmax of the same
-  logits written out densely, on each of its pair forms."""
+  logits written out densely, on each of its pair forms (the Gram alone: k unread, its cotangent exactly 0)."""
   q, k, v = qkv(3, 32)
   bias = jax.random.normal(jax.random.PRNGKey(5), (B, 32, H)) * 3
   w = jax.random.normal(jax.random.PRNGKey(6), v.shape)
@@ -198,7 +234,10 @@ def test_routing_keeps_the_augmented_heads_off_its_domain(calls):
   assert split(*op.DMTN, "blockwise", 64, block_size=8) is None        # 8 tiles (tiles halve: 8, then 16)
   assert split(*op.DMTN, "blockwise", 8192, block_size=256) == "paired"              # 32 tiles
   assert split(*op.DMTN, "einsum", 256) is None                        # the dense split is the β = 1 edge's only
-  for args, kw in (((*op.DMAP, "blockwise", 8192), {}), ((*op.ATTN, "blockwise", 8192), {}),
+  assert split(*op.DMAP, "blockwise", 2048) == "paired" and split(*op.DMAP, "blockwise", 1024) is None  # its Gram
+  assert split(*op.DMAP, "einsum", 256) == "gram" and split(*op.DMAP, "einsum", 448) is None
+  for args, kw in (((*op.DMAP, "blockwise", 2048), dict(masked=True)), ((*op.DMAP, "blockwise", 2048), dict(causal=True)),
+                   ((*op.ATTN, "blockwise", 8192), {}),
                    ((*op.DMTN, "blockwise", 8192), dict(causal=True)), ((*op.DMTN, "blockwise", 8192), dict(masked=True)),
                    ((*op.DMTN, "blockwise", 8192), dict(dtype="bfloat16")), ((0.0, jnp.ones(3), "blockwise", 8192), {})):
     assert split(*args, **kw) is None, (args, kw)

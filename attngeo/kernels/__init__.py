@@ -29,7 +29,8 @@ accumulate in float32 whatever the input dtype.
 """
 from attngeo.kernels._blocks import NEG, TRANSPOSED_COTANGENT_UP_TO, apply_masks, attended_rows, check_block_size
 from attngeo.kernels.dispatch import (BLOCKWISE_FROM, IMPLEMENTATIONS, KERNELS, PAIRED_BETA0_FROM_TILES, PAIRED_FROM_TILES,
-                                      PHASE_IMPLEMENTATIONS, choose, default_implementation, runs_split)
+                                      PAIRED_GRAM_FROM_TILES, PHASE_IMPLEMENTATIONS, choose, default_implementation,
+                                      runs_split)
 from attngeo.kernels._blocks import levels, pair_tasks, tiling
 from attngeo.kernels.paired import paired_magnetic
 from attngeo.kernels.pallas import layout, pallas_sdpa
@@ -39,7 +40,8 @@ from attngeo.kernels.softmax import attention, log_normaliser
 from attngeo.kernels.split import gram_attention, split_attention, split_weights
 from attngeo.kernels.split_paired import split_paired_attention
 
-__all__ = ["BLOCKWISE_FROM", "IMPLEMENTATIONS", "KERNELS", "NEG", "PAIRED_BETA0_FROM_TILES", "PAIRED_FROM_TILES", "PHASE_IMPLEMENTATIONS",
+__all__ = ["BLOCKWISE_FROM", "IMPLEMENTATIONS", "KERNELS", "NEG", "PAIRED_BETA0_FROM_TILES", "PAIRED_FROM_TILES",
+           "PAIRED_GRAM_FROM_TILES", "PHASE_IMPLEMENTATIONS",
            "TRANSPOSED_COTANGENT_UP_TO",
            "apply_masks", "attended_rows", "check_block_size", "attention", "choose", "default_implementation", "gram_attention",
            "layout", "levels",

@@ -59,6 +59,12 @@ PAIRED_FROM_TILES = 4
 # product (0d61ee1), two runs: augmented 1.40, 1.42 / 1.32, 1.34 / 1.36, 1.33 / 1.32, 1.33, pairs 1.78, 1.79 / 1.50,
 # 1.48 / 1.31, 1.29 / 1.24, 1.26: the pairs win from 16 tiles again.
 PAIRED_BETA0_FROM_TILES = 16
+# Tiles from which DMAP runs on pairs of tiles: its Gram (s/2)·m_a·m_bᵀ alone, once per pair, 5 + 1/T units per
+# tile against the heads (m, m/2)'s 7 (ATTN's count). DMAP ÷ ATTN blockwise, fwd + bwd, 8 heads of 64, heads → pairs,
+# interleaved (`python -m attngeo.experiments.bench_pairs --operator DMAP`, 2026-12-06, docs/benchmarks.md): 1.01 →
+# 0.99, 0.99 → 1.03, 0.97 → 1.01 at 1024 keys (batch 8, 2 tiles); 1.00 → 1.08, 1.01 → 0.97, 1.02 → 0.97 at 2048
+# (batch 8); 1.01 → 0.88 at 4096 (batch 4); 1.04 → 0.81 at 16 384 (batch 1).
+PAIRED_GRAM_FROM_TILES = 4
 
 
 def choose(kind: str, implementation: str | None = None, n_keys: int | None = None, *, strict: bool = True) -> str:

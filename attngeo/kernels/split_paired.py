@@ -1,5 +1,5 @@
 """Two edges of the family blockwise, on pairs of tiles: each unordered tile pair's products once — the β = 1
-edge (ATAP) on two units, and the β = 0 edge (DMTN) on three (the Gram term below).
+edge (ATAP) on two units, the β = 0 edge (DMTN) on three, and DMAP on its Gram alone, one (the Gram term below).
 
 On the edge the logits are (`attngeo.kernels.split`, w = (1 + α)/2, w_t = (1 − α)/2, s the scale)
 
@@ -64,6 +64,14 @@ fwd + bwd, 8 heads of 64, the routes interleaved on one set of inputs (`python -
 so the dispatcher takes the pairs for DMTN from `dispatch.PAIRED_BETA0_FROM_TILES` = 16 tiles (8192 keys at
 the default block size); `attngeo bench` prints the ratios it then runs at (docs/benchmarks.md).
 
+**The Gram alone** (w = w_t = 0, c ≠ 0: DMAP, `L_ij = s·c m_i·m_j + bias_j` on its heads m = (q + k)/√2 with c = ½
+and its key bias `operators.augment`'s): no X, Y and no k. A pair costs G_ab and two value products forward, G_ab,
+two dP, two dv and the two gradients Ḡ·m_b, Ḡᵀ·m_a backward, 10 units; a diagonal tile 6; so 5 + 1/T units per
+tile against ATTN's 7, which the heads (m, m/2) DMAP runs on below the crossover cost too. `operators.transport`
+takes it from `dispatch.PAIRED_GRAM_FROM_TILES` = 4 tiles (2048 keys at the default block size): DMAP ÷ ATTN
+blockwise 0.97–1.08 at 2048 keys (three runs), 0.88 at 4096, 0.81 at 16 384 (`bench_pairs --operator DMAP`,
+docs/benchmarks.md).
+
 Scope: static float weights (ATAP's α = 0, or any fixed α), no mask, not causal (a causal order keeps
 one tile of each pair, which still needs both products: no saving), and n = T·t with t ≤ block_size
 (`_blocks.tiles_in_pairs`). The dispatcher (`dispatch.runs_split`) sends it the blockwise calls in that
@@ -115,9 +123,12 @@ def _untiles_t(x):
 
 
 def _diagonal(qa, ka, bias_a, w, w_t, c, s):
-  """A diagonal tile's logits [B, t, t]: s(w X + w_t Xᵀ + c G) + bias, X = q_a·k_aᵀ, G = q_a·q_aᵀ (c ≠ 0)."""
-  x = _dot("bid,bjd->bij", qa, ka)
-  logits = w * x + w_t * jnp.swapaxes(x, 1, 2)
+  """A diagonal tile's logits [B, t, t]: s(w X + w_t Xᵀ + c G) + bias, X = q_a·k_aᵀ (w or w_t ≠ 0), G = q_a·q_aᵀ
+  (c ≠ 0)."""
+  logits = jnp.zeros(qa.shape[:2] + qa.shape[1:2], jnp.float32)
+  if w or w_t:
+    x = _dot("bid,bjd->bij", qa, ka)
+    logits = w * x + w_t * jnp.swapaxes(x, 1, 2)
   if c:
     logits = logits + c * _dot("bid,bjd->bij", qa, qa)
   return s * logits + bias_a[:, None, :]
@@ -147,6 +158,9 @@ def _pair_logits(q, k, bias, w, w_t, c, s, t, a, b, stacked=None):
     sign, (qk, other) = stacked
     z = (s * w) * _dot("bid,bjd->bij", slab(qk, a, t), slab(other, b, t))
     return gram + z + slab(bias, b, t)[:, None, :], gram + sign * z + slab(bias, a, t)[:, :, None]
+  if not (w or w_t):                                                 # the Gram alone (DMAP): no X, Y
+    gram = gram if c else jnp.zeros((q.shape[0], t, t), jnp.float32)
+    return gram + slab(bias, b, t)[:, None, :], gram + slab(bias, a, t)[:, :, None]
   qa, ka, qb, kb = slab(q, a, t), slab(k, a, t), slab(q, b, t), slab(k, b, t)
   x, y = _dot("bid,bjd->bij", qa, kb), _dot("bid,bjd->bij", ka, qb)
   return (s * (w * x + w_t * y) + gram + slab(bias, b, t)[:, None, :],
@@ -224,11 +238,13 @@ def _split_paired_bwd(w, w_t, c, s, block_size, res, dy):
     qa, ka, va, bias_a, lse_a, dy_a, dd_a, qa_t, dya_t = args
     p = jnp.exp(_diagonal(qa, ka, bias_a, w, w_t, c, s) - lse_a[..., None])
     dl = p * (_dot("bie,bje->bij", dy_a, va) - dd_a[..., None])
-    bar = s * (w * dl + w_t * jnp.swapaxes(dl, 1, 2))
-    dq_a = _dot("bij,bjf->bif", bar, ka)
+    dq_a, dk_a = 0.0, jnp.zeros(qa_t.shape, jnp.float32)
+    if w or w_t:
+      bar = s * (w * dl + w_t * jnp.swapaxes(dl, 1, 2))
+      dq_a, dk_a = _dot("bij,bjf->bif", bar, ka), _dot("bfi,bij->bfj", qa_t, bar)
     if c:
       dq_a = dq_a + _dot("bij,bjf->bif", s * c * (dl + jnp.swapaxes(dl, 1, 2)), qa)
-    return dq_a, _dot("bfi,bij->bfj", qa_t, bar), _dot("bei,bij->bej", dya_t, p), jnp.sum(dl, -2)
+    return dq_a, dk_a, _dot("bei,bij->bej", dya_t, p), jnp.sum(dl, -2)
 
   dq, dk_k, dv_k, dbias = jax.lax.map(diagonal, tuple(_tiles(x, tiles, t) for x in (q, k, v, bias, lse, dy, dd))
                                       + (_tiles_t(q_t, tiles, t), _tiles_t(dy_t, tiles, t)))
@@ -246,12 +262,13 @@ def _split_paired_bwd(w, w_t, c, s, block_size, res, dy):
     dy_a, dy_b, v_a, v_b = slab(dy, a, t), slab(dy, b, t), slab(v, a, t), slab(v, b, t)
     dl_ab = p_ab * (_dot("bie,bje->bij", dy_a, v_b) - slab(dd, a, t)[..., None])
     dl_ba_t = p_ba_t * (_dot("bie,bje->bij", v_a, dy_b) - slab(dd, b, t)[:, None, :])
-    x_bar, y_bar = s * (w * dl_ab + w_t * dl_ba_t), s * (w_t * dl_ab + w * dl_ba_t)
-    dq = add_slab(dq, a, t, _dot("bij,bjf->bif", x_bar, slab(k, b, t)))
-    dk = add_slab(dk, a, t, _dot("bij,bjf->bif", y_bar, slab(q, b, t)))
+    if w or w_t:
+      x_bar, y_bar = s * (w * dl_ab + w_t * dl_ba_t), s * (w_t * dl_ab + w * dl_ba_t)
+      dq = add_slab(dq, a, t, _dot("bij,bjf->bif", x_bar, slab(k, b, t)))
+      dk = add_slab(dk, a, t, _dot("bij,bjf->bif", y_bar, slab(q, b, t)))
+      dk_k = add_slab(dk_k, b, t, _dot("bfi,bij->bfj", slab(q_t, a, t, 2), x_bar), 2)
+      dq_k = add_slab(dq_k, b, t, _dot("bfi,bij->bfj", slab(k_t, a, t, 2), y_bar), 2)
     dv = add_slab(dv, a, t, _dot("bij,bje->bie", p_ba_t, dy_b))
-    dk_k = add_slab(dk_k, b, t, _dot("bfi,bij->bfj", slab(q_t, a, t, 2), x_bar), 2)
-    dq_k = add_slab(dq_k, b, t, _dot("bfi,bij->bfj", slab(k_t, a, t, 2), y_bar), 2)
     dv_k = add_slab(dv_k, b, t, _dot("bei,bij->bej", slab(dy_t, a, t, 2), p_ab), 2)
     if c:                                                            # G = q_a·q_bᵀ: Ḡ = s·c(dL_ab + dL_baᵀ)
       g_bar = s * c * (dl_ab + dl_ba_t)
