@@ -1,5 +1,5 @@
-"""attngeo.kernels.split_paired: the β = 1 edge (ATAP) and the β = 0 edge (DMTN) blockwise, each pair of tiles'
-products once.
+"""attngeo.kernels.split_paired: the β = 1 edge (ATAP), the β = 0 edge (DMTN) and DMAP's Gram blockwise, each pair
+of tiles' products once.
 
 Values and gradients (q, k, v, the key bias) against the float64 formula at two, four and eight tiles,
 logits large enough that only a running max on both sides of a pair keeps them finite, the product count
@@ -145,25 +145,43 @@ def test_dmap_runs_its_gram_alone_at_five_units_per_tile(n, block_size, calls):
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_dmap_on_pairs_matches_the_distance_form_at_huge_norms(causal, calls):
-  """|q| ≈ 1e20 on half the tokens, 4 tiles: on pairs (not causal) as on the blockwise kernel (causal), far
+  """|q| ≈ 1e20 on half the tokens, 8 tiles: on pairs (not causal) as on the blockwise kernel (causal), far
   tokens are isolated (`operators._FAR`) and every row is the float64 distance form; the gradients of the plain
-  tokens' half (their rows and keys only) match the float64 formula's."""
+  tokens' half (their rows and keys only, 4 tiles) match the float64 formula's."""
   from helpers import distance_form_reference, huge_and_plain_tokens
-  q, k, v = (jnp.asarray(x) for x in huge_and_plain_tokens())
+  q, k, v = (jnp.asarray(x) for x in huge_and_plain_tokens(n=32))
   run = lambda q, k, v: op.transport(q, k, v, beta=0.0, alpha=0.0, causal=causal, implementation="blockwise",
                                      block_size=4)
   np.testing.assert_allclose(run(q, k, v), distance_form_reference(q, k, v, causal=causal), rtol=1e-5, atol=1e-5)
   assert (calls[0] > 0) != causal
-  plain = slice(8, None)
+  plain, before = slice(16, None), calls[0]
   qp, kp, vp = q[:, plain], k[:, plain], v[:, plain]
   w = jax.random.normal(jax.random.PRNGKey(9), vp.shape)
   got = jax.grad(lambda *a: jnp.sum(w * run(*a)), (0, 1, 2))(qp, kp, vp)
+  assert (calls[0] > before) != causal
   with jax.enable_x64(True):
     x64 = [jnp.asarray(np.asarray(x), jnp.float64) for x in (qp, kp, vp, w)]
     want = jax.grad(lambda *a: jnp.sum(x64[3] * family_beta0(*a, 0.0, causal)), (0, 1, 2))(*x64[:3])
   for g, r in zip(got, want):
     r = np.asarray(r)
     np.testing.assert_allclose(g, r, atol=2e-5 * np.abs(r).max(), rtol=1e-4)
+
+
+def test_no_products_at_all_is_the_softmax_of_the_bias():
+  """w = w_t = c = 0: every logit is its key's bias, y = softmax(bias)·v, and the cotangents of q and k are 0 —
+  the forward and backward of a pair and of a diagonal tile with no product at all."""
+  q, k, v = qkv(4, 32)
+  bias = jax.random.normal(jax.random.PRNGKey(8), (B, 32, H)) * 2
+  w = jax.random.normal(jax.random.PRNGKey(9), v.shape)
+  run = lambda q, k, v, bias: kernels.split_paired_attention(q, k, v, weights=(0.0, 0.0), bias=bias, scale=0.3,
+                                                             block_size=8)
+  def dense(q, k, v, bias):                                       # every row the same: softmax(bias)·v
+    return jnp.broadcast_to(jnp.einsum("bjh,bjhe->bhe", jax.nn.softmax(bias, 1), v)[:, None], v.shape)
+  np.testing.assert_allclose(run(q, k, v, bias), dense(q, k, v, bias), atol=2e-6, rtol=1e-5)
+  grads = [jax.grad(lambda *a: jnp.sum(w * f(*a)), (0, 1, 2, 3))(q, k, v, bias) for f in (run, dense)]
+  for g, r in zip(*grads):
+    np.testing.assert_allclose(g, r, atol=2e-5 * max(float(np.abs(r).max()), 1e-30), rtol=1e-4)
+  assert float(jnp.abs(grads[0][0]).max()) == 0.0 and float(jnp.abs(grads[0][1]).max()) == 0.0
 
 
 def family_beta0(q, k, v, alpha, causal=False):

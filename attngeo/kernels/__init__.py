@@ -16,7 +16,8 @@ chooses; callers pass `implementation` through):
   (d wide, where the augmented heads are 2·d); `gram_attention`, DMAP's symmetric Gram m·mᵀ with a one-product
   backward.
 * `split_paired` — `split_paired_attention`, the same edge blockwise: each pair of tiles' two products once
-  (no mask, not causal; ATTN's product count); with its Gram term, the β = 0 edge (DMTN) on m and n.
+  (no mask, not causal; ATTN's product count); with its Gram term, the β = 0 edge (DMTN) on m and n; the Gram
+  alone, DMAP on m (5 + 1/T units a tile).
 * `paired` — `paired_magnetic`, CMAP at β = 0 on its Hermitian pairing (each unordered token pair once).
 * `_blocks` — what they share: the mask conventions (`NEG`, `apply_masks`, `attended_rows`; a fully
   masked row is 0 on every kernel), the blockwise tiling and the one online-softmax scan, the paired

@@ -25,7 +25,8 @@ docs/benchmarks.md; from 1024 keys the transposes cost more).
 On the blockwise kernel the same edge, unmasked, not causal and from `PAIRED_FROM_TILES` tiles, runs
 `attngeo.kernels.split_paired`: the two products of each pair of tiles (a, b), (b, a) at once, 7 product units
 per tile like ATTN's instead of 11; the β = 0 edge (DMTN) runs there too from `PAIRED_BETA0_FROM_TILES` tiles
-(a pair's Gram d wide and its X − Y one product 2·d wide: 9 + 1/T units).
+(a pair's Gram d wide and its X − Y one product 2·d wide: 9 + 1/T units), and DMAP, its Gram alone, from
+`PAIRED_GRAM_FROM_TILES` tiles (5 + 1/T units against the 7 of its heads (m, m/2)).
 `"pallas"` runs only when named: never a default on CPU (interpret mode is a test harness, not a kernel),
 and not yet on GPU/TPU either — it has passed its interpret-mode tests, lowers to Triton and to Mosaic here,
 and compiles for sm_90 with pip's Triton (`attngeo bench-triton`), but has never run on a device; the

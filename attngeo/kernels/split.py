@@ -35,7 +35,8 @@ call computes all of A and masks after, as the einsum kernel does.
 DMAP (β = α = 0) runs on the augmented heads (m, m/2) with a key bias: its logits (s/2)·m·mᵀ are a symmetric
 Gram, and `gram_attention` takes m̄ = (s/2)·(L̄ + L̄ᵀ)·m as one d-wide product where the einsum kernel takes two
 — 5 product units to ATTN's 6. `operators.transport` runs it where the dense split runs, up to
-`_blocks.TRANSPOSED_COTANGENT_UP_TO` entries per head. `jax.grad` of Σ w ⊙ DMAP (`transport`, its far-token guard
+`_blocks.TRANSPOSED_COTANGENT_UP_TO` entries per head (blockwise, from `dispatch.PAIRED_GRAM_FROM_TILES` tiles, the same
+Gram runs on pairs of tiles, `split_paired`). `jax.grad` of Σ w ⊙ DMAP (`transport`, its far-token guard
 included), batch 8, 8 heads of 64, the einsum kernel on the augmented heads → `gram_attention`, ÷ ATTN, one process
 each: 128 keys 1.21 → 1.09; 192 keys 1.21 → 1.02; 256 keys 1.11, 1.11, 1.12 → 1.12, 1.12, 1.12 (a tie: at 256 the
 pass L̄ + L̄ᵀ reads its transposed operand at a power-of-two stride, 3.9 ms for 32 MiB against 1.6 ms for 50 MiB at

@@ -75,7 +75,8 @@ docs/benchmarks.md).
 Scope: static float weights (ATAP's α = 0, or any fixed α), no mask, not causal (a causal order keeps
 one tile of each pair, which still needs both products: no saving), and n = T·t with t ≤ block_size
 (`_blocks.tiles_in_pairs`). The dispatcher (`dispatch.runs_split`) sends it the blockwise calls in that
-scope from `dispatch.PAIRED_FROM_TILES` tiles; with fewer tiles the diagonal ones, each needing a transpose
+scope from `dispatch.PAIRED_FROM_TILES` tiles (the β = 0 edge from `PAIRED_BETA0_FROM_TILES`, DMAP from
+`PAIRED_GRAM_FROM_TILES`); with fewer tiles the diagonal ones, each needing a transpose
 in both passes, are too large a share. Everything runs in float32. The diagonal tiles and the pairs are
 visited one at a time (`lax.map`, `lax.scan`), so memory is O(n·(d + e)) besides one pair of t × t tiles.
 
@@ -238,7 +239,7 @@ def _split_paired_bwd(w, w_t, c, s, block_size, res, dy):
     qa, ka, va, bias_a, lse_a, dy_a, dd_a, qa_t, dya_t = args
     p = jnp.exp(_diagonal(qa, ka, bias_a, w, w_t, c, s) - lse_a[..., None])
     dl = p * (_dot("bie,bje->bij", dy_a, va) - dd_a[..., None])
-    dq_a, dk_a = 0.0, jnp.zeros(qa_t.shape, jnp.float32)
+    dq_a, dk_a = jnp.zeros(qa.shape, jnp.float32), jnp.zeros(qa_t.shape, jnp.float32)
     if w or w_t:
       bar = s * (w * dl + w_t * jnp.swapaxes(dl, 1, 2))
       dq_a, dk_a = _dot("bij,bjf->bif", bar, ka), _dot("bfi,bij->bfj", qa_t, bar)
