@@ -171,7 +171,10 @@ def sample_main(argv=None):
   cfg = config_lib.from_arguments(args, SiTConfig, SiTConfig())
   try:
     check_fields(cfg)
-    files.read_config(args.run)              # not a run folder: one line before JAX is imported
+    kind = (files.read_config(args.run).get("model") or {}).get("class")   # not a run folder: one line before JAX
+    if kind not in ("DiTConfig", None):                                     # (None: load_run says what is missing)
+      raise ValueError(f"{args.run} holds a {kind.removesuffix('Config')} model; sit sample takes SiT runs "
+                       f"(sit train, sit transfer, or an imported DiT checkpoint)")
     work = _work()
     model, names = work.load_for_sampling(args.run, cfg)
   except (ValueError, FileNotFoundError) as e:

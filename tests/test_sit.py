@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from attngeo import config as config_lib, nn, runs
+from attngeo import config as config_lib, files, nn, runs
 from attngeo.experiments import sit, sit_config, sit_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -471,6 +471,16 @@ def test_sample_bad_input_is_one_line(imported_run, capsys, args, message):
   before = snapshot(run)
   capsys.readouterr()
   assert message in one_error_line(capsys, ["sample", run, *args], "sample")
+  assert snapshot(run) == before
+
+
+def test_sample_refuses_a_run_of_another_model_in_one_line(tmp_path, capsys):
+  """A language model's run folder (newcomer walk: AttributeError 'GPTConfig' object has no attribute 'null_label')."""
+  run = str(tmp_path / "lm")
+  files.write_config(run, model=nn.config_dict(nn.GPTConfig()))        # as `lm train` records its model
+  before = snapshot(run)
+  err = one_error_line(capsys, ["sample", run], "sample")
+  assert "holds a GPT model; sit sample takes SiT runs" in err
   assert snapshot(run) == before
 
 
