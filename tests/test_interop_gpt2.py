@@ -134,6 +134,7 @@ def test_gpt2_export_round_trip(hub, tmp_path):
   for k in params:
     np.testing.assert_array_equal(back[k], params[k], err_msg=k)
   assert written["n_layer"] == HF["n_layer"] and written["tie_word_embeddings"] is True
+  assert written["bos_token_id"] is None and written["eos_token_id"] is None    # 61 tokens: not GPT-2's ids
   again, _ = gpt2.load(str(out.parent))
   a, b = layout.params(model), layout.params(again)
   assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
@@ -235,3 +236,12 @@ def test_param_count_is_gpt2s_closed_form(hub):
   assert nn.param_count(model) == v * d + p * d + blocks + 2 * d
   assert nn.param_count(model, blocks_only=True) == blocks
   assert nn.param_count(model) == sum(np.size(a) for k, a in sd.items() if not k.endswith((".attn.bias", ".attn.masked_bias")))
+
+
+def test_exported_bos_and_eos_are_gpt2s_only_on_its_vocabulary():
+  """GPT-2's <|endoftext|> (50 256) on its own 50 257 tokens; null on any other vocabulary, where it named a
+  token that does not exist (Hugging Face warned on loading a 265-token export) or one that means another thing."""
+  for vocab, expected in ((gpt2.GPT2_VOCAB, 50256), (265, None), (65536, None)):
+    hf = gpt2.hf_config(nn.GPTConfig.create(**gpt2.family_fields(), vocab_size=vocab, depth=1, width=32, num_heads=2,
+                                         head_dim=16, seq_len=8))
+    assert hf["bos_token_id"] == hf["eos_token_id"] == expected

@@ -81,15 +81,21 @@ def config(hf: dict, **overrides):
   return cfg
 
 
+# GPT-2's <|endoftext|>, its bos and eos token: the last of its 50 257 tokens.
+GPT2_VOCAB, GPT2_ENDOFTEXT = 50257, 50256
+
+
 def hf_config(cfg) -> dict:
-  """A Hugging Face `config.json` dict for a GPT-2-family GPTConfig."""
+  """A Hugging Face `config.json` dict for a GPT-2-family GPTConfig. `bos_token_id` and `eos_token_id` are
+  GPT-2's <|endoftext|> on GPT-2's own vocabulary and null on any other: an attngeo tokenizer's ids are not
+  GPT-2's (an id of 50 256 beside a vocabulary of 265 made Hugging Face warn on loading)."""
   b = cfg.block
   return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": cfg.vocab_size,
           "n_positions": cfg.seq_len, "n_ctx": cfg.seq_len, "n_embd": cfg.width, "n_layer": cfg.depth,
           "n_head": b.num_heads, "n_inner": int(cfg.width * b.mlp_ratio), "activation_function": "gelu_new",
           "layer_norm_epsilon": b.norm_eps, "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False,
           "reorder_and_upcast_attn": False, "tie_word_embeddings": cfg.tie_embeddings,
-          "bos_token_id": 50256, "eos_token_id": 50256}
+          **dict.fromkeys(("bos_token_id", "eos_token_id"), GPT2_ENDOFTEXT if cfg.vocab_size == GPT2_VOCAB else None)}
 
 
 def family_fields() -> dict:
