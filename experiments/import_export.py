@@ -169,7 +169,7 @@ def export_main(argv=None):
   block = dataclasses.asdict(mcfg.block)
   source = "weights.npz" if step is None else f"checkpoint step {step}"
   print(f"wrote {a.out} ({a.format}; operator {block['operator']}; from {source}) and its "
-        f"{'meta json' if a.format == 'nanochat' else 'config.json'}: {json.dumps(written)[:200]}")
+        f"{'meta json' if a.format == 'nanochat' else 'config.json'}, whole:\n{json.dumps(written)}")
   return written
 
 

@@ -46,7 +46,10 @@ def test_gpt2_import_to_run_folder_and_export(tmp_path, capsys):
   assert set(back) == {k for k in sd if k.split(".")[-2:] not in (["attn", "bias"], ["attn", "masked_bias"])}
   for k, v in back.items():
     np.testing.assert_array_equal(v, sd[k], err_msg=k)
-  assert json.loads((tmp_path / "back" / "config.json").read_text())["n_embd"] == HF["n_embd"]
+  written = json.loads((tmp_path / "back" / "config.json").read_text())
+  assert written["n_embd"] == HF["n_embd"]
+  printed = capsys.readouterr().out.splitlines()      # the config as written, whole (it was cut at 200 characters)
+  assert json.loads(printed[printed.index(next(l for l in printed if l.startswith("wrote "))) + 1]) == written
 
 
 @pytest.mark.slow
