@@ -290,7 +290,7 @@ class SmilesInputs:
                                                                 cfg.seq_len)
     except ValueError as e:
       raise ValueError(f"--probe-smiles {cfg.probe_smiles} at --seq-len {cfg.seq_len}, --probe-batch "
-                       f"{cfg.probe_batch}: {e}") from None
+                       f"{cfg.probe_batch}: {e}; give --seq-len one of those lengths, or a smaller --probe-batch") from None
 
   def probe_run(self, model):
     import jax.numpy as jnp
@@ -347,9 +347,16 @@ def model_result(cfg: StudyConfig, fam: Family, size: Size, seed: int) -> dict:
   return out
 
 
-def run_folder_result(cfg: StudyConfig, fams: dict, path: str) -> dict:
+def smiles_inputs(cfg: StudyConfig) -> dict:
+  """{path: SmilesInputs} of the BERT/ALBERT folders among `cfg.runs` (every folder's model checked by `validate`),
+  built before the study writes anything: a probe set they cannot take is refused first (it left config.json)."""
+  return {path: SmilesInputs(cfg, os.path.join(path, "vocab.txt")) for path in cfg.runs
+          if (files.read_config(path).get("model") or {}).get("class") == "EncoderConfig"}
+
+
+def run_folder_result(cfg: StudyConfig, fams: dict, path: str, smiles: SmilesInputs | None = None) -> dict:
   """Probe an existing run folder's model (trained or imported) and its random initialisation (seed
-  `seeds[0]`); no training, no held-out loss."""
+  `seeds[0]`); no training, no held-out loss. `smiles`: a BERT/ALBERT folder's inputs (`smiles_inputs`)."""
   from flax import nnx
 
   from attngeo import nn, probe, runs
@@ -358,7 +365,7 @@ def run_folder_result(cfg: StudyConfig, fams: dict, path: str) -> dict:
   if not isinstance(model, (nn.GPT, nn.PointFlow, nn.Encoder)):
     raise ValueError(f"{path}: the study probes GPT, PointFlow and BERT/ALBERT runs; got {type(model).__name__}")
   if isinstance(model, nn.Encoder):
-    family, fam = SMILES_FAMILY, SmilesInputs(cfg, os.path.join(path, "vocab.txt"))
+    family, fam = SMILES_FAMILY, smiles or SmilesInputs(cfg, os.path.join(path, "vocab.txt"))
   else:
     family = "decoder" if isinstance(model, nn.GPT) else "encoder"
     fam = fams.setdefault(family, Family(family, cfg))
@@ -510,8 +517,10 @@ def figure(results: list[dict], path: str):
 
 # ----------------------------------------------------------------------------- driver
 
-def run(cfg: StudyConfig) -> dict:
+def run(cfg: StudyConfig, smiles: dict | None = None) -> dict:
+  """The study of `cfg`; `smiles`: `smiles_inputs(cfg)` when already built (built here otherwise)."""
   cfg.validate()
+  smiles = smiles_inputs(cfg) if smiles is None else smiles
   t0 = time.perf_counter()
   os.makedirs(cfg.out, exist_ok=True)
   files.write_config(cfg.out, study=cfg)
@@ -519,7 +528,7 @@ def run(cfg: StudyConfig) -> dict:
   if cfg.runs:
     for i, path in enumerate(cfg.runs):
       print(f"[{i + 1}/{len(cfg.runs)}] {path}", flush=True)
-      results.append(run_folder_result(cfg, fams, path))
+      results.append(run_folder_result(cfg, fams, path, smiles.get(path)))
   else:
     all_sizes = sizes(cfg)
     total = len(all_sizes) * len(cfg.seeds)
@@ -555,9 +564,10 @@ def main(argv=None):
   cfg = config_lib.from_arguments(ap.parse_args(argv), StudyConfig)
   try:
     cfg.validate()
+    smiles = smiles_inputs(cfg)              # the encoder runs' probe inputs, before anything is written
   except ValueError as e:
     ap.error(str(e))
-  return run(cfg)
+  return run(cfg, smiles)
 
 
 if __name__ == "__main__":

@@ -85,6 +85,22 @@ def test_study_connection_probes_an_encoder_run_and_its_twin(tmp_path):
     study.SmilesInputs(study.StudyConfig(probe_smiles=str(smiles), seq_len=12, probe_batch=3), str(run / "vocab.txt"))
 
 
+def test_study_connection_refuses_probe_smiles_before_writing(tmp_path, capsys):
+  """`study connection --runs BERT --out D` at a --seq-len no SMILES has: one line naming the flags to change, and D
+  not written (a newcomer found config.json left behind)."""
+  from attngeo import cli
+  run = _tiny_run(tmp_path / "bert", shared=False)
+  smiles = tmp_path / "smiles.txt"
+  smiles.write_text("CCO\nCCCCCCCC\nc1ccccc1CC\nCCCCCCCN\nCCCCCCCO\n")
+  with pytest.raises(SystemExit) as e:
+    cli.main(["study", "connection", "--runs", str(run), "--probe-smiles", str(smiles), "--seq-len", "12",
+              "--probe-batch", "3", "--out", str(tmp_path / "study")])
+  err = capsys.readouterr().err.strip().splitlines()
+  assert e.value.code == 2 and len(err) == 1
+  assert "1 SMILES have exactly 12 tokens, 3 asked" in err[0] and "give --seq-len one of those lengths" in err[0]
+  assert not (tmp_path / "study").exists()
+
+
 @pytest.mark.slow
 def test_probe_command_on_an_encoder_run(tmp_path):
   from attngeo.experiments import probe as probe_cmd
