@@ -139,11 +139,18 @@ USER_ERRORS = (ValueError, errors.InputTypeError, FileNotFoundError, NotADirecto
 @contextlib.contextmanager
 def _one_line_warnings(name: str):
   """attngeo's own warnings (a corrupt checkpoint skipped, a non-UTF-8 file) as one line,
-  `attngeo NAME: warning: …`, without the source line Python's format adds; others as before."""
+  `attngeo NAME: warning: …`, without the source line Python's format adds; others as before. Its own: raised
+  from the package or from its experiments (`attngeo.experiments`, a folder of its own on disk: a library warning
+  with `stacklevel=2` names the experiment that called it)."""
   previous, home = warnings.showwarning, os.path.dirname(os.path.abspath(__file__))
 
+  def ours(filename: str) -> bool:
+    experiments = sys.modules.get("attngeo.experiments")
+    homes = [home] + [os.path.dirname(os.path.abspath(experiments.__file__))] if experiments else [home]
+    return any(os.path.abspath(filename).startswith(h + os.sep) for h in homes)
+
   def show(message, category, filename, lineno, file=None, line=None):
-    if os.path.abspath(filename).startswith(home + os.sep):
+    if ours(filename):
       print(f"attngeo {name}: warning: {str(message).strip().splitlines()[0]}", file=file or sys.stderr)
     else:
       previous(message, category, filename, lineno, file, line)
@@ -181,7 +188,7 @@ def main(argv=None):
   except (FileExistsError, NotADirectoryError, IsADirectoryError) as e:   # a file where a folder goes, or the reverse
     if os.environ.get("ATTNGEO_DEBUG"):
       raise
-    print(f"attngeo {name}: error: {misplaced(e)}", file=sys.stderr)
+    print(f"attngeo {name}: error: {misplaced(e, name)}", file=sys.stderr)
     return 2
   except USER_ERRORS as e:
     if os.environ.get("ATTNGEO_DEBUG"):
@@ -227,15 +234,16 @@ STORAGE_FULL = {errno.ENOSPC: ("no space left on device", "No space left on devi
 NOT_WRITABLE = {errno.EROFS: "read-only file system"}
 
 
-def misplaced(e: OSError) -> str:
+def misplaced(e: OSError, command: str = "") -> str:
   """The one line of a file where a folder goes (`--out FILE`, `--out FILE/sub`) or a folder where a file goes, named
-  as the user knows it (`files.target`: not the hidden temporary); an error raised with a message of its own
-  keeps it."""
+  as the user knows it (`files.target`: not the hidden temporary), with the options of `command` that name folders
+  (`--data-dir` only for `lm`'s); an error raised with a message of its own keeps it."""
   if not e.filename or e.errno not in (errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
     return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
   if e.errno == errno.EISDIR:
     return f"{files.target(e.filename)} is a folder where the command writes a file; move it or choose another --out"
-  return (f"{files.target(e.filename)} is, or lies under, a file where a folder was expected (--out, --data-dir); "
+  flags = "--out, --data-dir" if command.split(" ")[0] == "lm" else "--out"
+  return (f"{files.target(e.filename)} is, or lies under, a file where a folder was expected ({flags}); "
           "choose a folder's path")
 
 

@@ -179,6 +179,18 @@ def target(path: str) -> str:
   return os.path.join(folder, m["name"]) if m else str(path)
 
 
+def blocking_file(folder: str) -> str | None:
+  """The existing file that stops `folder` from being (made) a folder — `folder` itself or the nearest existing
+  path above it — or None where it is a folder or can be made one. Commands check their output folder with it
+  before any work: `--out FILE` was refused only when the tables were written, after the work."""
+  path = os.path.abspath(folder)
+  while not os.path.lexists(path):
+    if os.path.dirname(path) == path:
+      return None
+    path = os.path.dirname(path)
+  return None if os.path.isdir(path) else path
+
+
 def _remove_orphans(folder: str, name: str) -> None:
   """Remove the temporaries of `name` left by processes that no longer run (a kill -9 mid-write): each kill left
   one, and on a nearly full disk they made the next run fail. A live process's temporaries are kept."""

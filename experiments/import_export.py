@@ -142,6 +142,11 @@ def export_main(argv=None):
   a = ap.parse_args(argv)
   if not a.out.endswith(".safetensors"):
     ap.error(f"--out must end in .safetensors; got {a.out}")
+  if os.path.isdir(a.out):
+    ap.error(f"--out {a.out} is a folder; give the path of the .safetensors file to write")
+  if files.blocking_file(os.path.dirname(a.out) or "."):
+    ap.error(f"--out {a.out}: {files.blocking_file(os.path.dirname(a.out))} is a file, where the export's folder "
+             f"goes; choose another path")
   try:
     model, _, mcfg, step = runs.load_run(a.run_dir, a.step, with_step=True)
   except (FileNotFoundError, ValueError) as e:

@@ -21,7 +21,7 @@ import json
 import os
 import sys
 
-from attngeo import cli, config, runs
+from attngeo import cli, config, files, runs
 from attngeo.data import molecules
 from attngeo.experiments import report
 from attngeo.experiments.report import Col
@@ -79,6 +79,9 @@ def _check(ap, a):
     ap.error(f"--rate must lie in (0, 1); got {a.rate}")
   if a.data not in DATA_SOURCES and not os.path.isfile(a.data):
     ap.error(f"--data must be one of {', '.join(DATA_SOURCES)} or an existing SMILES file; got {a.data!r}")
+  if files.blocking_file(a.out):
+    ap.error(f"--out {a.out}: {files.blocking_file(a.out)} is a file, where mlm eval writes a folder; choose a "
+             f"folder's path")
   if a.vocab and not os.path.isfile(a.vocab):
     ap.error(f"--vocab must be an existing vocab.txt; no file {a.vocab}")
   for run in a.runs + ([a.head] if a.head else []):

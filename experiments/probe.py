@@ -326,6 +326,10 @@ def main(argv=None):
       ap.error(f"{name} must be at least {low}; got {value}")
   if not 0 <= a.seed < 2**32:
     ap.error(f"--seed must be an integer in [0, 2³²) (numpy's and JAX's seeds); got {a.seed}")
+  out = a.out or os.path.join(a.run_dir, "probe")
+  if files.blocking_file(out):
+    ap.error(f"--out {out}: {files.blocking_file(out)} is a file, where the probe writes a folder; choose a "
+             f"folder's path")
   layers, heads = _indices(a.layers), _indices(a.heads)
   if layers == "bad" or heads == "bad":
     ap.error(f"--layers and --heads take comma-separated integers; got {a.layers!r}, {a.heads!r}")
@@ -355,7 +359,6 @@ def main(argv=None):
   with bounded():
     rows = probe.model_report(model, run, layers=layers, heads=heads, samples=a.samples, seed=a.seed,
                               triangles=a.triangles, progress=not a.no_progress)
-  out = a.out or os.path.join(a.run_dir, "probe")
   shared = f" ({len(mods)} shared, applied {depth // len(mods)} times)" if depth != len(mods) else ""
   title = f"{os.path.basename(os.path.abspath(a.run_dir))} — {type(model).__name__}, {depth} attention layers{shared}"
   weights = "weights.npz" if step is None else f"checkpoint step {step}"

@@ -347,7 +347,7 @@ def test_a_file_where_a_folder_is_made_is_one_line(monkeypatch, capsys, tmp_path
   assert cli.main(["heat"]) == 2
   err = capsys.readouterr().err.strip().splitlines()
   assert err == [f"attngeo heat: error: {tmp_path / 'afile'} is, or lies under, a file where a folder was expected "
-                 "(--out, --data-dir); choose a folder's path"], err
+                 "(--out); choose a folder's path"], err                  # `lm`'s commands also name --data-dir
   monkeypatch.setattr(heat_swissroll, "main", lambda argv: os.makedirs(tmp_path / "afile" / "sub", exist_ok=True))
   assert cli.main(["heat"]) == 2                            # `--out afile/sub`: NotADirectoryError, was a traceback
   assert capsys.readouterr().err.startswith(f"attngeo heat: error: {tmp_path / 'afile' / 'sub'} is, or lies under, a")
@@ -522,6 +522,23 @@ def test_attngeos_warnings_are_one_line(monkeypatch, capsys):
   assert err == "attngeo warn: warning: checkpoint step 30 in D is corrupt or incomplete; trying step 20\n", err
 
 
+def _warns_from_an_experiment(argv):
+  from attngeo.experiments import probe
+  warnings.warn_explicit("the walk spectra of layers [4] did not meet the eigensolver's tolerance", RuntimeWarning,
+                         probe.__file__, 356)
+
+
+def test_warnings_raised_for_an_experiment_are_one_line_too(monkeypatch, capsys):
+  """Newcomer walk: `probe`'s unconverged-spectrum warning (`attngeo.probe`, stacklevel 2: it names experiments/probe.py,
+  a folder outside the package's) printed the file's path and its source line."""
+  monkeypatch.setitem(cli.COMMANDS, "warn", (f"{__name__}:_warns_from_an_experiment", "warns"))
+  with warnings.catch_warnings():
+    warnings.simplefilter("always")
+    assert cli.main(["warn"]) == 0
+  err = capsys.readouterr().err
+  assert err == "attngeo warn: warning: the walk spectra of layers [4] did not meet the eigensolver's tolerance\n", err
+
+
 def test_sigterm_is_one_line_and_exit_143_and_the_handler_is_restored(monkeypatch, capsys):
   """SIGTERM during a command raises `cli.Terminated` (a KeyboardInterrupt: what Ctrl-C closes, it closes); one line,
   exit 143 (128 + SIGTERM); the process's own SIGTERM handler is back after the command."""
@@ -602,3 +619,21 @@ def test_a_read_only_or_full_data_folder_is_one_line(monkeypatch, capsys):
                                              "folder this user can write (--out, --data-dir)")
   assert cli.main(["full"]) == 2
   assert capsys.readouterr().err.strip().startswith("attngeo full: error: no space left on device; free space")
+
+
+@pytest.mark.parametrize("argv,flag", [(["probe", "RUN", "--out", "F"], "--out F"),
+                                       (["probe", "RUN", "--out", "F/sub"], "--out F/sub"),
+                                       (["mlm", "eval", "RUN", "--out", "F/sub"], "--out F/sub"),
+                                       (["export", "RUN", "--format", "gpt2", "--out", "F/m.safetensors"],
+                                        "--out F/m.safetensors")])
+def test_an_output_folder_that_is_a_file_is_refused_before_the_work(tmp_path, capsys, argv, flag):
+  """Newcomer walk: `probe RUN --out FILE` printed the whole probe table, then refused --out (naming --data-dir,
+  which probe has not); `mlm eval` and `export` the same. Now one line before any work, naming the file."""
+  (tmp_path / "F").write_text("x")
+  argv = [str(tmp_path / a) if a.startswith(("F", "RUN")) else a for a in argv]
+  with pytest.raises(SystemExit) as e:
+    cli.main(argv)
+  err = capsys.readouterr().err.strip().splitlines()
+  assert e.value.code == 2 and len(err) == 1, err
+  assert f"{flag.replace('F', str(tmp_path / 'F'), 1)}: {tmp_path / 'F'} is a file" in err[0], err
+  assert (tmp_path / "F").read_text() == "x" and not (tmp_path / "RUN").exists()
