@@ -153,7 +153,8 @@ def export_main(argv=None):
     ap.error(str(e))
   want = "EncoderConfig" if a.format in ("bert", "albert") else "GPTConfig"
   if type(mcfg).__name__ != want:
-    ap.error(f"{a.run_dir} holds a {type(mcfg).__name__}; only {want} runs export to {a.format}")
+    ap.error(f"{a.run_dir} holds {nn.model_name(type(mcfg).__name__)}; only {nn.model_name(want)}s export to "
+             f"{a.format}")
   meta = {}
   if a.format == "nanochat":
     imported = files.read_config(a.run_dir).get("imported") or {}

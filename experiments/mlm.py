@@ -26,6 +26,7 @@ from attngeo.data import molecules
 from attngeo.experiments import report
 from attngeo.experiments.report import Col
 from attngeo.lm.smiles import SmilesTokenizer
+from attngeo.nn.config import model_name
 
 MOSES_DEFAULT_N = 2000
 # `attngeo.data.molecules.SOURCES`, named here so --data is checked before `attngeo.data` (grain, JAX) is imported;
@@ -90,7 +91,7 @@ def _check(ap, a):
     except (ValueError, FileNotFoundError) as e:
       ap.error(str(e))
     if cls != "EncoderConfig":
-      ap.error(f"{run} holds a {cls}, not an encoder; mlm eval takes BERT/ALBERT runs")
+      ap.error(f"{run} holds {model_name(cls)}, not an encoder; mlm eval takes BERT/ALBERT runs")
     vocab = a.vocab or os.path.join(run, "vocab.txt")
     if run != a.head and not os.path.isfile(vocab):
       ap.error(f"no vocab file {vocab}; pass --vocab PATH (the checkpoint's vocab.txt)")

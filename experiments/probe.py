@@ -354,7 +354,7 @@ def main(argv=None):
     run, what = inputs(model, a, np.random.default_rng(a.seed))
   except ValueError as e:
     ap.error(str(e))
-  print(f"inputs: {what}" + (f" (the default for a {type(model).__name__} run; choose with --data)" if default_data
+  print(f"inputs: {what}" + (f" (the default for {nn.model_name(type(model.cfg).__name__)}; choose with --data)" if default_data
                              else ""), flush=True)
   with bounded():
     rows = probe.model_report(model, run, layers=layers, heads=heads, samples=a.samples, seed=a.seed,

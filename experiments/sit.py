@@ -54,6 +54,7 @@ import shlex
 import sys
 
 from attngeo import cli, config as config_lib, errors, files, runlock, sampler_names
+from attngeo.nn import config as nn_config
 from attngeo.experiments.sit_config import (FULL, FULL_NOTES, HELP, LAUNCH, MOVED, PLAN_CHIPS, TRAIN_BASE,
                                             TRAIN_ONLY, TRANSFER_ONLY, SiTConfig, check_fields, check_out_free, check_run_folder)
 
@@ -173,7 +174,7 @@ def sample_main(argv=None):
     check_fields(cfg)
     kind = (files.read_config(args.run).get("model") or {}).get("class")   # not a run folder: one line before JAX
     if kind not in ("DiTConfig", None):                                     # (None: load_run says what is missing)
-      raise ValueError(f"{args.run} holds a {kind.removesuffix('Config')} model; sit sample takes SiT runs "
+      raise ValueError(f"{args.run} holds {nn_config.model_name(kind)}; sit sample takes SiT runs "
                        f"(sit train, sit transfer, or an imported DiT checkpoint)")
     work = _work()
     model, names = work.load_for_sampling(args.run, cfg)

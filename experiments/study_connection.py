@@ -118,7 +118,7 @@ class StudyConfig:
         raise ValueError(f"runs: {path} is not a run folder (no config.json)")
       kind = (files.read_config(path).get("model") or {}).get("class")
       if kind not in ("GPTConfig", "PointFlowConfig", "EncoderConfig"):
-        raise ValueError(f"runs: {path} holds a {kind or 'model of no recorded class'}; the study probes GPT "
+        raise ValueError(f"runs: {path} holds {nn.model_name(kind)}; the study probes GPT "
                          f"(decoder), PointFlow (encoder) and BERT/ALBERT (encoder) runs")
       if kind == "EncoderConfig" and not os.path.isfile(os.path.join(path, "vocab.txt")):
         raise ValueError(f"runs: {path} is an encoder run without its vocab.txt (the checkpoint's tokenizer)")

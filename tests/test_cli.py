@@ -222,7 +222,7 @@ def test_argument_errors_answer_before_jax_is_imported(tmp_path):
            # issue 24: these imported grain/JAX (8–10 s) before their one line
            (["mlm", "eval", str(tmp_path / "missing")], "RUN must be a run folder with a config.json"),
            (["mlm", "eval", str(tmp_path / "gpt"), "--data", "nope"], "--data must be one of moses, moses-train"),
-           (["mlm", "eval", str(tmp_path / "gpt")], "holds a GPTConfig, not an encoder"),
+           (["mlm", "eval", str(tmp_path / "gpt")], "holds a GPT model, not an encoder"),
            (["lm", "adapt", "--chain", "ATTN,XYZ", "--out", "o"], "chain state 1 'XYZ': unknown operator"),
            (["lm", "adapt", "--chain", "ATTN,0.5:2", "--out", "o"], "'0.5:2': alpha must lie in [0, 1]; got 2"),
            (["sit", "train", "--operator", "FOO", "--out", "o"],

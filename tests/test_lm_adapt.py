@@ -131,11 +131,22 @@ def test_preset_makes_the_source_that_presets_table2_attn_model(tmp_path, monkey
 def test_an_imported_source_needs_data_and_a_tokenizer(tmp_path):
   run = tmp_path / "imported"
   run.mkdir()
-  (run / "config.json").write_text(json.dumps({"model": {}, "imported": {"kind": "nanochat"}}))
+  (run / "config.json").write_text(json.dumps({"model": {"class": "GPTConfig"}, "imported": {"kind": "nanochat"}}))
   with pytest.raises(ValueError, match="imported checkpoint without a corpus: give --data"):
     adapt.validate(adapt.AdaptConfig(source=str(run)))
   with pytest.raises(FileNotFoundError, match="an imported checkpoint carries none: pass --tokenizer DIR"):
     adapt.validate(adapt.AdaptConfig(source=str(run), data="pydoc"))
+
+
+@pytest.mark.parametrize("model,what", [({"class": "EncoderConfig"}, r"holds an encoder \(BERT/ALBERT\) model"),
+                                        ({}, "holds no model config")])
+def test_a_source_that_is_no_gpt_is_refused_first(tmp_path, model, what):
+  """Newcomer walk: an ALBERT source was asked for --data, then --tokenizer, then a checkpoint it has not."""
+  run = tmp_path / "albert"
+  run.mkdir()
+  (run / "config.json").write_text(json.dumps({"model": model, "imported": {"kind": "albert"}}))
+  with pytest.raises(ValueError, match=f"{what}; lm adapt takes GPT runs"):
+    adapt.check_files(adapt.AdaptConfig(source=str(run)))
 
 
 # ----------------------------------------------------------------------------- graft

@@ -166,7 +166,7 @@ def test_mlm_eval_command_errors_are_one_line(tmp_path, capsys):
   enc.mkdir()
   (enc / "config.json").write_text('{"model": {"class": "EncoderConfig"}}')
   cases = [([str(tmp_path / "missing")], "no " + str(tmp_path / "missing" / "config.json")),
-           ([str(run)], "holds a GPTConfig, not an encoder"),
+           ([str(run)], "holds a GPT model, not an encoder"),
            ([str(enc)], "no vocab file"),
            ([str(enc), "--vocab", str(tmp_path / "v.txt")], "--vocab must be an existing vocab.txt"),
            ([str(enc), "--data", "chembl"], "--data must be one of moses, moses-train, reactions"),

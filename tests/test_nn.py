@@ -220,3 +220,12 @@ def test_gpt_sizes_below_one_are_refused_in_one_line(kwargs, message):
   depth = args.pop("depth")
   with pytest.raises(ValueError, match=message):
     nn.GPT(nn.GPTConfig.from_depth(depth, **args), rngs=nnx.Rngs(0))
+
+
+def test_every_model_config_has_its_name_in_messages():
+  """One-line refusals name a run folder's model by its config class: "holds an encoder (BERT/ALBERT) model" (a
+  newcomer read "a Encoder run" and "holds a GPTConfig")."""
+  from attngeo.nn import config as C
+  assert set(C.MODEL_NAMES) == set(C.CONFIGS)
+  assert C.model_name("EncoderConfig") == "an encoder (BERT/ALBERT) model" and C.model_name("GPTConfig") == "a GPT model"
+  assert C.model_name(None) == "no model config" and C.model_name("FooConfig") == "a Foo model"

@@ -179,7 +179,7 @@ def test_probe_cli_names_its_default_inputs_on_the_terminal_and_in_the_report(gp
   probe_cli.main([wd, "--batch", "1", "--seq-len", "12", "--out", str(tmp_path / "p"), "--layers", "0",
                   "--no-progress"])
   out = capsys.readouterr().out
-  said = "inputs: random tokens (uniform ids in [0, 32)), 1 × 12 (the default for a GPT run; choose with --data)"
+  said = "inputs: random tokens (uniform ids in [0, 32)), 1 × 12 (the default for a GPT model; choose with --data)"
   assert said in out and f"wrote {tmp_path / 'p' / 'probe.md'}, probe.csv, probe.json, probe.png" in out
   assert "inputs: random tokens (uniform ids in [0, 32)), 1 × 12;" in (tmp_path / "p" / "probe.md").read_text()
   assert json.loads((tmp_path / "p" / "probe.json").read_text())["data"] == "random"

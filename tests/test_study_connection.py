@@ -123,5 +123,5 @@ def test_float_probe_tokens_are_refused_not_cast(tmp_path, capsys):
   dit.mkdir()
   (dit / "config.json").write_text('{"model": {"class": "DiTConfig"}}')
   code = attngeo("study", "connection", *smoke_argv(tmp_path / "out", "decoder"), "--runs", str(dit))
-  assert code == 2 and "holds a DiTConfig; the study probes GPT" in capsys.readouterr().err
+  assert code == 2 and "holds a DiT (SiT) model; the study probes GPT" in capsys.readouterr().err
   assert not (tmp_path / "out").exists()

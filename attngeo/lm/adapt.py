@@ -53,6 +53,7 @@ import numpy as np
 
 from attngeo import files, runs, train_config
 from attngeo.lm.config import LMConfig, LMTrain
+from attngeo.nn.config import model_name
 
 LETTERS = {"ATTN": "A", "DMTN": "M", "DMAP": "D", "ATAP": "P"}
 RUN_CONTROL = train_config.RUN_CONTROL_FIELDS      # how a run is watched (and where), not what it computes
@@ -153,6 +154,11 @@ def check_files(cfg: AdaptConfig) -> None:
     if not os.path.exists(os.path.join(cfg.source, "config.json")):
       raise FileNotFoundError(f"source {cfg.source!r} is not a run folder (no config.json; attngeo lm train and "
                               f"attngeo import write one)")
+    # the model first: an ALBERT source was asked for --data, then --tokenizer, then a checkpoint it has not
+    kind = (files.read_config(cfg.source).get("model") or {}).get("class")
+    if kind != "GPTConfig":
+      raise ValueError(f"source {cfg.source!r} holds {model_name(kind)}; lm adapt takes GPT runs (attngeo lm train, "
+                       f"or attngeo import gpt2|nanochat)")
     lm_run = os.path.exists(os.path.join(cfg.source, "lm.json"))
     if not lm_run and cfg.data is None:
       raise ValueError(f"source {cfg.source!r} is an imported checkpoint without a corpus: give --data (the text to "

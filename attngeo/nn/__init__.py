@@ -18,7 +18,7 @@ from attngeo import _lazy
 
 _HOMES = {
   "config": ("BlockConfig", "DiTConfig", "EncoderConfig", "GPTConfig", "ORDERS", "PointFlowConfig", "config_dict",
-             "config_from_dict"),
+             "config_from_dict", "model_name"),
   "dit": ("DiT",),
   "encoder": ("Encoder",),
   "embeddings": ("FinalLayer", "TimestepEmbedder", "sincos_2d", "timestep_embedding"),

@@ -349,6 +349,18 @@ def config_dict(model_or_config) -> dict | None:
   return {"class": type(cfg).__name__, **dataclasses.asdict(cfg)}
 
 
+# How one-line messages name the model a run folder's config.json records (`config_dict`'s "class").
+MODEL_NAMES = {"GPTConfig": "a GPT model", "DiTConfig": "a DiT (SiT) model", "PointFlowConfig": "a PointFlow model",
+               "EncoderConfig": "an encoder (BERT/ALBERT) model"}
+
+
+def model_name(config_class: str | None) -> str:
+  """"a GPT model", "an encoder (BERT/ALBERT) model", … for a config class name; "no model config" for None."""
+  if not config_class:
+    return "no model config"
+  return MODEL_NAMES.get(config_class, f"a {config_class.removesuffix('Config')} model")
+
+
 def config_from_dict(fields: dict):
   """Inverse of `config_dict`: the config dataclass (nested `block` rebuilt, lists as tuples)."""
   from attngeo import config as config_lib
