@@ -88,7 +88,7 @@ def group_usage(group: str) -> str:
   subs = [name for name in COMMANDS if name.startswith(group + " ")]
   width = max(len(n) for n in subs) + 2
   return "\n".join([f"usage: attngeo {group} {{{','.join(subcommands(group))}}} [--help] [options]", "",
-                    GROUPS[group] + ".", "", "sub-commands (attngeo NAME --help lists its options):"] +
+                    GROUPS[group] + ".", "", f"sub-commands (attngeo {group} SUB --help lists its options):"] +
                    [f"  {n:<{width}}{COMMANDS[n][1]}" for n in subs])
 
 

@@ -51,7 +51,8 @@ PEAKS = {"H100 (bf16 dense)": 989e12, "TPU v4 (bf16)": 275e12}
 CHIPS = {"H100 (bf16 dense)": 8, "TPU v4 (bf16)": 16}
 
 HELP = {"chain": "operators along the chain, comma-separated: state 0 (the source under it), then one graft + "
-                 "adaptation each; a corner (ATTN, DMTN, ATAP, DMAP) or beta:alpha in [0,1]",
+                 "adaptation each; a corner (ATTN, DMTN, ATAP, DMAP) or beta:alpha in [0,1] (a point of the "
+                 "square: CMAP is none)",
         "source": "run folder to start from (attngeo lm train, or attngeo import); none: the Table 2 default ATTN model",
         "tokenizer": "tokenizer folder (tokenizer.json) for a source that has none (imported checkpoints)",
         "data": "adaptation corpus (see --lm.data); none: the source run's own corpus",

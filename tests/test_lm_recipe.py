@@ -73,6 +73,7 @@ def test_model_config_shape_rule_operator_and_overrides():
   assert mcfg.width == 192 and mcfg.block.num_heads == 3 and mcfg.vocab_size == 265
   assert mcfg.block.operator == (0.3, 0.7) and mcfg.block.learnable_operator
   assert mcfg.block.mlp_ratio == 2.0 and mcfg.block.qk_norm is False
+  assert recipe.model_config(LMConfig(operator="0.3:0.7"), 265).block.operator == (0.3, 0.7)   # lm adapt's spelling
   with pytest.raises(ValueError, match="model override 'colour=red' must be name=value"):
     recipe.model_config(LMConfig(model=("colour=red",)), 265)
   # a field of lm train's own flags had raised TypeError ("multiple values") or silently beaten the flag

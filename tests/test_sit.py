@@ -516,7 +516,7 @@ def test_dry_run_local_line_and_help(capsys):
     sit.main(["--help"])
   top = capsys.readouterr().out
   assert exit_.value.code == 0
-  assert "usage: attngeo sit {train,sample,transfer,import}" in top and "attngeo NAME --help lists its options" in top
+  assert "usage: attngeo sit {train,sample,transfer,import}" in top and "attngeo sit SUB --help lists its options" in top
 
 
 def test_argument_errors_and_the_dry_run_answer_without_importing_jax():

@@ -177,7 +177,7 @@ HELP = {
     "tokenizer": "byte | bpe", "vocab_size": "BPE vocabulary size, specials included (bpe only)",
     "depth": "transformer blocks (nanochat's size knob)", "aspect": "width = aspect*depth rounded up to head_dim",
     "head_dim": "head dimension", "width": "explicit width (overrides aspect*depth)", "seq_len": "context length",
-    "operator": "ATTN | DMTN | ATAP | DMAP | CMAP (magnetic) or 'beta,alpha' in [0,1]",
+    "operator": "ATTN | DMTN | ATAP | DMAP | CMAP (magnetic) or 'beta,alpha' (or beta:alpha) in [0,1]",
     "learnable_operator": "train per-head (beta, alpha), starting at --operator",
     "compat": "build the GPT in a public layout so that `attngeo export --format` takes it: nanochat | gpt2 "
               "(default '': attngeo's own blocks, which export to neither)",
@@ -201,12 +201,12 @@ HELP = {
 
 
 def parse_operator(op):
-  """'ATTN' → 'ATTN'; '0.5,1' → (0.5, 1.0)."""
+  """'ATTN' → 'ATTN'; '0.5,1' or '0.5:1' (as `lm adapt --chain` writes a state) → (0.5, 1.0)."""
   if isinstance(op, (tuple, list)):
     return tuple(float(x) for x in op)
-  if "," in str(op):
+  if "," in str(op) or ":" in str(op):
     try:
-      beta, alpha = (float(x) for x in str(op).split(","))
+      beta, alpha = (float(x) for x in str(op).replace(":", ",").split(","))
     except ValueError:
       raise ValueError(f"operator must be a corner name or 'beta,alpha'; got {op!r}") from None
     return beta, alpha
