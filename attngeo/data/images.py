@@ -22,6 +22,8 @@ sources for `attngeo.data.loader`.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 
 import numpy as np
@@ -218,7 +220,8 @@ def image_sets(data_dir: str, source: str = "mnist", test_fraction: float = 0.1,
   absl_logging.set_verbosity(absl_logging.ERROR)   # tfds logs every custom config at WARNING
   try:
     builder = ImageSet(data_dir=data_dir, source=source, test_fraction=test_fraction, split_seed=split_seed)
-    builder.download_and_prepare(file_format="array_record")
+    with contextlib.redirect_stdout(io.StringIO()):   # tfds prints "Downloading and preparing dataset Unknown
+      builder.download_and_prepare(file_format="array_record")   # size": nothing is downloaded, the arrays are local
   finally:
     absl_logging.set_verbosity(verbosity)
   return builder.as_data_source(split="train"), builder.as_data_source(split="test"), builder
