@@ -351,6 +351,8 @@ def test_table2_full_dry_run_plan_and_launch_line(capsys):
   assert h100 == pytest.approx(out["flops_per_token"] * 524_288 / (989e12 * 0.4))
   printed = capsys.readouterr().out
   assert "1.038 G" in printed and "tpu/launch_tpu.sh" in printed
+  with open(os.path.join(ROOT, "docs", "lm.md"), encoding="utf-8") as f:    # docs/lm.md shows it as "(real output)"
+    assert printed in f.read(), "docs/lm.md's block of `attngeo lm table2 --full --dry-run` is not what it prints"
   launch = out["launch"].split(" -- ")
   cmd = ["bash", os.path.join(ROOT, launch[0]).split()[0], *launch[0].split()[1:], "--dry-run", "--", *launch[1].split()]
   res = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT)
