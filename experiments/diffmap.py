@@ -100,13 +100,15 @@ def main(argv=None):
       ap.error(f"--eps must be positive; got {a.eps}")
   if a.file not in CLOUDS and not (os.path.isfile(a.file) and a.file.endswith((".npy", ".csv"))):
     ap.error(f"FILE must be an existing .npy/.csv file or one of {', '.join(CLOUDS)}; got {a.file!r}")
+  if a.file in CLOUDS and a.n < a.k + 2:        # a named cloud has --n points: before JAX is imported
+    ap.error(f"--n must be at least --k + 2 = {a.k + 2} (the points drawn from {a.file}); got {a.n}")
   from attngeo import bandwidth, diffmap
   try:
     x = load_cloud(a.file, a.n, a.seed)
   except ValueError as e:
     ap.error(str(e))
   if len(x) < a.k + 2:
-    ap.error(f"FILE must hold at least k + 2 = {a.k + 2} points; got {len(x)}")
+    ap.error(f"FILE must hold at least --k + 2 = {a.k + 2} points; got {len(x)}")
   rule = "given"
   if a.eps == "auto":
     bw = bandwidth.bandwidth(x)

@@ -331,8 +331,9 @@ def main(argv=None):
     ap.error(f"--out {out}: {files.blocking_file(out)} is a file, where the probe writes a folder; choose a "
              f"folder's path")
   layers, heads = _indices(a.layers), _indices(a.heads)
-  if layers == "bad" or heads == "bad":
-    ap.error(f"--layers and --heads take comma-separated integers; got {a.layers!r}, {a.heads!r}")
+  for flag, given, parsed in (("--layers", a.layers, layers), ("--heads", a.heads, heads)):
+    if parsed == "bad":
+      ap.error(f"{flag} takes comma-separated integers; got {given!r}")
   default_data = a.data is None
   try:
     kind = (files.read_config(a.run_dir).get("model") or {}).get("class")

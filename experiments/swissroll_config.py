@@ -113,7 +113,8 @@ def validate(cfg: SwissRollConfig) -> None:
   def need(ok, name, expected):
     if not ok:
       value = functools.reduce(getattr, name.split("."), cfg)
-      raise ValueError(f"--{name.replace('_', '-')} must be {expected}; got {value!r}")
+      shown = ",".join(map(str, value)) if isinstance(value, (tuple, list)) else value   # as the flag took it
+      raise ValueError(f"--{name.replace('_', '-')} must be {expected}; got {shown!r}")
   need(cfg.operators and all(o in OPERATORS for o in cfg.operators), "operators",
        f"a comma-separated list of {','.join(OPERATORS)}")
   need(cfg.orders and all(o in ORDERS for o in cfg.orders), "orders", f"a comma-separated list of {','.join(ORDERS)}")

@@ -204,6 +204,11 @@ def test_argument_errors_answer_before_jax_is_imported(tmp_path):
            (["bench", "--out", ""], "expected a folder's path; got an empty one"),   # was the cwd, then a traceback
            (["bench-train", "--out", str(tmp_path / "gpt" / "config.json" / "x")], "is a file, not a folder"),
            (["bench-diffmap", "--sizes", "0"], "every size ≥ k + 2"),
+           # the newcomer walk: the file named where --n was at fault, a Python tuple, "got 'a,b', None"
+           (["diffmap", "swiss_roll", "--n", "5"], "--n must be at least --k + 2 = 12 (the points drawn from swiss_roll)"),
+           (["swissroll", "--operators", "FOO,ATTN"], "comma-separated list of DMAP,DMTN,ATAP,ATTN,CMAP; got 'FOO,ATTN'"),
+           (["probe", str(tmp_path / "gpt"), "--layers", "a,b"], "--layers takes comma-separated integers; got 'a,b'"),
+           (["probe", str(tmp_path / "gpt"), "--heads", "1,c"], "--heads takes comma-separated integers; got '1,c'"),
            (["import", "gpt2", str(tmp_path / "missing.safetensors"), "--out", str(tmp_path / "o")], "does not exist"),
            (["swissroll", "--train.lr", "-1"], "--train.lr must be a positive finite number"),
            (["lm", "train", "--train.lr", "-1", "--out", "o"], "train.lr must be a positive finite rate; got -1.0"),
