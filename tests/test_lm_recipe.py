@@ -415,3 +415,13 @@ def test_table2_negative_seed_is_one_line_before_any_run(tmp_path, capsys):
   assert e.value.code == 2 and "--seeds must name distinct non-negative training seeds; got [-1]" in \
       capsys.readouterr().err
   assert not (tmp_path / "t2").exists()
+
+
+def test_an_imported_gpt_is_told_why_lm_eval_cannot_read_it(tmp_path):
+  """Newcomer walk: an exported then imported LM was refused by `lm eval` and `lm sample` with "lm.json: missing"
+  alone; the refusal now says what an import lacks and what takes it."""
+  (tmp_path / "config.json").write_text(json.dumps({"model": {"class": "GPTConfig"}, "imported": {"kind": "gpt2"}}))
+  with pytest.raises(FileNotFoundError, match="is an imported checkpoint, without the corpus and tokenizer"):
+    recipe.read_config(str(tmp_path))
+  with pytest.raises(FileNotFoundError, match="is not a language-model run folder"):
+    recipe.read_config(str(tmp_path / "missing"))

@@ -226,6 +226,11 @@ def eval_hook(cfg: LMConfig, corpus, tok, steps: int):
 def read_config(run_dir: str) -> LMConfig:
   path = os.path.join(run_dir, "lm.json")
   if not os.path.exists(path):
+    imported = os.path.exists(os.path.join(run_dir, "config.json")) and files.read_config(run_dir).get("imported")
+    if imported:                # an imported (or exported and re-imported) GPT carries no corpus and no tokenizer
+      raise FileNotFoundError(f"{path}: missing — {run_dir} is an imported checkpoint, without the corpus and "
+                              f"tokenizer lm eval and lm sample read (attngeo lm train writes lm.json); probe it "
+                              f"(attngeo probe), or adapt it with attngeo lm adapt --source, --data and --tokenizer")
     raise FileNotFoundError(f"{path}: missing — {run_dir} is not a language-model run folder (attngeo lm train writes it)")
   return config_lib.from_dict(LMConfig, files.read_json(path))
 
