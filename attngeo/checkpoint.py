@@ -314,16 +314,29 @@ def restore_params(workdir: str, model, step: int | None = None, use_ema: bool =
       _verify(out["integrity"], integrity(out["state"])[0], partial=True)
       return out
 
-    for i, s in enumerate(steps):
+    queue, removed = list(steps), 0
+    while queue:
+      s = queue.pop(0)
       _check_verifiable(mngr, s)
       out, failure = _attempt(lambda: read(s))
+      if failure and not failure.shape and not os.path.isdir(os.path.join(str(mngr.directory), str(s))):
+        # removed while it was read — a trainer beside this reader keeps only its newest steps — not corrupt
+        # (a probe beside `--train.keep 1` called healthy steps corrupt): read the newest steps there are now
+        if step is not None or removed == _REMOVED_RETRIES:
+          raise FileNotFoundError(f"checkpoint step {s} in {mngr.directory} was removed while it was read (a "
+                                  f"running trainer keeps only its newest steps); "
+                                  f"{'load another --step' if step is not None else 'try again'}")
+        removed += 1
+        mngr.reload()
+        queue = sorted(mngr.all_steps(), reverse=True)
+        continue
       if failure:
         if failure.shape:
           raise ValueError(f"cannot load the weights of step {s} in {mngr.directory} into this model ({failure})")
-        if step is not None or i + 1 == len(steps):
+        if step is not None or not queue:
           raise ValueError(f"checkpoint step {s} in {mngr.directory} is corrupt or incomplete ({failure}); "
                            f"{'no earlier step to load' if step is None else 'load another --step'}")
-        warnings.warn(f"checkpoint step {s} in {mngr.directory} is corrupt or incomplete; trying step {steps[i + 1]}",
+        warnings.warn(f"checkpoint step {s} in {mngr.directory} is corrupt or incomplete; trying step {queue[0]}",
                       CheckpointWarning, stacklevel=2)
         continue
       loaded = out["state"]["ema"] if use_ema else out["state"]["train"][0]
@@ -338,6 +351,9 @@ def restore_params(workdir: str, model, step: int | None = None, use_ema: bool =
   finally:
     mngr.close()
 
+
+# Steps a reader finds removed under it (a trainer's keep policy) before it gives up: each retry reads the newest.
+_REMOVED_RETRIES = 8
 
 _READ_FAILURES = ("DATA_LOSS", "Error opening", "Error reading", "NOT_FOUND", "OUT_OF_RANGE", "checksum", "corrupt",
                   "truncat")

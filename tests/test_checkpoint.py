@@ -3,6 +3,7 @@ import errno
 import json
 import os
 import subprocess
+import warnings
 
 import numpy as np
 import optax
@@ -250,6 +251,28 @@ def test_load_run_reads_only_the_weights_and_verifies_them(finished, tmp_path):
     runs.load_run(wd)
   assert "into this model" not in str(err.value)
   assert all("TensorStore details" not in str(w.message) for w in caught) and "TensorStore details" not in str(err.value)
+
+
+def test_a_step_removed_while_it_is_read_is_not_called_corrupt(finished, tmp_path, monkeypatch):
+  """Fault pass: a probe beside a trainer with `--train.keep 1` read a step the trainer then removed, and said
+  "checkpoint step 166 … is corrupt or incomplete; no earlier step to load". A reader now reads the newest steps
+  there are instead (no corrupt warning); an asked-for step that vanished is one line saying so."""
+  import shutil
+
+  from attngeo import runs
+  wd, original = copy_run(finished, tmp_path), checkpoint._require_files
+  def trainer_removes_step_4(mngr, step, files=checkpoint.REQUIRED_FILES):
+    if step == 4 and os.path.isdir(step_dir(wd, 4)):
+      shutil.rmtree(step_dir(wd, 4))                        # as the trainer's keep policy does, mid-read
+    return original(mngr, step, files)
+  monkeypatch.setattr(checkpoint, "_require_files", trainer_removes_step_4)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error", checkpoint.CheckpointWarning)   # no "corrupt … trying step 2"
+    _, _, _, step = runs.load_run(wd, with_step=True)
+  assert step == 2 and os.path.isdir(step_dir(wd, 2)) and not os.path.exists(os.path.join(wd, "ckpt_corrupt"))
+  wd = copy_run(finished, tmp_path / "b")
+  with pytest.raises(FileNotFoundError, match=r"checkpoint step 4 .* was removed while it was read .*load another --step"):
+    runs.load_run(wd, step=4)
 
 
 def jax_tree_equal(a, b):
