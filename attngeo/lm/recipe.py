@@ -179,6 +179,10 @@ def train(cfg: LMConfig, out: str, hooks=(), desc: str = "lm") -> dict:
   from attngeo.lm import tokenizer as tok_lib
   from attngeo.nn import gpt
   check(cfg)
+  for what, folder in (("--out", out), ("data_dir", cfg.data_dir)):   # before the tokenizer and the corpus cache
+    if files.blocking_file(folder):                                   # are built (a refused --out had built them)
+      raise ValueError(f"{what} {folder}: {files.blocking_file(folder)} is a file, where lm train writes a folder; "
+                       f"choose a folder's path")
   tok = tokenizer_for(cfg, out)
   corpus = text.open_corpus(cfg.text_spec(), tok, cfg.data_dir)
   mcfg = model_config(cfg, tok.vocab_size)
