@@ -26,8 +26,8 @@ target's shardings are used) is not read, so it cannot change a resumed run. A s
 its integrity record beside steps that have one is damaged, like the other kinds; a run none of
 whose steps has one predates checksums and is refused in one line, never moved aside.
 
-A disk that fills during a save (ENOSPC, however deep in orbax/TensorStore and on whichever of
-its threads) ends in one `DiskFull` line naming the folder, the bytes the step needs (the state's
+A disk that fills during a save (ENOSPC, or a quota or the file-size limit: `STORAGE_LIMITS`, however deep
+in orbax/TensorStore and on whichever of its threads) ends in one `DiskFull` line naming the folder, the bytes the step needs (the state's
 array bytes) and the bytes free; orbax's logged copies of the error are dropped, the unfinished
 step's temporary folder is removed (it is never a step: orbax lists committed steps only) and
 the earlier steps stay as they were. `save` starts a write, `finish` waits for it and closes.
@@ -62,37 +62,54 @@ class CheckpointWarning(UserWarning):
 
 
 class DiskFull(OSError, ValueError):
-  """A write ran out of disk space (errno ENOSPC); the message is one line (a ValueError: the CLI prints it)."""
+  """A write ran out of storage — disk space (ENOSPC), a quota (EDQUOT) or the file-size limit (EFBIG, `ulimit -f`);
+  the message is one line (a ValueError: the CLI prints it)."""
 
-  def __init__(self, message: str):
+  def __init__(self, message: str, code: int = errno.ENOSPC):
     super().__init__(message)
-    self.errno = errno.ENOSPC
+    self.errno = code
 
 
-def disk_full(folder: str, needed: int, what: str, note: str = "", removed: bool = True) -> DiskFull:
+# errno -> (how the one line says it, what to do, the texts TensorStore and Python give it).
+STORAGE_LIMITS = {
+    errno.ENOSPC: ("no space left on the device of", "free some space", ("No space left on device", "os_error_code='28'")),
+    errno.EDQUOT: ("disk quota exceeded on the device of", "free some space or raise the quota",
+                   ("Disk quota exceeded", "os_error_code='122'")),
+    errno.EFBIG: ("the file-size limit (ulimit -f) stopped a write into", "raise the limit",
+                  ("File too large", "os_error_code='27'"))}
+
+
+def disk_full(folder: str, needed: int, what: str, note: str = "", removed: bool = True,
+              code: int = errno.ENOSPC) -> DiskFull:
   """The one-line `DiskFull` for writing `what` (about `needed` bytes; 0: a flush, no size to name) into
-  `folder`; `removed`: the caller removed its partial write."""
+  `folder`, stopped by `code` (`STORAGE_LIMITS`); `removed`: the caller removed its partial write."""
+  said, advice, _ = STORAGE_LIMITS.get(code, STORAGE_LIMITS[errno.ENOSPC])
   free = shutil.disk_usage(folder).free if os.path.isdir(folder) else 0
   size = f" needs about {needed:,} bytes (more with its metadata) and" if needed > 0 else ""
   after = " after its partial write was removed" if removed else ""
-  return DiskFull(f"no space left on the device of {folder}: {what}{size} did not fit ({free:,} bytes free{after})"
-                  f"{note}; free some space and rerun (a run resumes from its last finished checkpoint; one with "
-                  f"none starts again)")
+  return DiskFull(f"{said} {folder}: {what}{size} did not fit ({free:,} bytes free{after}){note}; {advice} and rerun "
+                  f"(a run resumes from its last finished checkpoint; one with none starts again)", code)
+
+
+def storage_limit(err: BaseException | None) -> int | None:
+  """The errno (`STORAGE_LIMITS`: ENOSPC, EDQUOT, EFBIG) of the first storage limit in `err`'s chain — an OSError's
+  errno, or TensorStore's text for it — or None."""
+  while err is not None:
+    for code, (_, _, texts) in STORAGE_LIMITS.items():
+      if (isinstance(err, OSError) and err.errno == code) or any(mark in str(err) for mark in texts):
+        return code
+    err = err.__cause__ or err.__context__
+  return None
 
 
 def is_disk_full(err: BaseException | None) -> bool:
-  """ENOSPC anywhere in `err`'s chain: an OSError's errno, or TensorStore's text for it."""
-  while err is not None:
-    if isinstance(err, OSError) and err.errno == errno.ENOSPC:
-      return True
-    if any(mark in str(err) for mark in ("No space left on device", "os_error_code='28'")):
-      return True
-    err = err.__cause__ or err.__context__
-  return False
+  """A storage limit anywhere in `err`'s chain (`storage_limit`): no space, a quota, or the file-size limit."""
+  return storage_limit(err) is not None
 
 
 class _DropDiskFullLogs(logging.Filter):
-  """Drops orbax's log records of an ENOSPC (each thread logs its traceback): `DiskFull` reports it once.
+  """Drops orbax's log records of a storage limit — ENOSPC, EDQUOT, EFBIG (each thread logs its traceback: 189
+  lines under `ulimit -f`) — `DiskFull` reports it once.
 
   The first such record comes from the failing write's own thread, before its leftovers (callbacks
   into the closed event loop) are reported, so it also opens the window that drops those."""
@@ -208,13 +225,14 @@ def _writing(mngr):
     yield
     return
   except Exception as e:  # noqa: BLE001 — orbax raises ENOSPC as ValueError/OSError/RuntimeError
-    if not is_disk_full(e):
+    code = storage_limit(e)
+    if code is None:
       raise
   _settle_failed_read()             # the failed writes' late callbacks land quietly
   unfinished = _remove_unfinished(mngr) or [_saving.get(mngr, (None,))[0]]   # the step being written
   mngr.reload()
   raise disk_full(str(mngr.directory), _saving.get(mngr, (None, 0))[1], f"checkpoint step {unfinished[0]}",
-                  f" (steps {sorted(mngr.all_steps())} are intact)") from None
+                  f" (steps {sorted(mngr.all_steps())} are intact)", code=code) from None
 
 
 def _remove_unfinished(mngr) -> list[int]:

@@ -181,10 +181,11 @@ class MetricsLog:
     try:
       yield
     except OSError as e:
-      if not checkpoint.is_disk_full(e):
+      code = checkpoint.storage_limit(e)
+      if code is None:
         raise
       # a metrics row is cut back (`_append`); a TensorBoard record cut short is rebuilt from the rows on resume
-      raise checkpoint.disk_full(os.path.dirname(self.path), needed, what, removed=needed > 0) from None
+      raise checkpoint.disk_full(os.path.dirname(self.path), needed, what, removed=needed > 0, code=code) from None
 
 
 def _parse_row(line: str) -> dict | None:
