@@ -54,7 +54,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
-from attngeo import interrupts, runlock
+from attngeo import files, interrupts, runlock
 
 
 class CheckpointWarning(UserWarning):
@@ -303,6 +303,23 @@ def restore_step(mngr, step: int, state, shardings):
     kind = "holds arrays of other shapes than this model/optimizer" if failure.shape else "is corrupt or incomplete"
     raise ValueError(f"checkpoint step {step} in {mngr.directory} {kind} ({failure})")
   return out
+
+
+def weights_key(workdir: str) -> str | None:
+  """A content key of the newest finished step in `workdir/ckpt`: `files.fingerprint` of its step and integrity
+  record (a checksum of every saved array), or None without one. A result computed from a run's weights is reused
+  only beside the same weights: a checkpoint copied in from another run changes the key (a fault pass swapped one
+  and was served the old row)."""
+  root = os.path.join(workdir, "ckpt")
+  steps = sorted(int(n) for n in os.listdir(root) if n.isdigit()) if os.path.isdir(root) else []
+  if not steps:
+    return None
+  try:
+    with open(os.path.join(root, str(steps[-1]), "integrity", "metadata"), encoding="utf-8") as f:
+      record = json.load(f)
+  except (OSError, ValueError):                 # unreadable: no key, so nothing is reused on its strength
+    return None
+  return files.fingerprint(steps[-1], record)
 
 
 def restore_params(workdir: str, model, step: int | None = None, use_ema: bool = False):
