@@ -305,7 +305,7 @@ def restore_step(mngr, step: int, state, shardings):
   return out
 
 
-def weights_key(workdir: str) -> str | None:
+def newest_step_key(workdir: str) -> str | None:
   """A content key of the newest finished step in `workdir/ckpt`: `files.fingerprint` of its step and integrity
   record (a checksum of every saved array), or None without one. A result computed from a run's weights is reused
   only beside the same weights: a checkpoint copied in from another run changes the key (a fault pass swapped one

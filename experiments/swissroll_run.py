@@ -220,14 +220,14 @@ def run_condition(cfg: SwissRollConfig, op: str, order: str, seed: int, source, 
   """Train (or resume), sample, judge and probe one (operator, order, seed); returns its result row.
 
   The row is cached in the condition folder's result.json under its evaluation key and the content key of the
-  weights it judged (`checkpoint.weights_key`); a row made with other settings, or beside other weights (a
+  weights it judged (`checkpoint.newest_step_key`); a row made with other settings, or beside other weights (a
   checkpoint copied in), is recomputed (training resumes from the final checkpoint, so only the evaluation runs
   again).
   """
   workdir, key = condition_dir(cfg, op, order, seed), evaluation_key(cfg, op, order, seed)
   result_path = os.path.join(workdir, "result.json")
-  cached, weights = files.cached_result(result_path, key, field="evaluation_key"), checkpoint.weights_key(workdir)
-  if cached is not None and weights is not None and cached.get("weights_key") == weights:
+  cached, weights = files.cached_result(result_path, key, field="evaluation_key"), checkpoint.newest_step_key(workdir)
+  if cached is not None and weights is not None and cached.get("checkpoint_key") == weights:   # the same weights
     return cached
 
   t0 = time.perf_counter()
@@ -258,7 +258,7 @@ def run_condition(cfg: SwissRollConfig, op: str, order: str, seed: int, source, 
              eff_neighbours_by_size=eff_neighbours_by_size(model, refs.train, cfg.probe_sizes, seed),
              eval_loss=evaluation_loss(model, source, seed, cfg.coupling), train_seconds=t_train,
              seconds=time.perf_counter() - t0, evaluation_key=key, training_key=training_key(cfg, op, order, seed),
-             weights_key=checkpoint.weights_key(workdir),
+             checkpoint_key=checkpoint.newest_step_key(workdir),
              per_layer=[{k: np.asarray(v).tolist() for k, v in layer.items()} for layer in per_layer])
   np.save(os.path.join(workdir, "samples.npy"), frames)
   files.atomic_write(result_path, json.dumps(row, indent=1))

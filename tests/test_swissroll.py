@@ -118,18 +118,18 @@ def test_changed_config_is_never_served_a_stale_result(scan):
 def test_a_checkpoint_copied_in_from_another_condition_is_judged_anew(scan, tmp_path):
   """Fault pass: DMAP's ckpt/ replaced by DMTN's, and the rerun served DMAP's cached row (its settings unchanged)
   while the heat figure read the copied weights. The row records the content key of the weights it judged
-  (`checkpoint.weights_key`); other weights beside it are judged anew."""
+  (`checkpoint.newest_step_key`); other weights beside it are judged anew."""
   from attngeo import checkpoint
   cfg, res = scan
   out = str(tmp_path / "scan")
   shutil.copytree(cfg.out, out)
   cfg = dataclasses.replace(cfg, out=out, operators=("DMAP",))
   first = next(r for r in res["conditions"] if r["operator"] == "DMAP")
-  assert first["weights_key"] == checkpoint.weights_key(_dir(cfg, "DMAP")) is not None
+  assert first["checkpoint_key"] == checkpoint.newest_step_key(_dir(cfg, "DMAP")) is not None
   shutil.rmtree(os.path.join(_dir(cfg, "DMAP"), "ckpt"))
   shutil.copytree(os.path.join(_dir(cfg, "DMTN"), "ckpt"), os.path.join(_dir(cfg, "DMAP"), "ckpt"))
   row = swissroll.run(cfg)["conditions"][0]
-  assert row["weights_key"] == checkpoint.weights_key(_dir(cfg, "DMTN")) != first["weights_key"]
+  assert row["checkpoint_key"] == checkpoint.newest_step_key(_dir(cfg, "DMTN")) != first["checkpoint_key"]
   assert row["eval_loss"] != first["eval_loss"]
 
 
