@@ -162,9 +162,11 @@ def atomic_write(path: str, data) -> None:
       os.replace(tmp, path)
     else:
       stage.add(tmp, path)
-  except BaseException:
+  except BaseException as e:
     if os.path.exists(tmp):
       os.remove(tmp)
+    if isinstance(e, OSError) and e.filename is None:   # a failed write() names no file: the one line of a full
+      e.filename = path                                 # disk then said where only when the open() failed
     raise
 
 

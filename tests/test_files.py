@@ -153,3 +153,17 @@ def test_a_killed_writer_s_temporary_is_removed_by_the_next_write_of_its_file(tm
   files.atomic_write(str(tmp_path / "a.md"), "new")
   assert sorted(os.listdir(tmp_path)) == sorted(["a.md", alive.name, other.name])
   assert files.target(str(alive)) == str(tmp_path / "a.md") and files.target("x/a.md") == "x/a.md"
+
+
+def test_a_write_that_runs_out_of_space_names_the_file(tmp_path):
+  """Fault pass: a full disk during the tokenizer's save was one line without the file (a failed write() carries no
+  filename, only a failed open() does); atomic_write names the file it was writing, and leaves no temporary."""
+  import errno
+
+  def full(tmp):
+    with open(tmp, "w"):
+      raise OSError(errno.ENOSPC, "No space left on device")
+  with pytest.raises(OSError) as e:
+    files.atomic_write(str(tmp_path / "tokenizer.json"), full)
+  assert e.value.errno == errno.ENOSPC and e.value.filename == str(tmp_path / "tokenizer.json")
+  assert os.listdir(tmp_path) == []
