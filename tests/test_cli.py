@@ -511,37 +511,28 @@ def test_ctrl_c_during_an_import_lands_after_it(monkeypatch, capsys, tmp_path, p
   assert signal.getsignal(signal.SIGINT) is signal.default_int_handler           # as_interrupts put it back
 
 
+# (module, message): a warning attngeo raises, from the package itself or for one of its experiments
+WARNINGS = {"checkpoint": ("attngeo.checkpoint", "checkpoint step 30 in D is corrupt or incomplete; trying step 20"),
+            "experiment": ("attngeo.experiments.probe",
+                           "the walk spectra of layers [4] did not meet the eigensolver's tolerance")}
+
+
 def _warns(argv):
-  from attngeo import checkpoint
-  warnings.warn_explicit("checkpoint step 30 in D is corrupt or incomplete; trying step 20", UserWarning,
-                         checkpoint.__file__, 318)
+  import importlib
+  module, message = WARNINGS[argv[0]]
+  warnings.warn_explicit(message, UserWarning, importlib.import_module(module).__file__, 318)
 
 
-def test_attngeos_warnings_are_one_line(monkeypatch, capsys):
-  """Fault pass 3 (F7): the corrupt-checkpoint warning printed three lines (path, message, source line)."""
+@pytest.mark.parametrize("source", WARNINGS)
+def test_attngeos_warnings_are_one_line(monkeypatch, capsys, source):
+  """Fault pass 3 (F7): the corrupt-checkpoint warning printed three lines (path, message, source line). The newcomer
+  walk: `probe`'s unconverged-spectrum warning (`attngeo.probe`, stacklevel 2) names experiments/probe.py, a folder
+  outside the package's, and printed its path and source line too."""
   monkeypatch.setitem(cli.COMMANDS, "warn", (f"{__name__}:_warns", "warns"))
   with warnings.catch_warnings():
     warnings.simplefilter("always")
-    assert cli.main(["warn"]) == 0
-  err = capsys.readouterr().err
-  assert err == "attngeo warn: warning: checkpoint step 30 in D is corrupt or incomplete; trying step 20\n", err
-
-
-def _warns_from_an_experiment(argv):
-  from attngeo.experiments import probe
-  warnings.warn_explicit("the walk spectra of layers [4] did not meet the eigensolver's tolerance", RuntimeWarning,
-                         probe.__file__, 356)
-
-
-def test_warnings_raised_for_an_experiment_are_one_line_too(monkeypatch, capsys):
-  """Newcomer walk: `probe`'s unconverged-spectrum warning (`attngeo.probe`, stacklevel 2: it names experiments/probe.py,
-  a folder outside the package's) printed the file's path and its source line."""
-  monkeypatch.setitem(cli.COMMANDS, "warn", (f"{__name__}:_warns_from_an_experiment", "warns"))
-  with warnings.catch_warnings():
-    warnings.simplefilter("always")
-    assert cli.main(["warn"]) == 0
-  err = capsys.readouterr().err
-  assert err == "attngeo warn: warning: the walk spectra of layers [4] did not meet the eigensolver's tolerance\n", err
+    assert cli.main(["warn", source]) == 0
+  assert capsys.readouterr().err == f"attngeo warn: warning: {WARNINGS[source][1]}\n"
 
 
 def test_sigterm_is_one_line_and_exit_143_and_the_handler_is_restored(monkeypatch, capsys):
