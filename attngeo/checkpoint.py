@@ -322,13 +322,44 @@ def newest_step_key(workdir: str) -> str | None:
   return files.fingerprint(steps[-1], record)
 
 
+def _step_folders(workdir: str) -> set[int]:
+  """The finished step folders of `workdir/ckpt` on disk now (orbax renames a finished step to its number)."""
+  root = os.path.join(workdir, "ckpt")
+  return {int(n) for n in os.listdir(root) if n.isdigit()} if os.path.isdir(root) else set()
+
+
 def restore_params(workdir: str, model, step: int | None = None, use_ema: bool = False):
   """Load a run's model weights (or their EMA) into `model` in place, reading nothing else.
 
   Only the model's part of the train state is read (orbax partial restore): no optimizer state is
   allocated, so a model whose Adam moments would not fit can still be loaded. Its checksums are
   verified. `step` None: the newest intact step. Returns the step loaded.
+
+  A trainer beside this reader (`--train.keep 1`) can remove a step while it is listed or read: a failure during
+  which a step folder vanished is that, not damage (it was called corrupt, "has no integrity data", or a bare
+  ENOENT), and the read starts again on the steps there are then (up to `_REMOVED_RETRIES` times); an asked-for
+  `step` that vanished is one line saying so.
   """
+  for attempt in range(_REMOVED_RETRIES + 1):
+    before = _step_folders(workdir)
+    try:
+      return _restore_params(workdir, model, step, use_ema)
+    except (OSError, ValueError):
+      gone = before - _step_folders(workdir)
+      if not gone:
+        raise
+      if step is not None and step in gone:
+        raise FileNotFoundError(f"checkpoint step {step} in {os.path.join(workdir, 'ckpt')} was removed while it "
+                                f"was read (a running trainer keeps only its newest steps); load another --step"
+                                ) from None
+      if attempt == _REMOVED_RETRIES:
+        raise FileNotFoundError(f"the steps in {os.path.join(workdir, 'ckpt')} were removed while they were read, "
+                                f"{attempt + 1} times (a running trainer keeps only its newest steps); try again"
+                                ) from None
+
+
+def _restore_params(workdir: str, model, step: int | None, use_ema: bool):
+  """`restore_params`' one attempt."""
   mngr = manager(workdir)
   try:
     steps = sorted(mngr.all_steps(), reverse=True) if step is None else [step]
