@@ -165,8 +165,9 @@ def atomic_write(path: str, data) -> None:
   except BaseException as e:
     if os.path.exists(tmp):
       os.remove(tmp)
-    if isinstance(e, OSError) and e.filename is None:   # a failed write() names no file: the one line of a full
-      e.filename = path                                 # disk then said where only when the open() failed
+    if isinstance(e, OSError) and e.errno is not None and e.filename is None:   # a failed write() names no file:
+      e.filename = path                 # a full disk's one line said where only when open() failed (an OSError with
+                                        # a message and no errno keeps it: a filename would replace it in str(e))
     raise
 
 
