@@ -171,7 +171,9 @@ def export_main(argv=None):
   try:
     written = interop.save(model, a.format, a.out, **options)
   except ValueError as e:
-    ap.error(str(e))
+    hint = (f"; attngeo lm train --compat {a.format} builds a GPT this layout takes"
+            if a.format in ("gpt2", "nanochat") and ("cannot carry" in str(e) or "-family GPT" in str(e)) else "")
+    ap.error(f"{e}{hint}")
   block = dataclasses.asdict(mcfg.block)
   source = "weights.npz" if step is None else f"checkpoint step {step}"
   print(f"wrote {a.out} ({a.format}; operator {block['operator']}; from {source}) and its "

@@ -122,6 +122,10 @@ class StudyConfig:
                          f"(decoder), PointFlow (encoder) and BERT/ALBERT (encoder) runs")
       if kind == "EncoderConfig" and not os.path.isfile(os.path.join(path, "vocab.txt")):
         raise ValueError(f"runs: {path} is an encoder run without its vocab.txt (the checkpoint's tokenizer)")
+      context = (files.read_config(path).get("model") or {}).get("seq_len")
+      if kind == "GPTConfig" and isinstance(context, int) and self.seq_len > context and self.probe_tokens is None:
+        raise ValueError(f"--seq-len {self.seq_len} is longer than the context of {path} ({context} tokens); "
+                         f"give --seq-len ≤ {context}")      # (it failed after building the data, naming no flag)
     if self.probe_tokens is not None:
       if not (self.probe_tokens.endswith(".npy") and os.path.exists(self.probe_tokens)):
         raise ValueError(f"probe_tokens must be an existing .npy of token ids [b, n]; got {self.probe_tokens!r}")

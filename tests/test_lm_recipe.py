@@ -425,6 +425,9 @@ def test_an_imported_gpt_is_told_why_lm_eval_cannot_read_it(tmp_path):
     recipe.read_config(str(tmp_path))
   with pytest.raises(FileNotFoundError, match="is not a language-model run folder"):
     recipe.read_config(str(tmp_path / "missing"))
+  (tmp_path / "config.json").write_text(json.dumps({"model": {"class": "EncoderConfig"}, "imported": {"kind": "bert"}}))
+  with pytest.raises(FileNotFoundError, match=r"holds an encoder \(BERT/ALBERT\) model; .*attngeo mlm eval"):
+    recipe.read_config(str(tmp_path))                  # not "adapt it with lm adapt", which refuses an encoder
 
 
 def test_a_file_in_the_way_of_the_run_folder_is_refused_before_the_corpus_is_built(tmp_path, monkeypatch):
@@ -435,6 +438,6 @@ def test_a_file_in_the_way_of_the_run_folder_is_refused_before_the_corpus_is_bui
   cfg = LMConfig(data="pydoc", data_dir=str(tmp_path / "data"))
   with pytest.raises(ValueError, match=r"--out .*afile/sub: .*afile is a file, where lm train writes a folder"):
     recipe.train(cfg, str(tmp_path / "afile" / "sub"))
-  with pytest.raises(ValueError, match=r"data_dir .*afile: .*afile is a file"):
+  with pytest.raises(ValueError, match=r"--data-dir .*afile: .*afile is a file"):
     recipe.train(dataclasses.replace(cfg, data_dir=str(tmp_path / "afile")), str(tmp_path / "run"))
   assert sorted(os.listdir(tmp_path)) == ["afile"]                  # no data cache, no run folder

@@ -121,6 +121,8 @@ def test_lm_train_run(capsys, tmp_path, lm_run):
   # the recipe's GPT keeps attngeo's own settings (learned norm scales, MLP biases, rope sign +1, ...): no public
   # layout carries them, so each export names what it cannot carry instead of writing a different model
   assert all(line and "=" in line for line in outcome.values()), outcome     # "... rope_sign=1 (nanochat: -1) ..."
+  assert all(f"attngeo lm train --compat {fmt} builds a GPT this layout takes" in line   # and what would take it
+             for fmt, line in outcome.items()), outcome
 
 
 def test_lm_table2_condition(capsys, tmp_path, lm_run):

@@ -54,6 +54,17 @@ def test_bad_configuration_is_one_line():
     study.StudyConfig(runs=("/nonexistent",)).validate()
 
 
+def test_a_gpt_run_shorter_than_seq_len_is_refused_before_any_write(tmp_path):
+  """Re-walk: `--runs` of a GPT with a 64-token context at `--seq-len 101` failed after building the data cache,
+  naming the position table, not the flag."""
+  run = tmp_path / "g2"
+  run.mkdir()
+  (run / "config.json").write_text('{"model": {"class": "GPTConfig", "seq_len": 64}}')
+  with pytest.raises(ValueError, match=r"--seq-len 101 is longer than the context of .*g2 \(64 tokens\); give --seq-len ≤ 64"):
+    study.StudyConfig(runs=(str(run),), seq_len=101, out=str(tmp_path / "out")).validate()
+  assert not (tmp_path / "out").exists()
+
+
 def smoke_argv(out, families):
   # shapes shared with tests/test_probe.py's models (width 16, 2 heads, 12 tokens, samples 32): one compile each
   return ["--families", families, "--corpus", "pydoc", "--seeds", "0", "--decoder-depths", "2", "--decoder-aspect", "8",

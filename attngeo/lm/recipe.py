@@ -179,7 +179,7 @@ def train(cfg: LMConfig, out: str, hooks=(), desc: str = "lm") -> dict:
   from attngeo.lm import tokenizer as tok_lib
   from attngeo.nn import gpt
   check(cfg)
-  for what, folder in (("--out", out), ("data_dir", cfg.data_dir)):   # before the tokenizer and the corpus cache
+  for what, folder in (("--out", out), ("--data-dir", cfg.data_dir)):   # before the tokenizer and the corpus cache
     if files.blocking_file(folder):                                   # are built (a refused --out had built them)
       raise ValueError(f"{what} {folder}: {files.blocking_file(folder)} is a file, where lm train writes a folder; "
                        f"choose a folder's path")
@@ -230,8 +230,11 @@ def eval_hook(cfg: LMConfig, corpus, tok, steps: int):
 def read_config(run_dir: str) -> LMConfig:
   path = os.path.join(run_dir, "lm.json")
   if not os.path.exists(path):
-    imported = os.path.exists(os.path.join(run_dir, "config.json")) and files.read_config(run_dir).get("imported")
-    if imported:                # an imported (or exported and re-imported) GPT carries no corpus and no tokenizer
+    saved = files.read_config(run_dir) if os.path.exists(os.path.join(run_dir, "config.json")) else {}
+    if (saved.get("model") or {}).get("class") == "EncoderConfig":
+      raise FileNotFoundError(f"{path}: missing — {run_dir} holds an encoder (BERT/ALBERT) model; lm eval and lm "
+                              f"sample take GPT runs (attngeo mlm eval evaluates an encoder)")
+    if saved.get("imported"):   # an imported (or exported and re-imported) GPT carries no corpus and no tokenizer
       raise FileNotFoundError(f"{path}: missing — {run_dir} is an imported checkpoint, without the corpus and "
                               f"tokenizer lm eval and lm sample read (attngeo lm train writes lm.json); probe it "
                               f"(attngeo probe), or adapt it with attngeo lm adapt --source, --data and --tokenizer")
