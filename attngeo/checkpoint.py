@@ -336,22 +336,23 @@ def restore_params(workdir: str, model, step: int | None = None, use_ema: bool =
   verified. `step` None: the newest intact step. Returns the step loaded.
 
   A trainer beside this reader (`--train.keep 1`) can remove a step while it is listed or read: a failure during
-  which a step folder vanished is that, not damage (it was called corrupt, "has no integrity data", or a bare
-  ENOENT), and the read starts again on the steps there are then (up to `_REMOVED_RETRIES` times); an asked-for
-  `step` that vanished is one line saying so.
+  which the step folders changed — one vanished, or a newer one appeared (the trainer saves the next step before
+  it removes the old one, whose integrity/ can be gone while its folder is still there) — is that, not damage (it
+  was called corrupt, "has no integrity data", or a bare ENOENT), and the read starts again on the steps there are
+  then (up to `_REMOVED_RETRIES` times); an asked-for `step` that vanished is one line saying so.
   """
   for attempt in range(_REMOVED_RETRIES + 1):
     before = _step_folders(workdir)
     try:
       return _restore_params(workdir, model, step, use_ema)
     except (OSError, ValueError):
-      gone = before - _step_folders(workdir)
-      if not gone:
-        raise
-      if step is not None and step in gone:
+      after = _step_folders(workdir)
+      if step is not None and step in before - after:
         raise FileNotFoundError(f"checkpoint step {step} in {os.path.join(workdir, 'ckpt')} was removed while it "
                                 f"was read (a running trainer keeps only its newest steps); load another --step"
                                 ) from None
+      if step is not None or after == before:   # the asked step is there, or nothing was saved or removed beside
+        raise                                    # the read: the failure is the verdict
       if attempt == _REMOVED_RETRIES:
         raise FileNotFoundError(f"the steps in {os.path.join(workdir, 'ckpt')} were removed while they were read, "
                                 f"{attempt + 1} times (a running trainer keeps only its newest steps); try again"
