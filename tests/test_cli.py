@@ -233,6 +233,7 @@ def test_argument_errors_answer_before_jax_is_imported(tmp_path):
            (["sit", "train", "--operator", "FOO", "--out", "o"],
             "operator must be one of ['ATAP', 'ATTN', 'DMAP', 'DMTN', 'CMAP'] or a (beta, alpha) pair; got 'FOO'"),
            (["sit", "train", "--operator", "0.5:1", "--out", "o"], "operator must be one of"),
+           (["lm", "train", "--operator", "foo", "--out", "o"], "or a (beta, alpha) pair; got 'foo'"),   # as typed
            # issue 25: JAX-free model configs (attngeo.nn.config) and sampler names (attngeo.sampler_names)
            (["sit", "train", "--sampler", "rk4", "--out", "o"], "sampler must be one of ('euler', 'heun', 'dopri5'"),
            (["sit", "sample", str(tmp_path / "gpt"), "--sampler", "rk4"], "sampler must be one of"),

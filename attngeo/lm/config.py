@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from attngeo import train_config
+from attngeo import operator_names, train_config
 from attngeo.config import NO_FLAG
 from attngeo.regularisers_config import HELP as REG_HELP, Regularisers
 
@@ -123,7 +123,8 @@ class LMConfig:
     train_config.check(self.train, prefix + "train.")
     self.reg.validate(prefix + "reg.")
     self.text_spec()
-    parse_operator(self.operator)
+    op = parse_operator(self.operator)
+    operator_names.resolve(op if isinstance(op, tuple) else str(self.operator), f"{prefix}operator")   # as typed
     return self
 
 
