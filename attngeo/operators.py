@@ -239,17 +239,18 @@ def _is_distance_form(beta, alpha) -> bool:
 
 # Overflowing rows of the other augmented members (DMTN, ATAP, mixed (β, α); not the distance form, which
 # isolates its far tokens above, nor plain ATTN). Their logits hold s·¼(1 − β) q_i·q_j, s·q_i·k_j and the
-# like, which pass float32's 2^128 at |q| ≈ 1e20 (ATTN's s·q_i·k_j stays ~1e20 with plain keys): inf − inf
-# made those rows NaN. A row with a logit beyond 2^128 is, in float64, the point mass on its largest logit
-# (its gaps are of that size too; float32 resolves none finer than ~2^104). Such rows are recomputed from
-# q, k scaled by an exact power of two 2^−p (`_rescaled`): every term of the augmented logit is bilinear
-# in (q, k), so the logits become 2^−2p·L — the same argmax — bounded by `_LOGIT_BOUND`, where the gaps of
-# such a row (~the bound) still make the softmax the same point mass. (Scaled only to |q| ≲ 2^24, the
-# logits ~1e15 came back NaN from the jitted einsum kernel on XLA:CPU; to ~2^20 they are exact.) Only the
-# rows that could overflow (`_hot_rows`: a bound from the inputs' norms reaches 2^126, ‖q‖ ≳ 1e18 at d = 64)
-# are checked, and they are a constant of the forward pass (their cotangent is dropped: the gradient through
-# them is 0 where the kernel's residuals are finite, NaN where their logits overflowed, as before); the other
-# rows keep the unscaled result and its gradient. A call without hot rows costs O(n·d) on the inputs and one `lax.cond`.
+# like, which pass float32's 2^128 at |q| ≈ 2e19 (ATTN's s·q_i·k_j stays ~1e20 with plain keys): inf − inf
+# made those rows NaN, and a key bias past 2^128 made them, silently, pick the wrong key. Only the rows that
+# could overflow (`_hot_rows`: a bound from the inputs' norms reaches 2^126, ‖q‖ ≳ 1e18 at d = 64) are
+# checked (`_mend_overflow`), against the kernel rerun on q, k scaled by an exact power of two 2^−p
+# (`_rescaled`): every term of the augmented logit is bilinear in (q, k), so the logits become 2^−2p·L —
+# the same order of keys — bounded by `_LOGIT_BOUND`. Where the rerun's row is a point mass, the float64
+# row is that point mass; where it is not, the unscaled row stands if its products stayed in range, and is
+# NaN if not. (Scaled only to |q| ≲ 2^24, the logits ~1e15 came back NaN from the jitted einsum kernel on
+# XLA:CPU; to ~2^20 they are exact.) Checked rows are a constant of the forward pass (their cotangent is
+# dropped: the gradient through them is 0 where the kernel's residuals are finite, NaN where their logits
+# overflowed); the other rows keep the unscaled result and its gradient. A call without hot rows costs
+# O(n·d) on the inputs and one `lax.cond`.
 _LOGIT_BOUND = 2.0 ** 20
 
 
@@ -274,19 +275,78 @@ def _hot_rows(q, k, scale: float):
   return ~(max(scale, 1.0) * (z * top + top * top) < 2.0 ** 126)[..., None]
 
 
-def _mend_overflow(y, rerun, hot):
-  """y [b, n, h, e] with its non-finite rows among the `hot` ones (`_hot_rows`) replaced by `rerun()`'s;
-  run only when a row is hot. The check reads the inputs, not y: a reduction over y beside its use cost
-  a quarter of the einsum kernel's forward + backward at 256 keys. `rerun` reads no differentiable input,
-  so the `lax.cond` is a constant of the forward pass: a gradient program holds one extra forward kernel,
-  not a second backward (nor its residuals). Every hot row is that constant, finite or not: its gradient
-  is 0, not the dense formula's. One token of norm ≳ 1e19 makes its whole head hot (the bound holds Z²),
-  so a head holding one loses its gradient. Letting the finite hot rows keep theirs (a mask returned by
-  the cond, or a cond over y) measured ATAP ÷ ATTN 1.40–1.67 against 1.26–1.35 at 256 keys on einsum
-  (docs/benchmarks.md), for inputs no float32 model reaches short of divergence; not kept."""
+def _unresolved_rows(q, k, beta, alpha, scale: float):
+  """[b, n, h, 1] bool: the rows whose products could pass float32's range (where the hot rows of
+  `_hot_rows` may hold a key bias past it too). Every partial sum of row i's augmented products
+  Q_i·K_j (`augment`: Q = [q, k], K = [c q + (c' + α/2) k, (c' − α/2) q + c k], c = (1 − β)/4,
+  c' = (1 + β)/4) is bounded by s·(‖q_i‖·(|c|·Q + |c' + α/2|·K) + ‖k_i‖·(|c' − α/2|·Q + |c|·K)), Q and K
+  the largest ‖q_j‖ and ‖k_j‖ in the head: ATAP's (c = 0) stays ~|q|·|k| where DMTN's holds ‖q‖²."""
+  def norm(x):                                   # [b, n, h], scaled first: ‖q‖ ≈ 3e19 has a square past float32
+    x = x.astype(jnp.float32)
+    top = jnp.max(jnp.abs(x), -1)
+    return top * jnp.sqrt(jnp.sum(jnp.square(x / jnp.where(top > 0, top, 1.0)[..., None]), -1))
+  qn, kn = norm(q), norm(k)
+  top_q, top_k = jnp.max(qn, 1, keepdims=True), jnp.max(kn, 1, keepdims=True)
+  b_, a_ = jnp.asarray(beta, jnp.float32), jnp.asarray(alpha, jnp.float32)
+  c, cp = jnp.abs(1 - b_) / 4, (1 + b_) / 4
+  bound = qn * (c * top_q + jnp.abs(cp + a_ / 2) * top_k) + kn * (jnp.abs(cp - a_ / 2) * top_q + c * top_k)
+  return ~(max(scale, 1.0) * bound < 2.0 ** 127)[..., None]
+
+
+def _key_digits(v):
+  """v [b, n, h, e] with D more columns: key j's index in base 16, one digit a column (D = ⌈log₁₆ n⌉, at
+  least 1; digits 0–15 are exact in every float format, bfloat16 too). Attention over these values returns
+  Σ_j P_ij·digit_c(j): the digits of the key a row's point mass sits on."""
+  n, width = v.shape[1], 1
+  while 16 ** width < n:
+    width += 1
+  j = jnp.arange(n)
+  digits = jnp.stack([(j // 16 ** c) % 16 for c in range(width)], -1).astype(v.dtype)          # [n, D]
+  return jnp.concatenate([v, jnp.broadcast_to(digits[None, :, None], v.shape[:3] + (width,))], -1)
+
+
+def _point_mass_rows(y, digits, v):
+  """[b, n, h, 1] bool: the rows of y [b, n, h, e] that are a point mass — equal to v_j, j the key that the
+  rows' digit columns (`_key_digits`) name, to 8 ulps of v's largest entry in the head. A spread row's
+  digits average to some key's, but its value is not that key's."""
+  j = sum(jnp.clip(jnp.round(digits[..., c].astype(jnp.float32)), 0, 15).astype(jnp.int32) * 16 ** c
+          for c in range(digits.shape[-1]))
+  j = jnp.clip(j, 0, v.shape[1] - 1)
+  picked = jnp.take_along_axis(v, jnp.broadcast_to(j[..., None], y.shape), axis=1)
+  tol = 8 * jnp.finfo(v.dtype).eps * jnp.max(jnp.abs(v.astype(jnp.float32)), (1, 3), keepdims=True)
+  return jnp.all(jnp.abs(y.astype(jnp.float32) - picked.astype(jnp.float32)) <= tol, -1, keepdims=True)
+
+
+def _mend_overflow(y, rerun, hot, v, unresolved):
+  """y [b, n, h, e] with its `hot` rows (`_hot_rows`) checked against a rerun; run only when a row is hot.
+
+  `rerun(values)` runs the same kernel on q, k scaled by an exact 2^−p (`_rescaled`: logits 2^−2p·L, none
+  past `_LOGIT_BOUND`), over v with its keys' index digits beside it (`_key_digits`). A hot row takes:
+  * the rerun's row where that row is a point mass (`_point_mass_rows`): its scaled gap to every other key
+    is ≳ 17, far above the scaled logits' rounding (≲ 2^−4·8), so the unscaled gap, 2^2p times that, makes
+    the float64 row the same point mass. These are the rows whose float32 logits overflowed: to NaN
+    (inf − inf) or, silently, to a key bias of −inf on the key the row picks (a token of norm ≳ 1e19 in
+    a mixed member, ATAP or DMTN: its own row came back finite, on the wrong key);
+  * else y's row, if finite and its products stay in range (not `unresolved()`, `_unresolved_rows`): a key
+    bias of −inf then is a key the row truly excludes, and float32 formed the rest as it forms a cold row;
+  * else NaN: float32 resolves the row at neither scale (a token of norm ≳ 2e19 with k ≈ −q, whose own
+    logit is a difference of ~‖q‖² terms that loses): no number rather than a wrong one.
+  The check reads the inputs, not y: a reduction over y beside its use cost a quarter of the einsum
+  kernel's forward + backward at 256 keys. `rerun` reads no differentiable input, so the `lax.cond` is a
+  constant of the forward pass: a gradient program holds the rerun's forward kernels, not a second
+  backward (nor its residuals). A hot row's cotangent is dropped: its gradient is 0 where the kernel's
+  residuals are finite, and NaN where its logits overflowed (the kernel's backward meets 0·NaN). One token
+  of norm ≳ 1e19 makes its whole head hot (the bound holds Z²), so a head holding one loses its gradient.
+  Letting the finite hot rows keep theirs (a mask returned by the cond, or a cond over y) measured ATAP ÷
+  ATTN 1.40–1.67 against 1.26–1.35 at 256 keys on einsum (docs/benchmarks.md), for inputs no float32
+  model reaches short of divergence; not kept."""
   def mend():
-    ys = jax.lax.stop_gradient(y)
-    return jnp.where(jnp.all(jnp.isfinite(ys), -1, keepdims=True), ys, rerun())
+    ys, vs = jax.lax.stop_gradient(y), jax.lax.stop_gradient(v)
+    out = rerun(_key_digits(vs))
+    near = out[..., :vs.shape[-1]]
+    resolved = jnp.all(jnp.isfinite(ys), -1, keepdims=True) & ~unresolved()
+    kept = jnp.where(resolved, ys, jnp.full_like(ys, jnp.nan))
+    return jnp.where(_point_mass_rows(near, out[..., vs.shape[-1]:], vs), near, kept)
   if _checks.is_concrete(hot) and _checks.is_concrete(y):
     # called eagerly: a Python branch, not a `lax.cond` whose fresh closures were traced and lowered anew
     # every call (a whole forward kernel inside: 313 lowerings, 12 s of the suite's)
@@ -380,9 +440,11 @@ def transport(q, k, v, *, beta=1.0, alpha=1.0, causal: bool = False, mask=None, 
     [b, n, h, e], `P` never materialised on the fused/blockwise paths. At β = α = 0 (DMAP, Python
     floats) a token with ¼ s‖m‖² ≥ 2^110, whose logits float32 cannot form, is isolated: its row is
     its own value, its key weighs 0 in the other rows (`_FAR`; NaN if the mask hides its own key).
-    The other augmented members recompute a row whose logits overflow float32 on 2^−p-scaled q, k
-    (`_mend_overflow`): the float64 point mass it is. Rows that could overflow (a head holding a token
-    of ‖[q, k]‖ ≳ 1e19 at d = 64, `_hot_rows`) are a constant of the forward pass: their gradient is 0.
+    The other augmented members check a row whose logits could overflow float32 (a head holding a token
+    of ‖[q, k]‖ ≳ 1e19 at d = 64, `_hot_rows`) against a rerun on 2^−p-scaled q, k (`_mend_overflow`):
+    it is the float64 point mass it is, the unscaled row where that was in range, or NaN where float32
+    resolves it at neither scale (a token of norm ≳ 2e19 with k ≈ −q). Such rows are a constant of the
+    forward pass: their gradient is 0, or NaN where their logits overflowed.
   """
   mask, beta, scale = _arguments(q, k, v, beta=beta, mask=mask, scale=scale)
   alpha = _coefficient("alpha", alpha, q.shape[2])
@@ -420,8 +482,9 @@ def transport(q, k, v, *, beta=1.0, alpha=1.0, causal: bool = False, mask=None, 
   if aug is not None and aug.k is k:                              # plain ATTN: its logits are q·k as given
     return y
   const = lambda x: x if isinstance(x, float) else jax.lax.stop_gradient(x)   # floats stay static
-  return _mend_overflow(y, lambda: run(*_rescaled(const(q), const(k), scale), const(v), const(beta),
-                                       const(alpha))[0], _hot_rows(q, k, scale))
+  rerun = lambda values: run(*_rescaled(const(q), const(k), scale), values, const(beta), const(alpha))[0]
+  return _mend_overflow(y, rerun, _hot_rows(q, k, scale), v,
+                        lambda: _unresolved_rows(const(q), const(k), const(beta), const(alpha), scale))
 
 
 def _is_number(x) -> bool:

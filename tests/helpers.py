@@ -159,6 +159,31 @@ def huge_and_plain_tokens(seed=0, n=16, h=2, d=8, e=6, size=1e20):
   return q, k, v
 
 
+def family_exact(q, k, v, beta, alpha, causal=False):
+  """P(β, α)·v [b, n, h, e] float64 from exact logits: the inputs' float32 values as rationals, so that no term
+  of ~‖q‖² rounds away the ~‖q‖ ones beside it (the float64 formula does at ‖q‖ ≈ 1e18 with k ≈ −q: 1e36 terms
+  hold gaps of 1e18, under its 2^−52). L_ij = ¼(1 − β)(q_i·q_j + k_i·k_j) + (¼(1 + β) + ½α)·q_i·k_j
+  + (¼(1 + β) − ½α)·q_j·k_i − ½(1 − α)·g_j (g_i is a row constant), each row's softmax of s·(L_ij − max_j L_ij)
+  in float64. For a few tokens only (a Python loop over rows)."""
+  from fractions import Fraction
+  q, k, v = (np.asarray(x) for x in (q, k, v))
+  b_, a_, quarter = Fraction(float(beta)), Fraction(float(alpha)), Fraction(1, 4)
+  s = q.shape[-1] ** -0.5
+  dot = lambda x, y: sum(Fraction(float(p)) * Fraction(float(r)) for p, r in zip(x, y))
+  out = np.zeros(v.shape, np.float64)
+  for bi, hi in np.ndindex(q.shape[0], q.shape[2]):
+    qs, ks = q[bi, :, hi], k[bi, :, hi]
+    g = [quarter * (1 - b_) * (dot(x, x) + dot(y, y)) + (1 + b_) / 2 * dot(x, y) for x, y in zip(qs, ks)]
+    for i in range(q.shape[1]):
+      keys = range(i + 1 if causal else q.shape[1])
+      lg = [quarter * (1 - b_) * (dot(qs[i], qs[j]) + dot(ks[i], ks[j])) + (quarter * (1 + b_) + a_ / 2) * dot(qs[i], ks[j])
+            + (quarter * (1 + b_) - a_ / 2) * dot(qs[j], ks[i]) - (1 - a_) / 2 * g[j] for j in keys]
+      top = max(lg)
+      w = np.array([np.exp(float(x - top) * s) for x in lg])
+      out[bi, i, hi] = w @ v[bi, :len(w), hi].astype(np.float64) / w.sum()
+  return out
+
+
 def check_float32_running_sums(attend, batch: int, heads: int, width: int, n: int = 96, block: int = 4):
   """Assert a flash kernel keeps its running sums in float32 under bf16 operands, where bf16 ones drop terms.
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from attngeo import operators as op
-from helpers import distance_form_reference, huge_and_plain_tokens
+from helpers import distance_form_reference, family_exact, huge_and_plain_tokens
 
 B, N, H, D = 2, 33, 3, 8
 PARAMS = [op.ATTN, op.DMTN, op.ATAP, op.DMAP, (0.3, 0.7), (0.81, 0.05),
@@ -341,14 +341,44 @@ def test_the_overflow_check_reads_the_inputs_and_a_hot_head_is_a_constant():
 def test_a_zero_token_beside_an_infinite_norm_is_mended(impl):
   """A token of norm 2e19 makes the largest norm Z = inf (its square overflows); a zero token's bound
   ‖z_i‖·Z = 0·inf is NaN, which once read "not hot": its row came back NaN. ATAP with k_3 = −q_3 gives
-  key 3 the bias +s/2·‖q_3‖² = inf, so every row — the zero token's too — is the point mass on key 3."""
+  key 3 the bias +s/2·‖q_3‖² = inf, so every other row — the zero token's too — is the point mass on key 3.
+  Token 3's own row is decided by its ~1e19 logits beside a difference of ~4e38 ones that float32 cannot
+  form at either scale: NaN (it once matched a float64 formula that rounds those 1e19 terms away too)."""
   q, k, v = qkv(5, n=12)
   u = jnp.zeros((D,)).at[0].set(2e19)
   q, k = q.at[0, 0, 1].set(0.0).at[0, 3, 1].set(u), k.at[0, 0, 1].set(0.0).at[0, 3, 1].set(-u)
   for beta, alpha in [op.ATAP, (0.3, 0.7)]:
-    y = op.transport(q, k, v, beta=beta, alpha=alpha, implementation=impl, block_size=8)
-    np.testing.assert_allclose(y, family_reference64(q, k, v, beta, alpha), rtol=1e-5, atol=1e-5)
+    y = np.array(op.transport(q, k, v, beta=beta, alpha=alpha, implementation=impl, block_size=8))
+    exact = family_exact(q, k, v, beta, alpha)
+    assert np.all(np.isnan(y[0, 3, 1]))
+    y[0, 3, 1] = exact[0, 3, 1]
+    np.testing.assert_allclose(y, exact, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(y[0, 0, 1], v[0, 3, 1], rtol=1e-6)
+
+
+@pytest.mark.parametrize("impl", ["einsum", "blockwise"])
+def test_hot_rows_are_the_exact_answer_or_nan(impl):
+  """One token of norm 3e19 or 1e20 in a head, its key random, 0, q or −q, against exact logits
+  (`family_exact`). Its own row came back finite on the wrong key in the mixed members (a random, zero or equal
+  key) and in ATAP (k = q): at 3e19 its key bias ½(1 − α)·g_3 (~‖q_3‖²) passed float32's range where the logit
+  it cancels in did not, and −inf took its own key out of the row that picks it. A hot row is now the rerun's point mass, or its unscaled row where
+  the row's products stay in range, or NaN — only where k = −q, whose own logit is a difference of ~‖q‖²
+  terms (NaN in the old kernel too, or a wrong row)."""
+  rng = np.random.default_rng(3)
+  q, k, v = (rng.standard_normal((1, 12, 2, w)).astype(np.float32) for w in (8, 8, 6))
+  for size in (3e19, 1e20) if impl == "einsum" else (3e19,):
+    for key in ("random", "zero", "q", "-q"):
+      qh, kh = q.copy(), k.copy()
+      qh[0, 3, 1] *= np.float32(size / np.linalg.norm(qh[0, 3, 1]))
+      kh[0, 3, 1] = {"random": kh[0, 3, 1], "zero": 0.0, "q": qh[0, 3, 1], "-q": -qh[0, 3, 1]}[key]
+      for beta, alpha in [op.DMTN, op.ATAP, (0.3, 0.7), (0.9, 0.1)]:
+        y = np.asarray(op.transport(jnp.asarray(qh), jnp.asarray(kh), jnp.asarray(v), beta=beta, alpha=alpha,
+                                    implementation=impl, block_size=4))
+        nan = ~np.isfinite(y).all(-1)
+        where = (size, key, beta, alpha)
+        assert not nan.any() or (key == "-q" and [tuple(i) for i in np.argwhere(nan)] == [(0, 3, 1)]), where
+        np.testing.assert_allclose(y[~nan], family_exact(qh, kh, v, beta, alpha)[~nan], rtol=1e-5, atol=1e-5,
+                                   err_msg=str(where))
 
 
 def test_a_far_token_whose_own_key_is_masked_is_nan():
