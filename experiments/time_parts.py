@@ -31,7 +31,10 @@ products from its jaxpr (`product_flops`) in n × n × d units (2·b·h·n²·d 
 not a whole number of blocks is padded to one, and the padded work is counted: 27.9 units for ATTN at 513 keys; P·v
 is counted in every program, also where XLA drops it); "—" under `--causal`, whose kernels skip the dead blocks
 inside a `lax.cond` that a count of the program cannot see through. Read each part against ATTN's (the `× ATTN`
-columns). Runs with glibc's huge pages, as `attngeo` does; CPU only (the names are XLA:CPU's).
+columns). `WIDE` (not a default) is ATTN's kernel on q, k twice as wide, [q, k] and [k, q], with v as ATTN's: the
+SDPA the augmented heads run (its 9 units against ATTN's 6), less their mixing of q and k, key bias and overflow
+mend, and with its q̄, k̄ 2·d wide. Runs with glibc's huge pages, as `attngeo` does; CPU only (the names are
+XLA:CPU's).
 """
 from __future__ import annotations
 
@@ -43,6 +46,7 @@ import tempfile
 from typing import NamedTuple
 
 OPERATORS = ("ATTN", "DMAP", "DMTN", "ATAP", "CMAP")
+WIDE = "WIDE"          # plain attention on 2·d-wide q, k: the SDPA the augmented heads run (`_program`)
 PROGRAMS = ("grad", "value", "tanh")
 KINDS = ("products", "elementwise", "moves")
 _PRODUCT = ("ynn", "dot", "convolution")
@@ -225,7 +229,12 @@ def _program(operator: str, n: int, batch: int, heads: int, head_dim: int, imple
   from attngeo import kernels, operators as op
   ks = jax.random.split(jax.random.PRNGKey(0), 4)
   q, k, v, w = (0.3 * jax.random.normal(key, (batch, n, heads, head_dim)) for key in ks)
-  if operator == "CMAP":
+  if operator == WIDE:          # q, k as [q, k] and [k, q]: ATTN's kernel at the augmented heads' width, v as wide
+    name = kernels.choose("softmax", implementation, n) + ", 2·d heads"
+    f = lambda q2, k2, v: kernels.attention(q2, k2, v, causal=causal, scale=head_dim ** -0.5,
+                                            implementation=implementation)
+    q, k = jnp.concatenate([q, k], -1), jnp.concatenate([k, q], -1)
+  elif operator == "CMAP":
     name = kernels.choose("magnetic", implementation, n)
     f = lambda q, k, v: op.magnetic_transport(q, k, v, causal=causal, implementation=implementation)
   else:
@@ -295,9 +304,9 @@ def bound(row: Row, attn: Row) -> float:
 
 
 def _names(text: str) -> tuple[str, ...]:
-  """argparse type: comma-separated operators of `OPERATORS`, any case, each once."""
+  """argparse type: comma-separated operators of `OPERATORS` or `WIDE`, any case, each once."""
   from attngeo import config
-  return tuple(dict.fromkeys(config.choice_list(OPERATORS)(text.upper())))
+  return tuple(dict.fromkeys(config.choice_list(OPERATORS + (WIDE,))(text.upper())))
 
 
 def main(argv=None):
@@ -305,7 +314,9 @@ def main(argv=None):
   from attngeo.experiments import timing
   ap = config.parser("python -m attngeo.experiments.time_parts", __doc__)
   ap.add_argument("--operators", type=_names, default=OPERATORS,
-                  help=f"comma-separated operators (default {','.join(OPERATORS)})")
+                  help=f"comma-separated operators (default {','.join(OPERATORS)}); {WIDE}: ATTN's kernel on q, k "
+                       "twice as wide (v as ATTN's), the SDPA that DMTN and ATAP's augmented heads run, without "
+                       "their mixing of q and k, key bias or overflow mend")
   timing.add_lengths(ap, [256, 2048], [8, 4])
   ap.add_argument("--implementation", choices=("einsum", "blockwise"), default=None,
                   help="the kernel every operator runs on (default: the dispatcher's choice per operator and length); "

@@ -328,7 +328,7 @@ def test_time_parts_names_each_thunk_and_counts_the_products(monkeypatch, capsys
   """experiments/time_parts: XLA:CPU's thunk names sorted into products, elementwise passes and moves (loops and
   the executor's own events left out); the units column is each kernel's product count (ATTN 6 on einsum and 7
   blockwise, ATAP 6 on its split kernel and 11 on the augmented heads, DMAP 5 on its Gram kernel, CMAP 15 on einsum,
-  as docs/benchmarks.md and docs/magnetic.md count them); a profile of a real program has time in every kind; bad
+  as docs/benchmarks.md and docs/magnetic.md count them; WIDE, ATTN's kernel on 2·d-wide q and k, DMTN's 9); a profile of a real program has time in every kind; bad
   input is one line."""
   from attngeo import hugepages
   from attngeo.experiments import time_parts as tp
@@ -355,8 +355,9 @@ def test_time_parts_names_each_thunk_and_counts_the_products(monkeypatch, capsys
     assert ("tanh" in text) == (program == "tanh") and len(out) == (2 if program == "value" else 3), program
     if program == "value":
       assert out[0].shape == () and len(out[1]) == 3
-    rows = tp.measure(64, 1, ("ATTN", "DMTN"), calls=1, heads=2, head_dim=8, program=program)
-    assert [(r.kernel, r.units) for r in rows] == [("einsum", 6), ("einsum, augmented", 9)], program
+    rows = tp.measure(64, 1, ("ATTN", "DMTN", "WIDE"), calls=1, heads=2, head_dim=8, program=program)
+    assert [(r.kernel, r.units) for r in rows] == [("einsum", 6), ("einsum, augmented", 9),
+                                                   ("einsum, 2·d heads", 9)], program
   assert dots == {"grad": 5, "value": 6, "tanh": 6}, dots
   with pytest.raises(ValueError, match="program must be one of grad, value, tanh; got 'loss'"):
     tp.measure(64, 1, ("ATTN",), calls=1, heads=2, head_dim=8, program="loss")
