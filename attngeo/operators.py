@@ -276,11 +276,20 @@ def _hot_rows(q, k, scale: float):
 
 
 def _unresolved_rows(q, k, beta, alpha, scale: float):
-  """[b, n, h, 1] bool: the rows whose products could pass float32's range (where the hot rows of
-  `_hot_rows` may hold a key bias past it too). Every partial sum of row i's augmented products
-  Q_i·K_j (`augment`: Q = [q, k], K = [c q + (c' + α/2) k, (c' − α/2) q + c k], c = (1 − β)/4,
-  c' = (1 + β)/4) is bounded by s·(‖q_i‖·(|c|·Q + |c' + α/2|·K) + ‖k_i‖·(|c' − α/2|·Q + |c|·K)), Q and K
-  the largest ‖q_j‖ and ‖k_j‖ in the head: ATAP's (c = 0) stays ~|q|·|k| where DMTN's holds ‖q‖²."""
+  """[b, n, h, 1] bool: the hot rows that float32 may have formed on the wrong keys, unless the rerun finds them
+  a point mass (`_mend_overflow`). Every partial sum of row i's augmented products Q_i·K_j (`augment`:
+  Q = [q, k], K = [c q + (c' + α/2) k, (c' − α/2) q + c k], c = (1 − β)/4, c' = (1 + β)/4) is bounded by
+  P_i = s·(‖q_i‖·(|c|·Q + |c' + α/2|·K) + ‖k_i‖·(|c' − α/2|·Q + |c|·K)), Q and K the largest ‖q_j‖ and
+  ‖k_j‖ in the head (ATAP's, c = 0, stays ~|q|·|k| where DMTN's holds ‖q‖²). With z_i = ‖q_i‖ + ‖k_i‖, a
+  key bias of ~s·z_j² can only be met by the products of a row with z_i ≳ z_j: rows 2^20 smaller neither
+  cancel it nor come near it. A row is unresolved where
+  * P_i ≥ 2^127: a product may have overflowed;
+  * a key bias in its head is ≥ 2^100 (or NaN) and z_i is 2^20 under that key's: the row picks among such
+    keys by bias differences float32 does not resolve at that size (two tokens with k = −q of one norm:
+    1e29 apart at 4e36), unless one key is all of it;
+  * a key bias in its head is ≤ −2^100 (or −inf: its ‖q + k‖² overflowed where the bias itself need not
+    have) and z_i is within 2^20 of that key's: the row's own products may cancel it (a repeated huge
+    token's rows pick each other, where −inf took both keys out). Smaller rows exclude that key, rightly."""
   def norm(x):                                   # [b, n, h], scaled first: ‖q‖ ≈ 3e19 has a square past float32
     x = x.astype(jnp.float32)
     top = jnp.max(jnp.abs(x), -1)
@@ -289,8 +298,17 @@ def _unresolved_rows(q, k, beta, alpha, scale: float):
   top_q, top_k = jnp.max(qn, 1, keepdims=True), jnp.max(kn, 1, keepdims=True)
   b_, a_ = jnp.asarray(beta, jnp.float32), jnp.asarray(alpha, jnp.float32)
   c, cp = jnp.abs(1 - b_) / 4, (1 + b_) / 4
-  bound = qn * (c * top_q + jnp.abs(cp + a_ / 2) * top_k) + kn * (jnp.abs(cp - a_ / 2) * top_q + c * top_k)
-  return ~(max(scale, 1.0) * bound < 2.0 ** 127)[..., None]
+  bound = max(scale, 1.0) * (qn * (c * top_q + jnp.abs(cp + a_ / 2) * top_k)
+                             + kn * (jnp.abs(cp - a_ / 2) * top_q + c * top_k))
+  unresolved = ~(bound < 2.0 ** 127)
+  bias = key_bias(q, k, beta=beta, alpha=alpha, scale=scale)
+  if bias is not None:
+    z = qn + kn
+    smallest = lambda keys: jnp.min(jnp.where(keys, z, jnp.inf), 1, keepdims=True)          # [b, 1, h]
+    high, low = ~(bias < 2.0 ** 100), bias <= -(2.0 ** 100)                              # NaN reads high
+    unresolved = (unresolved | (jnp.any(high, 1, keepdims=True) & (z < 2.0 ** -20 * smallest(high)))
+                  | (z >= 2.0 ** -20 * smallest(low)))
+  return unresolved[..., None]
 
 
 def _key_digits(v):
@@ -320,17 +338,24 @@ def _point_mass_rows(y, digits, v):
 def _mend_overflow(y, rerun, hot, v, unresolved):
   """y [b, n, h, e] with its `hot` rows (`_hot_rows`) checked against a rerun; run only when a row is hot.
 
-  `rerun(values)` runs the same kernel on q, k scaled by an exact 2^−p (`_rescaled`: logits 2^−2p·L, none
-  past `_LOGIT_BOUND`), over v with its keys' index digits beside it (`_key_digits`). A hot row takes:
+  `rerun(values)` runs the same kernel in float32 (cuDNN's, which computes in bf16, as XLA's) on q, k scaled by
+  an exact 2^−p (`_rescaled`: logits 2^−2p·L, none past `_LOGIT_BOUND`), over v with its keys' index digits
+  beside it (`_key_digits`). A row every key of which is masked comes back 0, as from the kernel. A hot row takes:
   * the rerun's row where that row is a point mass (`_point_mass_rows`): its scaled gap to every other key
     is ≳ 17, far above the scaled logits' rounding (≲ 2^−4·8), so the unscaled gap, 2^2p times that, makes
     the float64 row the same point mass. These are the rows whose float32 logits overflowed: to NaN
     (inf − inf) or, silently, to a key bias of −inf on the key the row picks (a token of norm ≳ 1e19 in
     a mixed member, ATAP or DMTN: its own row came back finite, on the wrong key);
-  * else y's row, if finite and its products stay in range (not `unresolved()`, `_unresolved_rows`): a key
-    bias of −inf then is a key the row truly excludes, and float32 formed the rest as it forms a cold row;
+  * else y's row, if finite and not `unresolved()` (`_unresolved_rows`: no product past 2^127, no key bias
+    that decides the row at a size float32 does not resolve): float32 formed it as it forms a cold row;
   * else NaN: float32 resolves the row at neither scale (a token of norm ≳ 2e19 with k ≈ −q, whose own
-    logit is a difference of ~‖q‖² terms that loses): no number rather than a wrong one.
+    logit is a difference of ~‖q‖² terms; a repeated huge token, or two with k = −q, whose rows split
+    between them by differences under float32's resolution): no number rather than a wrong one. The
+    mend before this one returned the rescaled rerun there: right for an exact tie, wrong otherwise.
+  What no check here sees is float32's rounding of a row it formed as a cold one: its logits carry ~2^−24
+  of their size, so a row decided by O(1) gaps between logits of ~1e19 (two huge keys at one angle to it)
+  is noise, as in ATTN; and DMTN's own logit for a token with k = −q, exactly 0, is a difference of
+  ~¼‖q‖² terms that can win its row from ‖q‖ ≈ 1e8 (`augment`'s 2·d-wide product).
   The check reads the inputs, not y: a reduction over y beside its use cost a quarter of the einsum
   kernel's forward + backward at 256 keys. `rerun` reads no differentiable input, so the `lax.cond` is a
   constant of the forward pass: a gradient program holds the rerun's forward kernels, not a second
@@ -341,12 +366,13 @@ def _mend_overflow(y, rerun, hot, v, unresolved):
   ATTN 1.40–1.67 against 1.26–1.35 at 256 keys on einsum (docs/benchmarks.md), for inputs no float32
   model reaches short of divergence; not kept."""
   def mend():
-    ys, vs = jax.lax.stop_gradient(y), jax.lax.stop_gradient(v)
-    out = rerun(_key_digits(vs))
-    near = out[..., :vs.shape[-1]]
+    ys, vs = jax.lax.stop_gradient(y), jax.lax.stop_gradient(v).astype(jnp.float32)
+    out = rerun(_key_digits(vs))                                   # float32 whatever y's dtype
+    near, digits = out[..., :vs.shape[-1]], out[..., vs.shape[-1]:]
+    empty = jnp.all(near == 0, -1, keepdims=True) & jnp.all(digits == 0, -1, keepdims=True)  # every key masked
     resolved = jnp.all(jnp.isfinite(ys), -1, keepdims=True) & ~unresolved()
     kept = jnp.where(resolved, ys, jnp.full_like(ys, jnp.nan))
-    return jnp.where(_point_mass_rows(near, out[..., vs.shape[-1]:], vs), near, kept)
+    return jnp.where(_point_mass_rows(near, digits, vs) | empty, near.astype(ys.dtype), kept)
   if _checks.is_concrete(hot) and _checks.is_concrete(y):
     # called eagerly: a Python branch, not a `lax.cond` whose fresh closures were traced and lowered anew
     # every call (a whole forward kernel inside: 313 lowerings, 12 s of the suite's)
@@ -453,7 +479,7 @@ def transport(q, k, v, *, beta=1.0, alpha=1.0, causal: bool = False, mask=None, 
   split = split_kernel(beta, alpha, implementation, q.shape[1], dtype=q.dtype, masked=mask is not None, causal=causal,
                        block_size=block_size)
 
-  def run(q, k, v, beta=beta, alpha=alpha):
+  def run(q, k, v, beta=beta, alpha=alpha, implementation=implementation):
     bias = lambda: key_bias(q, k, beta=beta, alpha=alpha, scale=scale)
     if split == "dense":
       return kernels.split_attention(q, k, v, weights=kernels.split_weights(alpha), mask=mask, causal=causal,
@@ -482,7 +508,9 @@ def transport(q, k, v, *, beta=1.0, alpha=1.0, causal: bool = False, mask=None, 
   if aug is not None and aug.k is k:                              # plain ATTN: its logits are q·k as given
     return y
   const = lambda x: x if isinstance(x, float) else jax.lax.stop_gradient(x)   # floats stay static
-  rerun = lambda values: run(*_rescaled(const(q), const(k), scale), values, const(beta), const(alpha))[0]
+  f32 = lambda x: const(x).astype(jnp.float32)
+  exact = "xla" if kernels.choose("softmax", implementation, q.shape[1]) == "cudnn" else implementation  # cuDNN: bf16
+  rerun = lambda values: run(*_rescaled(f32(q), f32(k), scale), values, const(beta), const(alpha), exact)[0]
   return _mend_overflow(y, rerun, _hot_rows(q, k, scale), v,
                         lambda: _unresolved_rows(const(q), const(k), const(beta), const(alpha), scale))
 

@@ -381,6 +381,44 @@ def test_hot_rows_are_the_exact_answer_or_nan(impl):
                                    err_msg=str(where))
 
 
+def test_repeated_huge_tokens_bf16_and_masked_hot_rows_are_exact_or_nan():
+  """Cases a review found against exact logits (`family_exact`). A huge token repeated (its q and k at
+  positions 2 and 3): at 2e19 its key biases overflowed to −inf where the products they cancel did not, and
+  both its rows came back finite on a cold key (error 2.1); the rerun splits them 50/50, which is no point
+  mass, so they are NaN now. In bf16 a near-duplicate's rows are a 97/3 mix that a tolerance of 8 bf16 ulps
+  took for a point mass: the rerun runs in float32 now. A hot row whose keys are all masked is 0, as every
+  fully masked row is."""
+  rng = np.random.default_rng(0)
+  q, k, v = (rng.standard_normal((1, 6, 1, w)).astype(np.float32) for w in (8, 8, 4))
+  for size in (2e19, 5e19):
+    qh, kh = q.copy(), k.copy()
+    qh[0, 2, 0] *= np.float32(size / np.linalg.norm(qh[0, 2, 0]))
+    qh[0, 3, 0], kh[0, 3, 0] = qh[0, 2, 0], kh[0, 2, 0]
+    for impl in ("einsum", "blockwise"):
+      y = np.asarray(op.transport(jnp.asarray(qh), jnp.asarray(kh), jnp.asarray(v), beta=0.5, alpha=0.5,
+                                  implementation=impl, block_size=4))
+      nan = ~np.isfinite(y).all(-1)
+      assert nan[0, 2:4, 0].all() and not nan[0, [0, 1, 4, 5], 0].any(), (size, impl)
+      np.testing.assert_allclose(y[~nan], family_exact(qh, kh, v, 0.5, 0.5)[~nan], rtol=1e-5, atol=1e-5)
+  qb = q.copy()
+  qb[0, 2, 0] *= np.float32(3e19 / np.linalg.norm(qb[0, 2, 0]))
+  qb[0, 3, 0] = qb[0, 2, 0]
+  qb[0, 3, 0, 0] *= 1 + 2.0 ** -7
+  qb, kb, vb = (jnp.asarray(x, jnp.bfloat16) for x in (qb, k, v))
+  for beta, alpha in [op.DMTN, (0.3, 0.7)]:
+    y = np.asarray(op.transport(qb, kb, vb, beta=beta, alpha=alpha).astype(jnp.float32))
+    exact = family_exact(*(np.asarray(x.astype(jnp.float32)) for x in (qb, kb, vb)), beta, alpha)
+    ok = np.isfinite(y).all(-1)
+    np.testing.assert_allclose(y[ok], exact[ok], atol=2e-2 * float(np.abs(exact).max()))
+  mask = np.ones((1, 1, 6, 6), bool)
+  mask[0, 0, 2] = False
+  qh = q.copy()
+  qh[0, 2, 0] *= np.float32(3e19 / np.linalg.norm(qh[0, 2, 0]))
+  for beta, alpha in [op.DMTN, op.ATAP, (0.3, 0.7)]:
+    y = op.transport(jnp.asarray(qh), jnp.asarray(k), jnp.asarray(v), beta=beta, alpha=alpha, mask=jnp.asarray(mask))
+    assert np.all(np.asarray(y)[0, 2, 0] == 0), (beta, alpha)
+
+
 def test_a_far_token_whose_own_key_is_masked_is_nan():
   q, k, v = (jnp.asarray(x) for x in huge_and_plain_tokens())
   mask = ~jnp.eye(16, dtype=bool)[None, None]
