@@ -126,6 +126,28 @@ def test_the_einsum_kernel_scales_the_queries_not_the_logits():
   np.testing.assert_allclose(traced, reference(q, k, v, bias, scale=0.3), atol=2e-6, rtol=1e-5)
 
 
+def test_the_xla_kernel_keeps_its_rows_once_the_logits_pass_2_31():
+  """Jitted on XLA:CPU, `jax.nn.dot_product_attention` recomputes logits·scale in the softmax's max and in its
+  exp(· − max), one of them contracted into an FMA: at the row's top logit the difference is the product's
+  rounding, and past 2^31 that overflows e^x (jax-ml/jax#37234). The "xla" kernel's rows were NaN — ATTN's at
+  |q| = 1e14 (d = 8, scale 1/√8), DMTN's 2·d-wide heads' from 1e6 — and their gradients NaN from 1e10. With the
+  scale on q (`scale_queries`) the logits carry no multiply: every row and gradient is finite, and the rows
+  are the exact ones (`family_exact`)."""
+  from helpers import family_exact
+  rng = np.random.default_rng(1)
+  q, k, v = (rng.standard_normal((1, 12, 2, w)).astype(np.float32) for w in (8, 8, 6))
+  w = rng.standard_normal(v.shape).astype(np.float32)
+  for size, members in ((1e6, [op.DMTN]), (1e14, [op.ATTN, op.DMTN, op.ATAP, (0.3, 0.7)])):
+    qh = q.copy()
+    qh[0, 3, 1] *= np.float32(size / np.linalg.norm(qh[0, 3, 1]))
+    for beta, alpha in members:
+      attend = lambda q, k, v: op.transport(q, k, v, beta=beta, alpha=alpha, implementation="xla")
+      y = jax.jit(attend)(qh, k, v)
+      np.testing.assert_allclose(y, family_exact(qh, k, v, beta, alpha), atol=1e-6, err_msg=str((size, beta, alpha)))
+      grads = jax.jit(jax.grad(lambda q, k, v: jnp.sum(w * attend(q, k, v)), (0, 1, 2)))(qh, k, v)
+      assert all(bool(jnp.all(jnp.isfinite(g))) for g in grads), (size, beta, alpha)
+
+
 def row_axis_products(jaxpr, n_rows, n_cols):
   """The dot_generals of a jaxpr that contract a [.., n_rows, n_cols] operand on its row axis (XLA:CPU: Eigen)."""
   found = []
