@@ -75,7 +75,9 @@ def _sdpa_jax(q, k, v, bias, mask, causal, scale, implementation):
     # the scale on q where that is exact (`scale_queries`): jitted on XLA:CPU, `logits·scale` is recomputed in the
     # softmax's max and its exp(· − max), one of them contracted into an FMA, so at the row's top logit the
     # difference is the product's rounding, not 0 — past e^88 once the logits reach ~2^31: NaN rows (ATTN from
-    # |q| ≈ 1e14 at d = 8, DMTN's 2·d heads from 1e6; jax-ml/jax#37234). A logit without the multiply is immune.
+    # |q| ≈ 1e14 at d = 8, DMTN's 2·d heads from 1e6; jax-ml/jax#37234). A logit without the multiply is immune;
+    # bf16 at a scale that is not a power of two keeps it (rounding q·scale in bf16 is not free), and so does
+    # the einsum kernel there: those rows still fail past 2^31, as blockwise's do not.
     q, rest = scale_queries(q, scale)
     scale = 1.0 if rest is None else rest
   width = q.shape[-1]
