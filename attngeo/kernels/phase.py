@@ -155,18 +155,19 @@ def _phase_fwd_impl(q, k, v, bias, qt, kt, c, mask, causal, scale, bq, bk):
   return join_blocks(out), join_blocks(lse)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(8, 9, 10, 11))
-def _phase_flash(q, k, v, bias, qt, kt, c, mask, causal, scale, bq, bk):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(8, 9, 10, 11, 12))
+def _phase_flash(q, k, v, bias, qt, kt, c, mask, causal, scale, bq, bk, bias_grad):
   return _phase_fwd_impl(q, k, v, bias, qt, kt, c, mask, causal, scale, bq, bk)[0]
 
 
-def _phase_flash_fwd(q, k, v, bias, qt, kt, c, mask, causal, scale, bq, bk):
+def _phase_flash_fwd(q, k, v, bias, qt, kt, c, mask, causal, scale, bq, bk, bias_grad):
   out, lse = _phase_fwd_impl(q, k, v, bias, qt, kt, c, mask, causal, scale, bq, bk)
   return out, (q, k, v, bias, qt, kt, c, mask, out, lse)
 
 
-def _phase_flash_bwd(causal, scale, bq, bk, res, dout):
-  """Recompute each block of P and θ from the saved log-normaliser (see the derivation above)."""
+def _phase_flash_bwd(causal, scale, bq, bk, bias_grad, res, dout):
+  """Recompute each block of P and θ from the saved log-normaliser (see the derivation above). dk and, where
+  the bias is an input, dbias are one product `[s·qᵀ; 1ᵀ]·dS`, as in `softmax._flash_bwd`."""
   q, k, v, bias, qt, kt, c, mask, out, lse = res
   f32 = lambda x: x.astype(jnp.float32)
   delta = jnp.sum(f32(dout) * f32(out), -1)                                          # [b,h,T]
@@ -178,7 +179,10 @@ def _phase_flash_bwd(causal, scale, bq, bk, res, dout):
   gabs, gbbs = split_blocks(ga, bq), split_blocks(gb, bq)
   # key-side sums accumulate feature-major (`_blocks.column_sum`): the query side's blocks transposed once
   qbs_t, qtbs_t, gabs_t, gbbs_t = (jnp.swapaxes(x, -1, -2).astype(jnp.float32) for x in (qbs, qtbs, gabs, gbbs))
-  nq = qbs.shape[0]
+  qbs_t = qbs_t * scale
+  if bias_grad:                                                    # [s·qᵀ; 1ᵀ]: dk and dbias in one product
+    qbs_t = jnp.concatenate([qbs_t, jnp.ones(qbs_t.shape[:3] + (1, bq), jnp.float32)], 3)
+  nq, d = qbs.shape[0], q.shape[-1]
 
   def per_key_block(carry, args):
     dq_acc, dqt_acc = carry
@@ -186,7 +190,7 @@ def _phase_flash_bwd(causal, scale, bq, bk, res, dout):
 
     def step(carry, iq):
       def update(carry):
-        dk_t, dkt_t, dv_t, dbias = carry
+        dk_t, dkt_t, dv_t = carry
         qb, qtb, gab = qbs[iq], qtbs[iq], gabs[iq]
         s, theta = _phase_block(qb, kb, biasb, qtb, ktb, c, mask, causal, scale, iq, ik, bq, bk)
         p = jnp.exp(s - lses[iq][..., None])
@@ -198,18 +202,20 @@ def _phase_flash_bwd(causal, scale, bq, bk, res, dout):
         ds = p * (cos * are - sin * aim - deltas[iq][..., None])
         dtheta = -(ps * are + pc * aim)
         dq_blk = jnp.einsum("bhqk,bhkd->bhqd", ds, f32(kb)) * scale
-        dk_t = dk_t + column_sum(qbs_t[iq], ds) * scale
+        dk_t = dk_t + column_sum(qbs_t[iq], ds)
         dqt_blk = jnp.einsum("bhqk,bhkf->bhqf", dtheta, f32(ktb))                # without c: dc needs it raw
         dkt_t = dkt_t + column_sum(qtbs_t[iq], dtheta)
-        return (dk_t, dkt_t, dv_t, dbias + ds.sum(2)), (dq_blk, dqt_blk)
+        return (dk_t, dkt_t, dv_t), (dq_blk, dqt_blk)
       zeros = lambda x: jnp.zeros(x.shape[1:], jnp.float32)
       skipped = lambda carry: (carry, (zeros(qbs), zeros(qtbs)))
       return when_live(live_block(causal, iq, ik, bq, bk), update, skipped, carry)
 
     b, h = kb.shape[:2]
     zeros_t = lambda x: jnp.zeros((b, h, x.shape[-1], bk), jnp.float32)
-    init = (zeros_t(kb), zeros_t(ktb), zeros_t(vab), jnp.zeros((b, h, bk), jnp.float32))
-    (dk_t, dkt_t, dv_t, dbias), (dq_blocks, dqt_blocks) = jax.lax.scan(step, init, jnp.arange(nq))
+    init = (jnp.zeros((b, h, qbs_t.shape[3], bk), jnp.float32), zeros_t(ktb), zeros_t(vab))
+    (dk_t, dkt_t, dv_t), (dq_blocks, dqt_blocks) = jax.lax.scan(step, init, jnp.arange(nq))
+    dbias = dk_t[:, :, d] if bias_grad else jnp.zeros((b, h, bk), jnp.float32)
+    dk_t = dk_t[:, :, :d]
     back = lambda x: jnp.swapaxes(x, -1, -2)
     return (dq_acc + join_blocks(dq_blocks), dqt_acc + join_blocks(dqt_blocks)), (back(dk_t), back(dkt_t), back(dv_t), dbias)
 
@@ -232,7 +238,7 @@ def _blockwise_phase(q, k, v, bias, qt, kt, c, mask, causal, scale, block_size):
   vh = jnp.concatenate([v[..., 0::2], v[..., 1::2]], -1)                        # layout [re, im]
   tl = tile((q, qt), (k, vh, kt), bias, mask, block_size)
   (qh, qth), (kh, vh, kth) = tl.queries, tl.keys
-  out = _phase_flash(qh, kh, vh, tl.bias, qth, kth, c, tl.mask, causal, scale, tl.bq, tl.bk)
+  out = _phase_flash(qh, kh, vh, tl.bias, qth, kth, c, tl.mask, causal, scale, tl.bq, tl.bk, bias is not None)
   return join_pairs(untile(out, q.shape[1]))
 
 
