@@ -9,7 +9,10 @@ For each (seq, operator, implementation) it prints the fastest wall time of a ji
 (XLA's memory analysis: arguments + outputs + temporaries), and the ratio to the fastest
 standard-attention (ATTN) path at that sequence length. The runs of one sequence length are
 interleaved (run r of every cell before run r + 1 of any), so load from other jobs on a shared
-machine falls on all of them alike: timed one cell after another, ratios moved by up to 2×. Cells are
+machine falls on all of them alike: timed one cell after another, ratios moved by up to 2×. "× ATTN,
+paired" is the median of the run-by-run ratios to ATTN on the same kernel (run r of each, timed in one
+round), with a distribution-free 95 % interval from 6 repeats on (`timing.paired_ratio`): the fastest runs'
+ratio takes each cell's best moment, which at 1024 keys moved a 1.00 ratio to 1.04 between two runs. Cells are
 grouped by kernel (ATTN first) and a group holds programs whose summed peak memory is at most half
 the machine's (the host's RAM on CPU, the device's memory on an accelerator; `interleaved_with` in the JSON says how many cells shared a group): at 4096 keys the
 dense kernels' programs (13–17 GiB each) are timed one at a time, and a program whose peak exceeds
@@ -281,8 +284,12 @@ def time_group(group: list[dict], calls: dict, repeats: int, n: int, bound: int 
     for row in group:
       row.setdefault("skipped", failure(e, bound))
   for row in group:
-    row["seconds"] = min(times.get((row["operator"], row["implementation"]), [float("nan")]))
+    key = (row["operator"], row["implementation"])
+    row["seconds"] = min(times.get(key, [float("nan")]))
     row["interleaved_with"] = len(group)
+    attn = times.get(("ATTN", row["implementation"]))
+    if row["operator"] != "ATTN" and key in times and attn:         # its kernel's ATTN timed beside it
+      row["paired"] = list(timing.paired_ratio(times[key], attn))
 
 
 def failure(e: Exception, bound: int | None) -> str:
@@ -343,6 +350,8 @@ def run(seqs, batch, heads, head_dim, repeats, long_seq, dtype="float32", operat
 
 COLUMNS = [Col("seq"), Col("batch"), Col("operator"), Col("implementation"), Col("kernel", "runs on"),
            Col("seconds", "fwd+bwd ms", lambda t: f"{1e3 * t:.1f}"), Col("ratio_to_best_attn", "× best ATTN", ".2f"),
+           Col("paired", "× ATTN, paired [95 %]", lambda p: f"{p[0]:.3f}" + (
+               f" [{p[1]:.3f}, {p[2]:.3f}]" if p[1] == p[1] else ""), align="right"),
            Col("peak_bytes", "peak MiB", lambda b: f"{b / 2**20:.0f}"),
            Col("rss_growth_bytes", "RSS growth MiB", lambda b: f"{b / 2**20:.0f}")]
 
@@ -353,7 +362,8 @@ def parser():
   ap.add_argument("--batch", type=config.positive_int, default=8, help="batch size")
   ap.add_argument("--heads", type=config.positive_int, default=8, help="attention heads")
   ap.add_argument("--head-dim", type=config.positive_int, default=64, help="head dimension")
-  ap.add_argument("--repeats", type=config.positive_int, default=3, help="timed runs per cell, interleaved with the other cells of its sequence length (fastest reported)")
+  ap.add_argument("--repeats", type=config.positive_int, default=3, help="timed runs per cell, interleaved with the other cells of its sequence length "
+                       "(fastest reported; the paired ratio's 95 %% interval needs 6 or more)")
   ap.add_argument("--operators", type=config.choice_list(OPERATORS), default=",".join(OPERATORS),
                   help=f"operators to time, comma-separated subset of {','.join(OPERATORS)} (default: all; "
                        "ATTN is always timed as the reference)")

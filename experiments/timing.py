@@ -1,12 +1,14 @@
-"""The one timing helper of the benchmarks: wall times after warm-up (median, or several calls interleaved), XLA's
-peak memory, and what a process really holds (`status_bytes`, `bounded_data`)."""
+"""The one timing helper of the benchmarks: wall times after warm-up (median, or several calls interleaved), the
+ratio of two interleaved calls with its interval (`paired_ratio`), XLA's peak memory, and what a process really
+holds (`status_bytes`, `bounded_data`)."""
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import statistics
 import time
-from typing import Callable
+from typing import Callable, NamedTuple
 
 try:
   import resource
@@ -21,18 +23,57 @@ def median_seconds(call: Callable[[], object], repeats: int, warmup: int = 1) ->
 
 def interleaved_seconds(calls: dict, repeats: int, warmup: int = 1) -> dict:
   """{name: [seconds per run]} of several `call()`s timed in alternation: run r of every call before run
-  r + 1 of any, so a slow spell of a shared machine falls on all of them alike and their ratios hold."""
+  r + 1 of any, so a slow spell of a shared machine falls on all of them alike and their ratios hold; every
+  other round runs them in reverse order, so that no call always runs right after the same one. Run r of
+  two calls is a pair (`paired_ratio`)."""
   import jax
   for call in calls.values():
     for _ in range(warmup):
       jax.block_until_ready(call())
   times = {name: [] for name in calls}
-  for _ in range(max(repeats, 1)):
-    for name, call in calls.items():
+  for r in range(max(repeats, 1)):
+    for name, call in (list(calls.items()) if r % 2 == 0 else list(calls.items())[::-1]):
       t0 = time.perf_counter()
       jax.block_until_ready(call())
       times[name].append(time.perf_counter() - t0)
   return times
+
+
+class Interval(NamedTuple):
+  """A median and a distribution-free confidence interval for it (`low`, `high`: NaN where too few values)."""
+  median: float
+  low: float
+  high: float
+
+
+def median_interval(values, level: float = 0.95) -> Interval:
+  """The median of `values` and the sign-test interval for it: with x_(1) ≤ … ≤ x_(n) and K ~ Binomial(n, ½),
+  [x_(k), x_(n+1−k)] for the largest k with P(K < k) ≤ (1 − level)/2, which covers the median of any continuous
+  distribution the values are drawn from independently with probability 1 − 2·P(K < k) ≥ `level`. NaN bounds
+  where n is too small for `level` (n < 6 at 95 %: even [x_(1), x_(n)] misses with probability 2^(1−n))."""
+  x = sorted(float(v) for v in values)
+  n = len(x)
+  if n == 0:
+    return Interval(math.nan, math.nan, math.nan)
+  tail, k, below = (1 - level) / 2, 0, 0.0           # below = P(K < k + 1) = P(K ≤ k)
+  while k < n // 2:
+    below += math.comb(n, k) / 2.0 ** n
+    if below > tail:
+      break
+    k += 1
+  if k == 0:
+    return Interval(statistics.median(x), math.nan, math.nan)
+  return Interval(statistics.median(x), x[k - 1], x[n - k])
+
+
+def paired_ratio(times, reference, level: float = 0.95) -> Interval:
+  """`median_interval` of the run-by-run ratios times[r] / reference[r] of two interleaved calls
+  (`interleaved_seconds`): a slow spell that falls on run r falls on both, so their ratio keeps it out, where
+  the ratio of the two fastest runs takes each from its own moment. The interval assumes the runs' ratios are
+  independent draws (a drift slower than one round cancels in them)."""
+  if len(times) != len(reference):
+    raise ValueError(f"paired runs: {len(times)} times against {len(reference)} reference times")
+  return median_interval([t / r for t, r in zip(times, reference)], level)
 
 
 def peak_bytes(compiled) -> int | None:

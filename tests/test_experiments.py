@@ -25,6 +25,12 @@ def test_bench_operators_smoke(tmp_path):
   assert kernel["DMAP", "einsum"] == "gram" and kernel["DMAP", "blockwise"] == "blockwise"
   assert all(k == impl for (name, impl), k in kernel.items() if name not in ("ATAP", "DMAP"))
   assert "| runs on |" in (tmp_path / "bench_operators.md").read_text()
+  seconds = {(r["operator"], r["implementation"]): r["seconds"] for r in rows if r["seq"] == 64}
+  for r in (r for r in rows if r["seq"] == 64):                   # one run: the paired ratio is its ratio, no interval
+    assert ("paired" in r) == (r["operator"] != "ATTN" and ("ATTN", r["implementation"]) in seconds)  # not CMAP's
+    if "paired" in r:
+      assert r["paired"][0] == pytest.approx(r["seconds"] / seconds["ATTN", r["implementation"]])
+      assert r["paired"][1] != r["paired"][1]
 
 
 def test_bench_rows_name_the_split_kernel_atap_dmtn_and_dmap_run_on():
@@ -139,6 +145,52 @@ def test_bench_causal_times_the_causal_operators(tmp_path, monkeypatch):
   with pytest.raises(SystemExit) as e:
     bench_operators.main(["--numerics", "--causal", "--seqs", "16"])
   assert e.value.code == 2
+
+
+def test_the_median_interval_is_the_sign_test_s_order_statistics():
+  """[x_(k), x_(n+1−k)] with k the largest rank whose binomial tail P(K < k), K ~ Binomial(n, ½), is at most
+  2.5 %: n = 6…8 take the extremes (2^−6 = 1.6 % ≤ 2.5 % < 7/64), n = 9…11 the second (10/512 = 2.0 %), n = 12 the
+  third (79/4096 = 1.9 %); below 6 values no interval holds 95 %."""
+  from attngeo.experiments import timing
+  rng = np.random.default_rng(0)
+  for n, k in ((5, 0), (6, 1), (8, 1), (9, 2), (11, 2), (12, 3), (20, 6)):
+    x = rng.permutation(np.arange(1.0, n + 1))
+    got = timing.median_interval(x)
+    assert got.median == (n + 1) / 2
+    assert (got.low, got.high) == ((k, n + 1 - k) if k else (got.low, got.high))
+    assert k or (np.isnan(got.low) and np.isnan(got.high))
+  assert timing.median_interval([0.5, 2.0], level=0.5) == (1.25, 0.5, 2.0)     # 50 %: P(K < 1) = ¼ ≤ ¼
+
+
+def test_the_median_interval_covers_as_the_binomial_says():
+  """Over 4000 samples of 10 lognormal values the interval [x_(2), x_(9)] covers the true median (1) with
+  probability 1 − 2·11/1024 = 97.85 %; the one-rank-narrower [x_(3), x_(8)] would cover 89 %."""
+  from attngeo.experiments import timing
+  rng = np.random.default_rng(1)
+  hits = [(lambda i: i.low <= 1.0 <= i.high)(timing.median_interval(np.exp(rng.normal(size=10))))
+          for _ in range(4000)]
+  assert abs(np.mean(hits) - (1 - 2 * 11 / 1024)) < 0.008
+
+
+def test_a_paired_ratio_cancels_a_slow_spell_that_falls_on_both_runs():
+  """Run r of two interleaved calls shares its moment: a load that slows round r by any factor leaves their ratio,
+  which the ratio of the fastest runs does not (its two minima come from different rounds)."""
+  from attngeo.experiments import timing
+  slow = np.array([1.0, 1.3, 1.1, 2.0, 1.05, 1.2, 1.0, 1.6])
+  cell = 1.02 * slow * np.array([1.1, 1, 1, 1, 1, 1, 1.3, 1])           # its fastest run in round 2 (1.02·1.1 > …)
+  got = timing.paired_ratio(cell, slow)
+  assert got.median == pytest.approx(1.02) and got.low == pytest.approx(1.02)
+  assert min(cell) / min(slow) != pytest.approx(1.02)
+  with pytest.raises(ValueError, match="paired runs: 2 times against 3"):
+    timing.paired_ratio([1, 2], [1, 2, 3])
+
+
+def test_interleaved_rounds_alternate_their_order():
+  """Round r runs the calls in order, round r + 1 in reverse: no call always runs right after the same one."""
+  from attngeo.experiments import timing
+  seen = []
+  timing.interleaved_seconds({c: (lambda c=c: seen.append(c)) for c in "abc"}, repeats=3, warmup=0)
+  assert "".join(seen) == "abccbaabc"
 
 
 def test_bench_groups_hold_at_most_the_memory_budget():
