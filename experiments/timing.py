@@ -4,6 +4,7 @@ holds (`status_bytes`, `bounded_data`)."""
 from __future__ import annotations
 
 import contextlib
+import fractions
 import math
 import os
 import statistics
@@ -24,8 +25,8 @@ def median_seconds(call: Callable[[], object], repeats: int, warmup: int = 1) ->
 def interleaved_seconds(calls: dict, repeats: int, warmup: int = 1) -> dict:
   """{name: [seconds per run]} of several `call()`s timed in alternation: run r of every call before run
   r + 1 of any, so a slow spell of a shared machine falls on all of them alike and their ratios hold; every
-  other round runs them in reverse order, so that no call always runs right after the same one. Run r of
-  two calls is a pair (`paired_ratio`)."""
+  other round runs them in reverse order, so that no call always runs right after the same one (the last of a
+  round runs again first in the next, each call in turn). Run r of two calls is a pair (`paired_ratio`)."""
   import jax
   for call in calls.values():
     for _ in range(warmup):
@@ -53,12 +54,14 @@ def median_interval(values, level: float = 0.95) -> Interval:
   where n is too small for `level` (n < 6 at 95 %: even [x_(1), x_(n)] misses with probability 2^(1−n))."""
   x = sorted(float(v) for v in values)
   n = len(x)
+  if any(math.isnan(v) for v in x):
+    raise ValueError(f"median_interval: values must be numbers; got NaN among {n}")
   if n == 0:
     return Interval(math.nan, math.nan, math.nan)
-  tail, k, below = (1 - level) / 2, 0, 0.0           # below = P(K < k + 1) = P(K ≤ k)
+  tail, k, below = fractions.Fraction((1 - level) / 2), 0, 0      # below = 2^n·P(K ≤ k), exact for any n
   while k < n // 2:
-    below += math.comb(n, k) / 2.0 ** n
-    if below > tail:
+    below += math.comb(n, k)
+    if fractions.Fraction(below, 2 ** n) > tail:
       break
     k += 1
   if k == 0:
@@ -73,6 +76,8 @@ def paired_ratio(times, reference, level: float = 0.95) -> Interval:
   independent draws (a drift slower than one round cancels in them)."""
   if len(times) != len(reference):
     raise ValueError(f"paired runs: {len(times)} times against {len(reference)} reference times")
+  if not all(r > 0 for r in reference):
+    raise ValueError(f"paired runs: reference times must be > 0 seconds; got {min(reference)}")
   return median_interval([t / r for t, r in zip(times, reference)], level)
 
 

@@ -160,6 +160,10 @@ def test_the_median_interval_is_the_sign_test_s_order_statistics():
     assert (got.low, got.high) == ((k, n + 1 - k) if k else (got.low, got.high))
     assert k or (np.isnan(got.low) and np.isnan(got.high))
   assert timing.median_interval([0.5, 2.0], level=0.5) == (1.25, 0.5, 2.0)     # 50 %: P(K < 1) = ¼ ≤ ¼
+  big = timing.median_interval(np.arange(2000.0))        # tails past 2^1023, exact: ranks 956 and 1045 (scipy's binom)
+  assert (big.low, big.high) == (955.0, 1044.0)
+  with pytest.raises(ValueError, match="got NaN among 3"):
+    timing.median_interval([1.0, float("nan"), 2.0])
 
 
 def test_the_median_interval_covers_as_the_binomial_says():
@@ -183,6 +187,8 @@ def test_a_paired_ratio_cancels_a_slow_spell_that_falls_on_both_runs():
   assert min(cell) / min(slow) != pytest.approx(1.02)
   with pytest.raises(ValueError, match="paired runs: 2 times against 3"):
     timing.paired_ratio([1, 2], [1, 2, 3])
+  with pytest.raises(ValueError, match="reference times must be > 0 seconds; got 0"):
+    timing.paired_ratio([1, 2], [1, 0])
 
 
 def test_interleaved_rounds_alternate_their_order():
