@@ -11,8 +11,9 @@ standard-attention (ATTN) path at that sequence length. The runs of one sequence
 interleaved (run r of every cell before run r + 1 of any), so load from other jobs on a shared
 machine falls on all of them alike: timed one cell after another, ratios moved by up to 2×. "× ATTN,
 paired" is the median of the run-by-run ratios to ATTN on the same kernel (run r of each, timed in one
-round), with a distribution-free 95 % interval from 6 repeats on (`timing.paired_ratio`): the fastest runs'
-ratio takes each cell's best moment, which at 1024 keys moved a 1.00 ratio to 1.04 between two runs. Cells are
+round), with a distribution-free 95 % interval from 6 repeats on (`timing.paired_ratio`; "paired" in the JSON
+and CSV: [median, low, high], the bounds NaN below 6 repeats): the fastest runs' ratio takes each cell's best
+moment, which at 1024 keys moved a 1.00 ratio to 1.04 between two runs. Cells are
 grouped by kernel (ATTN first) and a group holds programs whose summed peak memory is at most half
 the machine's (the host's RAM on CPU, the device's memory on an accelerator; `interleaved_with` in the JSON says how many cells shared a group): at 4096 keys the
 dense kernels' programs (13–17 GiB each) are timed one at a time, and a program whose peak exceeds
