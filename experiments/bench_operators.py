@@ -12,7 +12,7 @@ interleaved (run r of every cell before run r + 1 of any), so load from other jo
 machine falls on all of them alike: timed one cell after another, ratios moved by up to 2×. "× ATTN,
 paired" is the median of the run-by-run ratios to ATTN on the same kernel (run r of each, timed in one
 round), with a distribution-free 95 % interval from 6 repeats on (`timing.paired_ratio`; "paired" in the JSON
-and CSV: [median, low, high], the bounds NaN below 6 repeats): the fastest runs' ratio takes each cell's best
+and CSV: [median, low, high], the bounds null below 6 repeats): the fastest runs' ratio takes each cell's best
 moment, which at 1024 keys moved a 1.00 ratio to 1.04 between two runs. Cells are
 grouped by kernel (ATTN first) and a group holds programs whose summed peak memory is at most half
 the machine's (the host's RAM on CPU, the device's memory on an accelerator; `interleaved_with` in the JSON says how many cells shared a group): at 4096 keys the
@@ -32,7 +32,10 @@ to the fastest ATTN among them). CMAP, the magnetic operator
 the Hermitian pairing "paired", which computes each unordered token pair once: `attngeo.kernels.paired`);
 the note under the table gives its ratio to ATTN per sequence length. `--long N` adds the blockwise
 path at batch 1, seq N, where a materialised P alone would need b·h·N²·4 bytes. Writes
-bench_operators.{md,csv,json}.
+bench_operators.{md,csv,json}; the Markdown's note names the backend, dtype, order and repeats, and every row carries
+its dtype and repeats. One process per `--out` (`attngeo.runlock`): a second run there is refused before any work
+(two runs side by side would also time each other's load). Repeated `--seqs`, `--operators` or `--implementations`
+are timed once.
 
 "pallas" (`attngeo.kernels.pallas`) is timed by default for the family on GPU (Triton) and TPU (Mosaic), for
 CMAP (`attngeo.kernels.pallas_phase`) only when named;
@@ -51,7 +54,7 @@ import gc
 import math
 import os
 
-from attngeo import config
+from attngeo import config, runlock
 from attngeo.experiments import report, timing
 from attngeo.experiments.report import Col
 
@@ -290,7 +293,8 @@ def time_group(group: list[dict], calls: dict, repeats: int, n: int, bound: int 
     row["interleaved_with"] = len(group)
     attn = times.get(("ATTN", row["implementation"]))
     if row["operator"] != "ATTN" and key in times and attn:         # its kernel's ATTN timed beside it
-      row["paired"] = list(timing.paired_ratio(times[key], attn))
+      ratio = timing.paired_ratio(times[key], attn)               # bounds None (JSON null) below 6 repeats
+      row["paired"] = [ratio.median] + [None if math.isnan(x) else x for x in ratio[1:]]
 
 
 def failure(e: Exception, bound: int | None) -> str:
@@ -343,7 +347,7 @@ def run(seqs, batch, heads, head_dim, repeats, long_seq, dtype="float32", operat
     t, mem = measure("DMTN", "blockwise", 1, long_seq, heads, head_dim, 1, block_size=1024, dtype=dtype,
                      causal=causal)
     rows.append(dict(seq=long_seq, batch=1, operator="DMTN", implementation="blockwise", kernel="blockwise",
-                     causal=causal, seconds=t,
+                     causal=causal, seconds=t, repeats=1,
                      peak_bytes=mem,
                      ratio_to_best_attn=float("nan"), dense_p_bytes=heads * long_seq * long_seq * 4))
   return rows
@@ -352,7 +356,7 @@ def run(seqs, batch, heads, head_dim, repeats, long_seq, dtype="float32", operat
 COLUMNS = [Col("seq"), Col("batch"), Col("operator"), Col("implementation"), Col("kernel", "runs on"),
            Col("seconds", "fwd+bwd ms", lambda t: f"{1e3 * t:.1f}"), Col("ratio_to_best_attn", "× best ATTN", ".2f"),
            Col("paired", "× ATTN, paired [95 %]", lambda p: f"{p[0]:.3f}" + (
-               f" [{p[1]:.3f}, {p[2]:.3f}]" if p[1] == p[1] else ""), align="right"),
+               f" [{p[1]:.3f}, {p[2]:.3f}]" if p[1] is not None else ""), align="right"),
            Col("peak_bytes", "peak MiB", lambda b: f"{b / 2**20:.0f}"),
            Col("rss_growth_bytes", "RSS growth MiB", lambda b: f"{b / 2**20:.0f}")]
 
@@ -400,19 +404,34 @@ def main(argv=None):
     ap.error("--causal times the causal order; --numerics compares the kernels' errors without it: give one")
   if a.interpret and backend != "cpu":
     ap.error(f"--interpret is for CPU (on {backend} the Pallas kernel is compiled); drop it")
+  a.seqs, a.operators = list(dict.fromkeys(a.seqs)), tuple(dict.fromkeys(a.operators))   # each cell once
+  if a.implementations:
+    a.implementations = tuple(dict.fromkeys(a.implementations))
   if a.numerics:
-    rows = numerics(list(a.seqs), a.batch, a.heads, a.head_dim, a.operators, a.implementations)
-    report.write(a.out, "bench_numerics", rows, NUMERIC_COLUMNS,
-                 note=f"backend={backend}; relative max error against float32 einsum at highest precision")
+    with runlock.hold(a.out):                       # one process per --out, refused before any work
+      rows = numerics(list(a.seqs), a.batch, a.heads, a.head_dim, a.operators, a.implementations)
+      report.write(a.out, "bench_numerics", rows, NUMERIC_COLUMNS,
+                   note=f"backend={backend}; relative max error against float32 einsum at highest precision")
     return rows
   for name in dict.fromkeys(("ATTN",) + tuple(a.operators)):
     if not available_impls(name, a.implementations, a.causal):
       ap.error(f"--implementations {','.join(a.implementations)} leaves no kernel for {name} on {jax.default_backend()} "
                f"(its kernels here{' under --causal' if a.causal else ''}: {','.join(available_impls(name, causal=a.causal))})")
-  print(f"backend={jax.default_backend()} devices={jax.device_count()} dtype={a.dtype} causal={a.causal}")
+  with runlock.hold(a.out):                         # one process per --out: a second run would skew the times too
+    return _timed(a, backend)
+
+
+def _timed(a, backend):
+  """The timing run of `main` (arguments checked, --out held): rows, the note, the three files."""
+  import jax
+  setting = f"backend={backend} devices={jax.device_count()} dtype={a.dtype} causal={a.causal} repeats={a.repeats}"
+  print(setting)
   rows = run(list(a.seqs), a.batch, a.heads, a.head_dim, a.repeats, a.long, a.dtype, a.operators,
              a.implementations, a.causal)
-  notes = []
+  for r in rows:
+    r["dtype"] = a.dtype
+    r.setdefault("repeats", a.repeats)                                  # the --long row is timed once
+  notes = [setting]
   if "CMAP" in a.operators:
     best = {n: min((r["ratio_to_best_attn"] for r in rows if r["seq"] == n and r["operator"] == "CMAP"
                     and math.isfinite(r["ratio_to_best_attn"] or float("nan"))), default=float("nan"))
@@ -427,6 +446,7 @@ def main(argv=None):
   notes += pallas_ratios(rows)
   note = "; ".join(notes)
   report.write(a.out, "bench_operators", rows, COLUMNS, note=note)
+  return rows
 
 
 if __name__ == "__main__":

@@ -86,10 +86,14 @@ def test_train_refuses_a_busy_run_folder_before_writing_anything(holder):
      "--model.patch", "2", "--train.steps", "1",
      "--metric", "false", "--out", "RUN"],
     ["swissroll", "--operators", "ATTN", "--orders", "ffn_first", "--train.steps", "1", "--out", "RUN"],
+    ["bench", "--seqs", "16", "--batch", "1", "--heads", "1", "--head-dim", "8", "--repeats", "1", "--long", "0",
+     "--operators", "ATTN", "--implementations", "einsum", "--out", "RUN"],
+    ["bench", "--numerics", "--seqs", "16", "--batch", "1", "--heads", "1", "--head-dim", "8", "--out", "RUN"],
 ])
 def test_commands_that_write_outside_the_trainer_hold_their_whole_out_folder(holder, capsys, argv):
-  """sit train and swissroll prepared data, sampled and wrote tables outside train.train's lock: a second
-  process on the same --out ran to the end beside the first. Now it is refused before any work."""
+  """sit train and swissroll prepared data, sampled and wrote tables outside train.train's lock, and bench timed
+  beside another bench and overwrote its tables: a second process on the same --out ran to the end beside the
+  first. Now it is refused before any work."""
   from attngeo import cli
   wd, proc = holder
   before = sorted(os.listdir(wd))
