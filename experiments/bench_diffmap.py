@@ -34,7 +34,7 @@ import time
 
 import numpy as np
 
-from attngeo import config, data
+from attngeo import config, data, runlock
 from attngeo.experiments import report
 from attngeo.experiments.report import Col
 
@@ -151,71 +151,72 @@ def main(argv=None):
     ap.error("--eps and --tol must be positive")
   if a.datafold_python and not os.path.isfile(a.datafold_python):
     ap.error(f"--datafold-python must be an existing interpreter; got {a.datafold_python!r}")
-  rows = []
-  me = [sys.executable, "-m", "attngeo.experiments.bench_diffmap", "--eps", str(a.eps), "--k", str(a.k), "--tol", str(a.tol)]
-  with tempfile.TemporaryDirectory() as tmp:
-    for n in sizes:
-      path = os.path.join(tmp, f"roll{n}.npy")
-      np.save(path, data.swiss_roll(n, 123))
-      res = {}
-      res["attngeo"], err = _run(me + ["--worker", "attngeo", "--path", path, "--result", os.path.join(tmp, f"ag{n}")])
-      ref = None
-      if n <= a.reference_max:
-        res["eigsh"], err_ref = _run(me + ["--worker", "eigsh", "--path", path, "--result", os.path.join(tmp, f"ref{n}")])
-        if res["eigsh"] is not None:
-          ref = (np.load(os.path.join(tmp, f"ref{n}.values.npy")), np.load(os.path.join(tmp, f"ref{n}.vectors.npy")),
-                 np.load(os.path.join(tmp, f"ref{n}.sqrtd.npy")))
-        if a.datafold_python:
-          res["datafold"], err_df = _run([a.datafold_python, "-c", _DATAFOLD, path, str(a.eps), str(a.k), os.path.join(tmp, f"df{n}")])
-      for method, r in res.items():
-        row = dict(n=n, method=method)
-        if r is None:
-          row["note"] = "failed"
+  with runlock.hold(a.out):                       # one process per --out, refused before any work
+    rows = []
+    me = [sys.executable, "-m", "attngeo.experiments.bench_diffmap", "--eps", str(a.eps), "--k", str(a.k), "--tol", str(a.tol)]
+    with tempfile.TemporaryDirectory() as tmp:
+      for n in sizes:
+        path = os.path.join(tmp, f"roll{n}.npy")
+        np.save(path, data.swiss_roll(n, 123))
+        res = {}
+        res["attngeo"], err = _run(me + ["--worker", "attngeo", "--path", path, "--result", os.path.join(tmp, f"ag{n}")])
+        ref = None
+        if n <= a.reference_max:
+          res["eigsh"], err_ref = _run(me + ["--worker", "eigsh", "--path", path, "--result", os.path.join(tmp, f"ref{n}")])
+          if res["eigsh"] is not None:
+            ref = (np.load(os.path.join(tmp, f"ref{n}.values.npy")), np.load(os.path.join(tmp, f"ref{n}.vectors.npy")),
+                   np.load(os.path.join(tmp, f"ref{n}.sqrtd.npy")))
+          if a.datafold_python:
+            res["datafold"], err_df = _run([a.datafold_python, "-c", _DATAFOLD, path, str(a.eps), str(a.k), os.path.join(tmp, f"df{n}")])
+        for method, r in res.items():
+          row = dict(n=n, method=method)
+          if r is None:
+            row["note"] = "failed"
+            rows.append(row)
+            continue
+          row.update(r)
+          if ref is not None:
+            w_ref, u_ref, sqrtd = ref
+            rate_ref = 1.0 - w_ref
+            if method == "attngeo":
+              rates = np.load(os.path.join(tmp, f"ag{n}.rates.npy"))
+              u = np.load(os.path.join(tmp, f"ag{n}.vectors.npy"))
+            elif method == "datafold":
+              rates = 1.0 - np.load(os.path.join(tmp, f"df{n}.values.npy")).real
+              u = np.load(os.path.join(tmp, f"df{n}.vectors.npy")).real * sqrtd[:, None]   # ψ → conjugate u ∝ √d ψ
+            else:
+              rates, u = rate_ref, u_ref
+            row["max_rel_err_rate"] = float(np.max(np.abs(rates[1:] - rate_ref[1:]) / rate_ref[1:]))
+            row["max_angle_deg"] = float(np.max(_angles(u, u_ref)))
           rows.append(row)
-          continue
-        row.update(r)
-        if ref is not None:
-          w_ref, u_ref, sqrtd = ref
-          rate_ref = 1.0 - w_ref
-          if method == "attngeo":
-            rates = np.load(os.path.join(tmp, f"ag{n}.rates.npy"))
-            u = np.load(os.path.join(tmp, f"ag{n}.vectors.npy"))
-          elif method == "datafold":
-            rates = 1.0 - np.load(os.path.join(tmp, f"df{n}.values.npy")).real
-            u = np.load(os.path.join(tmp, f"df{n}.vectors.npy")).real * sqrtd[:, None]   # ψ → conjugate u ∝ √d ψ
-          else:
-            rates, u = rate_ref, u_ref
-          row["max_rel_err_rate"] = float(np.max(np.abs(rates[1:] - rate_ref[1:]) / rate_ref[1:]))
-          row["max_angle_deg"] = float(np.max(_angles(u, u_ref)))
-        rows.append(row)
-  by = {(r["n"], r["method"]): r for r in rows}
-  for r in rows:
-    e = by.get((r["n"], "eigsh"))
-    if e and "seconds" in e and "seconds" in r:
-      r["time_vs_eigsh"] = r["seconds"] / e["seconds"]
-  notes = []
-  for r in rows:
-    if r["method"] != "attngeo" or "seconds" not in r:
-      continue
-    if r["n"] == 10000 and "max_rel_err_rate" in r:
-      notes.append(f"N = 10,000: 1 − λ within {r['max_rel_err_rate']:.1e} relative (target 1e-3), vectors within "
-                   f"{r['max_angle_deg']:.3f}° (target 0.1°): {'met' if r['max_rel_err_rate'] <= 1e-3 and r['max_angle_deg'] <= 0.1 else 'NOT met'}.")
-    if r["n"] == 20000 and "time_vs_eigsh" in r:
-      notes.append(f"N = 20,000: {r['seconds']:.1f} s vs dense eigsh {by[(20000, 'eigsh')]['seconds']:.1f} s "
-                   f"(target: faster): {'met' if r['time_vs_eigsh'] < 1 else 'NOT met'}.")
-    if r["n"] == 50000:
-      ok = r["seconds"] <= 300 and r["peak_bytes"] <= 2 * 2**30
-      notes.append(f"N = 50,000: {r['seconds']:.0f} s, {r['peak_bytes'] / 2**20:.0f} MiB peak (target ≤ 300 s, ≤ 2048 MiB): "
-                   f"{'met' if ok else 'NOT met'}.")
-  if not a.datafold_python:
-    notes.append("datafold skipped (no --datafold-python given).")
-  cols = [Col("n", "N"), Col("method"), Col("seconds", "seconds", ".1f"), Col("build_seconds", "build s", ".1f"),
-          Col("solve_seconds", "solve s", ".1f"), Col("time_vs_eigsh", "× eigsh time", ".2f"),
-          Col("peak_bytes", "peak MiB", lambda b: f"{b / 2**20:.0f}"), Col("matvecs", "kernel applications"),
-          Col("max_residual", "max residual", ".1e"), Col("max_rel_err_rate", "max rel. err. 1 − λ", ".1e"),
-          Col("max_angle_deg", "max angle (°)", ".4f"), Col("max_angle_bound_deg", "reported angle bound (°)", ".3g"),
-          Col("converged"), Col("note")]
-  report.write(a.out, "bench_diffmap", rows, cols, note="\n".join(notes))
+    by = {(r["n"], r["method"]): r for r in rows}
+    for r in rows:
+      e = by.get((r["n"], "eigsh"))
+      if e and "seconds" in e and "seconds" in r:
+        r["time_vs_eigsh"] = r["seconds"] / e["seconds"]
+    notes = []
+    for r in rows:
+      if r["method"] != "attngeo" or "seconds" not in r:
+        continue
+      if r["n"] == 10000 and "max_rel_err_rate" in r:
+        notes.append(f"N = 10,000: 1 − λ within {r['max_rel_err_rate']:.1e} relative (target 1e-3), vectors within "
+                     f"{r['max_angle_deg']:.3f}° (target 0.1°): {'met' if r['max_rel_err_rate'] <= 1e-3 and r['max_angle_deg'] <= 0.1 else 'NOT met'}.")
+      if r["n"] == 20000 and "time_vs_eigsh" in r:
+        notes.append(f"N = 20,000: {r['seconds']:.1f} s vs dense eigsh {by[(20000, 'eigsh')]['seconds']:.1f} s "
+                     f"(target: faster): {'met' if r['time_vs_eigsh'] < 1 else 'NOT met'}.")
+      if r["n"] == 50000:
+        ok = r["seconds"] <= 300 and r["peak_bytes"] <= 2 * 2**30
+        notes.append(f"N = 50,000: {r['seconds']:.0f} s, {r['peak_bytes'] / 2**20:.0f} MiB peak (target ≤ 300 s, ≤ 2048 MiB): "
+                     f"{'met' if ok else 'NOT met'}.")
+    if not a.datafold_python:
+      notes.append("datafold skipped (no --datafold-python given).")
+    cols = [Col("n", "N"), Col("method"), Col("seconds", "seconds", ".1f"), Col("build_seconds", "build s", ".1f"),
+            Col("solve_seconds", "solve s", ".1f"), Col("time_vs_eigsh", "× eigsh time", ".2f"),
+            Col("peak_bytes", "peak MiB", lambda b: f"{b / 2**20:.0f}"), Col("matvecs", "kernel applications"),
+            Col("max_residual", "max residual", ".1e"), Col("max_rel_err_rate", "max rel. err. 1 − λ", ".1e"),
+            Col("max_angle_deg", "max angle (°)", ".4f"), Col("max_angle_bound_deg", "reported angle bound (°)", ".3g"),
+            Col("converged"), Col("note")]
+    report.write(a.out, "bench_diffmap", rows, cols, note="\n".join(notes))
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ import time
 
 import numpy as np
 
-from attngeo import config, data
+from attngeo import config, data, runlock
 from attngeo.experiments import report, timing
 from attngeo.experiments.report import Col
 
@@ -120,41 +120,42 @@ def main(argv=None):
     ap.error(f"--eps must be positive; got {a.eps}")
   if not 1 <= a.functions <= 10:
     ap.error(f"--functions must be in [1, 10]; got {a.functions}")
-  import jax.numpy as jnp
-  from tqdm import tqdm
-  rows = []
-  for n in tqdm(sizes, desc="bench_geometry"):
-    x = jnp.asarray(data.sphere(n, seed=0))
-    f = jnp.concatenate([x, jnp.sin(3 * x), x[:, :2] * x[:, 1:]], -1)[:, :a.functions]
-    reps = a.repeats if n <= 16384 else 1
-    t, mem = timing.timed(lambda x, f: gamma2_free(x, f, a.eps, a.block_size), (x, f), reps)
-    rows.append(dict(n=n, method="matrix-free", seconds=t, peak_bytes=mem))
-    if n * n * 4 <= a.dense_limit_gib * 2**30:
-      t, mem = timing.timed(lambda x, f: gamma2_dense(x, f, a.eps), (x, f), reps)
-      rows.append(dict(n=n, method="dense", seconds=t, peak_bytes=mem))
-    else:
-      rows.append(dict(n=n, method="dense", seconds=None, peak_bytes=n * n * 4, skipped="P alone exceeds the limit"))
-  dense = {r["n"]: r for r in rows if r["method"] == "dense" and r["seconds"] is not None}
-  for r in rows:
-    d = dense.get(r["n"])
-    r["time_vs_dense"] = r["seconds"] / d["seconds"] if d and r["seconds"] else None
-    r["memory_vs_dense"] = r["peak_bytes"] / d["peak_bytes"] if d and r["seconds"] else None
-  for r in rows:
-    if r["seconds"] is None:
-      r["skipped"] = f"skipped (P alone: {r['peak_bytes'] / 2**20:.0f} MiB)"
-  cols = [Col("n", "N"), Col("method"), Col("seconds", "Γ₂ time (s)", ".3f"), Col("time_vs_dense", "× dense time", ".2f"),
-          Col("peak_bytes", "peak MiB", lambda b: f"{b / 2**20:.0f}"), Col("memory_vs_dense", "× dense memory", ".2f"),
-          Col("skipped", "note")]
-  if rows:
-    report.write(a.out, "bench_geometry", rows, cols)
-  if est_sizes:
-    est = [r for n in tqdm(est_sizes, desc="estimators") for r in estimator_rows(n, a.eps)]
-    cols = [Col("estimator"), Col("n", "N"), Col("reference"), Col("error_kind", "error"), Col("error", "value", ".2e"),
-            Col("error2", "angle (°) / mean", ".3g"), Col("reported_kind", "self-report"), Col("reported", "value", ".1e"),
-            Col("converged", "converged / resolved"), Col("seconds", "seconds", ".1f")]
-    report.write(a.out, "bench_estimators", est, cols,
-                 note="float32 estimators against float64 or closed-form references on the same points; seconds include JIT "
-                      "compilation. Ricci 'angle / mean' column: the read-out's mean (Gauss–Bonnet value 0).")
+  with runlock.hold(a.out):                       # one process per --out, refused before any work
+    import jax.numpy as jnp
+    from tqdm import tqdm
+    rows = []
+    for n in tqdm(sizes, desc="bench_geometry"):
+      x = jnp.asarray(data.sphere(n, seed=0))
+      f = jnp.concatenate([x, jnp.sin(3 * x), x[:, :2] * x[:, 1:]], -1)[:, :a.functions]
+      reps = a.repeats if n <= 16384 else 1
+      t, mem = timing.timed(lambda x, f: gamma2_free(x, f, a.eps, a.block_size), (x, f), reps)
+      rows.append(dict(n=n, method="matrix-free", seconds=t, peak_bytes=mem))
+      if n * n * 4 <= a.dense_limit_gib * 2**30:
+        t, mem = timing.timed(lambda x, f: gamma2_dense(x, f, a.eps), (x, f), reps)
+        rows.append(dict(n=n, method="dense", seconds=t, peak_bytes=mem))
+      else:
+        rows.append(dict(n=n, method="dense", seconds=None, peak_bytes=n * n * 4, skipped="P alone exceeds the limit"))
+    dense = {r["n"]: r for r in rows if r["method"] == "dense" and r["seconds"] is not None}
+    for r in rows:
+      d = dense.get(r["n"])
+      r["time_vs_dense"] = r["seconds"] / d["seconds"] if d and r["seconds"] else None
+      r["memory_vs_dense"] = r["peak_bytes"] / d["peak_bytes"] if d and r["seconds"] else None
+    for r in rows:
+      if r["seconds"] is None:
+        r["skipped"] = f"skipped (P alone: {r['peak_bytes'] / 2**20:.0f} MiB)"
+    cols = [Col("n", "N"), Col("method"), Col("seconds", "Γ₂ time (s)", ".3f"), Col("time_vs_dense", "× dense time", ".2f"),
+            Col("peak_bytes", "peak MiB", lambda b: f"{b / 2**20:.0f}"), Col("memory_vs_dense", "× dense memory", ".2f"),
+            Col("skipped", "note")]
+    if rows:
+      report.write(a.out, "bench_geometry", rows, cols)
+    if est_sizes:
+      est = [r for n in tqdm(est_sizes, desc="estimators") for r in estimator_rows(n, a.eps)]
+      cols = [Col("estimator"), Col("n", "N"), Col("reference"), Col("error_kind", "error"), Col("error", "value", ".2e"),
+              Col("error2", "angle (°) / mean", ".3g"), Col("reported_kind", "self-report"), Col("reported", "value", ".1e"),
+              Col("converged", "converged / resolved"), Col("seconds", "seconds", ".1f")]
+      report.write(a.out, "bench_estimators", est, cols,
+                   note="float32 estimators against float64 or closed-form references on the same points; seconds include JIT "
+                        "compilation. Ricci 'angle / mean' column: the read-out's mean (Gauss–Bonnet value 0).")
 
 
 if __name__ == "__main__":

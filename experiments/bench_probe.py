@@ -33,7 +33,7 @@ import time
 
 import numpy as np
 
-from attngeo import config, data, interop, nn
+from attngeo import config, data, interop, nn, runlock
 from attngeo.data import molecules
 from attngeo.experiments import report
 from attngeo.experiments.report import Col
@@ -233,17 +233,18 @@ def main(argv=None):
       molecules.wheel_file("rxnfp", "models", "transformers", "bert_pretrained", "config.json")
     except (FileNotFoundError, ImportError, ValueError) as e:
       ap.error(f"the bert case needs the rxnfp wheel (pip install --no-deps rxnfp==0.1.0): {e}")
-  rows = []
-  runs = [(name, []) for name in cases if name != "bert"] + [("bert", ["--seq", str(n)]) for n in bert_seqs
-                                                              if "bert" in cases]
-  for name, extra in runs:
-    row = run_case(name, passthrough + extra)
-    row.update(target=TARGETS[name], verdict=None)
-    row["verdict"] = verdict(row)
-    rows.append(row)
-  report.write(a.out, "bench_probe", rows, COLUMNS, note=f"{os.cpu_count()} CPU cores visible; each case in its own "
-               "process (peak RSS is that process's). Time it on an otherwise idle machine.")
-  return rows
+  with runlock.hold(a.out):                       # one process per --out, refused before any work
+    rows = []
+    runs = [(name, []) for name in cases if name != "bert"] + [("bert", ["--seq", str(n)]) for n in bert_seqs
+                                                                if "bert" in cases]
+    for name, extra in runs:
+      row = run_case(name, passthrough + extra)
+      row.update(target=TARGETS[name], verdict=None)
+      row["verdict"] = verdict(row)
+      rows.append(row)
+    report.write(a.out, "bench_probe", rows, COLUMNS, note=f"{os.cpu_count()} CPU cores visible; each case in its own "
+                 "process (peak RSS is that process's). Time it on an otherwise idle machine.")
+    return rows
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import statistics
 
 import numpy as np
 
-from attngeo import config
+from attngeo import config, runlock
 from attngeo.experiments import bench_train, report, timing
 from attngeo.experiments.report import Col
 
@@ -71,24 +71,25 @@ def main(argv=None):
                          ("--test-functions", a.test_functions >= 1, "≥ 1")):
     if not ok:
       ap.error(f"{flag} must be {want} at the {a.preset} preset; got {getattr(a, flag[2:].replace('-', '_'))}")
-  from attngeo import regularisers as reg
-  cfgs = {t: reg.Regularisers(**{t: 1.0}, heads=a.heads, sequences=a.sequences, test_functions=a.test_functions)
-          for t in terms}
+  with runlock.hold(a.out):                       # one process per --out, refused before any work
+    from attngeo import regularisers as reg
+    cfgs = {t: reg.Regularisers(**{t: 1.0}, heads=a.heads, sequences=a.sequences, test_functions=a.test_functions)
+            for t in terms}
 
-  import jax
+    import jax
 
-  print(f"backend={jax.default_backend()} device={jax.devices()[0].device_kind} preset={a.preset} {shape} "
-        f"heads={a.heads or 'all'} sequences={a.sequences or 'all'}")
-  calls = {"plain": step_call(bench_train.loss_fn, shape)}
-  calls.update({t: step_call(reg.regularised(cfg, bench_train.loss_fn), shape) for t, cfg in cfgs.items()})
-  times = {name: statistics.median(ts) for name, ts in timing.interleaved_seconds(calls, a.repeats).items()}
-  rows = [dict(term=name, seconds=t, ratio=t / times["plain"], target=None if name == "plain" else TARGET)
-          for name, t in times.items()]
-  for r in rows:
-    r["meets"] = None if r["target"] is None else bool(r["ratio"] <= r["target"])
-  cols = [Col("term"), Col("seconds", "step ms", lambda t: f"{1e3 * t:.1f}"), Col("ratio", "× plain", ".2f"),
-          Col("target", "target ≤", ".2f"), Col("meets", "meets", lambda b: "yes" if b else "no")]
-  report.write(a.out, f"bench_regularisers_{a.preset}", rows, cols, payload=dict(config=vars(a), rows=rows))
+    print(f"backend={jax.default_backend()} device={jax.devices()[0].device_kind} preset={a.preset} {shape} "
+          f"heads={a.heads or 'all'} sequences={a.sequences or 'all'}")
+    calls = {"plain": step_call(bench_train.loss_fn, shape)}
+    calls.update({t: step_call(reg.regularised(cfg, bench_train.loss_fn), shape) for t, cfg in cfgs.items()})
+    times = {name: statistics.median(ts) for name, ts in timing.interleaved_seconds(calls, a.repeats).items()}
+    rows = [dict(term=name, seconds=t, ratio=t / times["plain"], target=None if name == "plain" else TARGET)
+            for name, t in times.items()]
+    for r in rows:
+      r["meets"] = None if r["target"] is None else bool(r["ratio"] <= r["target"])
+    cols = [Col("term"), Col("seconds", "step ms", lambda t: f"{1e3 * t:.1f}"), Col("ratio", "× plain", ".2f"),
+            Col("target", "target ≤", ".2f"), Col("meets", "meets", lambda b: "yes" if b else "no")]
+    report.write(a.out, f"bench_regularisers_{a.preset}", rows, cols, payload=dict(config=vars(a), rows=rows))
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ import statistics
 
 import numpy as np
 
-from attngeo import config
+from attngeo import config, runlock
 from attngeo.experiments import report, timing
 from attngeo.experiments.report import Col
 from attngeo.lm import config as lm_config
@@ -111,22 +111,23 @@ def main(argv=None):
   from attngeo import kernels, train
   if a.implementation not in ("auto", *kernels.IMPLEMENTATIONS):
     ap.error(f"--implementation must be auto or one of {kernels.IMPLEMENTATIONS}; got {a.implementation!r}")
-  peak = train.device_peak_flops()
-  print(f"backend={jax.default_backend()} device={jax.devices()[0].device_kind} preset={a.preset} "
-        f"(depth {a.depth}, width {a.width}, head_dim {a.head_dim}, seq {a.seq}, vocab {a.vocab}, batch {a.batch}) "
-        f"implementation={kernels.default_implementation(a.seq) if a.implementation == 'auto' else a.implementation}")
-  rows = []
-  for op, (t, flops) in step_times(("ATTN", "DMAP", "DMTN", "ATAP"), a).items():
-    rows.append(dict(operator=op, seconds=t, tokens_per_s=a.batch * a.seq / t,
-                     mfu=flops / t / (peak * jax.device_count()) if peak else None))
-  for r in rows:
-    r["ratio_to_attn"] = r["seconds"] / rows[0]["seconds"]
-    r["target"] = TARGETS.get(r["operator"])
-    r["meets_target"] = None if r["target"] is None else bool(r["ratio_to_attn"] <= r["target"])
-  cols = [Col("operator"), Col("seconds", "step ms", lambda t: f"{1e3 * t:.1f}"), Col("tokens_per_s", "tokens/s", ".0f"),
-          Col("ratio_to_attn", "× ATTN", ".2f"), Col("target", "target ≤", ".2f"),
-          Col("meets_target", "meets", lambda b: "yes" if b else "no"), Col("mfu", "MFU", lambda x: f"{100 * x:.1f}%")]
-  report.write(a.out, "bench_train", rows, cols, payload=dict(config=vars(a), rows=rows))
+  with runlock.hold(a.out):                       # one process per --out, refused before any work
+    peak = train.device_peak_flops()
+    print(f"backend={jax.default_backend()} device={jax.devices()[0].device_kind} preset={a.preset} "
+          f"(depth {a.depth}, width {a.width}, head_dim {a.head_dim}, seq {a.seq}, vocab {a.vocab}, batch {a.batch}) "
+          f"implementation={kernels.default_implementation(a.seq) if a.implementation == 'auto' else a.implementation}")
+    rows = []
+    for op, (t, flops) in step_times(("ATTN", "DMAP", "DMTN", "ATAP"), a).items():
+      rows.append(dict(operator=op, seconds=t, tokens_per_s=a.batch * a.seq / t,
+                       mfu=flops / t / (peak * jax.device_count()) if peak else None))
+    for r in rows:
+      r["ratio_to_attn"] = r["seconds"] / rows[0]["seconds"]
+      r["target"] = TARGETS.get(r["operator"])
+      r["meets_target"] = None if r["target"] is None else bool(r["ratio_to_attn"] <= r["target"])
+    cols = [Col("operator"), Col("seconds", "step ms", lambda t: f"{1e3 * t:.1f}"), Col("tokens_per_s", "tokens/s", ".0f"),
+            Col("ratio_to_attn", "× ATTN", ".2f"), Col("target", "target ≤", ".2f"),
+            Col("meets_target", "meets", lambda b: "yes" if b else "no"), Col("mfu", "MFU", lambda x: f"{100 * x:.1f}%")]
+    report.write(a.out, "bench_train", rows, cols, payload=dict(config=vars(a), rows=rows))
 
 
 if __name__ == "__main__":

@@ -89,6 +89,10 @@ def test_train_refuses_a_busy_run_folder_before_writing_anything(holder):
     ["bench", "--seqs", "16", "--batch", "1", "--heads", "1", "--head-dim", "8", "--repeats", "1", "--long", "0",
      "--operators", "ATTN", "--implementations", "einsum", "--out", "RUN"],
     ["bench", "--numerics", "--seqs", "16", "--batch", "1", "--heads", "1", "--head-dim", "8", "--out", "RUN"],
+    ["bench-train", "--seq", "16", "--batch", "1", "--depth", "1", "--width", "16", "--head-dim", "8", "--repeats", "1",
+     "--out", "RUN"],
+    ["bench-geometry", "--sizes", "64", "--repeats", "1", "--block-size", "32", "--out", "RUN"],
+    ["bench-regularisers", "--preset", "tiny", "--repeats", "1", "--terms", "skew", "--out", "RUN"],
 ])
 def test_commands_that_write_outside_the_trainer_hold_their_whole_out_folder(holder, capsys, argv):
   """sit train and swissroll prepared data, sampled and wrote tables outside train.train's lock, and bench timed
