@@ -200,8 +200,10 @@ def main(argv=None):
     if os.environ.get("ATTNGEO_DEBUG"):
       raise
     how, code = ("terminated (SIGTERM)", 128 + signal.SIGTERM) if isinstance(e, Terminated) else ("interrupted", 130)
-    print(f"attngeo {name}: {how}; what it finished is kept (checkpoints, cached results): run the "
-          "same command again to go on", file=sys.stderr)
+    kept = ("its tables are written at the end, so nothing new was: run the same command again" if
+            name in WRITES_AT_THE_END else
+            "what it finished is kept (checkpoints, cached results): run the same command again to go on")
+    print(f"attngeo {name}: {how}; {kept}", file=sys.stderr)
     if from_shell:
       interrupts.exit_at_once(code)
     return code
@@ -223,6 +225,10 @@ def main(argv=None):
     return 2
   return 0
 
+
+# Commands that write their tables once, at the end (bench-pallas and bench-triton save theirs after every row).
+WRITES_AT_THE_END = frozenset({"bench", "bench-geometry", "bench-train", "bench-diffmap", "bench-probe",
+                               "bench-regularisers"})
 
 # errno -> what the one line says; the texts are how libraries that wrap the error spell them.
 STORAGE_FULL = {errno.ENOSPC: ("no space left on device", "No space left on device"),

@@ -417,6 +417,12 @@ def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
   assert cli.main(["boom"]) == 130
   err = capsys.readouterr().err
   assert err.startswith("attngeo boom: interrupted;") and len(err.strip().splitlines()) == 1, err
+  assert "what it finished is kept" in err
+  monkeypatch.setitem(cli.COMMANDS, "bench", (f"{__name__}:_interrupted", "raises KeyboardInterrupt"))
+  assert cli.main(["bench"]) == 130               # the bench writes its tables at the end: it keeps nothing
+  err = capsys.readouterr().err
+  assert "nothing new was: run the same command again" in err and "kept" not in err, err
+  assert cli.WRITES_AT_THE_END <= set(cli.COMMANDS) - {"bench-pallas", "bench-triton"}    # those save every row
   monkeypatch.setenv("ATTNGEO_DEBUG", "1")
   with pytest.raises(KeyboardInterrupt):
     cli.main(["boom"])
