@@ -161,6 +161,36 @@ def _phase_reference(q, k, v, qt, kt, c, mask, causal, scale):
   return jnp.stack([y.real, y.imag], -1).reshape(y.shape[:-1] + (v.shape[-1],))
 
 
+def test_the_phase_kernel_reads_the_bias_cotangent_off_the_dk_product():
+  """As the softmax kernel (tests/test_kernels.py): dbias comes out of `[s·qᵀ; 1ᵀ]·dL`, d + 1 rows, with no sum of
+  its own over a [b, h, bq, bk] block's rows; without a bias that product keeps its d rows."""
+  ks = jax.random.split(jax.random.PRNGKey(31), 6)
+  q, k = (jax.random.normal(kk, (B, N, H, D)) for kk in ks[:2])
+  qt, kt = (jax.random.normal(kk, (B, N, H, 3)) for kk in ks[2:4])
+  v, bias = jax.random.normal(ks[4], (B, N, H, E)), jax.random.normal(ks[5], (B, N, H))
+  c = jnp.array([0.3, -0.8, 1.7])
+
+  def eqns(jaxpr):
+    for e in jaxpr.eqns:
+      yield e
+      for p in e.params.values():
+        for sub in (p if isinstance(p, (list, tuple)) else [p]):
+          inner = getattr(sub, "jaxpr", sub)
+          if hasattr(inner, "eqns"):
+            yield from eqns(inner)
+
+  run = lambda q, b=None: jnp.sum(kernels.phase_attention(q, k, v, qt, kt, c, bias=b, implementation="blockwise",
+                                                          block_size=4))
+  for args in ((q, bias), (q,)):
+    found = list(eqns(jax.make_jaxpr(jax.grad(run, range(len(args))))(*args).jaxpr))
+    assert not [e for e in found if e.primitive.name == "reduce_sum" and e.invars[0].aval.shape[-2:] == (4, 4)
+                and tuple(e.params["axes"]) == (2,)]
+    rows = {e.outvars[0].aval.shape[2] for e in found if e.primitive.name == "dot_general"
+            and e.invars[0].aval.ndim == 4 and e.invars[0].aval.shape[-1] == 4 and e.invars[1].aval.shape[-2:] == (4, 4)
+            and e.invars[0].aval.shape[2] in (D, D + 1)}                        # the dk product [b, h, f, bk]
+    assert rows == ({D + 1} if len(args) == 2 else {D}), rows
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 def test_kernel_gradients_with_fewer_queries_no_bias_and_rows_emptied_by_padding_and_causality(impl):
   """The phase kernel alone at t = 11 queries, s = 20 keys, no key bias, per-head coupling, left padding
