@@ -268,3 +268,14 @@ def triton_calls(stablehlo: str) -> int:
   """How many Pallas Triton kernels a lowered program calls: jaxlib ≤ 0.10.2 names them `__gpu$xla.gpu.triton`
   (the Triton IR in the call), later ones `triton_kernel_call_ffi` (compiled at lowering, in a compressed proto)."""
   return stablehlo.count("__gpu$xla.gpu.triton") + stablehlo.count("triton_kernel_call_ffi")
+
+
+def jaxpr_eqns(jaxpr):
+  """Every equation of a jaxpr and of the jaxprs inside it (scan and cond bodies, custom rules), depth first."""
+  for e in jaxpr.eqns:
+    yield e
+    for p in e.params.values():
+      for sub in (p if isinstance(p, (list, tuple)) else [p]):
+        inner = getattr(sub, "jaxpr", sub)
+        if hasattr(inner, "eqns"):
+          yield from jaxpr_eqns(inner)

@@ -87,25 +87,15 @@ def test_attention_gradients_match_float64_autodiff(impl):
     np.testing.assert_allclose(a, b, **tol(impl, 1e-5 * np.abs(b).max(), 1e-4))
 
 
-def _eqns(jaxpr):
-  """Every equation of a jaxpr and of the jaxprs inside it (scan and cond bodies, custom rules)."""
-  for e in jaxpr.eqns:
-    yield e
-    for p in e.params.values():
-      for sub in (p if isinstance(p, (list, tuple)) else [p]):
-        inner = getattr(sub, "jaxpr", sub)
-        if hasattr(inner, "eqns"):
-          yield from _eqns(inner)
-
-
 def test_the_blockwise_backward_reads_the_bias_cotangent_off_the_dk_product():
   """dbias_j = Σ_i dS_ij comes out of `[s·qᵀ; 1ᵀ]·dS` (the dk product, one row more: d + 1), not out of a sum of
   its own over each block's rows, which read every [b, h, bq, bk] block of dS once more (softmax._flash_bwd).
   Without a bias the products keep their widths: the key side's sums are d (dk) and e (dv) rows."""
+  from helpers import jaxpr_eqns
   q, k, v, bias = inputs(1)
   run = lambda q, k, v, b=None: jnp.sum(kernels.attention(q, k, v, bias=b, implementation="blockwise", block_size=4))
   for args in ((q, k, v, bias), (q, k, v)):
-    eqns = list(_eqns(jax.make_jaxpr(jax.grad(run, range(len(args))))(*args).jaxpr))
+    eqns = list(jaxpr_eqns(jax.make_jaxpr(jax.grad(run, range(len(args))))(*args).jaxpr))
     assert not [e for e in eqns if e.primitive.name == "reduce_sum" and e.invars[0].aval.shape[-2:] == (4, 4)
                 and tuple(e.params["axes"]) == (2,)]                                  # no Σ_i over a block's rows
     key_sums = {e.outvars[0].aval.shape[2] for e in eqns if e.primitive.name == "dot_general"

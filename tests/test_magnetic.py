@@ -17,7 +17,7 @@ from flax import nnx
 from attngeo import magnetic as mg
 from attngeo import markov
 from attngeo import kernels, nn, operators as op
-from helpers import chain_pi, distance_form_reference, huge_and_plain_tokens
+from helpers import chain_pi, distance_form_reference, huge_and_plain_tokens, jaxpr_eqns
 
 B, N, H, D, E = 2, 29, 3, 8, 6
 IMPLS = ["einsum", "blockwise"]
@@ -170,19 +170,10 @@ def test_the_phase_kernel_reads_the_bias_cotangent_off_the_dk_product():
   v, bias = jax.random.normal(ks[4], (B, N, H, E)), jax.random.normal(ks[5], (B, N, H))
   c = jnp.array([0.3, -0.8, 1.7])
 
-  def eqns(jaxpr):
-    for e in jaxpr.eqns:
-      yield e
-      for p in e.params.values():
-        for sub in (p if isinstance(p, (list, tuple)) else [p]):
-          inner = getattr(sub, "jaxpr", sub)
-          if hasattr(inner, "eqns"):
-            yield from eqns(inner)
-
   run = lambda q, b=None: jnp.sum(kernels.phase_attention(q, k, v, qt, kt, c, bias=b, implementation="blockwise",
                                                           block_size=4))
   for args in ((q, bias), (q,)):
-    found = list(eqns(jax.make_jaxpr(jax.grad(run, range(len(args))))(*args).jaxpr))
+    found = list(jaxpr_eqns(jax.make_jaxpr(jax.grad(run, range(len(args))))(*args).jaxpr))
     assert not [e for e in found if e.primitive.name == "reduce_sum" and e.invars[0].aval.shape[-2:] == (4, 4)
                 and tuple(e.params["axes"]) == (2,)]
     rows = {e.outvars[0].aval.shape[2] for e in found if e.primitive.name == "dot_general"
