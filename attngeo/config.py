@@ -142,7 +142,12 @@ def from_dict(cls, fields: dict):
 # ----------------------------------------------------------------------------- command-line helpers
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-  """Keeps the module docstring's layout and appends each option's default to its help."""
+  """Keeps the module docstring's layout and appends each option's default to its help, unless the help already
+  says it ("(default: every kernel this backend has …)": argparse's "(default: None)" after it said nothing)."""
+
+  def _get_help_string(self, action):
+    text = action.help or ""
+    return text if "(default" in text else super()._get_help_string(action)
 
 
 class Parser(argparse.ArgumentParser):

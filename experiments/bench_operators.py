@@ -369,9 +369,9 @@ def parser():
   ap.add_argument("--head-dim", type=config.positive_int, default=64, help="head dimension")
   ap.add_argument("--repeats", type=config.positive_int, default=3, help="timed runs per cell, interleaved with the other cells of its sequence length "
                        "(fastest reported; the paired ratio's 95 %% interval needs 6 or more)")
-  ap.add_argument("--operators", type=config.choice_list(OPERATORS), default=",".join(OPERATORS),
-                  help=f"operators to time, comma-separated subset of {','.join(OPERATORS)} (default: all; "
-                       "ATTN is always timed as the reference)")
+  ap.add_argument("--operators", type=config.choice_list(OPERATORS), default=None,
+                  help=f"operators to time, comma-separated subset of {','.join(OPERATORS)} (default: every one "
+                       "with a kernel among --implementations; ATTN is always timed as the reference)")
   ap.add_argument("--implementations", type=config.choice_list(IMPLEMENTATIONS), default=None,
                   help=f"kernels to time, comma-separated subset of {','.join(IMPLEMENTATIONS)} (default: every "
                        "kernel this backend has; ratios are to the fastest ATTN among those timed)")
@@ -404,6 +404,11 @@ def main(argv=None):
     ap.error("--causal times the causal order; --numerics compares the kernels' errors without it: give one")
   if a.interpret and backend != "cpu":
     ap.error(f"--interpret is for CPU (on {backend} the Pallas kernel is compiled); drop it")
+  if a.operators is None:                             # the default: every operator with a kernel among those chosen
+    left_out = [x for x in OPERATORS if not available_impls(x, a.implementations, a.causal)]
+    a.operators = tuple(x for x in OPERATORS if x not in left_out)
+    if left_out and "ATTN" not in left_out:
+      print(f"left out: {', '.join(left_out)} (no kernel among --implementations {','.join(a.implementations)})")
   a.seqs, a.operators = list(dict.fromkeys(a.seqs)), tuple(dict.fromkeys(a.operators))   # each cell once
   if a.implementations:
     a.implementations = tuple(dict.fromkeys(a.implementations))

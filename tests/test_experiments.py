@@ -75,6 +75,18 @@ def test_bench_operators_kernel_choice_and_programs_too_big_for_the_machine(tmp_
     assert e.value.code == 2 and f"leaves no kernel for {name}" in capsys.readouterr().err
 
 
+def test_bench_default_operators_are_those_with_a_kernel_among_the_chosen(tmp_path, capsys):
+  """`--implementations xla` alone was refused because CMAP, a default operator, has no xla kernel; by default the
+  bench now leaves CMAP out and says so (named with --operators, it is still refused: the test above). Options whose
+  help states its default do not get argparse's "(default: None)" as well."""
+  rows = bench_operators.main(["--seqs", "16", "--batch", "1", "--heads", "1", "--head-dim", "8", "--repeats", "1",
+                               "--long", "0", "--implementations", "xla", "--out", str(tmp_path)])
+  assert [r["operator"] for r in rows] == ["ATTN", "DMAP", "DMTN", "ATAP"]
+  assert "left out: CMAP (no kernel among --implementations xla)" in capsys.readouterr().out
+  options = bench_operators.parser().format_help().split("options:")[1].split("\n  -")[1:]
+  assert not [o for o in options if "(default: None)" in o or " ".join(o.split()).count("(default") > 1]
+
+
 def test_bench_bounds_the_process_not_only_each_program(tmp_path, monkeypatch, capsys):
   """Every cell of a length times one set of inputs (15 copies held 2.8 GiB at 4096 keys), and a program that
   would take the process's resident memory past the limit is reported, not run."""
