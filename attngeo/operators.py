@@ -383,7 +383,7 @@ def _mend_overflow(y, rerun, hot, v, unresolved):
 
 
 def split_kernel(beta, alpha, implementation: str | None, n_keys: int, *, dtype="float32", masked: bool = False,
-                 causal: bool = False, block_size: int = 512) -> str | None:
+                 causal: bool = False, block_size: int = 512, batch_heads: int | None = None) -> str | None:
   """The split kernel `transport` runs member (β, α) on instead of the augmented heads' einsum or blockwise
   kernel — "dense" (`kernels.split_attention`, one d-wide product and its transpose), "paired"
   (`kernels.split_paired_attention`) or "gram" (`kernels.gram_attention`) — or None. Inputs of ≥ 32 bits, β a
@@ -395,7 +395,11 @@ def split_kernel(beta, alpha, implementation: str | None, n_keys: int, *, dtype=
     m·mᵀ/2 with a one-product backward; and "paired" from `kernels.PAIRED_GRAM_FROM_TILES` tiles (2048 keys at
     the default block size), the same Gram alone on pairs of tiles (5 + 1/T product units a tile to ATTN's 7);
     the others (DMTN at α = 1; a static α > 0) "paired" only, from `kernels.PAIRED_BETA0_FROM_TILES` tiles (8192
-    keys at the default block size), products of m and n (`beta0_paired`)."""
+    keys at the default block size), products of m and n (`beta0_paired`), and only where the augmented heads run
+    on blocks of `kernels.TILE`. `batch_heads` (b·h) says that the augmented heads run on the default block,
+    `kernels.block_size_for(b·h)`: where that is larger (fewer than 32 heads a step), DMTN stays on them (16 384
+    keys, batch 1 × 8 heads, ÷ ATTN on its 1024-key default block: augmented heads 1.37–1.39, pairs of tiles 1.47–1.50;
+    batch 4 × 8 heads, both at 512: pairs 1.27, heads 1.34). None: `block_size` is the heads' block too."""
   if not (isinstance(beta, float) and jnp.finfo(dtype).bits >= 32):
     return None
   static = isinstance(alpha, float)
@@ -409,6 +413,8 @@ def split_kernel(beta, alpha, implementation: str | None, n_keys: int, *, dtype=
     return kernels.runs_split(implementation, n_keys, masked=masked, causal=causal, static=static,
                               block_size=block_size)
   if beta == 0.0 and static and alpha != 0.0:
+    if batch_heads is not None and kernels.block_size_for(batch_heads) > kernels.TILE:
+      return None
     paired = kernels.runs_split(implementation, n_keys, masked=masked, causal=causal, static=True,
                                 block_size=block_size, from_tiles=kernels.PAIRED_BETA0_FROM_TILES) == "paired"
     return "paired" if paired else None
@@ -444,7 +450,7 @@ def beta0_paired(q, k, v, alpha: float, bias, scale: float, block_size: int = 51
 # ----------------------------------------------------------------------------- public API
 
 def transport(q, k, v, *, beta=1.0, alpha=1.0, causal: bool = False, mask=None, scale=None,
-              implementation: str | None = None, block_size: int = 512):
+              implementation: str | None = None, block_size: int | None = None):
   """Attention output `y_i = Σ_j P_ij v_j` under operator (β, α), as one fused SDPA.
 
   Args:
@@ -475,9 +481,10 @@ def transport(q, k, v, *, beta=1.0, alpha=1.0, causal: bool = False, mask=None, 
   mask, beta, scale = _arguments(q, k, v, beta=beta, mask=mask, scale=scale)
   alpha = _coefficient("alpha", alpha, q.shape[2])
 
-  block_size = kernels.check_block_size(block_size)
+  block_size = None if block_size is None else kernels.check_block_size(block_size)
+  tile = kernels.TILE if block_size is None else block_size          # the split kernels' tile bound
   split = split_kernel(beta, alpha, implementation, q.shape[1], dtype=q.dtype, masked=mask is not None, causal=causal,
-                       block_size=block_size)
+                       block_size=tile, batch_heads=None if block_size is not None else q.shape[0] * q.shape[2])
 
   def run(q, k, v, beta=beta, alpha=alpha, implementation=implementation):
     bias = lambda: key_bias(q, k, beta=beta, alpha=alpha, scale=scale)
@@ -485,10 +492,10 @@ def transport(q, k, v, *, beta=1.0, alpha=1.0, causal: bool = False, mask=None, 
       return kernels.split_attention(q, k, v, weights=kernels.split_weights(alpha), mask=mask, causal=causal,
                                      bias=bias(), scale=scale), None
     if split == "paired" and beta == 0.0:
-      return beta0_paired(q, k, v, alpha, bias(), scale, block_size), None
+      return beta0_paired(q, k, v, alpha, bias(), scale, tile), None
     if split == "paired":
       return kernels.split_paired_attention(q, k, v, weights=kernels.split_weights(alpha), bias=bias(), scale=scale,
-                                            block_size=block_size), None
+                                            block_size=tile), None
     aug = augment(q, k, beta=beta, alpha=alpha, scale=scale)
     return kernels.attention(aug.q, aug.k, v, bias=aug.bias, mask=mask, causal=causal, scale=scale,
                              implementation=implementation, block_size=block_size), aug
@@ -499,7 +506,7 @@ def transport(q, k, v, *, beta=1.0, alpha=1.0, causal: bool = False, mask=None, 
       y = kernels.gram_attention(aug.q, v, c=0.5 * scale, bias=aug.bias, mask=mask, causal=causal)
     elif split == "paired":                                      # the same Gram on pairs of tiles
       y = kernels.split_paired_attention(aug.q, aug.q, v, weights=(0.0, 0.0), gram=0.5, bias=aug.bias, scale=scale,
-                                         block_size=block_size)
+                                         block_size=tile)
     else:
       y = kernels.attention(aug.q, aug.k, v, bias=aug.bias, mask=mask, causal=causal, scale=scale,
                             implementation=implementation, block_size=block_size)
@@ -642,8 +649,8 @@ def magnetic_transport(q, k, v, *, beta=0.0, coupling=1.0, causal: bool = False,
       keys, else blockwise; "pallas", `kernels.pallas_phase`, only when named).
       "paired" (`attngeo.kernels.paired`) needs β = 0 as a Python float, no mask and causal=False;
       a call with far tokens (as in `transport`) runs on the one-sided blockwise kernel instead.
-    block_size: the blockwise kernel's block, or the paired kernel's tile bound (`kernels.tiling`);
-      default 512.
+    block_size: the blockwise kernel's block, or the paired kernel's tile bound (`kernels.tiling`); None:
+      `kernels.block_size_for(b·h)` blockwise, `kernels.TILE` (512) for the tiles.
   Returns:
     [b, n, h, e] in v's dtype (float32 accumulation); the phase matrix never exists beyond a block
     on the blockwise path. A row whose keys are all masked is 0. At β = 0 far tokens are isolated
@@ -651,11 +658,11 @@ def magnetic_transport(q, k, v, *, beta=0.0, coupling=1.0, causal: bool = False,
   """
   mask, beta, scale = _arguments(q, k, v, beta=beta, mask=mask, scale=scale, pairs=True)
   coupling = _coupling(coupling, q.shape[2])
-  block_size = 512 if block_size is None else block_size
   if kernels.choose("magnetic", implementation, q.shape[1]) == "paired":
-    _check_paired(beta, mask, causal, block_size)
+    tile = kernels.TILE if block_size is None else block_size
+    _check_paired(beta, mask, causal, tile)
     one_sided = lambda: _phase_transport(q, k, v, beta, coupling, causal, None, scale, "blockwise", block_size)
-    paired = lambda: kernels.paired_magnetic(q, k, v, coupling, scale=scale, block_size=int(block_size))
+    paired = lambda: kernels.paired_magnetic(q, k, v, coupling, scale=scale, block_size=int(tile))
     return jax.lax.cond(jnp.any(_far_tokens(q, k, scale)), one_sided, paired)      # far tokens: the one-sided kernel
   if isinstance(coupling, float) and coupling == 0.0:
     return transport(q, k, v, beta=beta, alpha=0.0, causal=causal, mask=mask, scale=scale,

@@ -97,14 +97,14 @@ def compiled_call(name, impl, b, n, h, d, block_size=None, dtype="float32", qkv=
   return (lambda: compiled(q, k, v)), timing.peak_bytes(compiled)
 
 
-def runs_on(name, impl, n, dtype="float32", causal=False) -> str:
+def runs_on(name, impl, n, dtype="float32", causal=False, batch_heads=64) -> str:
   """The kernel a cell runs on: `impl`, or a split kernel where `operators.split_kernel` takes it instead of the
   augmented heads (ATAP on einsum below 512 keys: "split"; DMAP on einsum up to 384 keys: "gram"; blockwise pairs
-  of tiles, ATAP and DMAP from 4 tiles and DMTN from 16: "split_paired")."""
+  of tiles, ATAP and DMAP from 4 tiles and DMTN from 16 where `batch_heads`, b·h, is 32 or more: "split_paired")."""
   from attngeo import operators as op
   if op.is_magnetic(name):
     return impl
-  split = op.split_kernel(*op.corner(name), impl, n, dtype=dtype, causal=causal)
+  split = op.split_kernel(*op.corner(name), impl, n, dtype=dtype, causal=causal, batch_heads=batch_heads)
   return {"dense": "split", "paired": "split_paired", "gram": "gram"}.get(split, impl)
 
 
@@ -315,7 +315,7 @@ def run(seqs, batch, heads, head_dim, repeats, long_seq, dtype="float32", operat
     impls = dict.fromkeys(i for name in names for i in available_impls(name, implementations, causal))
     for impl in impls:                                                              # by kernel, ATTN first
       for name in (x for x in names if impl in available_impls(x, implementations, causal)):
-        row = dict(seq=n, batch=batch, operator=name, implementation=impl, kernel=runs_on(name, impl, n, dtype, causal),
+        row = dict(seq=n, batch=batch, operator=name, implementation=impl, kernel=runs_on(name, impl, n, dtype, causal, batch * heads),
                    causal=causal, seconds=float("nan"), peak_bytes=None)
         try:
           calls[name, impl], row["peak_bytes"] = compiled_call(name, impl, batch, n, heads, head_dim, dtype=dtype,
@@ -344,9 +344,9 @@ def run(seqs, batch, heads, head_dim, repeats, long_seq, dtype="float32", operat
         r["ratio_to_best_attn"] = r["seconds"] / min(attn) if attn else float("nan")
   calls = qkv = None                                         # the long row holds only its own inputs
   if long_seq:
-    t, mem = measure("DMTN", "blockwise", 1, long_seq, heads, head_dim, 1, block_size=1024, dtype=dtype,
-                     causal=causal)
-    rows.append(dict(seq=long_seq, batch=1, operator="DMTN", implementation="blockwise", kernel="blockwise",
+    t, mem = measure("DMTN", "blockwise", 1, long_seq, heads, head_dim, 1, dtype=dtype, causal=causal)
+    rows.append(dict(seq=long_seq, batch=1, operator="DMTN", implementation="blockwise",
+                     kernel=runs_on("DMTN", "blockwise", long_seq, dtype, causal, heads),
                      causal=causal, seconds=t, repeats=1,
                      peak_bytes=mem,
                      ratio_to_best_attn=float("nan"), dense_p_bytes=heads * long_seq * long_seq * 4))

@@ -9,8 +9,9 @@ For each length: forward + backward (a jitted grad of Σ y²) of ATTN on the blo
 the augmented heads (`operators.augment`, then the blockwise softmax kernel: the route below the crossover) and
 on pairs of tiles (`kernels.split_paired_attention`: DMTN through `operators.beta0_paired`, with its Gram term;
 ATAP on q and k with its key bias; DMAP its Gram alone on m = (q + k)/√2, with its key bias; none with
-`operators.transport`'s guards), 8 heads of 64, float32, block size 512 (each length a multiple of 512 keys from
-1024 on: whole tiles for the three alike, two or more for the pairs), the three timed in alternation
+`operators.transport`'s guards), 8 heads of 64, float32: ATTN and the augmented heads on the blockwise kernel's
+default block (`kernels.block_size_for(b·h)`: 512 from batch 4 on, 1024 at batch 1), the pairs on tiles of 512
+(each length whole blocks and two or more tiles: a multiple of the block from 1024 keys on), the three timed in alternation
 (`timing.interleaved_seconds`), fastest run. Prints a Markdown table of each route ÷ ATTN. Runs with glibc's huge
 pages, as `attngeo` does.
 """
@@ -19,7 +20,7 @@ from __future__ import annotations
 import sys
 
 
-BLOCK = 512                     # the kernels' block and tile size here
+BLOCK = 512                     # the pairs' tile bound here (`kernels.TILE`)
 
 
 def routes(n: int, batch: int, heads: int = 8, head_dim: int = 64, operator: str = "DMTN"):
@@ -74,10 +75,13 @@ def main(argv=None):
     with interrupts.as_interrupts():          # SIGTERM as Ctrl-C; neither lost in an import or a gc callback
       timing.start_jax(ap)
       from attngeo.kernels._blocks import tiles_in_pairs
-      for n in a.seqs:
-        if n % BLOCK or not tiles_in_pairs(n, BLOCK):
-          ap.error(f"--seqs: each length must be a multiple of {BLOCK} keys from {2 * BLOCK} on, whole tiles for both "
-                   f"routes and ATTN alike (the pairs need two or more); got {n}")
+      from attngeo.kernels import block_size_for
+      for n, batch in zip(a.seqs, a.batches):
+        block = min(block_size_for(batch * 8), n)
+        if n % BLOCK or n % block or not tiles_in_pairs(n, BLOCK):
+          ap.error(f"--seqs: each length must be a multiple of {BLOCK} keys from {2 * BLOCK} on and of the kernel's "
+                   f"block at its batch ({block} at batch {batch}): whole blocks for both routes and ATTN alike (the "
+                   f"pairs need two or more tiles); got {n}")
       print(f"| keys | batch | ATTN blockwise (ms) | {a.operator} augmented ÷ ATTN | {a.operator} pairs ÷ ATTN |")
       print("|---:|---:|---:|---:|---:|")
       for n, batch in zip(a.seqs, a.batches):

@@ -239,7 +239,7 @@ def _program(operator: str, n: int, batch: int, heads: int, head_dim: int, imple
     f = lambda q, k, v: op.magnetic_transport(q, k, v, causal=causal, implementation=implementation)
   else:
     beta, alpha = op.corner(operator)
-    split = op.split_kernel(beta, alpha, implementation, n, causal=causal)
+    split = op.split_kernel(beta, alpha, implementation, n, causal=causal, batch_heads=batch * heads)
     name = {"dense": "split", "paired": "split_paired", "gram": "gram"}.get(split, kernels.choose("softmax",
                                                                                                   implementation, n))
     if split is None and operator in ("DMTN", "ATAP"):

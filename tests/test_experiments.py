@@ -45,6 +45,7 @@ def test_bench_rows_name_the_split_kernel_atap_dmtn_and_dmap_run_on():
   assert bench_operators.runs_on("ATAP", "einsum", 256, dtype="bfloat16") == "einsum"
   assert bench_operators.runs_on("DMTN", "blockwise", 4096) == "blockwise"                # 8 tiles
   assert bench_operators.runs_on("DMTN", "blockwise", 8192) == "split_paired"
+  assert bench_operators.runs_on("DMTN", "blockwise", 16384, batch_heads=8) == "blockwise"  # heads on 1024-key blocks
   assert bench_operators.runs_on("DMAP", "blockwise", 2048) == "split_paired"            # its Gram alone, 4 tiles
   assert bench_operators.runs_on("DMAP", "blockwise", 1024) == "blockwise"
   assert bench_operators.runs_on("DMAP", "blockwise", 8192, causal=True) == "blockwise"

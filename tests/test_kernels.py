@@ -301,6 +301,52 @@ def test_the_dispatcher_chooses_by_backend_and_length(monkeypatch, backend, shor
     assert [kernels.choose(kind, name, 8) for name in names] == list(names)
 
 
+@pytest.mark.parametrize("batch_heads,block", [(1, 2048), (2, 2048), (3, 1024), (8, 1024), (9, 512), (32, 512),
+                                               (64, 512), (4096, 512)])
+def test_the_default_block_is_the_largest_power_of_two_whose_step_fits(batch_heads, block):
+  """`block_size_for(b·h)`: the largest power of two ≥ 512 with b·h·block² ≤ 2^23 entries a step."""
+  got = kernels.block_size_for(batch_heads)
+  assert got == block
+  assert got == kernels.TILE or batch_heads * got ** 2 <= kernels.STEP_ENTRIES < batch_heads * (2 * got) ** 2
+
+
+def _blockwise_loop_lengths(fn, *args):
+  """The trip counts of the scans and maps in fn's jaxpr (a blockwise kernel's loops over its blocks)."""
+  from helpers import jaxpr_eqns
+  return sorted({e.params["length"] for e in jaxpr_eqns(jax.make_jaxpr(fn)(*args).jaxpr) if e.primitive.name == "scan"})
+
+
+@pytest.mark.parametrize("batch,heads", [(1, 2), (1, 8), (4, 8)])
+def test_the_blockwise_kernels_take_the_default_block_when_none_is_named(batch, heads):
+  """block_size=None: the softmax and phase kernels (and `log_normaliser`) run on `block_size_for(b·h)`: at 4096
+  keys their loops visit 4096 / block blocks (2, 4 and 8 here); a block named is kept."""
+  n = 4096
+  q, k, v = (jnp.zeros((batch, n, heads, 4)) for _ in range(3))
+  block = kernels.block_size_for(batch * heads)
+  blocks = lambda bs=None: _blockwise_loop_lengths(
+      lambda q, k, v: kernels.attention(q, k, v, implementation="blockwise", block_size=bs), q, k, v)
+  assert blocks() == [n // block] and blocks(256) == [n // 256]
+  grads = _blockwise_loop_lengths(jax.grad(lambda q: jnp.sum(kernels.attention(q, k, v, implementation="blockwise"))), q)
+  assert grads == [n // block]
+  phase = _blockwise_loop_lengths(lambda q, k, v: kernels.phase_attention(q, k, v, q, k, 1.0, implementation="blockwise"),
+                                  q, k, v)
+  assert phase == [n // block]
+  assert _blockwise_loop_lengths(lambda q, k: kernels.log_normaliser(q, k), q, k) == [n // block]
+
+
+def test_the_default_block_gives_the_named_blocks_answer():
+  """The default block changes where the loops cut, not what they compute: at batch 1 × 2 heads (a 2048-key block)
+  the blockwise output and gradients match a 512-key block's to float32 rounding, and equal a named 2048 bitwise."""
+  ks = jax.random.split(jax.random.PRNGKey(7), 3)
+  q, k, v = (jax.random.normal(kk, (1, 2048, 2, 8)) for kk in ks)
+  run = lambda bs: jax.value_and_grad(lambda q, k, v: jnp.sum(jnp.tanh(
+      kernels.attention(q, k, v, implementation="blockwise", block_size=bs))), (0, 1, 2))(q, k, v)
+  default, named, small = run(None), run(2048), run(512)
+  for a, b, c in zip(jax.tree.leaves(default), jax.tree.leaves(named), jax.tree.leaves(small)):
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_allclose(a, c, rtol=2e-5, atol=2e-6 * float(jnp.max(jnp.abs(c))))
+
+
 def test_the_dispatcher_refuses_foreign_names_unless_lenient():
   """strict (operators, kernels): a name of another kind or of none is one line naming the choices;
   lenient (a layer's setting across a graft): another kind's name takes the default, no kind's still errs."""

@@ -251,6 +251,13 @@ def test_routing_keeps_the_augmented_heads_off_its_domain(calls):
   assert split(*op.DMTN, "blockwise", 64, block_size=4) == "paired" and split(*op.ATAP, "blockwise", 4096) == "paired"
   assert split(*op.DMTN, "blockwise", 64, block_size=8) is None        # 8 tiles (tiles halve: 8, then 16)
   assert split(*op.DMTN, "blockwise", 8192, block_size=256) == "paired"              # 32 tiles
+  # on the default block (batch_heads = b·h given): DMTN keeps the augmented heads where they run on blocks over 512
+  assert split(*op.DMTN, "blockwise", 16384, batch_heads=32) == "paired" and split(0.0, 0.3, "blockwise", 8192,
+                                                                                   batch_heads=64) == "paired"
+  assert split(*op.DMTN, "blockwise", 16384, batch_heads=8) is None and split(0.0, 0.3, "blockwise", 8192,
+                                                                            batch_heads=1) is None
+  assert split(*op.ATAP, "blockwise", 4096, batch_heads=1) == "paired" and split(*op.DMAP, "blockwise", 2048,
+                                                                                 batch_heads=1) == "paired"
   assert split(*op.DMTN, "einsum", 256) is None                        # the dense split is the β = 1 edge's only
   assert split(*op.DMAP, "blockwise", 2048) == "paired" and split(*op.DMAP, "blockwise", 1024) is None  # its Gram
   assert split(*op.DMAP, "einsum", 256) == "gram" and split(*op.DMAP, "einsum", 448) is None

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attngeo import operators as op
+from attngeo import kernels, operators as op
 from helpers import distance_form_reference, family_exact, huge_and_plain_tokens
 
 B, N, H, D = 2, 33, 3, 8
@@ -469,3 +469,21 @@ def test_bad_shapes_and_values():
   with pytest.raises(ValueError, match="operator must be one of"):
     op.corner("softmax")
 
+
+
+@pytest.mark.parametrize("block_size,batch_heads", [(None, 2 * 3), (512, None), (64, None)])
+def test_transport_tells_the_router_whether_the_block_is_the_default(monkeypatch, block_size, batch_heads):
+  """`transport` passes b·h to `split_kernel` only when no block is named (the augmented heads then run on
+  `kernels.block_size_for(b·h)`), and the split kernels' tile bound: the block named, else `kernels.TILE`."""
+  seen = {}
+  real = op.split_kernel
+
+  def spy(*args, **kw):
+    seen.update(kw)
+    return real(*args, **kw)
+  monkeypatch.setattr(op, "split_kernel", spy)
+  x = jax.ShapeDtypeStruct((2, 1024, 3, 8), jnp.float32)
+  jax.eval_shape(lambda q, k, v: op.transport(q, k, v, beta=0.0, alpha=1.0, implementation="blockwise",
+                                              block_size=block_size), x, x, x)
+  assert seen["batch_heads"] == batch_heads
+  assert seen["block_size"] == (kernels.TILE if block_size is None else block_size)

@@ -22,7 +22,7 @@ chooses; callers pass `implementation` through):
 * `_blocks` — what they share: the mask conventions (`NEG`, `apply_masks`, `attended_rows`; a fully
   masked row is 0 on every kernel), the blockwise tiling and the one online-softmax scan, the paired
   kernels' tiles (`tiling`, `pair_tasks`, `slab`).
-* `dispatch` — `choose`, `KERNELS`, the default rule and `runs_split`.
+* `dispatch` — `choose`, `KERNELS`, the default rule, the default block (`block_size_for`) and `runs_split`.
 
 Layout of `jax.nn.dot_product_attention`: q `[b, t, h, d]`, k `[b, s, h, d]`, v `[b, s, h, e]`; a
 per-key bias `[b, s, h]`; masks broadcastable to `[b, h, t, s]` (True = attend). Logits and softmax
@@ -30,8 +30,8 @@ accumulate in float32 whatever the input dtype.
 """
 from attngeo.kernels._blocks import NEG, TRANSPOSED_COTANGENT_UP_TO, apply_masks, attended_rows, check_block_size
 from attngeo.kernels.dispatch import (BLOCKWISE_FROM, IMPLEMENTATIONS, KERNELS, PAIRED_BETA0_FROM_TILES, PAIRED_FROM_TILES,
-                                      PAIRED_GRAM_FROM_TILES, PHASE_IMPLEMENTATIONS, choose, default_implementation,
-                                      runs_split)
+                                      PAIRED_GRAM_FROM_TILES, PHASE_IMPLEMENTATIONS, STEP_ENTRIES, TILE, block_size_for,
+                                      choose, default_implementation, runs_split)
 from attngeo.kernels._blocks import levels, pair_tasks, tiling
 from attngeo.kernels.paired import paired_magnetic
 from attngeo.kernels.pallas import layout, pallas_sdpa
@@ -42,9 +42,9 @@ from attngeo.kernels.split import gram_attention, split_attention, split_weights
 from attngeo.kernels.split_paired import split_paired_attention
 
 __all__ = ["BLOCKWISE_FROM", "IMPLEMENTATIONS", "KERNELS", "NEG", "PAIRED_BETA0_FROM_TILES", "PAIRED_FROM_TILES",
-           "PAIRED_GRAM_FROM_TILES", "PHASE_IMPLEMENTATIONS",
+           "PAIRED_GRAM_FROM_TILES", "PHASE_IMPLEMENTATIONS", "STEP_ENTRIES", "TILE",
            "TRANSPOSED_COTANGENT_UP_TO",
-           "apply_masks", "attended_rows", "check_block_size", "attention", "choose", "default_implementation", "gram_attention",
+           "apply_masks", "attended_rows", "block_size_for", "check_block_size", "attention", "choose", "default_implementation", "gram_attention",
            "layout", "levels",
            "log_normaliser", "pair_tasks", "pallas_phase_attention", "pallas_sdpa", "paired_magnetic",
            "phase_attention", "runs_split", "sincos", "split_attention", "split_paired_attention", "split_weights", "tiling"]

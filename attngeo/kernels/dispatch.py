@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import jax
 
-from attngeo.kernels._blocks import tiles_in_pairs, tiling
+from attngeo.kernels._blocks import check_block_size, tiles_in_pairs, tiling
 
 IMPLEMENTATIONS = ("einsum", "xla", "cudnn", "blockwise", "pallas")
 PHASE_IMPLEMENTATIONS = ("einsum", "blockwise", "pallas")
@@ -67,6 +67,16 @@ PAIRED_BETA0_FROM_TILES = 16
 # (batch 8); 1.01 → 0.88 at 4096 (batch 4); 1.04 → 0.81 at 16 384 (batch 1).
 PAIRED_GRAM_FROM_TILES = 4
 
+# The blockwise kernels' block when none is named (`block_size=None`): the largest power of two from `TILE` on with
+# b·h·block² ≤ `STEP_ENTRIES` (`block_size_for`). Each step of their loops runs a dozen ops over one block of every
+# head; a step over a small block (batch 1, few heads) pays as much in dispatch as in work. ATTN blockwise, fwd + bwd,
+# 64 wide, float32, interleaved (docs/benchmarks.md, "The block size"): 8192 keys, 1 head: 271 / 232 / 218 / 235 ms at
+# blocks of 512 / 1024 / 2048 / 4096; 4096 keys, batch 1 × 8 heads: 553 / 508 / 590 ms at 512 / 1024 / 2048; 16 384
+# keys, batch 1 × 8 heads, 1024 ÷ 512: 0.84–0.87 (four runs); 4096 keys, batch 4 × 8 heads: 1.02 (fastest runs), 0.99
+# (paired median).
+STEP_ENTRIES = 2 ** 23
+TILE = 512   # the least default block, and the paired kernels' tile bound when none is named
+
 
 def choose(kind: str, implementation: str | None = None, n_keys: int | None = None, *, strict: bool = True) -> str:
   """The kernel that runs attention of `kind` ("softmax", "phase", "magnetic") over `n_keys` keys.
@@ -89,6 +99,20 @@ def choose(kind: str, implementation: str | None = None, n_keys: int | None = No
     if backend == "tpu":
       return "xla"
   return "blockwise" if n_keys is not None and n_keys >= BLOCKWISE_FROM else "einsum"
+
+
+def block_size_for(batch_heads: int) -> int:
+  """The blockwise kernels' default block for `batch_heads` = b·h heads a step: the largest power of two ≥ `TILE`
+  with b·h·block² ≤ `STEP_ENTRIES` (2048 for one head, 1024 for 8, 512 from 32 on)."""
+  block = TILE
+  while batch_heads * (2 * block) ** 2 <= STEP_ENTRIES:
+    block *= 2
+  return block
+
+
+def chosen_block(block_size, batch_heads: int) -> int:
+  """`block_size` checked (`_blocks.check_block_size`), or `block_size_for(batch_heads)` where it is None."""
+  return block_size_for(batch_heads) if block_size is None else check_block_size(block_size)
 
 
 def default_implementation(seq_len: int | None = None) -> str:

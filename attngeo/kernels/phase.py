@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from attngeo.kernels._blocks import (apply_masks, block_logits, check_block_size, check_mask, column_sum, join_blocks,
                                      live_block, online_softmax, split_blocks, tile, untile, when_live,
                                      zero_empty_rows)
-from attngeo.kernels.dispatch import choose
+from attngeo.kernels.dispatch import TILE, choose, chosen_block
 from attngeo.kernels.pallas_phase import pallas_phase_attention
 
 _TWO_PI_HI = 6.28125                     # 2π = HI + LO, HI exact in 9 bits: n·HI is exact (Cody–Waite)
@@ -243,7 +243,7 @@ def _blockwise_phase(q, k, v, bias, qt, kt, c, mask, causal, scale, block_size):
 
 
 def phase_attention(q, k, v, qt, kt, coupling, *, bias=None, mask=None, causal=False, scale=None,
-                    implementation=None, block_size=512):
+                    implementation=None, block_size=None):
   """Attention with a U(1) phase on the values: `y_i = Σ_j P_ij e^{iθ_ij} v_j` (the magnetic operator's kernel).
 
   `P_ij = softmax_j(scale·q_i·k_j + bias_j, masked)` exactly as in `attention`; `θ_ij = c_h·qt_i·kt_j`
@@ -255,8 +255,9 @@ def phase_attention(q, k, v, qt, kt, coupling, *, bias=None, mask=None, causal=F
   implementation: "einsum" (materialises [b, h, t, s]; custom VJP from the saved P, P cos θ and
   P sin θ, nothing recomputed) | "blockwise" (online softmax, recomputing custom VJP, O(n) memory) |
   "pallas" (`attngeo.kernels.pallas_phase`: the blockwise kernel as Pallas flash kernels; only when named) |
-  None (`dispatch.choose`: einsum below 512 keys, else blockwise). All give gradients for q, k, v,
-  bias, qt, kt and the coupling, in reverse mode only (custom VJPs: `jax.jvp` through them raises).
+  None (`dispatch.choose`: einsum below 512 keys, else blockwise). block_size: the blockwise and Pallas
+  kernels' block bound; None: `dispatch.block_size_for(b·h)` blockwise, `TILE` (512) on Pallas. All give
+  gradients for q, k, v, bias, qt, kt and the coupling, in reverse mode only (custom VJPs: `jax.jvp` through them raises).
   Returns [b, t, h, e] in v's dtype, float32 accumulation; a query row whose keys are all masked (by
   the mask and the causal order together) returns 0.
   """
@@ -267,7 +268,8 @@ def phase_attention(q, k, v, qt, kt, coupling, *, bias=None, mask=None, causal=F
   if implementation == "einsum":
     out = _einsum_phase(q, k, v, bias, qt, kt, c, mask, causal, scale)
   elif implementation == "pallas":
-    out = pallas_phase_attention(q, k, v, bias, qt, kt, c, mask, causal, scale, check_block_size(block_size))
+    out = pallas_phase_attention(q, k, v, bias, qt, kt, c, mask, causal, scale,
+                                 check_block_size(TILE if block_size is None else block_size))
   else:
-    out = _blockwise_phase(q, k, v, bias, qt, kt, c, mask, causal, scale, check_block_size(block_size))
+    out = _blockwise_phase(q, k, v, bias, qt, kt, c, mask, causal, scale, chosen_block(block_size, q.shape[0] * q.shape[2]))
   return zero_empty_rows(out, mask, causal, k.shape[1])

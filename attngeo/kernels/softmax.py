@@ -37,7 +37,7 @@ import jax.numpy as jnp
 from attngeo.kernels._blocks import (apply_masks, block_logits, check_block_size, check_mask, column_sum, join_blocks,
                                      live_block, logits_product, online_softmax, scale_queries, split_blocks, tile,
                                      untile, when_live, zero_empty_rows)
-from attngeo.kernels.dispatch import choose
+from attngeo.kernels.dispatch import TILE, choose, chosen_block
 from attngeo.kernels.pallas import pallas_sdpa
 
 
@@ -173,7 +173,7 @@ def _blockwise_sdpa(q, k, v, bias, mask, causal, scale, block_size):
   return untile(_flash(qt, kt, vt, tl.bias, tl.mask, causal, scale, tl.bq, tl.bk, bias is not None), q.shape[1])
 
 
-def attention(q, k, v, *, bias=None, mask=None, causal=False, scale=None, implementation=None, block_size=512):
+def attention(q, k, v, *, bias=None, mask=None, causal=False, scale=None, implementation=None, block_size=None):
   """Scaled-dot-product attention `softmax(scale·q·kᵀ + bias_j, masked)·v` through a chosen kernel.
 
   q: [b, t, h, d]; k: [b, s, h, d]; v: [b, s, h, e]; bias: [b, s, h] per-key logit bias or None;
@@ -181,7 +181,9 @@ def attention(q, k, v, *, bias=None, mask=None, causal=False, scale=None, implem
   "cudnn" | "blockwise" | "pallas" (`attngeo.kernels.pallas`) | None (`dispatch.choose`: by backend and
   length). Returns [b, t, h, e] in v's dtype, with logits and softmax accumulated in float32. A query row
   whose keys are all masked (by the mask and the causal order together) returns 0 on every kernel. This is
-  the one kernel every operator (and the matrix-free geometry) runs on.
+  the one kernel every operator (and the matrix-free geometry) runs on. block_size: the blockwise and Pallas
+  kernels' block bound; None: `dispatch.block_size_for(b·h)` on the blockwise kernel (512 from 32 heads a step,
+  larger below), `TILE` (512) on Pallas.
   """
   chex.assert_rank([q, k, v], 4)
   chex.assert_equal_shape([q, k], dims=(0, 2, 3))
@@ -196,21 +198,22 @@ def attention(q, k, v, *, bias=None, mask=None, causal=False, scale=None, implem
   elif implementation in ("xla", "cudnn"):
     out = _sdpa_jax(q, k, v, bias, mask, causal, scale, implementation)
   elif implementation == "pallas":
-    out = pallas_sdpa(q, k, v, bias, mask, causal, scale, check_block_size(block_size))
+    out = pallas_sdpa(q, k, v, bias, mask, causal, scale, check_block_size(TILE if block_size is None else block_size))
   else:
-    out = _blockwise_sdpa(q, k, v, bias, mask, causal, scale, check_block_size(block_size))
+    out = _blockwise_sdpa(q, k, v, bias, mask, causal, scale, chosen_block(block_size, q.shape[0] * q.shape[2]))
   return zero_empty_rows(out, mask, causal, k.shape[1])
 
 
 @functools.partial(jax.jit, static_argnames=("causal", "scale", "block_size"))
-def log_normaliser(q, k, *, bias=None, mask=None, causal=False, scale=None, block_size=512):
+def log_normaliser(q, k, *, bias=None, mask=None, causal=False, scale=None, block_size=None):
   """`lse_i = log Σ_j exp(scale·q_i·k_j + bias_j)` over the unmasked keys: [b, t, h] float32.
 
   The softmax's log-normaliser, from the blockwise forward pass (online max and sum over key
-  blocks, O(n) memory; `NEG`-scale values for fully masked rows). Shapes as in `attention`.
+  blocks, O(n) memory; `NEG`-scale values for fully masked rows). Shapes as in `attention`; block_size
+  None: `dispatch.block_size_for(b·h)`.
   """
   scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-  tl = tile((q,), (k,), bias, mask, int(block_size))
+  tl = tile((q,), (k,), bias, mask, chosen_block(block_size, q.shape[0] * q.shape[2]))
   (qh,), (kh,) = tl.queries, tl.keys
   b, h, npad = kh.shape[:3]
   _, lse = _flash_fwd_impl(qh, kh, jnp.zeros((b, h, npad, 1), jnp.float32), tl.bias, tl.mask, causal, scale,
