@@ -397,7 +397,7 @@ def split_kernel(beta, alpha, implementation: str | None, n_keys: int, *, dtype=
     the others (DMTN at α = 1; a static α > 0) "paired" only, from `kernels.PAIRED_BETA0_FROM_TILES` tiles (8192
     keys at the default block size), products of m and n (`beta0_paired`), and only where the augmented heads run
     on blocks of `kernels.TILE`. `batch_heads` (b·h) says that the augmented heads run on the default block,
-    `kernels.block_size_for(b·h)`: where that is larger (fewer than 32 heads a step), DMTN stays on them (16 384
+    `kernels.block_size_for(b·h)`: where that is larger (16 or fewer heads a step), DMTN stays on them (16 384
     keys, batch 1 × 8 heads, ÷ ATTN on its 1024-key default block: augmented heads 1.37–1.39, pairs of tiles 1.47–1.50;
     batch 4 × 8 heads, both at 512: pairs 1.27, heads 1.34). None: `block_size` is the heads' block too."""
   if not (isinstance(beta, float) and jnp.finfo(dtype).bits >= 32):

@@ -100,7 +100,7 @@ def compiled_call(name, impl, b, n, h, d, block_size=None, dtype="float32", qkv=
 def runs_on(name, impl, n, dtype="float32", causal=False, batch_heads=64) -> str:
   """The kernel a cell runs on: `impl`, or a split kernel where `operators.split_kernel` takes it instead of the
   augmented heads (ATAP on einsum below 512 keys: "split"; DMAP on einsum up to 384 keys: "gram"; blockwise pairs
-  of tiles, ATAP and DMAP from 4 tiles and DMTN from 16 where `batch_heads`, b·h, is 32 or more: "split_paired")."""
+  of tiles, ATAP and DMAP from 4 tiles and DMTN from 16 where `batch_heads`, b·h, is 17 or more: "split_paired")."""
   from attngeo import operators as op
   if op.is_magnetic(name):
     return impl

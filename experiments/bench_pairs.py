@@ -10,7 +10,7 @@ the augmented heads (`operators.augment`, then the blockwise softmax kernel: the
 on pairs of tiles (`kernels.split_paired_attention`: DMTN through `operators.beta0_paired`, with its Gram term;
 ATAP on q and k with its key bias; DMAP its Gram alone on m = (q + k)/√2, with its key bias; none with
 `operators.transport`'s guards), 8 heads of 64, float32: ATTN and the augmented heads on the blockwise kernel's
-default block (`kernels.block_size_for(b·h)`: 512 from batch 4 on, 1024 at batch 1), the pairs on tiles of 512
+default block (`kernels.block_size_for(b·h)`: 512 from batch 3 on, 1024 at batches 1–2), the pairs on tiles of 512
 (each length whole blocks and two or more tiles: a multiple of the block from 1024 keys on), the three timed in alternation
 (`timing.interleaved_seconds`), fastest run. Prints a Markdown table of each route ÷ ATTN. Runs with glibc's huge
 pages, as `attngeo` does.

@@ -301,13 +301,14 @@ def test_the_dispatcher_chooses_by_backend_and_length(monkeypatch, backend, shor
     assert [kernels.choose(kind, name, 8) for name in names] == list(names)
 
 
-@pytest.mark.parametrize("batch_heads,block", [(1, 2048), (2, 2048), (3, 1024), (8, 1024), (9, 512), (32, 512),
-                                               (64, 512), (4096, 512)])
+@pytest.mark.parametrize("batch_heads,block", [(1, 2048), (2, 2048), (4, 2048), (5, 1024), (8, 1024), (16, 1024),
+                                               (17, 512), (32, 512), (64, 512), (4096, 512)])
 def test_the_default_block_is_the_largest_power_of_two_whose_step_fits(batch_heads, block):
-  """`block_size_for(b·h)`: the largest power of two ≥ 512 with b·h·block² ≤ 2^23 entries a step."""
+  """`block_size_for(b·h)`: the largest power of two from 512 to 2048 with b·h·block² ≤ 2^24 entries a step."""
   got = kernels.block_size_for(batch_heads)
   assert got == block
-  assert got == kernels.TILE or batch_heads * got ** 2 <= kernels.STEP_ENTRIES < batch_heads * (2 * got) ** 2
+  assert got == kernels.TILE or batch_heads * got ** 2 <= kernels.STEP_ENTRIES
+  assert got == kernels.MAX_BLOCK or batch_heads * (2 * got) ** 2 > kernels.STEP_ENTRIES
 
 
 def _blockwise_loop_lengths(fn, *args):

@@ -30,7 +30,8 @@ accumulate in float32 whatever the input dtype.
 """
 from attngeo.kernels._blocks import NEG, TRANSPOSED_COTANGENT_UP_TO, apply_masks, attended_rows, check_block_size
 from attngeo.kernels.dispatch import (BLOCKWISE_FROM, IMPLEMENTATIONS, KERNELS, PAIRED_BETA0_FROM_TILES, PAIRED_FROM_TILES,
-                                      PAIRED_GRAM_FROM_TILES, PHASE_IMPLEMENTATIONS, STEP_ENTRIES, TILE, block_size_for,
+                                      PAIRED_GRAM_FROM_TILES, MAX_BLOCK, PHASE_IMPLEMENTATIONS, STEP_ENTRIES, TILE,
+                                      block_size_for,
                                       choose, default_implementation, runs_split)
 from attngeo.kernels._blocks import levels, pair_tasks, tiling
 from attngeo.kernels.paired import paired_magnetic
@@ -42,7 +43,7 @@ from attngeo.kernels.split import gram_attention, split_attention, split_weights
 from attngeo.kernels.split_paired import split_paired_attention
 
 __all__ = ["BLOCKWISE_FROM", "IMPLEMENTATIONS", "KERNELS", "NEG", "PAIRED_BETA0_FROM_TILES", "PAIRED_FROM_TILES",
-           "PAIRED_GRAM_FROM_TILES", "PHASE_IMPLEMENTATIONS", "STEP_ENTRIES", "TILE",
+           "PAIRED_GRAM_FROM_TILES", "MAX_BLOCK", "PHASE_IMPLEMENTATIONS", "STEP_ENTRIES", "TILE",
            "TRANSPOSED_COTANGENT_UP_TO",
            "apply_masks", "attended_rows", "block_size_for", "check_block_size", "attention", "choose", "default_implementation", "gram_attention",
            "layout", "levels",

@@ -27,6 +27,8 @@ On the blockwise kernel the same edge, unmasked, not causal and from `PAIRED_FRO
 per tile like ATTN's instead of 11; the β = 0 edge (DMTN) runs there too from `PAIRED_BETA0_FROM_TILES` tiles
 (a pair's Gram d wide and its X − Y one product 2·d wide: 9 + 1/T units), and DMAP, its Gram alone, from
 `PAIRED_GRAM_FROM_TILES` tiles (5 + 1/T units against the 7 of its heads (m, m/2)).
+The blockwise kernels' block, where none is named, is 512 keys from 17 heads a step (b·h) and larger below
+(`block_size_for`: at batch 1 × 8 heads, 1024, 14–16 % faster at 16 384 keys); the pairs' tiles stay at 512.
 `"pallas"` runs only when named: never a default on CPU (interpret mode is a test harness, not a kernel),
 and not yet on GPU/TPU either — it has passed its interpret-mode tests, lowers to Triton and to Mosaic here,
 and compiles for sm_90 with pip's Triton (`attngeo bench-triton`), but has never run on a device; the
@@ -67,14 +69,16 @@ PAIRED_BETA0_FROM_TILES = 16
 # (batch 8); 1.01 → 0.88 at 4096 (batch 4); 1.04 → 0.81 at 16 384 (batch 1).
 PAIRED_GRAM_FROM_TILES = 4
 
-# The blockwise kernels' block when none is named (`block_size=None`): the largest power of two from `TILE` on with
-# b·h·block² ≤ `STEP_ENTRIES` (`block_size_for`). Each step of their loops runs a dozen ops over one block of every
-# head; a step over a small block (batch 1, few heads) pays as much in dispatch as in work. ATTN blockwise, fwd + bwd,
-# 64 wide, float32, interleaved (docs/benchmarks.md, "The block size"): 8192 keys, 1 head: 271 / 232 / 218 / 235 ms at
-# blocks of 512 / 1024 / 2048 / 4096; 4096 keys, batch 1 × 8 heads: 553 / 508 / 590 ms at 512 / 1024 / 2048; 16 384
-# keys, batch 1 × 8 heads, 1024 ÷ 512: 0.84–0.87 (four runs); 4096 keys, batch 4 × 8 heads: 1.02 (fastest runs), 0.99
-# (paired median).
-STEP_ENTRIES = 2 ** 23
+# The blockwise kernels' block when none is named (`block_size=None`): the largest power of two from `TILE` to
+# `MAX_BLOCK` with b·h·block² ≤ `STEP_ENTRIES` (`block_size_for`). Each step of their loops runs a dozen ops over one
+# block of every head; a step over a small block (batch 1, few heads) costs more than its work. ATTN blockwise, fwd +
+# bwd, 64 wide, float32, paired medians ÷ the 512-key block (`python -m attngeo.experiments.bench_blocks`, 2026-12-07,
+# docs/benchmarks.md, "The blockwise kernels' block"): 8192 keys, 1 head: 0.860 / 0.813 / 0.862 at 1024 / 2048 / 4096;
+# 4096, 8192 and 16 384 keys, batch 1 × 8 heads: 1024 0.912, 0.880, 0.863, 2048 1.048, 0.962, 0.960; 8192 keys,
+# batch 2 × 8: 1024 0.870; batch 4 × 8: 1024 0.977, 0.970 (4096, 8192 keys; both intervals hold 1); 2048 keys,
+# batch 8 × 8: 256 1.463, 1024 1.118.
+STEP_ENTRIES = 2 ** 24
+MAX_BLOCK = 2048
 TILE = 512   # the least default block, and the paired kernels' tile bound when none is named
 
 
@@ -102,10 +106,10 @@ def choose(kind: str, implementation: str | None = None, n_keys: int | None = No
 
 
 def block_size_for(batch_heads: int) -> int:
-  """The blockwise kernels' default block for `batch_heads` = b·h heads a step: the largest power of two ≥ `TILE`
-  with b·h·block² ≤ `STEP_ENTRIES` (2048 for one head, 1024 for 8, 512 from 32 on)."""
+  """The blockwise kernels' default block for `batch_heads` = b·h heads a step: the largest power of two from
+  `TILE` to `MAX_BLOCK` with b·h·block² ≤ `STEP_ENTRIES` (2048 for up to 4 heads, 1024 for 5–16, 512 from 17 on)."""
   block = TILE
-  while batch_heads * (2 * block) ** 2 <= STEP_ENTRIES:
+  while 2 * block <= MAX_BLOCK and batch_heads * (2 * block) ** 2 <= STEP_ENTRIES:
     block *= 2
   return block
 

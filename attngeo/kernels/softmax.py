@@ -182,7 +182,7 @@ def attention(q, k, v, *, bias=None, mask=None, causal=False, scale=None, implem
   length). Returns [b, t, h, e] in v's dtype, with logits and softmax accumulated in float32. A query row
   whose keys are all masked (by the mask and the causal order together) returns 0 on every kernel. This is
   the one kernel every operator (and the matrix-free geometry) runs on. block_size: the blockwise and Pallas
-  kernels' block bound; None: `dispatch.block_size_for(b·h)` on the blockwise kernel (512 from 32 heads a step,
+  kernels' block bound; None: `dispatch.block_size_for(b·h)` on the blockwise kernel (512 from 17 heads a step,
   larger below), `TILE` (512) on Pallas.
   """
   chex.assert_rank([q, k, v], 4)
