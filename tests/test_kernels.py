@@ -301,14 +301,17 @@ def test_the_dispatcher_chooses_by_backend_and_length(monkeypatch, backend, shor
     assert [kernels.choose(kind, name, 8) for name in names] == list(names)
 
 
-@pytest.mark.parametrize("batch_heads,block", [(1, 2048), (2, 2048), (4, 2048), (5, 1024), (8, 1024), (16, 1024),
-                                               (17, 512), (32, 512), (64, 512), (4096, 512)])
-def test_the_default_block_is_the_largest_power_of_two_whose_step_fits(batch_heads, block):
-  """`block_size_for(b·h)`: the largest power of two from 512 to 2048 with b·h·block² ≤ 2^24 entries a step."""
-  got = kernels.block_size_for(batch_heads)
+@pytest.mark.parametrize("kind,batch_heads,block", [
+    ("softmax", 1, 2048), ("softmax", 4, 2048), ("softmax", 5, 1024), ("softmax", 16, 1024), ("softmax", 17, 512),
+    ("softmax", 64, 512), ("softmax", 4096, 512),
+    ("phase", 1, 2048), ("phase", 2, 2048), ("phase", 3, 1024), ("phase", 8, 1024), ("phase", 9, 512), ("phase", 64, 512)])
+def test_the_default_block_is_the_largest_power_of_two_whose_step_fits(kind, batch_heads, block):
+  """`block_size_for(b·h, kind)`: the largest power of two from 512 to 2048 with b·h·block² ≤ 2^24 entries a step for
+  the softmax kernel, 2^23 for the phase kernel."""
+  got = kernels.block_size_for(batch_heads, kind)
   assert got == block
-  assert got == kernels.TILE or batch_heads * got ** 2 <= kernels.STEP_ENTRIES
-  assert got == kernels.MAX_BLOCK or batch_heads * (2 * got) ** 2 > kernels.STEP_ENTRIES
+  assert got == kernels.TILE or batch_heads * got ** 2 <= kernels.STEP_ENTRIES[kind]
+  assert got == kernels.MAX_BLOCK or batch_heads * (2 * got) ** 2 > kernels.STEP_ENTRIES[kind]
 
 
 def _blockwise_loop_lengths(fn, *args):
@@ -317,10 +320,10 @@ def _blockwise_loop_lengths(fn, *args):
   return sorted({e.params["length"] for e in jaxpr_eqns(jax.make_jaxpr(fn)(*args).jaxpr) if e.primitive.name == "scan"})
 
 
-@pytest.mark.parametrize("batch,heads", [(1, 2), (1, 8), (4, 8)])
+@pytest.mark.parametrize("batch,heads", [(1, 2), (1, 4), (1, 8), (4, 8)])
 def test_the_blockwise_kernels_take_the_default_block_when_none_is_named(batch, heads):
-  """block_size=None: the softmax and phase kernels (and `log_normaliser`) run on `block_size_for(b·h)`: at 4096
-  keys their loops visit 4096 / block blocks (2, 4 and 8 here); a block named is kept."""
+  """block_size=None: the softmax and phase kernels (and `log_normaliser`) run on `block_size_for(b·h, kind)`: at
+  4096 keys their loops visit 4096 / block blocks (2, 4 and 8 here); a block named is kept."""
   n = 4096
   q, k, v = (jnp.zeros((batch, n, heads, 4)) for _ in range(3))
   block = kernels.block_size_for(batch * heads)
@@ -331,7 +334,7 @@ def test_the_blockwise_kernels_take_the_default_block_when_none_is_named(batch, 
   assert grads == [n // block]
   phase = _blockwise_loop_lengths(lambda q, k, v: kernels.phase_attention(q, k, v, q, k, 1.0, implementation="blockwise"),
                                   q, k, v)
-  assert phase == [n // block]
+  assert phase == [n // kernels.block_size_for(batch * heads, "phase")]
   assert _blockwise_loop_lengths(lambda q, k: kernels.log_normaliser(q, k), q, k) == [n // block]
 
 

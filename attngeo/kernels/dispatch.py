@@ -27,8 +27,9 @@ On the blockwise kernel the same edge, unmasked, not causal and from `PAIRED_FRO
 per tile like ATTN's instead of 11; the β = 0 edge (DMTN) runs there too from `PAIRED_BETA0_FROM_TILES` tiles
 (a pair's Gram d wide and its X − Y one product 2·d wide: 9 + 1/T units), and DMAP, its Gram alone, from
 `PAIRED_GRAM_FROM_TILES` tiles (5 + 1/T units against the 7 of its heads (m, m/2)).
-The blockwise kernels' block, where none is named, is 512 keys from 17 heads a step (b·h) and larger below
-(`block_size_for`: at batch 1 × 8 heads, 1024, 14–16 % faster at 16 384 keys); the pairs' tiles stay at 512.
+The blockwise kernels' block, where none is named, is 512 keys from 17 heads a step (b·h; the phase kernel from 9)
+and larger below (`block_size_for`: at batch 1 × 8 heads, 1024, 14–16 % faster at 16 384 keys); the pairs' tiles
+stay at 512.
 `"pallas"` runs only when named: never a default on CPU (interpret mode is a test harness, not a kernel),
 and not yet on GPU/TPU either — it has passed its interpret-mode tests, lowers to Triton and to Mosaic here,
 and compiles for sm_90 with pip's Triton (`attngeo bench-triton`), but has never run on a device; the
@@ -70,14 +71,15 @@ PAIRED_BETA0_FROM_TILES = 16
 PAIRED_GRAM_FROM_TILES = 4
 
 # The blockwise kernels' block when none is named (`block_size=None`): the largest power of two from `TILE` to
-# `MAX_BLOCK` with b·h·block² ≤ `STEP_ENTRIES` (`block_size_for`). Each step of their loops runs a dozen ops over one
-# block of every head; a step over a small block (batch 1, few heads) costs more than its work. ATTN blockwise, fwd +
-# bwd, 64 wide, float32, paired medians ÷ the 512-key block (`python -m attngeo.experiments.bench_blocks`, 2026-12-07,
-# docs/benchmarks.md, "The blockwise kernels' block"): 8192 keys, 1 head: 0.860 / 0.813 / 0.862 at 1024 / 2048 / 4096;
-# 4096, 8192 and 16 384 keys, batch 1 × 8 heads: 1024 0.912, 0.880, 0.863, 2048 1.048, 0.962, 0.960; 8192 keys,
-# batch 2 × 8: 1024 0.870; batch 4 × 8: 1024 0.977, 0.970 (4096, 8192 keys; both intervals hold 1); 2048 keys,
-# batch 8 × 8: 256 1.463, 1024 1.118.
-STEP_ENTRIES = 2 ** 24
+# `MAX_BLOCK` with b·h·block² ≤ `STEP_ENTRIES[kind]` (`block_size_for`). Each step of their loops runs a dozen ops over
+# one block of every head; a step over a small block (batch 1, few heads) costs more than its work. The phase kernel
+# holds more arrays a step (P, θ, P cos θ, P sin θ) and runs best on half the entries. Fwd + bwd, 64 wide, float32,
+# paired medians ÷ the 512-key block (`python -m attngeo.experiments.bench_blocks`, 2026-12-07, docs/benchmarks.md,
+# "The blockwise kernels' block"), 1024 / 2048:
+#   softmax, 8192 keys: 1 head 0.860 / 0.813 (4096: 0.862); 1 × 2 0.873 / 0.858; 1 × 4 0.888 / 0.909; 1 × 8 0.880 /
+#   0.962; 2 × 8 0.870; 4 × 8 0.970; 2048 keys, 8 × 8: 1.118 (256: 1.463). 16 384 keys, 1 × 8: 0.863 / 0.960.
+#   phase, 8192 keys: 1 head 0.854 / 0.812; 1 × 2 0.892 / 0.899; 1 × 4 0.929 / 1.127; 1 × 8 0.929 / 1.176; 2 × 8 1.061.
+STEP_ENTRIES = {"softmax": 2 ** 24, "phase": 2 ** 23}
 MAX_BLOCK = 2048
 TILE = 512   # the least default block, and the paired kernels' tile bound when none is named
 
@@ -105,18 +107,19 @@ def choose(kind: str, implementation: str | None = None, n_keys: int | None = No
   return "blockwise" if n_keys is not None and n_keys >= BLOCKWISE_FROM else "einsum"
 
 
-def block_size_for(batch_heads: int) -> int:
+def block_size_for(batch_heads: int, kind: str = "softmax") -> int:
   """The blockwise kernels' default block for `batch_heads` = b·h heads a step: the largest power of two from
-  `TILE` to `MAX_BLOCK` with b·h·block² ≤ `STEP_ENTRIES` (2048 for up to 4 heads, 1024 for 5–16, 512 from 17 on)."""
+  `TILE` to `MAX_BLOCK` with b·h·block² ≤ `STEP_ENTRIES[kind]` — for "softmax" 2048 up to 4 heads a step, 1024 for
+  5–16, 512 from 17 on; for "phase" 2048 up to 2, 1024 for 3–8, 512 from 9 on."""
   block = TILE
-  while 2 * block <= MAX_BLOCK and batch_heads * (2 * block) ** 2 <= STEP_ENTRIES:
+  while 2 * block <= MAX_BLOCK and batch_heads * (2 * block) ** 2 <= STEP_ENTRIES[kind]:
     block *= 2
   return block
 
 
-def chosen_block(block_size, batch_heads: int) -> int:
-  """`block_size` checked (`_blocks.check_block_size`), or `block_size_for(batch_heads)` where it is None."""
-  return block_size_for(batch_heads) if block_size is None else check_block_size(block_size)
+def chosen_block(block_size, batch_heads: int, kind: str = "softmax") -> int:
+  """`block_size` checked (`_blocks.check_block_size`), or `block_size_for(batch_heads, kind)` where it is None."""
+  return block_size_for(batch_heads, kind) if block_size is None else check_block_size(block_size)
 
 
 def default_implementation(seq_len: int | None = None) -> str:

@@ -256,7 +256,7 @@ def phase_attention(q, k, v, qt, kt, coupling, *, bias=None, mask=None, causal=F
   P sin θ, nothing recomputed) | "blockwise" (online softmax, recomputing custom VJP, O(n) memory) |
   "pallas" (`attngeo.kernels.pallas_phase`: the blockwise kernel as Pallas flash kernels; only when named) |
   None (`dispatch.choose`: einsum below 512 keys, else blockwise). block_size: the blockwise and Pallas
-  kernels' block bound; None: `dispatch.block_size_for(b·h)` blockwise, `TILE` (512) on Pallas. All give
+  kernels' block bound; None: `dispatch.block_size_for(b·h, "phase")` blockwise, `TILE` (512) on Pallas. All give
   gradients for q, k, v, bias, qt, kt and the coupling, in reverse mode only (custom VJPs: `jax.jvp` through them raises).
   Returns [b, t, h, e] in v's dtype, float32 accumulation; a query row whose keys are all masked (by
   the mask and the causal order together) returns 0.
@@ -271,5 +271,6 @@ def phase_attention(q, k, v, qt, kt, coupling, *, bias=None, mask=None, causal=F
     out = pallas_phase_attention(q, k, v, bias, qt, kt, c, mask, causal, scale,
                                  check_block_size(TILE if block_size is None else block_size))
   else:
-    out = _blockwise_phase(q, k, v, bias, qt, kt, c, mask, causal, scale, chosen_block(block_size, q.shape[0] * q.shape[2]))
+    block = chosen_block(block_size, q.shape[0] * q.shape[2], "phase")
+    out = _blockwise_phase(q, k, v, bias, qt, kt, c, mask, causal, scale, block)
   return zero_empty_rows(out, mask, causal, k.shape[1])
