@@ -1,14 +1,14 @@
-"""ATTN's blockwise kernel at several block sizes: the measurements behind `kernels.block_size_for`.
+"""A blockwise kernel at several block sizes: the measurements behind `kernels.block_size_for`.
 
     python -m attngeo.experiments.bench_blocks [--seqs 4096,16384] [--batches 1,1] [--heads 8]
-                                               [--blocks 512,1024,2048] [--repeats 4]
+                                               [--blocks 512,1024,2048] [--kernel softmax|phase] [--repeats 4]
 
-For each length: forward + backward (a jitted grad of Σ y, as `attngeo bench` times) of `kernels.attention` on the
-blockwise kernel with each block of `--blocks`, 64 wide, float32, on one set of inputs, the blocks timed in
-alternation (`timing.interleaved_seconds`, rounds in alternating order). Prints a Markdown table: each block's
-fastest run in ms, and its paired median ÷ the first block (the median of the run-by-run ratios; with a 95 %
-interval from 6 repeats on, `timing.paired_ratio`), and the block `block_size_for(b·h)` takes when none is named.
-Runs with glibc's huge pages, as `attngeo` does.
+For each length: forward + backward (a jitted grad of Σ y, as `attngeo bench` times) of `kernels.attention` (or,
+with `--kernel phase`, `kernels.phase_attention`, CMAP's one-sided kernel) on the blockwise kernel with each block
+of `--blocks`, 64 wide, float32, on one set of inputs, the blocks timed in alternation (`timing.interleaved_seconds`,
+rounds in alternating order). Prints a Markdown table: each block's fastest run in ms, its paired median ÷ the first
+block (the median of the run-by-run ratios; with a 95 % interval from 6 repeats on, `timing.paired_ratio`), and the
+block `block_size_for(b·h, kernel)` takes when none is named. Runs with glibc's huge pages, as `attngeo` does.
 """
 from __future__ import annotations
 
@@ -16,16 +16,20 @@ import math
 import sys
 
 
-def calls(n: int, batch: int, heads: int, blocks, head_dim: int = 64) -> dict:
-  """{block: a no-argument call of the jitted forward + backward} at `n` keys on one set of inputs."""
+def calls(n: int, batch: int, heads: int, blocks, head_dim: int = 64, kernel: str = "softmax") -> dict:
+  """{block: a no-argument call of the jitted forward + backward} at `n` keys on one set of inputs: the softmax
+  kernel (ATTN's), or the phase kernel (CMAP's one-sided kernel; phase heads q and k, coupling 1)."""
   import jax
   import jax.numpy as jnp
 
   from attngeo import kernels
   ks = jax.random.split(jax.random.PRNGKey(0), 3)
   q, k, v = (0.3 * jax.random.normal(key, (batch, n, heads, head_dim)) for key in ks)
-  step = lambda bs: jax.jit(jax.grad(lambda q, k, v: jnp.sum(
-      kernels.attention(q, k, v, implementation="blockwise", block_size=bs)), (0, 1, 2)))
+  if kernel == "phase":
+    attend = lambda q, k, v, bs: kernels.phase_attention(q, k, v, q, k, 1.0, implementation="blockwise", block_size=bs)
+  else:
+    attend = lambda q, k, v, bs: kernels.attention(q, k, v, implementation="blockwise", block_size=bs)
+  step = lambda bs: jax.jit(jax.grad(lambda q, k, v: jnp.sum(attend(q, k, v, bs)), (0, 1, 2)))
   return {bs: (lambda g=step(bs): g(q, k, v)) for bs in blocks}
 
 
@@ -37,6 +41,8 @@ def main(argv=None):
   ap.add_argument("--heads", type=config.positive_int, default=8, help="attention heads (default 8)")
   ap.add_argument("--blocks", type=config.int_list, default=(512, 1024, 2048),
                   help="block sizes, the first the reference of the ratios (default 512,1024,2048)")
+  ap.add_argument("--kernel", choices=("softmax", "phase"), default="softmax",
+                  help="softmax (ATTN's, every family member's) or phase (CMAP's one-sided kernel) (default softmax)")
   ap.add_argument("--repeats", type=config.positive_int, default=4,
                   help="timed runs of each block, interleaved (default 4; 6 or more for an interval)")
   a = ap.parse_args(argv)
@@ -56,10 +62,10 @@ def main(argv=None):
             + " | " + " | ".join(f"{bs} ÷ {blocks[0]}, paired" for bs in blocks[1:]) + " |")
       print("|---:|---:|---:|" + "---:|" * (2 * len(blocks) - 1))
       for n, batch in zip(a.seqs, a.batches):
-        times = timing.interleaved_seconds(calls(n, batch, a.heads, blocks), a.repeats)
+        times = timing.interleaved_seconds(calls(n, batch, a.heads, blocks, kernel=a.kernel), a.repeats)
         ratios = [timing.paired_ratio(times[bs], times[blocks[0]]) for bs in blocks[1:]]
         text = lambda r: f"{r.median:.3f}" + ("" if math.isnan(r.low) else f" [{r.low:.3f}, {r.high:.3f}]")
-        print(f"| {n} | {batch} × {a.heads} | {kernels.block_size_for(batch * a.heads)} | "
+        print(f"| {n} | {batch} × {a.heads} | {kernels.block_size_for(batch * a.heads, a.kernel)} | "
               + " | ".join(f"{min(times[bs]) * 1e3:.1f}" for bs in blocks) + " | "
               + " | ".join(text(r) for r in ratios) + " |", flush=True)
         printed = True

@@ -299,15 +299,19 @@ def test_bench_blocks_times_one_kernel_at_each_block(monkeypatch, capsys):
   with the default block named, and bad input is one line, exit 2, before any work."""
   from attngeo import hugepages
   from attngeo.experiments import bench_blocks
-  grads = {bs: call() for bs, call in bench_blocks.calls(96, 1, 2, (16, 32, 96), head_dim=8).items()}
-  for a, b in zip(grads[16], grads[96]):
-    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6 * float(np.abs(b).max()))
+  for kernel in ("softmax", "phase"):
+    grads = {bs: call() for bs, call in bench_blocks.calls(96, 1, 2, (16, 32, 96), head_dim=8, kernel=kernel).items()}
+    for a, b in zip(grads[16], grads[96]):
+      np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6 * float(np.abs(b).max()))
   monkeypatch.setattr(hugepages, "reexec", lambda: None)
   assert bench_blocks.main(["--seqs", "64", "--batches", "1", "--heads", "1", "--blocks", "16,32,16",
                             "--repeats", "1"]) == 0
   out = capsys.readouterr().out
   assert "| 16 (ms) | 32 (ms) | 32 ÷ 16, paired |" in out
   assert len([line for line in out.splitlines() if line.startswith("| 64 | 1 × 1 | 2048 |")]) == 1
+  assert bench_blocks.main(["--seqs", "64", "--batches", "1", "--heads", "4", "--blocks", "32", "--kernel", "phase",
+                            "--repeats", "1"]) == 0
+  assert "| 64 | 1 × 4 | 1024 |" in capsys.readouterr().out                 # the phase kernel's default block
   for argv in (["--seqs", "64,128", "--batches", "1"], ["--blocks", "0,16"]):
     with pytest.raises(SystemExit) as e:
       bench_blocks.main(argv)
