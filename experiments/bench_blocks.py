@@ -50,28 +50,21 @@ def main(argv=None):
   blocks = list(dict.fromkeys(a.blocks))
   if min(blocks) < 1:
     ap.error(f"--blocks: each block must be a positive integer; got {a.blocks}")
-  from attngeo import hugepages
-  hugepages.reexec()
-  printed = False
-  from attngeo import interrupts
-  try:
-    with interrupts.as_interrupts():          # SIGTERM as Ctrl-C; neither lost in an import or a gc callback
-      timing.start_jax(ap)
-      from attngeo import kernels
-      print("| keys | batch × heads | default block | " + " | ".join(f"{bs} (ms)" for bs in blocks)
-            + " | " + " | ".join(f"{bs} ÷ {blocks[0]}, paired" for bs in blocks[1:]) + " |")
-      print("|---:|---:|---:|" + "---:|" * (2 * len(blocks) - 1))
-      for n, batch in zip(a.seqs, a.batches):
-        times = timing.interleaved_seconds(calls(n, batch, a.heads, blocks, kernel=a.kernel), a.repeats)
-        ratios = [timing.paired_ratio(times[bs], times[blocks[0]]) for bs in blocks[1:]]
-        text = lambda r: f"{r.median:.3f}" + ("" if math.isnan(r.low) else f" [{r.low:.3f}, {r.high:.3f}]")
-        print(f"| {n} | {batch} × {a.heads} | {kernels.block_size_for(batch * a.heads, a.kernel)} | "
-              + " | ".join(f"{min(times[bs]) * 1e3:.1f}" for bs in blocks) + " | "
-              + " | ".join(text(r) for r in ratios) + " |", flush=True)
-        printed = True
-  except KeyboardInterrupt as stop:                 # Ctrl-C, or SIGTERM (`interrupts.Terminated`)
-    return interrupts.rows_kept(ap.prog, from_shell=argv is None, printed=printed, stop=stop)
-  return 0
+
+  def rows():
+    from attngeo import kernels
+    print("| keys | batch × heads | default block | " + " | ".join(f"{bs} (ms)" for bs in blocks)
+          + " | " + " | ".join(f"{bs} ÷ {blocks[0]}, paired" for bs in blocks[1:]) + " |")
+    print("|---:|---:|---:|" + "---:|" * (2 * len(blocks) - 1))
+    for n, batch in zip(a.seqs, a.batches):
+      times = timing.interleaved_seconds(calls(n, batch, a.heads, blocks, kernel=a.kernel), a.repeats)
+      ratios = [timing.paired_ratio(times[bs], times[blocks[0]]) for bs in blocks[1:]]
+      text = lambda r: f"{r.median:.3f}" + ("" if math.isnan(r.low) else f" [{r.low:.3f}, {r.high:.3f}]")
+      print(f"| {n} | {batch} × {a.heads} | {kernels.block_size_for(batch * a.heads, a.kernel)} | "
+            + " | ".join(f"{min(times[bs]) * 1e3:.1f}" for bs in blocks) + " | "
+            + " | ".join(text(r) for r in ratios) + " |", flush=True)
+      yield n
+  return timing.print_rows(ap, argv, rows)
 
 
 if __name__ == "__main__":

@@ -67,32 +67,25 @@ def main(argv=None):
                   help="timed runs of each call, interleaved (default 2)")
   a = ap.parse_args(argv)
   timing.check_lengths(ap, a, arrays=7, width=8 * 64)           # q, k, v and their gradients, 8 heads of 64
-  from attngeo import hugepages
-  hugepages.reexec()
-  printed = False
-  from attngeo import interrupts
-  try:
-    with interrupts.as_interrupts():          # SIGTERM as Ctrl-C; neither lost in an import or a gc callback
-      timing.start_jax(ap)
-      from attngeo.kernels._blocks import tiles_in_pairs
-      from attngeo.kernels import block_size_for
-      for n, batch in zip(a.seqs, a.batches):
-        block = min(block_size_for(batch * 8), n)
-        if n % BLOCK or n % block or not tiles_in_pairs(n, BLOCK):
-          ap.error(f"--seqs: each length must be a multiple of {BLOCK} keys from {2 * BLOCK} on and of the kernel's "
-                   f"block at its batch ({block} at batch {batch}): whole blocks for both routes and ATTN alike (the "
-                   f"pairs need two or more tiles); got {n}")
-      print(f"| keys | batch | ATTN blockwise (ms) | {a.operator} augmented ÷ ATTN | {a.operator} pairs ÷ ATTN |")
-      print("|---:|---:|---:|---:|---:|")
-      for n, batch in zip(a.seqs, a.batches):
-        calls = routes(n, batch, operator=a.operator)
-        best = {name: min(t) for name, t in timing.interleaved_seconds(calls, a.repeats).items()}
-        print(f"| {n} | {batch} | {best['ATTN'] * 1e3:.1f} | {best['augmented'] / best['ATTN']:.2f} | "
-              f"{best['pairs'] / best['ATTN']:.2f} |", flush=True)
-        printed = True
-  except KeyboardInterrupt as stop:                 # Ctrl-C, or SIGTERM (`interrupts.Terminated`)
-    return interrupts.rows_kept(ap.prog, from_shell=argv is None, printed=printed, stop=stop)
-  return 0
+
+  def rows():
+    from attngeo.kernels._blocks import tiles_in_pairs
+    from attngeo.kernels import block_size_for
+    for n, batch in zip(a.seqs, a.batches):
+      block = min(block_size_for(batch * 8), n)
+      if n % BLOCK or n % block or not tiles_in_pairs(n, BLOCK):
+        ap.error(f"--seqs: each length must be a multiple of {BLOCK} keys from {2 * BLOCK} on and of the kernel's "
+                 f"block at its batch ({block} at batch {batch}): whole blocks for both routes and ATTN alike (the "
+                 f"pairs need two or more tiles); got {n}")
+    print(f"| keys | batch | ATTN blockwise (ms) | {a.operator} augmented ÷ ATTN | {a.operator} pairs ÷ ATTN |")
+    print("|---:|---:|---:|---:|---:|")
+    for n, batch in zip(a.seqs, a.batches):
+      calls = routes(n, batch, operator=a.operator)
+      best = {name: min(t) for name, t in timing.interleaved_seconds(calls, a.repeats).items()}
+      print(f"| {n} | {batch} | {best['ATTN'] * 1e3:.1f} | {best['augmented'] / best['ATTN']:.2f} | "
+            f"{best['pairs'] / best['ATTN']:.2f} |", flush=True)
+      yield n
+  return timing.print_rows(ap, argv, rows)
 
 
 if __name__ == "__main__":

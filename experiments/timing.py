@@ -172,6 +172,23 @@ def check_lengths(parser, args, arrays: int, width: int) -> None:
                    f"this machine has {memory / 2**30:.0f} GiB")
 
 
+def print_rows(parser, argv, rows, cpu_only: bool = False) -> int:
+  """A table benchmark's run: glibc's huge pages (`hugepages.reexec`), SIGTERM as Ctrl-C, JAX started (`start_jax`),
+  then `rows()`, a generator that prints a row of the table for each item it yields. Ctrl-C or SIGTERM ends it with
+  one line saying whether a row was finished (`interrupts.rows_kept`: exit 130 or 143); else 0."""
+  from attngeo import hugepages, interrupts
+  hugepages.reexec()
+  printed = False
+  try:
+    with interrupts.as_interrupts():          # SIGTERM as Ctrl-C; neither lost in an import or a gc callback
+      start_jax(parser, cpu_only)
+      for _ in rows():
+        printed = True
+  except KeyboardInterrupt as stop:                 # Ctrl-C, or SIGTERM (`interrupts.Terminated`)
+    return interrupts.rows_kept(parser.prog, from_shell=argv is None, printed=printed, stop=stop)
+  return 0
+
+
 def start_jax(parser, cpu_only: bool = False) -> str:
   """Import JAX and start its backend, with Ctrl-C held until it has (`interrupts.deferred`: a signal landing in
   JAX's import or garbage-collection callbacks was lost or broke the import); returns the backend's name. A backend

@@ -481,7 +481,7 @@ def test_time_parts_shares_the_time_of_ops_that_ran_side_by_side():
   assert tp.shared_seconds([]) == {"products": 0.0, "elementwise": 0.0, "moves": 0.0}
 
 
-def test_time_parts_and_bench_pairs_stop_on_ctrl_c_with_one_line(monkeypatch, capsys):
+def test_time_parts_and_the_bench_tables_stop_on_ctrl_c_with_one_line(monkeypatch, capsys):
   """Ctrl-C during a later length: the rows of the lengths before stay printed, one line on stderr, status 130."""
   from attngeo import hugepages
   from attngeo.experiments import bench_pairs, time_parts as tp
@@ -504,6 +504,15 @@ def test_time_parts_and_bench_pairs_stop_on_ctrl_c_with_one_line(monkeypatch, ca
   monkeypatch.setattr(bench_pairs, "routes", lambda *a, **k: (_ for _ in ()).throw(interrupts.Terminated))
   assert bench_pairs.main(["--seqs", "1024", "--batches", "1"]) == 143
   assert capsys.readouterr().err.strip().endswith("bench_pairs: terminated (SIGTERM); no row was finished")
+  from attngeo.experiments import bench_blocks
+  real = bench_blocks.calls
+  monkeypatch.setattr(bench_blocks, "calls", lambda n, *a, **k: (_ for _ in ()).throw(KeyboardInterrupt) if n == 64
+                      else real(n, *a, **k))
+  assert bench_blocks.main(["--seqs", "32,64", "--batches", "1,1", "--heads", "1", "--blocks", "16,32",
+                            "--repeats", "1"]) == 130
+  out, err = capsys.readouterr()
+  assert "| 32 | 1 × 1 |" in out and "| 64 |" not in out
+  assert err.strip().endswith("bench_blocks: interrupted; the rows printed above are complete")
 
 
 def test_time_parts_gives_a_cond_s_time_to_the_ops_inside_it():
