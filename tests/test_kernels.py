@@ -314,6 +314,21 @@ def test_the_default_block_is_the_largest_power_of_two_whose_step_fits(kind, bat
   assert got == kernels.MAX_BLOCK or batch_heads * (2 * got) ** 2 > kernels.STEP_ENTRIES[kind]
 
 
+def test_a_bad_block_size_is_one_line_on_every_kernel():
+  """block_size is checked whatever kernel runs (einsum, which has no blocks, included); a kind without a rule is
+  one line too."""
+  q, k, v, _ = inputs()
+  for impl in ("einsum", "blockwise"):
+    with pytest.raises(ValueError, match=r"block_size must be a positive integer; got 0$"):
+      kernels.attention(q, k, v, implementation=impl, block_size=0)
+    with pytest.raises(ValueError, match=r"block_size must be a positive integer; got 1.5$"):
+      kernels.phase_attention(q, k, v, q, k, 1.0, implementation=impl, block_size=1.5)
+  with pytest.raises(ValueError, match=r"block_size must be a positive integer; got True$"):
+    kernels.paired_magnetic(q[:, :16], q[:, :16], v[:, :16], 1.0, scale=0.5, block_size=True)
+  with pytest.raises(ValueError, match=r"kind must be one of \('softmax', 'phase'\); got 'magnetic'"):
+    kernels.block_size_for(8, "magnetic")
+
+
 def _blockwise_loop_lengths(fn, *args):
   """The trip counts of the scans and maps in fn's jaxpr (a blockwise kernel's loops over its blocks)."""
   from helpers import jaxpr_eqns

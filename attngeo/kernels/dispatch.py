@@ -28,8 +28,8 @@ per tile like ATTN's instead of 11; the β = 0 edge (DMTN) runs there too from `
 (a pair's Gram d wide and its X − Y one product 2·d wide: 9 + 1/T units), and DMAP, its Gram alone, from
 `PAIRED_GRAM_FROM_TILES` tiles (5 + 1/T units against the 7 of its heads (m, m/2)).
 The blockwise kernels' block, where none is named, is 512 keys from 17 heads a step (b·h; the phase kernel from 9)
-and larger below (`block_size_for`: at batch 1 × 8 heads, 1024, 14–16 % faster at 16 384 keys); the pairs' tiles
-stay at 512.
+and larger below (`block_size_for`: at batch 1 × 8 heads 1024, on which ATTN ran 14 % faster than on 512 at 16 384
+keys); the pairs' tiles stay at 512.
 `"pallas"` runs only when named: never a default on CPU (interpret mode is a test harness, not a kernel),
 and not yet on GPU/TPU either — it has passed its interpret-mode tests, lowers to Triton and to Mosaic here,
 and compiles for sm_90 with pip's Triton (`attngeo bench-triton`), but has never run on a device; the
@@ -111,6 +111,8 @@ def block_size_for(batch_heads: int, kind: str = "softmax") -> int:
   """The blockwise kernels' default block for `batch_heads` = b·h heads a step: the largest power of two from
   `TILE` to `MAX_BLOCK` with b·h·block² ≤ `STEP_ENTRIES[kind]` — for "softmax" 2048 up to 4 heads a step, 1024 for
   5–16, 512 from 17 on; for "phase" 2048 up to 2, 1024 for 3–8, 512 from 9 on."""
+  if kind not in STEP_ENTRIES:
+    raise ValueError(f"kind must be one of {tuple(STEP_ENTRIES)}; got {kind!r}")
   block = TILE
   while 2 * block <= MAX_BLOCK and batch_heads * (2 * block) ** 2 <= STEP_ENTRIES[kind]:
     block *= 2

@@ -53,7 +53,8 @@ import math
 import jax
 import jax.numpy as jnp
 
-from attngeo.kernels._blocks import add_slab, feature_major, pair_tasks, slab, tiling
+from attngeo.kernels._blocks import add_slab, check_block_size, feature_major, pair_tasks, slab, tiling
+from attngeo.kernels.dispatch import TILE
 from attngeo.kernels.phase import join_pairs, sincos, split_pairs
 
 _dot = functools.partial(jnp.einsum, preferred_element_type=jnp.float32)
@@ -231,17 +232,18 @@ def _paired_bwd(s, block_size, res, dy):
 _paired.defvjp(_paired_fwd, _paired_bwd)
 
 
-def paired_magnetic(q, k, v, coupling, *, scale: float, block_size: int = 512):
+def paired_magnetic(q, k, v, coupling, *, scale: float, block_size: int | None = None):
   """CMAP at β = 0 (no mask, not causal) on the Hermitian pairing of the module docstring.
 
   Args:
     q, k: [b, n, h, d] queries and keys; v: [b, n, h, e] values, e even (interleaved complex pairs).
     coupling: γ — a Python float or a float array broadcastable to [h] (differentiable).
     scale: the logit scale s.
-    block_size: the largest tile (`tiling`: halving stops at it, or at an odd part).
+    block_size: the largest tile (`tiling`: halving stops at it, or at an odd part); None: `dispatch.TILE` (512).
   Returns:
     [b, n, h, e] in v's dtype, equal to `operators.magnetic_transport(q, k, v, beta=0, coupling=γ)`.
   """
+  block_size = TILE if block_size is None else check_block_size(block_size)
   b, n, h, d = q.shape
   e = v.shape[-1]
   folded = lambda x: jnp.transpose(x.astype(jnp.float32), (0, 2, 1, 3)).reshape(b * h, n, x.shape[-1])

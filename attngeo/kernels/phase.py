@@ -262,6 +262,8 @@ def phase_attention(q, k, v, qt, kt, coupling, *, bias=None, mask=None, causal=F
   the mask and the causal order together) returns 0.
   """
   check_mask(mask)
+  if block_size is not None:
+    check_block_size(block_size)
   implementation = choose("phase", implementation, k.shape[1])
   scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
   c = jnp.broadcast_to(jnp.asarray(coupling, jnp.float32), (q.shape[2],))

@@ -182,8 +182,9 @@ def attention(q, k, v, *, bias=None, mask=None, causal=False, scale=None, implem
   length). Returns [b, t, h, e] in v's dtype, with logits and softmax accumulated in float32. A query row
   whose keys are all masked (by the mask and the causal order together) returns 0 on every kernel. This is
   the one kernel every operator (and the matrix-free geometry) runs on. block_size: the blockwise and Pallas
-  kernels' block bound; None: `dispatch.block_size_for(b·h)` on the blockwise kernel (512 from 17 heads a step,
-  larger below), `TILE` (512) on Pallas.
+  kernels' block bound, checked whatever the kernel; None: `dispatch.block_size_for(b·h)` on the blockwise kernel
+  (512 from 17 heads a step, larger below), `TILE` (512) on Pallas. Under `jax.vmap` the rule sees one mapped
+  call's b·h, not the whole batch's: name a block there.
   """
   chex.assert_rank([q, k, v], 4)
   chex.assert_equal_shape([q, k], dims=(0, 2, 3))
@@ -191,6 +192,8 @@ def attention(q, k, v, *, bias=None, mask=None, causal=False, scale=None, implem
   if bias is not None:
     chex.assert_shape(bias, (k.shape[0], k.shape[1], k.shape[2]))
   check_mask(mask)
+  if block_size is not None:
+    check_block_size(block_size)
   implementation = choose("softmax", implementation, k.shape[1])
   scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
   if implementation == "einsum":
