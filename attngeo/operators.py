@@ -397,9 +397,10 @@ def split_kernel(beta, alpha, implementation: str | None, n_keys: int, *, dtype=
     the others (DMTN at α = 1; a static α > 0) "paired" only, from `kernels.PAIRED_BETA0_FROM_TILES` tiles (8192
     keys at the default block size), products of m and n (`beta0_paired`), and only where the augmented heads run
     on blocks of `kernels.TILE`. `batch_heads` (b·h) says that the augmented heads run on the default block,
-    `kernels.block_size_for(b·h)`: where that is larger (16 or fewer heads a step), DMTN stays on them (16 384
-    keys, batch 1 × 8 heads, ÷ ATTN on its 1024-key default block: augmented heads 1.37–1.39, pairs of tiles 1.47–1.50;
-    batch 4 × 8 heads, both at 512: pairs 1.27, heads 1.34). None: `block_size` is the heads' block too."""
+    `kernels.block_size_for(b·h)`: where that is larger (16 or fewer heads a step), DMTN stays on them
+    (`bench_pairs --operator DMTN`, batch 1 × 8 heads, ÷ ATTN on its 1024-key default block: heads 1.38, pairs 1.47 at
+    8192 keys; 1.36 and 1.34, a tie, at 16 384; batch 4 × 8 heads, all on 512: heads 1.39 / 1.31, pairs 1.36 / 1.30
+    at 8192 / 16 384). None: `block_size` is the heads' block too."""
   if not (isinstance(beta, float) and jnp.finfo(dtype).bits >= 32):
     return None
   static = isinstance(alpha, float)
@@ -466,8 +467,13 @@ def transport(q, k, v, *, beta=1.0, alpha=1.0, causal: bool = False, mask=None, 
       DMAP up to 384 keys (`kernels.TRANSPOSED_COTANGENT_UP_TO`) on `kernels.gram_attention` (inputs of ≥ 32
       bits); and where "blockwise" runs unmasked, not causal, with a static α and keys that cut into
       `kernels.PAIRED_FROM_TILES` or more tiles the β = 1 edge (ATAP), from `kernels.PAIRED_GRAM_FROM_TILES` DMAP
-      (its Gram alone), and from `kernels.PAIRED_BETA0_FROM_TILES` the rest of the β = 0 edge (DMTN), run on
-      `kernels.split_paired_attention` (`split_kernel`).
+      (its Gram alone), and from `kernels.PAIRED_BETA0_FROM_TILES` the rest of the β = 0 edge (DMTN; on the default
+      block only from 17 heads a step, b·h), run on `kernels.split_paired_attention` (`split_kernel`).
+    block_size: the blockwise kernel's block and the pairs of tiles' tile bound; None (the default): the block
+      `kernels.block_size_for(b·h)` (512 from 17 heads a step, up to 2048 below) and tiles of `kernels.TILE` (512).
+      Naming the block changes the route where DMTN's pairs are concerned: at b·h ≤ 16 and 16 384 keys, None runs
+      DMTN on its augmented heads in blocks of 1024, `block_size=1024` on pairs of tiles of 1024. Under `jax.vmap`
+      the rule sees one mapped call's b·h: name a block there.
   Returns:
     [b, n, h, e], `P` never materialised on the fused/blockwise paths. At β = α = 0 (DMAP, Python
     floats) a token with ¼ s‖m‖² ≥ 2^110, whose logits float32 cannot form, is isolated: its row is
@@ -650,7 +656,8 @@ def magnetic_transport(q, k, v, *, beta=0.0, coupling=1.0, causal: bool = False,
       "paired" (`attngeo.kernels.paired`) needs β = 0 as a Python float, no mask and causal=False;
       a call with far tokens (as in `transport`) runs on the one-sided blockwise kernel instead.
     block_size: the blockwise kernel's block, or the paired kernel's tile bound (`kernels.tiling`); None:
-      `kernels.block_size_for(b·h)` blockwise, `kernels.TILE` (512) for the tiles.
+      `kernels.block_size_for(b·h, "phase")` blockwise (the softmax rule at coupling 0, which runs `transport`),
+      `kernels.TILE` (512) for the tiles.
   Returns:
     [b, n, h, e] in v's dtype (float32 accumulation); the phase matrix never exists beyond a block
     on the blockwise path. A row whose keys are all masked is 0. At β = 0 far tokens are isolated

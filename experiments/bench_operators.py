@@ -26,7 +26,7 @@ analysis, 22 GiB held), so on the CPU the process's data segment is capped too w
 runtime error and its row says so; "RSS growth" is how far the process's resident memory rose during the
 cell's first run. "Runs on" names the kernel that ran: the implementation, or a split kernel where
 `transport` takes it instead of the augmented heads (`operators.split_kernel`: ATAP "split" on the einsum path
-below 512 keys, DMAP "gram" on it up to 384; "split_paired" blockwise, unmasked, not causal, for ATAP and DMAP from 4 tiles and DMTN from 16). `--implementations` restricts the kernels (the ratios are then
+below 512 keys, DMAP "gram" on it up to 384; "split_paired" blockwise, unmasked, not causal, for ATAP and DMAP from 4 tiles and DMTN from 16 where b·h ≥ 17). `--implementations` restricts the kernels (the ratios are then
 to the fastest ATTN among them). CMAP, the magnetic operator
 (`operators.magnetic_transport`, coupling 1, β = 0), runs on its own kernels (einsum, blockwise and
 the Hermitian pairing "paired", which computes each unordered token pair once: `attngeo.kernels.paired`);
