@@ -8,7 +8,8 @@ with `--kernel phase`, `kernels.phase_attention`, CMAP's one-sided kernel) on th
 of `--blocks`, 64 wide, float32, on one set of inputs, the blocks timed in alternation (`timing.interleaved_seconds`,
 rounds in alternating order). Prints a Markdown table: each block's fastest run in ms, its paired median ÷ the first
 block (the median of the run-by-run ratios; with a 95 % interval from 6 repeats on, `timing.paired_ratio`), and the
-block `block_size_for(b·h, kernel)` takes when none is named. Runs with glibc's huge pages, as `attngeo` does.
+block `block_size_for(b·h, kernel)` takes when none is named (at most the length), and each program's peak memory by
+XLA's analysis. Runs with glibc's huge pages, as `attngeo` does.
 """
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ import sys
 
 
 def calls(n: int, batch: int, heads: int, blocks, head_dim: int = 64, kernel: str = "softmax") -> dict:
-  """{block: a no-argument call of the jitted forward + backward} at `n` keys on one set of inputs: the softmax
-  kernel (ATTN's), or the phase kernel (CMAP's one-sided kernel; phase heads q and k, coupling 1)."""
+  """{block: (a no-argument call of the compiled forward + backward, its peak bytes by XLA's analysis)} at `n` keys on
+  one set of inputs: the softmax kernel (ATTN's), or the phase kernel (CMAP's one-sided kernel; phase heads q and k,
+  coupling 1)."""
   import jax
   import jax.numpy as jnp
 
@@ -29,8 +31,12 @@ def calls(n: int, batch: int, heads: int, blocks, head_dim: int = 64, kernel: st
     attend = lambda q, k, v, bs: kernels.phase_attention(q, k, v, q, k, 1.0, implementation="blockwise", block_size=bs)
   else:
     attend = lambda q, k, v, bs: kernels.attention(q, k, v, implementation="blockwise", block_size=bs)
-  step = lambda bs: jax.jit(jax.grad(lambda q, k, v: jnp.sum(attend(q, k, v, bs)), (0, 1, 2)))
-  return {bs: (lambda g=step(bs): g(q, k, v)) for bs in blocks}
+  from attngeo.experiments import timing
+  out = {}
+  for bs in blocks:
+    compiled = jax.jit(jax.grad(lambda q, k, v, bs=bs: jnp.sum(attend(q, k, v, bs)), (0, 1, 2))).lower(q, k, v).compile()
+    out[bs] = (lambda c=compiled: c(q, k, v)), timing.peak_bytes(compiled)
+  return out
 
 
 def main(argv=None):
@@ -48,21 +54,23 @@ def main(argv=None):
   a = ap.parse_args(argv)
   timing.check_lengths(ap, a, arrays=6, width=a.heads * 64)          # q, k, v and their gradients
   blocks = list(dict.fromkeys(a.blocks))
-  if min(blocks) < 1:
-    ap.error(f"--blocks: each block must be a positive integer; got {a.blocks}")
 
   def rows():
     from attngeo import kernels
     print("| keys | batch × heads | default block | " + " | ".join(f"{bs} (ms)" for bs in blocks)
-          + " | " + " | ".join(f"{bs} ÷ {blocks[0]}, paired" for bs in blocks[1:]) + " |")
-    print("|---:|---:|---:|" + "---:|" * (2 * len(blocks) - 1))
+          + " | " + " | ".join(f"{bs} ÷ {blocks[0]}, paired" for bs in blocks[1:])
+          + " | peak MiB (" + ", ".join(map(str, blocks)) + ") |")
+    print("|---:|---:|---:|" + "---:|" * (2 * len(blocks) - 1) + "---|")
     for n, batch in zip(a.seqs, a.batches):
-      times = timing.interleaved_seconds(calls(n, batch, a.heads, blocks, kernel=a.kernel), a.repeats)
+      runs = calls(n, batch, a.heads, blocks, kernel=a.kernel)
+      times = timing.interleaved_seconds({bs: call for bs, (call, _) in runs.items()}, a.repeats)
+      mib = lambda b: "—" if b is None else f"{b / 2 ** 20:.0f}"
       ratios = [timing.paired_ratio(times[bs], times[blocks[0]]) for bs in blocks[1:]]
       text = lambda r: f"{r.median:.3f}" + ("" if math.isnan(r.low) else f" [{r.low:.3f}, {r.high:.3f}]")
-      print(f"| {n} | {batch} × {a.heads} | {kernels.block_size_for(batch * a.heads, a.kernel)} | "
+      print(f"| {n} | {batch} × {a.heads} | {min(kernels.block_size_for(batch * a.heads, a.kernel), n)} | "
             + " | ".join(f"{min(times[bs]) * 1e3:.1f}" for bs in blocks) + " | "
-            + " | ".join(text(r) for r in ratios) + " |", flush=True)
+            + " | ".join(text(r) for r in ratios) + " | " + ", ".join(mib(runs[bs][1]) for bs in blocks) + " |",
+            flush=True)
       yield n
   return timing.print_rows(ap, argv, rows)
 

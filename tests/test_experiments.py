@@ -300,7 +300,8 @@ def test_bench_blocks_times_one_kernel_at_each_block(monkeypatch, capsys):
   from attngeo import hugepages
   from attngeo.experiments import bench_blocks
   for kernel in ("softmax", "phase"):
-    grads = {bs: call() for bs, call in bench_blocks.calls(96, 1, 2, (16, 32, 96), head_dim=8, kernel=kernel).items()}
+    grads = {bs: call() for bs, (call, _) in bench_blocks.calls(96, 1, 2, (16, 32, 96), head_dim=8,
+                                                                 kernel=kernel).items()}
     for a, b in zip(grads[16], grads[96]):
       np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6 * float(np.abs(b).max()))
   monkeypatch.setattr(hugepages, "reexec", lambda: None)
@@ -308,10 +309,10 @@ def test_bench_blocks_times_one_kernel_at_each_block(monkeypatch, capsys):
                             "--repeats", "1"]) == 0
   out = capsys.readouterr().out
   assert "| 16 (ms) | 32 (ms) | 32 ÷ 16, paired |" in out
-  assert len([line for line in out.splitlines() if line.startswith("| 64 | 1 × 1 | 2048 |")]) == 1
-  assert bench_blocks.main(["--seqs", "64", "--batches", "1", "--heads", "4", "--blocks", "32", "--kernel", "phase",
+  assert len([line for line in out.splitlines() if line.startswith("| 64 | 1 × 1 | 64 |")]) == 1     # the block: n
+  assert bench_blocks.main(["--seqs", "2048", "--batches", "1", "--heads", "3", "--blocks", "1024", "--kernel", "phase",
                             "--repeats", "1"]) == 0
-  assert "| 64 | 1 × 4 | 1024 |" in capsys.readouterr().out                 # the phase kernel's default block
+  assert "| 2048 | 1 × 3 | 1024 |" in capsys.readouterr().out              # the phase rule's block (softmax: 2048)
   for argv in (["--seqs", "64,128", "--batches", "1"], ["--blocks", "0,16"]):
     with pytest.raises(SystemExit) as e:
       bench_blocks.main(argv)
