@@ -141,6 +141,7 @@ def diffusion_map(x, eps: float, k: int, *, alpha: float = 1.0, t: float = 1.0, 
     raise ValueError(f"alpha must lie in [0, 1]; got {alpha}")
   if t < 0:
     raise ValueError(f"t must be non-negative; got {t}")
+  block_size = kernels.check_block_size(block_size)
   block = min(max(2 * k + 8, 24) if block is None else block, n - 1)
   x = jnp.asarray(x, jnp.float32)
   centre = jnp.mean(x, 0)
@@ -164,6 +165,7 @@ def nystrom(dm: DiffusionMap, y, *, block_size: int = 1024) -> jax.Array:
   _checks.check_finite("y", y)
   if y.shape[1] != dm.x.shape[1]:
     raise ValueError(f"y must have the map's dimension {dm.x.shape[1]}; got shape {y.shape}")
+  block_size = kernels.check_block_size(block_size)
   y = jnp.asarray(y, jnp.float32) - dm.centre
   ext = _extend(dm.x, dm.log_q, dm.eps, dm.alpha, dm.psi[:, 1:], y, block_size)
   return ext * jnp.exp((dm.t - 1.0) * jnp.log1p(-dm.rates[1:]))
@@ -209,6 +211,7 @@ def attention_eigenpairs(q, k, n_pairs: int, *, beta: float = 0.0, scale: float 
   if not 2 <= n_pairs <= n - 1:
     raise ValueError(f"n_pairs must be in [2, n − 1 = {n - 1}]; got {n_pairs}")
   _checks.check_unit_interval("beta", beta)
+  block_size = kernels.check_block_size(block_size)
   s = 1.0 / d**0.5 if scale is None else float(scale)
   q4, k4 = jnp.asarray(q, jnp.float32)[None, :, None, :], jnp.asarray(k, jnp.float32)[None, :, None, :]
   aug = operators.augment(q4, k4, beta=float(beta), alpha=0.0, scale=s)

@@ -160,6 +160,7 @@ def gaussian_walk(x, eps: float, *, alpha_norm: float = 1.0, implementation: str
   _checks.check_positive("eps", eps)
   if not 0.0 <= alpha_norm <= 1.0:
     raise ValueError(f"alpha_norm must lie in [0, 1]; got {alpha_norm}")
+  block_size = kernels.check_block_size(block_size)
   x = centre(jnp.asarray(x, jnp.float32))
   chunk = min(256, x.shape[0])                                                # [chunk, n] per degree step
   lq = _log_degree(x, eps, chunk)
@@ -176,6 +177,7 @@ def gaussian(x, eps: float, *, alpha_norm: float = 1.0, implementation: str | No
   with the blockwise kernel.
   """
   _checks.check_positive("eps", eps)
+  block_size = kernels.check_block_size(block_size)
   x = centre(jnp.asarray(x, jnp.float32))
   lq = _log_degree(x, eps, min(block_size, x.shape[0]))
   return _from_apply(_gaussian_apply(x, eps, alpha_norm, lq, block_size, implementation), laplacian_time_scale(eps))

@@ -84,6 +84,15 @@ def test_bad_inputs():
     diffmap.diffusion_map(x[:, 0], 0.1, 3)
   with pytest.raises(ValueError, match="x must be finite"):
     diffmap.diffusion_map(np.full((50, 3), np.nan, np.float32), 0.1, 3)
+  from attngeo import walks
+  q = np.ones((8, 4), np.float32)
+  for bad in (0, 1.5, None):                 # the geometry's blocks are named settings: None is not one of them
+    match = f"block_size must be a positive integer; got {bad!r}"
+    for call in (lambda: diffmap.diffusion_map(x, 0.1, 3, block_size=bad), lambda: walks.gaussian(x, 0.1, block_size=bad),
+                 lambda: walks.gaussian_walk(x, 0.1, block_size=bad),
+                 lambda: diffmap.attention_eigenpairs(q, q, 2, block_size=bad)):
+      with pytest.raises(ValueError, match=match):
+        call()
 
 
 def test_diffmap_command_smoke(tmp_path, capsys):
