@@ -695,8 +695,7 @@ def _phase_transport(q, k, v, beta, coupling, causal, mask, scale, implementatio
 def _check_paired(beta, mask, causal, block_size):
   """The paired kernel's scope, in one line: its magnitude is DMAP's symmetric kernel (β = 0), its
   pairs need a symmetric walk (no mask, not causal)."""
-  if int(block_size) < 1:
-    raise ValueError(f"block_size must be a positive integer; got {block_size}")
+  kernels.check_block_size(block_size)
   if not (isinstance(beta, float) and beta == 0.0):
     raise ValueError(f"implementation='paired' needs beta=0.0 (a Python float: DMAP's symmetric magnitude); got {beta!r}")
   if mask is not None or causal:

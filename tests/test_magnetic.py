@@ -638,6 +638,7 @@ def test_attention_option_and_grafting_to_and_from_the_family():
     (dict(beta=1.5), "beta must lie in"),
     (dict(implementation="xla"), "implementation must be one of .* for the magnetic operator"),
     (dict(implementation="blockwise", block_size=0), "block_size must be a positive integer"),
+    (dict(implementation="paired", block_size="abc"), "block_size must be a positive integer; got 'abc'$"),
     (dict(mask=np.ones((2, 3, 4, 4), bool)), "does not broadcast"),
 ])
 def test_bad_arguments(kwargs, match):
