@@ -1,7 +1,8 @@
 """README.md and docs/*.md render as intended: code fences pair up and stand alone, every local image
-and every local link exists."""
+and every local link exists, and a link to a heading names one."""
 import glob
 import os
+import re
 
 import pytest
 
@@ -51,3 +52,43 @@ def test_local_images_and_links_resolve(page):
     path = target.split("#")[0]
     if path and not path.startswith(("http:", "https:", "mailto:")):
       assert os.path.exists(os.path.join(here, path)), f"{page}: {target} does not exist"
+
+
+def slug(heading_text: str) -> str:
+  """GitHub's anchor for a heading's rendered text: lower case, every character but letters, digits, '_', '-' and
+  spaces dropped, spaces as '-'."""
+  return re.sub(r"[^\w\- ]", "", heading_text.lower()).replace(" ", "-")
+
+
+def anchors(page):
+  """The anchors a page's headings get on GitHub (a repeated slug takes -1, -2, … in order)."""
+  _, toks = tokens(page)
+  seen, out = {}, set()
+  for t, nxt in zip(toks, toks[1:]):
+    if t.type == "heading_open":
+      text = "".join(c.content for c in nxt.children if c.type in ("text", "code_inline"))
+      base = slug(text)
+      n = seen.get(base, 0)
+      seen[base] = n + 1
+      out.add(base if n == 0 else f"{base}-{n}")
+  return out
+
+
+def test_slug_is_githubs():
+  assert slug("Where issue 29's CPU targets stand") == "where-issue-29s-cpu-targets-stand"
+  assert slug("ATAP on pairs of tiles (kernels.split_paired)") == "atap-on-pairs-of-tiles-kernelssplit_paired"
+  assert slug("Γ₂ and × ≤ 1.25") == "γ₂-and---125"
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_links_to_a_heading_name_one(page):
+  _, toks = tokens(page)
+  here = os.path.dirname(os.path.join(ROOT, page))
+  for c in inline(toks, "link_open"):
+    target = c.attrs["href"]
+    if "#" not in target or target.startswith(("http:", "https:", "mailto:")):
+      continue
+    path, fragment = target.split("#", 1)
+    other = page if not path else os.path.relpath(os.path.normpath(os.path.join(here, path)), ROOT)
+    if other.endswith(".md"):
+      assert fragment in anchors(other), f"{page}: {target} names no heading of {other}"
