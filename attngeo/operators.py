@@ -382,14 +382,19 @@ def _mend_overflow(y, rerun, hot, v, unresolved):
   return jax.lax.cond(jnp.any(hot), lambda: jnp.where(hot, mend(), y), lambda: y)
 
 
+# The kernel each route of `split_kernel` runs, by the name of its module in `attngeo.kernels` (the benchmarks' "runs on").
+SPLIT_KERNELS = {"dense": "split", "kept": "split_kept", "paired": "split_paired", "gram": "gram"}
+
+
 def split_kernel(beta, alpha, implementation: str | None, n_keys: int, *, dtype="float32", masked: bool = False,
                  causal: bool = False, block_size: int = 512, batch_heads: int | None = None) -> str | None:
   """The split kernel `transport` runs member (β, α) on instead of the augmented heads' einsum or blockwise
-  kernel — "dense" (`kernels.split_attention`, one d-wide product and its transpose), "paired"
-  (`kernels.split_paired_attention`) or "gram" (`kernels.gram_attention`) — or None. Inputs of ≥ 32 bits, β a
-  Python float, where the dispatcher says so (`kernels.runs_split`: einsum below `BLOCKWISE_FROM` keys;
-  blockwise, unmasked, not causal, α static, keys that cut into pairs of tiles), on two edges of the square:
-  * β = 1 but ATTN (ATAP at α = 0): "dense" or "paired", products of q and k;
+  kernel — "dense" (`kernels.split_attention`, one d-wide product and its transpose), "kept"
+  (`kernels.split_kept_attention`), "paired" (`kernels.split_paired_attention`) or "gram" (`kernels.gram_attention`)
+  — or None. Inputs of ≥ 32 bits, β a Python float, where the dispatcher says so (`kernels.runs_split`: einsum below
+  `BLOCKWISE_FROM` keys; blockwise, unmasked, not causal, α static, two tiles up to `kernels.KEPT_UP_TO` keys or keys
+  that cut into pairs of tiles), on two edges of the square:
+  * β = 1 but ATTN (ATAP at α = 0): "dense", "kept" (up to 1024 keys) or "paired", products of q and k;
   * β = 0: DMAP (α = 0.0) "gram" where "dense" runs up to `kernels.TRANSPOSED_COTANGENT_UP_TO` entries per head
     (384 keys; past them its symmetrised cotangent's pass costs more than the product it saves), its Gram
     m·mᵀ/2 with a one-product backward; and "paired" from `kernels.PAIRED_GRAM_FROM_TILES` tiles (2048 keys at
@@ -412,7 +417,7 @@ def split_kernel(beta, alpha, implementation: str | None, n_keys: int, *, dtype=
     return route
   if beta == 1.0 and not (static and alpha == 1.0):
     return kernels.runs_split(implementation, n_keys, masked=masked, causal=causal, static=static,
-                              block_size=block_size)
+                              block_size=block_size, kept=True)
   if beta == 0.0 and static and alpha != 0.0:
     if batch_heads is not None and kernels.block_size_for(batch_heads) > kernels.TILE:
       return None
@@ -443,9 +448,14 @@ def beta0_paired(q, k, v, alpha: float, bias, scale: float, block_size: int = 51
   Returns:
     [b, n, h, e] in v's dtype.
   """
-  m, n = (q + k) * (1 / math.sqrt(2)), (q - k) * (1 / math.sqrt(2))
+  m, n = beta0_heads(q, k)
   return kernels.split_paired_attention(m, n, v, weights=(-alpha / 2, alpha / 2), gram=0.5, bias=bias, scale=scale,
                                         block_size=block_size)
+
+
+def beta0_heads(q, k):
+  """(m, n) = ((q + k)/√2, (q − k)/√2): the heads on which the β = 0 edge is the split form (`beta0_paired`)."""
+  return (q + k) * (1 / math.sqrt(2)), (q - k) * (1 / math.sqrt(2))
 
 
 # ----------------------------------------------------------------------------- public API
@@ -465,8 +475,9 @@ def transport(q, k, v, *, beta=1.0, alpha=1.0, causal: bool = False, mask=None, 
       backend and length, `kernels.choose`); passed through to the kernel. Where "einsum" runs below
       `kernels.BLOCKWISE_FROM` keys, the β = 1 edge (ATAP) runs on `kernels.split_attention` instead, and
       DMAP up to 384 keys (`kernels.TRANSPOSED_COTANGENT_UP_TO`) on `kernels.gram_attention` (inputs of ≥ 32
-      bits); and where "blockwise" runs unmasked, not causal, with a static α and keys that cut into
-      `kernels.PAIRED_FROM_TILES` or more tiles the β = 1 edge (ATAP), from `kernels.PAIRED_GRAM_FROM_TILES` DMAP
+      bits); and where "blockwise" runs unmasked, not causal, with a static α, the β = 1 edge (ATAP) up to
+      `kernels.KEPT_UP_TO` keys on `kernels.split_kept_attention` (two tiles, P kept), and with keys that cut into
+      `kernels.PAIRED_FROM_TILES` or more tiles the β = 1 edge, from `kernels.PAIRED_GRAM_FROM_TILES` DMAP
       (its Gram alone), and from `kernels.PAIRED_BETA0_FROM_TILES` the rest of the β = 0 edge (DMTN; on the default
       block only from 17 heads a step, b·h), run on `kernels.split_paired_attention` (`split_kernel`).
     block_size: the blockwise kernel's block and the pairs of tiles' tile bound; None (the default): the block
@@ -497,6 +508,8 @@ def transport(q, k, v, *, beta=1.0, alpha=1.0, causal: bool = False, mask=None, 
     if split == "dense":
       return kernels.split_attention(q, k, v, weights=kernels.split_weights(alpha), mask=mask, causal=causal,
                                      bias=bias(), scale=scale), None
+    if split == "kept":
+      return kernels.split_kept_attention(q, k, v, weights=kernels.split_weights(alpha), bias=bias(), scale=scale), None
     if split == "paired" and beta == 0.0:
       return beta0_paired(q, k, v, alpha, bias(), scale, tile), None
     if split == "paired":

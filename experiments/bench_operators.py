@@ -26,7 +26,8 @@ analysis, 22 GiB held), so on the CPU the process's data segment is capped too w
 runtime error and its row says so; "RSS growth" is how far the process's resident memory rose during the
 cell's first run. "Runs on" names the kernel that ran: the implementation, or a split kernel where
 `transport` takes it instead of the augmented heads (`operators.split_kernel`: ATAP "split" on the einsum path
-below 512 keys, DMAP "gram" on it up to 384; "split_paired" blockwise, unmasked, not causal, for ATAP and DMAP from 4 tiles and DMTN from 16 where b·h ≥ 17). `--implementations` restricts the kernels (the ratios are then
+below 512 keys, DMAP "gram" on it up to 384; blockwise, unmasked, not causal, ATAP "split_kept" up to 1024 keys
+and "split_paired" for ATAP and DMAP from 4 tiles and DMTN from 16 where b·h ≥ 17). `--implementations` restricts the kernels (the ratios are then
 to the fastest ATTN among them). CMAP, the magnetic operator
 (`operators.magnetic_transport`, coupling 1, β = 0), runs on its own kernels (einsum, blockwise and
 the Hermitian pairing "paired", which computes each unordered token pair once: `attngeo.kernels.paired`);
@@ -99,13 +100,14 @@ def compiled_call(name, impl, b, n, h, d, block_size=None, dtype="float32", qkv=
 
 def runs_on(name, impl, n, dtype="float32", causal=False, batch_heads=64) -> str:
   """The kernel a cell runs on: `impl`, or a split kernel where `operators.split_kernel` takes it instead of the
-  augmented heads (ATAP on einsum below 512 keys: "split"; DMAP on einsum up to 384 keys: "gram"; blockwise pairs
-  of tiles, ATAP and DMAP from 4 tiles and DMTN from 16 where `batch_heads`, b·h, is 17 or more: "split_paired")."""
+  augmented heads (ATAP on einsum below 512 keys: "split"; DMAP on einsum up to 384 keys: "gram"; ATAP blockwise
+  on two tiles up to 1024 keys: "split_kept"; blockwise pairs of tiles, ATAP and DMAP from 4 tiles and DMTN from
+  16 where `batch_heads`, b·h, is 17 or more: "split_paired")."""
   from attngeo import operators as op
   if op.is_magnetic(name):
     return impl
   split = op.split_kernel(*op.corner(name), impl, n, dtype=dtype, causal=causal, batch_heads=batch_heads)
-  return {"dense": "split", "paired": "split_paired", "gram": "gram"}.get(split, impl)
+  return op.SPLIT_KERNELS.get(split, impl)
 
 
 def measure(name, impl, b, n, h, d, repeats, block_size=None, dtype="float32", causal=False):

@@ -240,8 +240,7 @@ def _program(operator: str, n: int, batch: int, heads: int, head_dim: int, imple
   else:
     beta, alpha = op.corner(operator)
     split = op.split_kernel(beta, alpha, implementation, n, causal=causal, batch_heads=batch * heads)
-    name = {"dense": "split", "paired": "split_paired", "gram": "gram"}.get(split, kernels.choose("softmax",
-                                                                                                  implementation, n))
+    name = op.SPLIT_KERNELS.get(split, kernels.choose("softmax", implementation, n))
     if split is None and operator in ("DMTN", "ATAP"):
       name += ", augmented"                          # the 2·d-wide heads (`operators.augment`)
     f = lambda q, k, v: op.transport(q, k, v, beta=beta, alpha=alpha, causal=causal, implementation=implementation)

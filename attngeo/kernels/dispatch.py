@@ -22,8 +22,9 @@ one 2·d wide (ATAP ÷ ATTN at 256 keys, two runs each: 1.66, 1.67 before it; 1.
 1.28 with the input-side overflow check too; 1.28, 1.34 since ATAP's backward is one product on the
 symmetrised cotangent, `split.symmetric_logits`, against an ATTN 10 % faster, `_blocks.logits_product` —
 docs/benchmarks.md; from 1024 keys the transposes cost more).
-On the blockwise kernel the same edge, unmasked, not causal and from `PAIRED_FROM_TILES` tiles, runs
-`attngeo.kernels.split_paired`: the two products of each pair of tiles (a, b), (b, a) at once, 7 product units
+On the blockwise kernel the same edge, unmasked and not causal, runs up to `KEPT_UP_TO` keys on
+`attngeo.kernels.split_kept`, two tiles whose P the forward keeps for the backward (6.5 product units, no recompute;
+n² floats a head), and from `PAIRED_FROM_TILES` tiles on `attngeo.kernels.split_paired`: the two products of each pair of tiles (a, b), (b, a) at once, 7 product units
 per tile like ATTN's instead of 11; the β = 0 edge (DMTN) runs there too from `PAIRED_BETA0_FROM_TILES` tiles
 (a pair's Gram d wide and its X − Y one product 2·d wide: 9 + 1/T units), and DMAP, its Gram alone, from
 `PAIRED_GRAM_FROM_TILES` tiles (5 + 1/T units against the 7 of its heads (m, m/2)).
@@ -82,6 +83,14 @@ PAIRED_GRAM_FROM_TILES = 4
 STEP_ENTRIES = {"softmax": 2 ** 24, "phase": 2 ** 23}
 MAX_BLOCK = 2048
 TILE = 512   # the least default block, and the paired kernels' tile bound when none is named
+# Keys up to which the β = 1 edge runs on two tiles with P kept (`runs_split`, "kept"; `attngeo.kernels.split_kept`):
+# n² floats of P a head, at most four 512 × 512 tiles, and 6.5 product units where ATTN's blockwise kernel runs 7.
+# ATAP ÷ ATTN blockwise, fwd + bwd, batch 8, 8 heads of 64, the routes interleaved (`python -m
+# attngeo.experiments.bench_pairs --operator ATAP --seqs 512,1024 --batches 8,8 --repeats 8`, two runs, 2026-12-07):
+# augmented heads 1.27, 1.41 / 1.41, 1.38, kept 1.19, 1.24 / 1.23, 1.20, pairs — / 1.48, 1.37 at 512 / 1024 keys.
+# DMTN and DMAP stay on their heads (`--operator DMTN|DMAP --seqs 1024 --batches 8`: DMTN 1.38 heads, 1.54 kept;
+# DMAP 1.00, 1.04). Below `BLOCKWISE_FROM` the einsum path runs the dense split kernel instead.
+KEPT_UP_TO = 2 * TILE
 
 
 def choose(kind: str, implementation: str | None = None, n_keys: int | None = None, *, strict: bool = True) -> str:
@@ -130,17 +139,22 @@ def default_implementation(seq_len: int | None = None) -> str:
 
 
 def runs_split(implementation: str | None, n_keys: int, *, masked: bool = False, causal: bool = False,
-               static: bool = False, block_size: int = 512, from_tiles: int = PAIRED_FROM_TILES) -> str | None:
+               static: bool = False, block_size: int = 512, from_tiles: int = PAIRED_FROM_TILES,
+               kept: bool = False) -> str | None:
   """The kernel a β = 1 member of the family (not ATTN) runs on over `n_keys` keys, instead of the augmented
   heads: `"dense"` (`attngeo.kernels.split`) where the softmax kernel is einsum and `n_keys < BLOCKWISE_FROM`;
-  `"paired"` (`attngeo.kernels.split_paired`) where it is blockwise, with no mask, no causal order, `static`
-  weights (a Python-float α) and keys that cut into `from_tiles` (default `PAIRED_FROM_TILES`) or more tiles
-  (`_blocks.tiling`); else None. The caller checks the member and the dtype (`operators.transport`: a static β = 1.0, inputs of ≥ 32
-  bits)."""
+  where it is blockwise, with no mask, no causal order and `static` weights (a Python-float α), `"kept"`
+  (`attngeo.kernels.split_kept`, if `kept`) on two tiles of n/2 ≤ `block_size` keys up to `KEPT_UP_TO` keys, else
+  `"paired"` (`attngeo.kernels.split_paired`) where the keys cut into `from_tiles` (default `PAIRED_FROM_TILES`) or
+  more tiles (`_blocks.tiling`); else None. The caller checks the member and the dtype (`operators.transport`: a
+  static β = 1.0, inputs of ≥ 32 bits)."""
   kernel = choose("softmax", implementation, n_keys)
   if kernel == "einsum" and n_keys < BLOCKWISE_FROM:
     return "dense"
-  if (kernel == "blockwise" and static and not (masked or causal) and tiles_in_pairs(n_keys, block_size)
-      and tiling(n_keys, block_size)[0] >= from_tiles):
+  if kernel != "blockwise" or not static or masked or causal:
+    return None
+  if kept and n_keys % 2 == 0 and n_keys <= KEPT_UP_TO and n_keys // 2 <= block_size:
+    return "kept"
+  if tiles_in_pairs(n_keys, block_size) and tiling(n_keys, block_size)[0] >= from_tiles:
     return "paired"
   return None

@@ -135,7 +135,7 @@ def _diagonal(qa, ka, bias_a, w, w_t, c, s):
   return s * logits + bias_a[:, None, :]
 
 
-def _stacked_sign(w, w_t):
+def stacked_sign(w, w_t):
   """+1 where both sides of a pair share their product part Z = s·w·(X + Y) (w = w_t ≠ 0: ATAP at α = 0); −1 where
   they take it with opposite signs, Z = s·w·(X − Y) (w = −w_t ≠ 0: the β = 0 edge); else None (X and Y apart)."""
   if w and w == w_t:
@@ -145,13 +145,13 @@ def _stacked_sign(w, w_t):
   return None
 
 
-def _stacked_heads(q, k, sign):
+def stacked_heads(q, k, sign):
   """([q, k], [k, sign·q]): [B, n, 2·d] each, so that [q_a, k_a]·[k_b, sign·q_b]ᵀ = X + sign·Y in one product."""
   return jnp.concatenate([q, k], -1), jnp.concatenate([k, q if sign > 0 else -q], -1)
 
 
-def _pair_logits(q, k, bias, w, w_t, c, s, t, a, b, stacked=None):
-  """(L_ab, L_baᵀ) of the pair (a, b): [B, t, t] each, rows a. With `stacked` (sign, heads: `_stacked_heads`)
+def pair_logits(q, k, bias, w, w_t, c, s, t, a, b, stacked=None):
+  """(L_ab, L_baᵀ) of the pair (a, b): [B, t, t] each, rows a. With `stacked` (sign, heads: `stacked_heads`)
   from Z = s·w·[q_a, k_a]·[k_b, sign·q_b]ᵀ, one product 2·d wide: L_ab = S + Z + bias_b, L_baᵀ = S + sign·Z + bias_a,
   S = s·c·G."""
   gram = s * c * _dot("bid,bjd->bij", slab(q, a, t), slab(q, b, t)) if c else 0.0   # G = q_a·q_bᵀ: both sides'
@@ -182,13 +182,13 @@ def _forward(q, k, v, bias, w, w_t, c, s, block_size):
 
   o, mx, l = map(_untiles, jax.lax.map(diagonal, tuple(_tiles(x, tiles, t) for x in (q, k, v, bias))))
   v_t = feature_major(v)
-  sign = _stacked_sign(w, w_t)
-  stacked = None if sign is None else (sign, _stacked_heads(q, k, sign))
+  sign = stacked_sign(w, w_t)
+  stacked = None if sign is None else (sign, stacked_heads(q, k, sign))
 
   def pair(carry, ab):
     o, mx, l, ok, mk, lk = carry
     a, b = ab[0], ab[1]
-    l_ab, l_ba_t = _pair_logits(q, k, bias, w, w_t, c, s, t, a, b, stacked)
+    l_ab, l_ba_t = pair_logits(q, k, bias, w, w_t, c, s, t, a, b, stacked)
     m_a, m_b = slab(mx, a, t), slab(mk, b, t)
     new_a, new_b = jnp.maximum(m_a, jnp.max(l_ab, -1)), jnp.maximum(m_b, jnp.max(l_ba_t, -2))
     p_ab, p_ba_t = jnp.exp(l_ab - new_a[..., None]), jnp.exp(l_ba_t - new_b[:, None, :])
@@ -250,14 +250,14 @@ def _split_paired_bwd(w, w_t, c, s, block_size, res, dy):
   dq, dk_k, dv_k, dbias = jax.lax.map(diagonal, tuple(_tiles(x, tiles, t) for x in (q, k, v, bias, lse, dy, dd))
                                       + (_tiles_t(q_t, tiles, t), _tiles_t(dy_t, tiles, t)))
   dq, dbias, dk_k, dv_k = _untiles(dq), _untiles(dbias), _untiles_t(dk_k), _untiles_t(dv_k)
-  sign = _stacked_sign(w, w_t)
+  sign = stacked_sign(w, w_t)
   if sign is not None:
     return _stacked_pairs_bwd(s * w, sign, s * c, t, tiles, (q, k, v, bias, lse, dy, dd), (dq, dk_k, dv_k, dbias))
 
   def pair(carry, ab):
     dq, dk, dv, dq_k, dk_k, dv_k, dbias = carry
     a, b = ab[0], ab[1]
-    l_ab, l_ba_t = _pair_logits(q, k, bias, w, w_t, c, s, t, a, b)
+    l_ab, l_ba_t = pair_logits(q, k, bias, w, w_t, c, s, t, a, b)
     p_ab = jnp.exp(l_ab - slab(lse, a, t)[..., None])
     p_ba_t = jnp.exp(l_ba_t - slab(lse, b, t)[:, None, :])
     dy_a, dy_b, v_a, v_b = slab(dy, a, t), slab(dy, b, t), slab(v, a, t), slab(v, b, t)
@@ -284,14 +284,14 @@ def _split_paired_bwd(w, w_t, c, s, block_size, res, dy):
 
 
 def _stacked_pairs_bwd(sw, sign, sc, t, tiles, inputs, diagonal):
-  """The pairs' backward where `_stacked_sign` is ±1 (sw = s·w, sc = s·c): Z = sw·[q_a, k_a]·[k_b, sign·q_b]ᵀ enters
+  """The pairs' backward where `stacked_sign` is ±1 (sw = s·w, sc = s·c): Z = sw·[q_a, k_a]·[k_b, sign·q_b]ᵀ enters
   L_ab and sign × it L_baᵀ, so Z̄ = sw·(dL_ab + sign·dL_baᵀ) gives d[q_a, k_a] += Z̄·[k_b, sign·q_b] and, feature-major,
   d[k_b, sign·q_b] += [q_a, k_a]ᵀ·Z̄: two products 2·d wide in place of four d wide; the Gram's Ḡ = sc·(dL_ab +
   dL_baᵀ) as in `_split_paired_bwd`. `inputs`: (q, k, v, bias, lse, dy, D); `diagonal`: the diagonal tiles'
   (dq, dk feature-major, dv feature-major, dbias), which the pairs add to."""
   q, k, v, bias, lse, dy, dd = inputs
   dq, dk_k, dv_k, dbias = diagonal
-  qk, other = _stacked_heads(q, k, sign)
+  qk, other = stacked_heads(q, k, sign)
   qk_t, dy_t, q_t = feature_major(qk), feature_major(dy), feature_major(q)
 
   def pair(carry, ab):
@@ -343,22 +343,34 @@ def split_paired_attention(q, k, v, *, weights: tuple[float, float], gram: float
     [b, n, h, e] in v's dtype; at gram = 0 equal to `split.split_attention` without mask or causal order.
   """
   block_size = check_block_size(block_size)
-  b, n, h, d = q.shape
-  if q.shape != k.shape:
-    raise ValueError(f"split attention is self-attention: q and k must have the same shape; got {q.shape}, {k.shape}")
-  if v.shape[:3] != (b, n, h):
-    raise ValueError(f"v must be [b, n, h, e] = [{b}, {n}, {h}, e] like q; got {v.shape}")
+  b, n, h, _ = q.shape
+  check_split_inputs(q, k, v, weights, gram)
   if not tiles_in_pairs(n, block_size):
     raise ValueError(f"the paired split kernel needs n = T·t keys in T ≥ 2 tiles of t ≤ block_size = "
                      f"{block_size}; got n = {n}")
   w, w_t = weights
+  y = _split_paired(*folded(q, k, v, bias), w, w_t, gram, float(scale), int(block_size))
+  return jnp.transpose(y.reshape(b, h, n, v.shape[-1]), (0, 2, 1, 3)).astype(v.dtype)
+
+
+def check_split_inputs(q, k, v, weights, gram):
+  """One line unless q, k are [b, n, h, d] alike, v [b, n, h, e], and the weights (w, w_t) and gram c static floats."""
+  b, n, h, _ = q.shape
+  if q.shape != k.shape:
+    raise ValueError(f"split attention is self-attention: q and k must have the same shape; got {q.shape}, {k.shape}")
+  if v.shape[:3] != (b, n, h):
+    raise ValueError(f"v must be [b, n, h, e] = [{b}, {n}, {h}, e] like q; got {v.shape}")
+  w, w_t = weights
   if not (isinstance(w, float) and isinstance(w_t, float)):
-    raise ValueError(f"the paired split kernel takes static float weights; got {weights!r}")
+    raise ValueError(f"the split kernels on tiles take static float weights; got {weights!r}")
   if not isinstance(gram, float):
-    raise ValueError(f"the paired split kernel takes a static float gram weight; got {gram!r}")
-  e = v.shape[-1]
-  folded = lambda x: jnp.transpose(x.astype(jnp.float32), (0, 2, 1, 3)).reshape(b * h, n, x.shape[-1])
+    raise ValueError(f"the split kernels on tiles take a static float gram weight; got {gram!r}")
+
+
+def folded(q, k, v, bias):
+  """(q, k, v, bias) head-folded in float32: [b, n, h, ·] -> [b·h, n, ·], bias [b, n, h] (None: 0) -> [b·h, n]."""
+  b, n, h, _ = q.shape
+  fold = lambda x: jnp.transpose(x.astype(jnp.float32), (0, 2, 1, 3)).reshape(b * h, n, x.shape[-1])
   bias_f = (jnp.zeros((b * h, n), jnp.float32) if bias is None else
             jnp.transpose(bias.astype(jnp.float32), (0, 2, 1)).reshape(b * h, n))
-  y = _split_paired(folded(q), folded(k), folded(v), bias_f, w, w_t, gram, float(scale), int(block_size))
-  return jnp.transpose(y.reshape(b, h, n, e), (0, 2, 1, 3)).astype(v.dtype)
+  return fold(q), fold(k), fold(v), bias_f
