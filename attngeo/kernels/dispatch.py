@@ -88,8 +88,8 @@ TILE = 512   # the least default block, and the paired kernels' tile bound when 
 # ATAP ÷ ATTN blockwise, fwd + bwd, batch 8, 8 heads of 64, the routes interleaved (`python -m
 # attngeo.experiments.bench_pairs --operator ATAP --seqs 512,1024 --batches 8,8 --repeats 8`, two runs, 2026-12-07):
 # augmented heads 1.27, 1.41 / 1.41, 1.38, kept 1.19, 1.24 / 1.23, 1.20, pairs — / 1.48, 1.37 at 512 / 1024 keys.
-# DMTN and DMAP stay on their heads (`--operator DMTN|DMAP --seqs 1024 --batches 8`: DMTN 1.38 heads, 1.54 kept;
-# DMAP 1.00, 1.04). Below `BLOCKWISE_FROM` the einsum path runs the dense split kernel instead.
+# DMTN and DMAP stay on their heads (`--operator DMTN|DMAP --seqs 1024 --batches 8`, docs/benchmarks.md: no gain).
+# Below `BLOCKWISE_FROM` the einsum path runs the dense split kernel instead.
 KEPT_UP_TO = 2 * TILE
 
 

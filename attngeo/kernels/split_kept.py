@@ -19,23 +19,24 @@ Backward (D_i = dy_i·y_i; the row factor r moves onto the n × e side, dy^r = r
 
     dL = P̃ ⊙ (dy^r vᵀ − D^r),     dv_b += P̃_abᵀ dy^r_a,   dv_a += P̃_baᵀ dy^r_b,   dbias_j = Σ_i dL_ij,
 
-the pair's q and k cotangents as on the paired kernel, and a diagonal tile's from its cotangent's symmetric
-and antisymmetric parts, S = dL + dLᵀ, A = dL − dLᵀ (one transpose), with u = (w + w_t)/2, v = (w − w_t)/2:
+the pair's q and k cotangents as on the paired kernel, and a diagonal tile's, from its one product above,
 
-    dq_c = s·(u S k_c + v A k_c + c S q_c),   dk_c = s·(u S q_c − v A q_c)
-    ⇒  [dq_c, dk_c] = s·S·[u k_c + c q_c, u q_c] + s·A·[v k_c, −v q_c],
+    [dq_c, dk_c] = s·dL·[w k_c + c q_c, w_t q_c] + s·dLᵀ·[w_t k_c + c q_c, w q_c],
 
-each product reading its t × t operand row-major: 2·d wide at ATAP (v = 0), d + 2·d at DMTN (u = 0, on m and n),
-d wide for DMAP's Gram alone.
+the second product taken feature-major, ([·]ᵀ·dL)ᵀ, so that no t × t array is transposed (two products 2·d wide); at
+w = w_t (ATAP at α = 0, and DMAP's Gram alone) both are one product on the symmetric part, s·(dL + dLᵀ)·[w k_c + c q_c,
+w q_c], for one transpose pass: 2·d wide at ATAP, d wide for the Gram. Each product reads its t × t operand row-major.
+(DMTN on m and n, α = 1, took 1.54 × ATTN at 1024 keys with a transpose for each of the symmetric and antisymmetric
+parts, 1.41 without: `bench_pairs --operator DMTN --seqs 1024 --batches 8 --repeats 8`, one run each.)
 
 Cost, in t × t × d products (a quarter of an n × n × d unit; ATTN's blockwise kernel runs 7 units, forward 2 and
 backward 5, since it recomputes P): ATAP's forward 10 (its pair's X + Y one 2·d-wide product, each diagonal tile one
 2·d wide, P̃·v on four tiles), its backward 16 (dP and dv on four tiles, the diagonal tiles' [q̄, k̄] 2·d wide, the
-pair's Z̄ products): 26, 6.5 units; at α ≠ 0 X and Y apart and the diagonal tiles' antisymmetric part, 7.5. Memory:
+pair's Z̄ products): 26, 6.5 units; at α ≠ 0 X and Y apart and the diagonal tiles' two products, 7.5. Memory:
 the four tiles of P̃, n² floats per head (b·h·n² in all) — the einsum kernel's P, where the blockwise kernels hold
 one tile — so the dispatcher (`dispatch.runs_split`, "kept") takes this kernel only up to `dispatch.KEPT_UP_TO`
-keys, for the β = 1 edge: DMTN (its Gram and X − Y) and DMAP (its Gram alone) measured slower here than on their
-augmented heads (docs/benchmarks.md).
+keys, for the β = 1 edge. DMTN (on m and n: its pair's Gram and X − Y, 31 t × t × d products to ATAP's 26) and DMAP
+(its Gram alone) gain nothing here over their augmented heads (docs/benchmarks.md, "Two tiles, P kept").
 
 Scope: self-attention, static float weights (w, w_t, c), no mask, not causal, n even; float32 throughout.
 """
@@ -57,11 +58,16 @@ def _halves(x):
   return jnp.swapaxes(x.reshape((x.shape[0], 2, x.shape[1] // 2) + x.shape[2:]), 0, 1)
 
 
+def _key(qc, kc, w, c):
+  """w·k_c + c·q_c, without the products by 0."""
+  return w * kc + c * qc if w and c else (w * kc if w else c * qc)
+
+
 def _diagonal_logits(qc, kc, bias_c, w, w_t, c, s):
   """L_cc [B, t, t] (module docstring): one product, 2·d wide, or d wide at w_t = 0."""
   if not (w or w_t or c):                       # no product: every logit its key's bias
     return jnp.broadcast_to(bias_c[:, None, :], qc.shape[:2] + bias_c.shape[1:])
-  key = w * kc + c * qc if w and c else (w * kc if w else c * qc)
+  key = _key(qc, kc, w, c)
   lhs, rhs = (jnp.concatenate([qc, kc], -1), jnp.concatenate([key, w_t * qc], -1)) if w_t else (qc, key)
   return s * _dot("bid,bjd->bij", lhs, rhs) + bias_c[:, None, :]
 
@@ -102,19 +108,17 @@ def _split_kept_fwd(q, k, v, bias, w, w_t, c, s):
 
 
 def _diagonal_cotangents(dl, qc, kc, w, w_t, c, s):
-  """[dq_c, dk_c] [B, t, 2·d] of a diagonal tile from its logits' cotangent dl (module docstring)."""
-  u, v = (w + w_t) / 2, (w - w_t) / 2
-  out = jnp.zeros(qc.shape[:2] + (2 * qc.shape[2],), jnp.float32)
-  if u:
+  """[dq_c, dk_c] [B, t, 2·d] of a diagonal tile from its logits' cotangent dl (module docstring): on its symmetric
+  part S = dL + dLᵀ where w = w_t, else on dL and, feature-major, dLᵀ without a transpose."""
+  if w == w_t:
     sym = s * (dl + jnp.swapaxes(dl, 1, 2))
-    out = out + _dot("bij,bjf->bif", sym, jnp.concatenate([u * kc + c * qc if c else u * kc, u * qc], -1))
-  elif c:                                       # the Gram alone on the symmetric part: dq only
-    sym = s * (dl + jnp.swapaxes(dl, 1, 2))
-    out = out.at[..., :qc.shape[2]].add(_dot("bij,bjf->bif", sym, c * qc))
-  if v:
-    anti = s * (dl - jnp.swapaxes(dl, 1, 2))
-    out = out + _dot("bij,bjf->bif", anti, jnp.concatenate([v * kc, -v * qc], -1))
-  return out
+    if w:
+      return _dot("bij,bjf->bif", sym, jnp.concatenate([w * kc + c * qc if c else w * kc, w * qc], -1))
+    dq = _dot("bij,bjf->bif", sym, c * qc) if c else jnp.zeros_like(qc)
+    return jnp.concatenate([dq, jnp.zeros_like(kc)], -1)
+  along = _dot("bij,bjf->bif", dl, jnp.concatenate([_key(qc, kc, w, c), w_t * qc], -1))
+  across = _dot("bfi,bij->bfj", feature_major(jnp.concatenate([_key(qc, kc, w_t, c), w * qc], -1)), dl)
+  return s * (along + feature_major(across))
 
 
 def _pair_cotangents(q, k, dl_ab, dl_ba_t, w, w_t, c, s):
