@@ -35,7 +35,7 @@ backward 5, since it recomputes P): ATAP's forward 10 (its pair's X + Y one 2·d
 pair's Z̄ products): 26, 6.5 units; at α ≠ 0 X and Y apart and the diagonal tiles' two products, 7.5. Memory:
 the four tiles of P̃, n² floats per head (b·h·n² in all) — the einsum kernel's P, where the blockwise kernels hold
 one tile — so the dispatcher (`dispatch.runs_split`, "kept") takes this kernel only up to `dispatch.KEPT_UP_TO`
-keys, for the β = 1 edge. DMTN (on m and n: its pair's Gram and X − Y, 31 t × t × d products to ATAP's 26) and DMAP
+keys, for the β = 1 edge. DMTN (on m and n: its pair's Gram and X − Y, 33 t × t × d products to ATAP's 26) and DMAP
 (its Gram alone) gain nothing here over their augmented heads (docs/benchmarks.md, "Two tiles, P kept").
 
 Scope: self-attention, static float weights (w, w_t, c), no mask, not causal, n even; float32 throughout.
