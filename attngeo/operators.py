@@ -387,14 +387,16 @@ SPLIT_KERNELS = {"dense": "split", "kept": "split_kept", "paired": "split_paired
 
 
 def split_kernel(beta, alpha, implementation: str | None, n_keys: int, *, dtype="float32", masked: bool = False,
-                 causal: bool = False, block_size: int = 512, batch_heads: int | None = None) -> str | None:
+                 causal: bool = False, block_size: int = 512, batch_heads: int | None = None,
+                 heads: int | None = None) -> str | None:
   """The split kernel `transport` runs member (β, α) on instead of the augmented heads' einsum or blockwise
   kernel — "dense" (`kernels.split_attention`, one d-wide product and its transpose), "kept"
   (`kernels.split_kept_attention`), "paired" (`kernels.split_paired_attention`) or "gram" (`kernels.gram_attention`)
   — or None. Inputs of ≥ 32 bits, β a Python float, where the dispatcher says so (`kernels.runs_split`: einsum below
   `BLOCKWISE_FROM` keys; blockwise, unmasked, not causal, α static, two tiles up to `kernels.KEPT_UP_TO` keys or keys
   that cut into pairs of tiles), on two edges of the square:
-  * β = 1 but ATTN (ATAP at α = 0): "dense", "kept" (up to 1024 keys) or "paired", products of q and k;
+  * β = 1 but ATTN (ATAP at α = 0): "dense", "kept" (up to 1024 keys, and `heads` = b·h, where given, up to
+    `kernels.KEPT_ENTRIES` entries of P in all) or "paired", products of q and k;
   * β = 0: DMAP (α = 0.0) "gram" where "dense" runs up to `kernels.TRANSPOSED_COTANGENT_UP_TO` entries per head
     (384 keys; past them its symmetrised cotangent's pass costs more than the product it saves), its Gram
     m·mᵀ/2 with a one-product backward; and "paired" from `kernels.PAIRED_GRAM_FROM_TILES` tiles (2048 keys at
@@ -417,7 +419,7 @@ def split_kernel(beta, alpha, implementation: str | None, n_keys: int, *, dtype=
     return route
   if beta == 1.0 and not (static and alpha == 1.0):
     return kernels.runs_split(implementation, n_keys, masked=masked, causal=causal, static=static,
-                              block_size=block_size, kept=True)
+                              block_size=block_size, kept=True, heads=heads)
   if beta == 0.0 and static and alpha != 0.0:
     if batch_heads is not None and kernels.block_size_for(batch_heads) > kernels.TILE:
       return None
@@ -476,7 +478,8 @@ def transport(q, k, v, *, beta=1.0, alpha=1.0, causal: bool = False, mask=None, 
       `kernels.BLOCKWISE_FROM` keys, the β = 1 edge (ATAP) runs on `kernels.split_attention` instead, and
       DMAP up to 384 keys (`kernels.TRANSPOSED_COTANGENT_UP_TO`) on `kernels.gram_attention` (inputs of ≥ 32
       bits); and where "blockwise" runs unmasked, not causal, with a static α, the β = 1 edge (ATAP) up to
-      `kernels.KEPT_UP_TO` keys on `kernels.split_kept_attention` (two tiles, P kept), and with keys that cut into
+      `kernels.KEPT_UP_TO` keys and `kernels.KEPT_ENTRIES` entries of P (b·h·n²) on `kernels.split_kept_attention`
+      (two tiles, P kept), and with keys that cut into
       `kernels.PAIRED_FROM_TILES` or more tiles the β = 1 edge, from `kernels.PAIRED_GRAM_FROM_TILES` DMAP
       (its Gram alone), and from `kernels.PAIRED_BETA0_FROM_TILES` the rest of the β = 0 edge (DMTN; on the default
       block only from 17 heads a step, b·h), run on `kernels.split_paired_attention` (`split_kernel`).
@@ -501,7 +504,8 @@ def transport(q, k, v, *, beta=1.0, alpha=1.0, causal: bool = False, mask=None, 
   block_size = None if block_size is None else kernels.check_block_size(block_size)
   tile = kernels.TILE if block_size is None else block_size          # the split kernels' tile bound
   split = split_kernel(beta, alpha, implementation, q.shape[1], dtype=q.dtype, masked=mask is not None, causal=causal,
-                       block_size=tile, batch_heads=None if block_size is not None else q.shape[0] * q.shape[2])
+                       block_size=tile, batch_heads=None if block_size is not None else q.shape[0] * q.shape[2],
+                       heads=q.shape[0] * q.shape[2])
 
   def run(q, k, v, beta=beta, alpha=alpha, implementation=implementation):
     bias = lambda: key_bias(q, k, beta=beta, alpha=alpha, scale=scale)

@@ -106,7 +106,8 @@ def runs_on(name, impl, n, dtype="float32", causal=False, batch_heads=64) -> str
   from attngeo import operators as op
   if op.is_magnetic(name):
     return impl
-  split = op.split_kernel(*op.corner(name), impl, n, dtype=dtype, causal=causal, batch_heads=batch_heads)
+  split = op.split_kernel(*op.corner(name), impl, n, dtype=dtype, causal=causal, batch_heads=batch_heads,
+                          heads=batch_heads)
   return op.SPLIT_KERNELS.get(split, impl)
 
 

@@ -239,7 +239,8 @@ def _program(operator: str, n: int, batch: int, heads: int, head_dim: int, imple
     f = lambda q, k, v: op.magnetic_transport(q, k, v, causal=causal, implementation=implementation)
   else:
     beta, alpha = op.corner(operator)
-    split = op.split_kernel(beta, alpha, implementation, n, causal=causal, batch_heads=batch * heads)
+    split = op.split_kernel(beta, alpha, implementation, n, causal=causal, batch_heads=batch * heads,
+                            heads=batch * heads)
     name = op.SPLIT_KERNELS.get(split, kernels.choose("softmax", implementation, n))
     if split is None and operator in ("DMTN", "ATAP"):
       name += ", augmented"                          # the 2·d-wide heads (`operators.augment`)

@@ -132,6 +132,9 @@ def test_routing(calls):
   assert split(*op.ATAP, None, 1024) == "kept"                          # the CPU default from 512 keys: blockwise
   assert split(*op.DMAP, "blockwise", 1024) is None and split(*op.DMTN, "blockwise", 1024) is None   # measured slower
   assert split(*op.ATAP, "blockwise", 1024, dtype="bfloat16") is None
+  # P's entries in all, b·h·n², up to KEPT_ENTRIES (256 MiB: batch 8 × 8 heads at 1024 keys)
+  assert runs(1024, heads=64) == "kept" and runs(1024, heads=65) is None and runs(2048, heads=1) == "paired"
+  assert split(*op.ATAP, "blockwise", 1024, heads=64) == "kept" and split(*op.ATAP, "blockwise", 1024, heads=128) is None
   q, k, v = qkv(7, 64)
   edge(q, k, v, 0.0)
   kept = calls[0]
@@ -144,10 +147,35 @@ def test_routing(calls):
     assert calls[0] == kept, kwargs                                    # another kernel ran
 
 
+def test_transport_keeps_p_only_under_the_entries_cap(calls, monkeypatch):
+  """b·h·n² over `KEPT_ENTRIES` (lowered here to just under this call's): ATAP takes another kernel."""
+  from attngeo.kernels import dispatch
+  q, k, v = qkv(9, 64)
+  edge(q, k, v, 0.0)
+  assert calls[0] == 1
+  monkeypatch.setattr(dispatch, "KEPT_ENTRIES", B * H * 64 * 64 - 1)
+  y = edge(q, k, v, 0.0)
+  assert calls[0] == 1
+  np.testing.assert_allclose(y, family_edge64(q, k, v, 0.0), atol=2e-6, rtol=1e-5)
+
+
 def test_bad_calls_are_one_line():
   q, k, v = qkv(8, 32)
-  with pytest.raises(ValueError, match="n must be even; got n = 31"):
+  with pytest.raises(ValueError, match="n must be even and at least 2; got n = 31"):
     kernels.split_kept_attention(q[:, 1:], k[:, 1:], v[:, 1:], weights=(0.5, 0.5), scale=1.0)
+  with pytest.raises(ValueError, match="n must be even and at least 2; got n = 0"):
+    kernels.split_kept_attention(q[:, :0], k[:, :0], v[:, :0], weights=(0.5, 0.5), scale=1.0)
+  with pytest.raises(ValueError, match=r"q, k and v must be 4-D, \[b, n, h, ·\]"):
+    kernels.split_kept_attention(q[0], k[0], v[0], weights=(0.5, 0.5), scale=1.0)
+  with pytest.raises(ValueError, match=r"bias must be None or \[b, n, h\] = \[2, 32, 3\] \(a key's logit bias\); got \(2, 32\)"):
+    kernels.split_kept_attention(q, k, v, weights=(0.5, 0.5), bias=jnp.zeros((B, 32)), scale=1.0)
+  with pytest.raises(ValueError, match=r"static float weights \(w, w_t\); got \(0.5, 0.5, 0.1\)"):
+    kernels.split_kept_attention(q, k, v, weights=(0.5, 0.5, 0.1), scale=1.0)
+  for bad in (None, True, float("nan")):
+    with pytest.raises(ValueError, match="scale must be a finite real number known at trace time"):
+      kernels.split_kept_attention(q, k, v, weights=(0.5, 0.5), scale=bad)
+  with pytest.raises(ValueError, match="got DynamicJaxprTracer"):
+    jax.jit(lambda s: kernels.split_kept_attention(q, k, v, weights=(0.5, 0.5), scale=s))(1.0)
   with pytest.raises(ValueError, match="self-attention"):
     kernels.split_kept_attention(q, k[:, :-2], v, weights=(0.5, 0.5), scale=1.0)
   with pytest.raises(ValueError, match=r"v must be \[b, n, h, e\] = \[2, 32, 3, e\] like q"):

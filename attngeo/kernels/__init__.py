@@ -19,7 +19,7 @@ chooses; callers pass `implementation` through):
   (no mask, not causal; ATTN's product count); with its Gram term, the β = 0 edge (DMTN) on m and n; the Gram
   alone, DMAP on m (5 + 1/T units a tile).
 * `split_kept` — `split_kept_attention`, the same edge on two tiles with P kept from the forward (no recompute;
-  n² floats a head), up to `KEPT_UP_TO` keys.
+  n² floats a head), up to `KEPT_UP_TO` keys and `KEPT_ENTRIES` entries of P.
 * `paired` — `paired_magnetic`, CMAP at β = 0 on its Hermitian pairing (each unordered token pair once).
 * `_blocks` — what they share: the mask conventions (`NEG`, `apply_masks`, `attended_rows`; a fully
   masked row is 0 on every kernel), the blockwise tiling and the one online-softmax scan, the paired
@@ -31,7 +31,7 @@ per-key bias `[b, s, h]`; masks broadcastable to `[b, h, t, s]` (True = attend).
 accumulate in float32 whatever the input dtype.
 """
 from attngeo.kernels._blocks import NEG, TRANSPOSED_COTANGENT_UP_TO, apply_masks, attended_rows, check_block_size
-from attngeo.kernels.dispatch import (BLOCKWISE_FROM, IMPLEMENTATIONS, KEPT_UP_TO, KERNELS, PAIRED_BETA0_FROM_TILES, PAIRED_FROM_TILES,
+from attngeo.kernels.dispatch import (BLOCKWISE_FROM, IMPLEMENTATIONS, KEPT_ENTRIES, KEPT_UP_TO, KERNELS, PAIRED_BETA0_FROM_TILES, PAIRED_FROM_TILES,
                                       PAIRED_GRAM_FROM_TILES, MAX_BLOCK, PHASE_IMPLEMENTATIONS, STEP_ENTRIES, TILE,
                                       block_size_for,
                                       choose, default_implementation, runs_split)
@@ -45,7 +45,7 @@ from attngeo.kernels.split import gram_attention, split_attention, split_weights
 from attngeo.kernels.split_kept import split_kept_attention
 from attngeo.kernels.split_paired import split_paired_attention
 
-__all__ = ["BLOCKWISE_FROM", "IMPLEMENTATIONS", "KEPT_UP_TO", "KERNELS", "NEG", "PAIRED_BETA0_FROM_TILES", "PAIRED_FROM_TILES",
+__all__ = ["BLOCKWISE_FROM", "IMPLEMENTATIONS", "KEPT_ENTRIES", "KEPT_UP_TO", "KERNELS", "NEG", "PAIRED_BETA0_FROM_TILES", "PAIRED_FROM_TILES",
            "PAIRED_GRAM_FROM_TILES", "MAX_BLOCK", "PHASE_IMPLEMENTATIONS", "STEP_ENTRIES", "TILE",
            "TRANSPOSED_COTANGENT_UP_TO",
            "apply_masks", "attended_rows", "block_size_for", "check_block_size", "attention", "choose", "default_implementation", "gram_attention",

@@ -91,6 +91,10 @@ TILE = 512   # the least default block, and the paired kernels' tile bound when 
 # DMTN and DMAP stay on their heads (`--operator DMTN|DMAP --seqs 1024 --batches 8`, docs/benchmarks.md: no gain).
 # Below `BLOCKWISE_FROM` the einsum path runs the dense split kernel instead.
 KEPT_UP_TO = 2 * TILE
+# Entries of P (b·h·n², float32) up to which the kept kernel is taken: four times a blockwise step's (`STEP_ENTRIES`),
+# 256 MiB — batch 8 × 8 heads at 1024 keys. P lives from a layer's forward to its backward, so a model holds one such
+# P per layer until its backward; over the cap ATAP keeps its O(n)-memory routes.
+KEPT_ENTRIES = 4 * STEP_ENTRIES["softmax"]
 
 
 def choose(kind: str, implementation: str | None = None, n_keys: int | None = None, *, strict: bool = True) -> str:
@@ -140,20 +144,22 @@ def default_implementation(seq_len: int | None = None) -> str:
 
 def runs_split(implementation: str | None, n_keys: int, *, masked: bool = False, causal: bool = False,
                static: bool = False, block_size: int = 512, from_tiles: int = PAIRED_FROM_TILES,
-               kept: bool = False) -> str | None:
+               kept: bool = False, heads: int | None = None) -> str | None:
   """The kernel a β = 1 member of the family (not ATTN) runs on over `n_keys` keys, instead of the augmented
   heads: `"dense"` (`attngeo.kernels.split`) where the softmax kernel is einsum and `n_keys < BLOCKWISE_FROM`;
   where it is blockwise, with no mask, no causal order and `static` weights (a Python-float α), `"kept"`
-  (`attngeo.kernels.split_kept`, if `kept`) on two tiles of n/2 ≤ `block_size` keys up to `KEPT_UP_TO` keys, else
-  `"paired"` (`attngeo.kernels.split_paired`) where the keys cut into `from_tiles` (default `PAIRED_FROM_TILES`) or
-  more tiles (`_blocks.tiling`); else None. The caller checks the member and the dtype (`operators.transport`: a
-  static β = 1.0, inputs of ≥ 32 bits)."""
+  (`attngeo.kernels.split_kept`, if `kept`) on two tiles of n/2 ≤ `block_size` keys up to `KEPT_UP_TO` keys and,
+  where `heads` (b·h) is given, up to `KEPT_ENTRIES` entries of P in all (b·h·n²), else `"paired"`
+  (`attngeo.kernels.split_paired`) where the keys cut into `from_tiles` (default `PAIRED_FROM_TILES`) or more tiles
+  (`_blocks.tiling`); else None. The caller checks the member and the dtype (`operators.transport`: a static β = 1.0,
+  inputs of ≥ 32 bits)."""
   kernel = choose("softmax", implementation, n_keys)
   if kernel == "einsum" and n_keys < BLOCKWISE_FROM:
     return "dense"
   if kernel != "blockwise" or not static or masked or causal:
     return None
-  if kept and n_keys % 2 == 0 and n_keys <= KEPT_UP_TO and n_keys // 2 <= block_size:
+  fits = heads is None or heads * n_keys * n_keys <= KEPT_ENTRIES
+  if kept and fits and n_keys % 2 == 0 and n_keys <= KEPT_UP_TO and n_keys // 2 <= block_size:
     return "kept"
   if tiles_in_pairs(n_keys, block_size) and tiling(n_keys, block_size)[0] >= from_tiles:
     return "paired"

@@ -33,9 +33,10 @@ Cost, in t × t × d products (a quarter of an n × n × d unit; ATTN's blockwis
 backward 5, since it recomputes P): ATAP's forward 10 (its pair's X + Y one 2·d-wide product, each diagonal tile one
 2·d wide, P̃·v on four tiles), its backward 16 (dP and dv on four tiles, the diagonal tiles' [q̄, k̄] 2·d wide, the
 pair's Z̄ products): 26, 6.5 units; at α ≠ 0 X and Y apart and the diagonal tiles' two products, 7.5. Memory:
-the four tiles of P̃, n² floats per head (b·h·n² in all) — the einsum kernel's P, where the blockwise kernels hold
-one tile — so the dispatcher (`dispatch.runs_split`, "kept") takes this kernel only up to `dispatch.KEPT_UP_TO`
-keys, for the β = 1 edge. DMTN (on m and n: its pair's Gram and X − Y, 33 t × t × d products to ATAP's 26) and DMAP
+the four tiles of P̃, n² floats per head (b·h·n² in all), alive from the forward to the backward — the einsum
+kernel's P, where the blockwise kernels keep O(n) residuals (and one t × t tile a step) — so the dispatcher
+(`dispatch.runs_split`, "kept") takes this kernel only up to `dispatch.KEPT_UP_TO` keys and `dispatch.KEPT_ENTRIES`
+entries of P, for the β = 1 edge. DMTN (on m and n: its pair's Gram and X − Y, 33 t × t × d products to ATAP's 26) and DMAP
 (its Gram alone) gain nothing here over their augmented heads (docs/benchmarks.md, "Two tiles, P kept").
 
 Scope: self-attention, static float weights (w, w_t, c), no mask, not causal, n even; float32 throughout.
@@ -74,8 +75,7 @@ def _diagonal_logits(qc, kc, bias_c, w, w_t, c, s):
 
 def _forward(q, k, v, bias, w, w_t, c, s):
   """(y [B, n, e], (P̃ of the diagonal tiles [2, B, t, t], P̃_ab, P̃_baᵀ [B, t, t], r [B, n])), all float32."""
-  bb, n, _ = q.shape
-  t = n // 2
+  t = q.shape[1] // 2
   sign = stacked_sign(w, w_t)
   stacked = None if sign is None else (sign, stacked_heads(q, k, sign))
   l_ab, l_ba_t = pair_logits(q, k, bias, w, w_t, c, s, t, 0, 1, stacked)
@@ -113,7 +113,7 @@ def _diagonal_cotangents(dl, qc, kc, w, w_t, c, s):
   if w == w_t:
     sym = s * (dl + jnp.swapaxes(dl, 1, 2))
     if w:
-      return _dot("bij,bjf->bif", sym, jnp.concatenate([w * kc + c * qc if c else w * kc, w * qc], -1))
+      return _dot("bij,bjf->bif", sym, jnp.concatenate([_key(qc, kc, w, c), w * qc], -1))
     dq = _dot("bij,bjf->bif", sym, c * qc) if c else jnp.zeros_like(qc)
     return jnp.concatenate([dq, jnp.zeros_like(kc)], -1)
   along = _dot("bij,bjf->bif", dl, jnp.concatenate([_key(qc, kc, w, c), w_t * qc], -1))
@@ -180,16 +180,17 @@ def split_kept_attention(q, k, v, *, weights: tuple[float, float], gram: float =
   Args:
     q, k: [b, n, h, d] (the same n tokens, n even); v: [b, n, h, e].
     weights: (w, w_t) as Python floats (`split.split_weights` of a static α).
-    gram: c, a Python float (0: no Gram term; DMTN passes q := m, k := n, c = ½, `operators.beta0_paired`).
+    gram: c, a Python float (0: no Gram term; the β = 0 edge is this form on m and n with c = ½, as
+      `operators.beta0_paired` passes it to `split_paired_attention`; the dispatcher does not route it here).
     bias: [b, n, h] per-key logit bias (differentiable) or None.
     scale: the logit scale s.
   Returns:
     [b, n, h, e] in v's dtype: `split_paired.split_paired_attention` at two tiles, without recomputing P.
   """
+  check_split_inputs(q, k, v, weights, gram, bias, scale)
   b, n, h, _ = q.shape
-  check_split_inputs(q, k, v, weights, gram)
   if n % 2 or n < 2:
-    raise ValueError(f"the kept split kernel cuts n tokens into two tiles: n must be even; got n = {n}")
+    raise ValueError(f"the kept split kernel cuts n tokens into two tiles: n must be even and at least 2; got n = {n}")
   w, w_t = weights
   y = _split_kept(*folded(q, k, v, bias), w, w_t, gram, float(scale))
   return jnp.transpose(y.reshape(b, h, n, v.shape[-1]), (0, 2, 1, 3)).astype(v.dtype)

@@ -95,6 +95,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from attngeo.kernels._blocks import (NEG, add_slab, check_block_size, feature_major, pair_tasks, slab, tiles_in_pairs,
                                      tiling)
@@ -343,8 +344,8 @@ def split_paired_attention(q, k, v, *, weights: tuple[float, float], gram: float
     [b, n, h, e] in v's dtype; at gram = 0 equal to `split.split_attention` without mask or causal order.
   """
   block_size = check_block_size(block_size)
+  check_split_inputs(q, k, v, weights, gram, bias, scale)
   b, n, h, _ = q.shape
-  check_split_inputs(q, k, v, weights, gram)
   if not tiles_in_pairs(n, block_size):
     raise ValueError(f"the paired split kernel needs n = T·t keys in T ≥ 2 tiles of t ≤ block_size = "
                      f"{block_size}; got n = {n}")
@@ -353,18 +354,29 @@ def split_paired_attention(q, k, v, *, weights: tuple[float, float], gram: float
   return jnp.transpose(y.reshape(b, h, n, v.shape[-1]), (0, 2, 1, 3)).astype(v.dtype)
 
 
-def check_split_inputs(q, k, v, weights, gram):
-  """One line unless q, k are [b, n, h, d] alike, v [b, n, h, e], and the weights (w, w_t) and gram c static floats."""
+def check_split_inputs(q, k, v, weights, gram, bias, scale):
+  """One line unless q, k are [b, n, h, d] alike, v [b, n, h, e], bias None or [b, n, h], the weights (w, w_t) and
+  gram c static floats, and the scale a real number known at trace time."""
+  if jnp.ndim(q) != 4 or jnp.ndim(v) != 4:
+    raise ValueError(f"q, k and v must be 4-D, [b, n, h, ·]; got shapes {jnp.shape(q)}, {jnp.shape(k)}, {jnp.shape(v)}")
   b, n, h, _ = q.shape
   if q.shape != k.shape:
     raise ValueError(f"split attention is self-attention: q and k must have the same shape; got {q.shape}, {k.shape}")
   if v.shape[:3] != (b, n, h):
     raise ValueError(f"v must be [b, n, h, e] = [{b}, {n}, {h}, e] like q; got {v.shape}")
-  w, w_t = weights
-  if not (isinstance(w, float) and isinstance(w_t, float)):
-    raise ValueError(f"the split kernels on tiles take static float weights; got {weights!r}")
+  if bias is not None and jnp.shape(bias) != (b, n, h):
+    raise ValueError(f"bias must be None or [b, n, h] = [{b}, {n}, {h}] (a key's logit bias); got {jnp.shape(bias)}")
+  if not (isinstance(weights, tuple) and len(weights) == 2 and all(isinstance(x, float) for x in weights)):
+    raise ValueError(f"the split kernels on tiles take static float weights (w, w_t); got {weights!r}")
   if not isinstance(gram, float):
     raise ValueError(f"the split kernels on tiles take a static float gram weight; got {gram!r}")
+  try:
+    finite = not isinstance(scale, (bool, np.bool_)) and bool(np.isfinite(float(scale)))
+  except TypeError:                             # None, a tracer (ConcretizationTypeError), an array of several
+    finite = False
+  if not finite:
+    raise ValueError(f"scale must be a finite real number known at trace time (the logit scale); got "
+                     f"{type(scale).__name__}")
 
 
 def folded(q, k, v, bias):
