@@ -279,3 +279,30 @@ def jaxpr_eqns(jaxpr):
         inner = getattr(sub, "jaxpr", sub)
         if hasattr(inner, "eqns"):
           yield from jaxpr_eqns(inner)
+
+
+def spy_calls(monkeypatch, module, name):
+  """[count]: how many times `module.name` is called from here to the test's end (a spy that calls through)."""
+  count, fn = [0], getattr(module, name)
+
+  def spy(*args, **kwargs):
+    count[0] += 1
+    return fn(*args, **kwargs)
+  monkeypatch.setattr(module, name, spy)
+  return count
+
+
+def assert_edge_matches_float64(run, q, k, v, alpha):
+  """`run(q, k, v)`, a kernel of the β = 1 edge at α, against `family_edge` in float64: values, and the gradients
+  of Σ w ⊙ y in q, k, v (w fixed normal), to float32's accuracy."""
+  import jax
+  import jax.numpy as jnp
+  np.testing.assert_allclose(run(q, k, v), family_edge64(q, k, v, alpha), atol=2e-6, rtol=1e-5)
+  w = jax.random.normal(jax.random.PRNGKey(1), v.shape)
+  got = jax.grad(lambda q, k, v: jnp.sum(w * run(q, k, v)), (0, 1, 2))(q, k, v)
+  with jax.enable_x64(True):
+    x64 = [jnp.asarray(np.asarray(x), jnp.float64) for x in (q, k, v, w)]
+    want = jax.grad(lambda q, k, v: jnp.sum(x64[3] * family_edge(q, k, v, alpha)), (0, 1, 2))(*x64[:3])
+  for g, r in zip(got, want):
+    r = np.asarray(r)
+    np.testing.assert_allclose(g, r, atol=2e-5 * np.abs(r).max(), rtol=1e-4)

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import family_edge, family_edge64
+from helpers import assert_edge_matches_float64, family_edge64, spy_calls
 
 from attngeo import kernels, operators as op
 from attngeo.experiments.time_parts import product_flops
@@ -34,29 +34,13 @@ def edge(q, k, v, alpha, block_size, **kw):
 def calls(monkeypatch):
   """How many times `transport` traced the paired kernel (a spy around `kernels.split_paired_attention`; a call
   traces it twice: the value, and the overflow mend's rerun, `operators._mend_overflow`)."""
-  count = [0]
-  kernel = kernels.split_paired_attention
-
-  def spy(*args, **kwargs):
-    count[0] += 1
-    return kernel(*args, **kwargs)
-  monkeypatch.setattr(kernels, "split_paired_attention", spy)
-  return count
+  return spy_calls(monkeypatch, kernels, "split_paired_attention")
 
 
 @pytest.mark.parametrize("n,block_size,alpha", [(64, 16, 0.0), (48, 12, 0.3), (64, 8, 0.0)])   # 4, 4 (of 12), 8 tiles
 def test_values_and_gradients_match_float64(n, block_size, alpha, calls):
-  q, k, v = qkv(n, n)
-  np.testing.assert_allclose(edge(q, k, v, alpha, block_size), family_edge64(q, k, v, alpha), atol=2e-6, rtol=1e-5)
+  assert_edge_matches_float64(lambda q, k, v: edge(q, k, v, alpha, block_size), *qkv(n, n), alpha)
   assert calls[0] > 0
-  w = jax.random.normal(jax.random.PRNGKey(1), v.shape)
-  got = jax.grad(lambda q, k, v: jnp.sum(w * edge(q, k, v, alpha, block_size)), (0, 1, 2))(q, k, v)
-  with jax.enable_x64(True):
-    x64 = [jnp.asarray(np.asarray(x), jnp.float64) for x in (q, k, v, w)]
-    want = jax.grad(lambda q, k, v: jnp.sum(x64[3] * family_edge(q, k, v, alpha)), (0, 1, 2))(*x64[:3])
-  for g, r in zip(got, want):
-    r = np.asarray(r)
-    np.testing.assert_allclose(g, r, atol=2e-5 * np.abs(r).max(), rtol=1e-4)
 
 
 @pytest.mark.parametrize("weights", [(0.65, 0.35), (0.5, 0.5)])       # X and Y; the symmetric pairs' one product
